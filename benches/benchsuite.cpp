@@ -1,0 +1,202 @@
+// benchsuite: run the stage benchmarks and print what they measured, with % of this machine's
+// measured peaks and the declared pairs' ratios. Exit codes: 0 done, 1 a variant was incorrect or a
+// benchmark failed, 2 bad usage, 130 interrupted (what was measured is still written).
+#include <benchmark/benchmark.h>
+
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <iostream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "runtime/defaults.h"
+#include "runtime/device_info.h"
+#include "runtime/error.h"
+#include "trainbench/build_info.h"
+
+namespace {
+
+constexpr const char* examples = R"(
+Examples:
+  benchsuite --quick                          every stage, small sizes, few repetitions
+  benchsuite --filter cg                      only benchmarks whose name matches 'cg'
+  benchsuite --filter 'peak/cpu/(copy|triad)' --repetitions 20
+  benchsuite --backend cpu --axis peak.n=1e6,1e7 --out peak.json
+  benchsuite --list                           stages, variants, axes, and why a variant cannot run here
+  benchsuite --filter peak --benchmark_min_warmup_time=0.1   Google Benchmark flags pass through
+
+Benchmarks are named stage/backend/variant/problem, e.g. peak/cpu/triad/n=33554432.
+)";
+
+void list_registry(const tb::Registry& registry, std::ostream& out) {
+  for (const auto& stage : registry.stages()) {
+    out << stage.name << ": " << stage.question << "  [" << stage.source << "]\n";
+    for (const auto& axis : stage.axes) {
+      out << "  axis " << axis.name << " = ";
+      for (std::size_t i = 0; i < axis.values.size(); ++i) out << (i ? "," : "") << axis.values[i];
+      if (!axis.quick_values.empty() && axis.quick_values != axis.values) {
+        out << " (quick: ";
+        for (std::size_t i = 0; i < axis.quick_values.size(); ++i) out << (i ? "," : "") << axis.quick_values[i];
+        out << ")";
+      }
+      out << "  " << axis.help << "\n";
+    }
+    for (const auto& v : stage.variants) {
+      out << "  " << tb::to_string(v.backend) << "/" << v.id << ": " << v.rationale;
+      std::string why;
+      if (v.backend == tb::Backend::cuda && !tb::cuda_status().available()) why = tb::cuda_status().unavailable_reason;
+      else if (!v.make) why = "not built";
+      if (!why.empty()) out << "  [unavailable here: " << why << "]";
+      out << "\n";
+    }
+    for (const auto& p : stage.pairs) out << "  pair: " << p.label << " (" << p.baseline << " -> " << p.improved << ")\n";
+  }
+}
+
+tb::Format format_for_path(const std::string& path) {
+  auto ends_with = [&](const char* ext) {
+    const std::string e(ext);
+    return path.size() >= e.size() && path.compare(path.size() - e.size(), e.size(), e) == 0;
+  };
+  if (ends_with(".csv")) return tb::Format::csv;
+  if (ends_with(".md")) return tb::Format::md;
+  if (ends_with(".txt")) return tb::Format::console;
+  return tb::Format::json;
+}
+
+// Google Benchmark's own flags go to it; everything else is ours.
+void split_arguments(int argc, char** argv, std::vector<std::string>& ours, std::vector<std::string>& theirs) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    (arg.rfind("--benchmark_", 0) == 0 ? theirs : ours).push_back(arg);
+  }
+}
+
+int run(int argc, char** argv) {
+  std::vector<std::string> ours, gbench_args;
+  split_arguments(argc, argv, ours, gbench_args);
+
+  tb::Settings settings;
+  std::string backend = "auto", format_name, out_path;
+  std::vector<std::string> axis_texts;
+  bool list = false, no_prepass = false;
+  int repetitions = 0;
+  double min_time = 0;
+  int device = -1;
+
+  CLI::App app{"trainbench benchsuite: the training hot path, one stage at a time, measured on this machine"};
+  app.footer(examples);
+  app.set_version_flag("--version", std::string(tb::build::version) + " (" + tb::build::git_commit + ")");
+  app.add_option("--filter", settings.filter, "Run benchmarks whose name matches this regular expression");
+  app.add_option("--backend", backend, "cpu, cuda, auto (cuda when a GPU is usable, else cpu) or all")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto", "all"}));
+  app.add_option("--device", device, "CUDA device index")->check(CLI::NonNegativeNumber);
+  app.add_flag("--quick", settings.quick, "Small sizes, 3 repetitions, short samples");
+  app.add_option("--repetitions", repetitions, "Samples per benchmark (default 10, 3 with --quick)")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--min-time", min_time, "Seconds per repetition (default 0.2, 0.05 with --quick)")
+      ->check(CLI::Range(1e-6, 3600.0));
+  app.add_flag("--cold", settings.cold, "Flush the L2 (GPU) or last-level cache (CPU) before every timed call");
+  app.add_option("--noise-target", settings.noise_target,
+                 "Flag a result as noisy when its CI half-width exceeds this fraction of the median")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--axis", axis_texts, "Problem sizes: STAGE.AXIS=V1[,V2...], repeatable (see --list)");
+  app.add_flag("--list", list, "List stages, axes, variants and pairs, and why a variant cannot run here");
+  app.add_option("--out", out_path, "Write the results to this file (format from --format or the extension)");
+  app.add_option("--format", format_name, "console, json, csv or md (default: console on stdout, json for --out)")
+      ->check(CLI::IsMember({"console", "json", "csv", "md"}));
+  app.add_flag("--no-peak-prepass", no_prepass, "Do not measure the peaks that filtered rows are compared with");
+
+  std::vector<std::string> reversed(ours.rbegin(), ours.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "benchsuite: " << e.what() << "\nRun 'benchsuite --help' for the options." << std::endl;
+    return 2;
+  }
+
+  const tb::Registry& registry = tb::builtin_registry();
+  if (list) {
+    list_registry(registry, std::cout);
+    return 0;
+  }
+
+  // Google Benchmark parses its flags; --benchmark_repetitions / _min_time feed our settings, since
+  // per-benchmark settings would otherwise override them.
+  std::vector<char*> gb_argv{argv[0]};
+  for (auto& a : gbench_args) {
+    gb_argv.push_back(a.data());
+    const auto eq = a.find('=');
+    const std::string key = a.substr(0, eq), value = eq == std::string::npos ? "" : a.substr(eq + 1);
+    double number = 0;
+    if (key == "--benchmark_repetitions" && tb::parse_number(value, number) && number >= 1)
+      repetitions = static_cast<int>(number);
+    if (key == "--benchmark_min_time" && tb::parse_number(value.substr(0, value.find_first_of("sx")), number) &&
+        value.find('x') == std::string::npos && number > 0)
+      min_time = number;
+  }
+  int gb_argc = static_cast<int>(gb_argv.size());
+  benchmark::Initialize(&gb_argc, gb_argv.data());
+  if (benchmark::ReportUnrecognizedArguments(gb_argc, gb_argv.data())) return 2;
+
+  settings.repetitions = repetitions ? repetitions : (settings.quick ? tb::defaults::quick_repetitions : tb::defaults::repetitions);
+  settings.min_time_s = min_time > 0 ? min_time : (settings.quick ? tb::defaults::quick_min_time_s : tb::defaults::min_time_s);
+  settings.peak_prepass = !no_prepass;
+  for (const auto& text : axis_texts) settings.overrides.push_back(tb::parse_axis_override(registry, text));
+
+  const auto& cuda = tb::cuda_status();
+  if (backend == "auto") {
+    settings.backends = {cuda.available() ? tb::Backend::cuda : tb::Backend::cpu};
+    if (!cuda.available()) std::cerr << "benchsuite: " << cuda.unavailable_reason << "; using the CPU backend" << std::endl;
+  } else if (backend == "all") {
+    settings.backends = {tb::Backend::cpu, tb::Backend::cuda};
+  } else {
+    settings.backends = {tb::backend_from_string(backend)};
+  }
+  if (device >= 0) {
+    settings.cuda_device = device;
+    tb::select_cuda_device(device);  // a device that does not exist is bad usage
+  }
+
+  const tb::Format file_format =
+      !format_name.empty() ? tb::format_from_string(format_name) : format_for_path(out_path);
+  const tb::Format stdout_format =
+      !out_path.empty() || format_name.empty() ? tb::Format::console : tb::format_from_string(format_name);
+
+  const auto entries = tb::select_entries(registry, settings);
+  std::signal(SIGINT, [](int) { tb::request_stop(); });
+  tb::Results results = tb::run_entries(registry, entries, settings, std::cerr);
+
+  if (!out_path.empty()) {
+    tb::write_file_atomically(out_path, tb::render(results, file_format));
+    std::cerr << "benchsuite: wrote " << out_path << std::endl;
+  }
+  std::cout << tb::render(results, stdout_format) << std::flush;
+  if (tb::stop_requested()) {
+    std::cerr << "benchsuite: interrupted; the results above are what was measured before" << std::endl;
+    return 130;
+  }
+  const int code = tb::exit_code_for(results);
+  if (code != 0) std::cerr << "benchsuite: a variant was incorrect or a benchmark failed (see the rows above)" << std::endl;
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const tb::UsageError& e) {
+    std::cerr << "benchsuite: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "benchsuite: error: " << e.what() << std::endl;
+    return 1;
+  }
+}

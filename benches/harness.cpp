@@ -1,0 +1,434 @@
+#include "harness.h"
+
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <ctime>
+#include <iomanip>
+#include <map>
+#include <memory>
+#include <new>
+#include <ostream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "runtime/defaults.h"
+#include "runtime/device_info.h"
+#include "runtime/error.h"
+#include "runtime/session.h"
+#include "trainbench/build_info.h"
+
+namespace tb {
+
+static volatile std::sig_atomic_t stop_flag = 0;
+void request_stop() { stop_flag = 1; }
+bool stop_requested() { return stop_flag != 0; }
+
+// ---- selection ---------------------------------------------------------------------------------
+
+static bool wants(const Settings& s, Backend b) {
+  return std::find(s.backends.begin(), s.backends.end(), b) != s.backends.end();
+}
+
+static std::string unavailable_reason(const Variant& v) {
+  if (v.backend == Backend::cuda) {
+    if (!v.make || !cuda_status().built) return cuda_status().unavailable_reason.empty() ? "built without CUDA"
+                                                                                         : cuda_status().unavailable_reason;
+    if (!cuda_status().available()) return cuda_status().unavailable_reason;
+  }
+  if (!v.make) return "not built";
+  return "";
+}
+
+static Entry make_entry(const Stage& stage, const Variant& variant, const Problem& problem) {
+  Entry e{&stage, &variant, problem, benchmark_name(stage, variant, problem), unavailable_reason(variant)};
+  if (e.unsupported.empty() && variant.unsupported) e.unsupported = variant.unsupported(problem);
+  return e;
+}
+
+// Stages in registry order, but `peak` first: its rows are what the others are measured against.
+static std::vector<const Stage*> ordered_stages(const Registry& registry) {
+  std::vector<const Stage*> order;
+  if (const Stage* peak = registry.find("peak")) order.push_back(peak);
+  for (const auto& s : registry.stages())
+    if (s.name != "peak") order.push_back(&s);
+  return order;
+}
+
+std::vector<Entry> select_entries(const Registry& registry, const Settings& settings) {
+  std::regex filter;
+  try {
+    filter = std::regex(settings.filter.empty() ? "." : settings.filter, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    throw UsageError("--filter '" + settings.filter + "' is not a valid regular expression: " + e.what());
+  }
+  std::vector<Entry> selected;
+  for (const Stage* stage : ordered_stages(registry))
+    for (const auto& variant : stage->variants) {
+      if (!wants(settings, variant.backend)) continue;
+      for (const auto& problem : expand_problems(*stage, variant, settings.overrides, settings.quick)) {
+        Entry e = make_entry(*stage, variant, problem);
+        if (std::regex_search(e.name, filter)) selected.push_back(std::move(e));
+      }
+    }
+  if (selected.empty()) {
+    std::ostringstream msg;
+    msg << "no benchmark matches --filter '" << settings.filter << "' with --backend";
+    for (Backend b : settings.backends) msg << " " << to_string(b);
+    msg << ". Benchmarks are named stage/backend/variant/problem; stages and variants:";
+    for (const Stage* stage : ordered_stages(registry)) {
+      msg << "\n  " << stage->name << ":";
+      for (const auto& v : stage->variants) msg << " " << to_string(v.backend) << "/" << v.id;
+    }
+    throw UsageError(msg.str());
+  }
+  if (!settings.peak_prepass) return selected;
+
+  // Peaks the selected rows are compared with but that the filter left out: measure them first.
+  std::set<std::string> provided, needed;
+  for (const auto& e : selected) {
+    if (!e.unsupported.empty()) continue;
+    if (!e.variant->provides_peak.empty()) provided.insert(e.variant->provides_peak);
+    const std::string key = e.variant->work(e.problem).peak_key;
+    if (!key.empty()) needed.insert(key);
+  }
+  std::vector<Entry> prepass;
+  if (const Stage* peak = registry.find("peak")) {
+    for (const auto& variant : peak->variants) {
+      if (variant.provides_peak.empty() || !needed.count(variant.provides_peak) || provided.count(variant.provides_peak))
+        continue;
+      for (const auto& problem : expand_problems(*peak, variant, settings.overrides, settings.quick)) {
+        Entry e = make_entry(*peak, variant, problem);
+        if (e.unsupported.empty()) prepass.push_back(std::move(e));
+      }
+    }
+  }
+  selected.insert(selected.begin(), prepass.begin(), prepass.end());
+  return selected;
+}
+
+// ---- running -----------------------------------------------------------------------------------
+
+namespace {
+
+std::string describe_bad_alloc(const Entry& e) {
+  return "out of memory while setting up " + e.name + " (try a smaller --axis value)";
+}
+
+class Runner {
+ public:
+  Runner(const std::vector<Entry>& entries, const Settings& settings, std::ostream& progress)
+      : entries_(entries), settings_(settings), progress_(progress), rows_(entries.size()) {
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const Entry& e = entries[i];
+      Row& r = rows_[i];
+      r.name = e.name;
+      r.stage = e.stage->name;
+      r.variant = e.variant->id;
+      r.backend = to_string(e.variant->backend);
+      r.problem = e.problem.params();
+      r.mode = settings.cold ? "cold" : "hot";
+      const Work w = e.variant->work(e.problem);
+      r.bytes = w.bytes;
+      r.flops = w.flops;
+      r.bound = w.bound == Work::Bound::compute ? "compute" : "memory";
+      r.peak_key = w.peak_key == e.variant->provides_peak ? "" : w.peak_key;  // a peak is not % of itself
+      if (!e.unsupported.empty()) {
+        r.disposition = "unsupported";
+        r.reason = e.unsupported;
+      }
+    }
+  }
+
+  std::vector<Row> run() {
+    benchmark::ClearRegisteredBenchmarks();
+    for (std::size_t i = 0; i < entries_.size(); ++i) {
+      if (rows_[i].disposition == "unsupported") continue;
+      index_of_[entries_[i].name] = i;
+      benchmark::RegisterBenchmark(entries_[i].name.c_str(), [this, i](benchmark::State& st) { body(st, i); })
+          ->UseManualTime()
+          ->Repetitions(settings_.repetitions)
+          ->MinTime(settings_.min_time_s)
+          ->Unit(benchmark::kMillisecond);
+    }
+    for (std::size_t i = 0; i < rows_.size(); ++i)
+      if (rows_[i].disposition == "unsupported") announce(i);
+    Reporter reporter(*this);
+    if (!index_of_.empty()) benchmark::RunSpecifiedBenchmarks(&reporter);
+    live_.reset();
+    benchmark::ClearRegisteredBenchmarks();
+    for (auto& r : rows_)
+      if (r.disposition == "pending") {  // Google Benchmark's own filter skipped it
+        r.disposition = "unsupported";
+        r.reason = "not run (excluded by --benchmark_filter)";
+      }
+    return std::move(rows_);
+  }
+
+ private:
+  // Everything one benchmark keeps alive across Google Benchmark's calls (it calls the function
+  // once per repetition, and more while it picks the iteration count).
+  struct Live {
+    std::size_t index = 0;
+    std::unique_ptr<BackendSession> session;
+    std::unique_ptr<Instance> instance;
+  };
+
+  class Reporter final : public benchmark::BenchmarkReporter {
+   public:
+    explicit Reporter(Runner& runner) : runner_(runner) {}
+    bool ReportContext(const Context&) override { return true; }
+    void ReportRuns(const std::vector<Run>& runs) override {
+      for (const auto& run : runs) {
+        if (run.run_type != Run::RT_Iteration) continue;
+        const auto it = runner_.index_of_.find(run.run_name.function_name);
+        if (it == runner_.index_of_.end()) continue;
+        Row& row = runner_.rows_[it->second];
+        if (run.error_occurred) {
+          if (row.disposition == "pending" || row.disposition == "passed") {
+            row.disposition = "failed";
+            row.reason = run.error_message;
+          }
+          continue;
+        }
+        if (run.iterations > 0 && row.disposition == "passed") {
+          row.iterations = run.iterations;
+          row.samples_ns.push_back(run.real_accumulated_time / static_cast<double>(run.iterations) /
+                                   static_cast<double>(row.batch) * 1e9);
+        }
+      }
+      // Aggregates come in a call of their own; announce each benchmark once, with its samples.
+      if (!runs.empty() && runs.front().run_type == Run::RT_Iteration) {
+        const auto it = runner_.index_of_.find(runs.front().run_name.function_name);
+        if (it != runner_.index_of_.end()) runner_.announce(it->second);
+      }
+    }
+
+   private:
+    Runner& runner_;
+  };
+
+  void announce(std::size_t i) {
+    Row& r = rows_[i];
+    progress_ << "[" << std::setw(3) << ++announced_ << "/" << rows_.size() << "] " << r.name << "  ";
+    if (r.timed()) {
+      const Summary s = summarize(r.samples_ns, settings_.noise_target);
+      progress_ << std::fixed << std::setprecision(3) << s.median / 1e6 << " ms +-" << std::setprecision(1)
+                << 100 * s.rel_half_width << "%";
+      if (r.bound == "memory" && r.bytes > 0) progress_ << "  " << std::setprecision(2) << r.bytes / s.median << " GB/s";
+      if (r.bound == "compute" && r.flops > 0) progress_ << "  " << std::setprecision(3) << r.flops / s.median * 1e-3 << " TFLOP/s";
+      if (s.noisy) progress_ << "  (noisy)";
+    } else {
+      progress_ << r.disposition << (r.reason.empty() ? "" : ": " + r.reason);
+    }
+    progress_ << std::endl;
+  }
+
+  // First call for an entry: instantiate, run once, check against the reference, warm up, and pick
+  // the batch. Returns null when the variant must not be timed (the row says why).
+  Live* prepare(std::size_t i) {
+    if (live_ && live_->index == i) return live_.get();
+    live_.reset();  // free the previous benchmark's buffers before allocating this one's
+    const Entry& e = entries_[i];
+    Row& row = rows_[i];
+    auto live = std::make_unique<Live>();
+    live->index = i;
+    live->session = make_session(e.variant->backend, settings_.cuda_device);
+    live->instance = e.variant->make(e.problem, live->session->context());
+    SampleTimer& timer = live->session->timer();
+    const double first_s = time_sample(timer, [&] { live->instance->run(); }, 1);
+    const Verdict verdict = live->instance->check();
+    row.max_error = verdict.max_error;
+    if (!verdict.passed) {
+      row.disposition = "incorrect";
+      row.reason = verdict.detail.empty() ? "output differs from the reference" : verdict.detail;
+      return nullptr;
+    }
+    row.disposition = "passed";
+    // Warm-up: at least a few calls and a few milliseconds, so clocks, caches and lazy library
+    // initialisation (cuBLAS heuristics, page faults) are behind us before the first sample.
+    double call_s = first_s;
+    double spent = first_s;
+    for (int k = 0; k < defaults::warmup_calls || spent < defaults::warmup_s; ++k) {
+      call_s = time_sample(timer, [&] { live->instance->run(); }, 1);
+      spent += call_s;
+      if (k > 1000) break;
+    }
+    // Cold mode flushes the cache before every call, so each sample is one call.
+    row.batch = settings_.cold ? 1 : batch_for(call_s, live->session->min_sample_s(), defaults::max_batch);
+    live_ = std::move(live);
+    return live_.get();
+  }
+
+  void body(benchmark::State& st, std::size_t i) {
+    Row& row = rows_[i];
+    if (stop_requested() && row.disposition == "pending") {
+      row.disposition = "unsupported";
+      row.reason = "not run: interrupted";
+    }
+    if (row.disposition != "pending" && row.disposition != "passed") {
+      st.SkipWithError((row.disposition + ": " + row.reason).c_str());
+      return;
+    }
+    try {
+      Live* live = prepare(i);
+      if (!live) {
+        st.SkipWithError(("incorrect: " + row.reason).c_str());
+        return;
+      }
+      CacheFlusher* flusher = settings_.cold ? &live->session->flusher() : nullptr;
+      SampleTimer& timer = live->session->timer();
+      Instance& instance = *live->instance;
+      const int64_t batch = row.batch;
+      for (auto _ : st) st.SetIterationTime(time_sample(timer, [&] { instance.run(); }, batch, flusher));
+    } catch (const std::bad_alloc&) {
+      fail(st, row, describe_bad_alloc(entries_[i]));
+    } catch (const std::exception& ex) {
+      fail(st, row, ex.what());
+    }
+  }
+
+  void fail(benchmark::State& st, Row& row, const std::string& why) {
+    live_.reset();
+    row.disposition = "failed";
+    row.reason = why;
+    row.samples_ns.clear();
+    st.SkipWithError(why.c_str());
+  }
+
+  const std::vector<Entry>& entries_;
+  const Settings& settings_;
+  std::ostream& progress_;
+  std::vector<Row> rows_;
+  std::map<std::string, std::size_t> index_of_;
+  std::unique_ptr<Live> live_;
+  std::size_t announced_ = 0;
+};
+
+std::string iso_date_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S%z", &tm);
+  std::string s = buf;
+  if (s.size() > 5) s.insert(s.size() - 2, ":");  // +0000 -> +00:00 as Google Benchmark writes it
+  return s;
+}
+
+}  // namespace
+
+Results run_entries(const Registry& registry, const std::vector<Entry>& entries, const Settings& settings,
+                    std::ostream& progress) {
+  Results results;
+  results.context = run_context(settings);
+  results.rows = Runner(entries, settings, progress).run();
+  finish_results(registry, settings, results);
+  return results;
+}
+
+nlohmann::json run_context(const Settings& settings) {
+  using nlohmann::json;
+  const auto& cpu = benchmark::CPUInfo::Get();
+  json caches = json::array();
+  for (const auto& c : cpu.caches)
+    caches.push_back({{"type", c.type}, {"level", c.level}, {"size", c.size}, {"num_sharing", c.num_sharing}});
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  json context = {{"date", iso_date_now()},
+                  {"host_name", host},
+                  {"executable", "benchsuite"},
+                  {"num_cpus", cpu.num_cpus},
+                  {"mhz_per_cpu", static_cast<int64_t>(cpu.cycles_per_second / 1e6)},
+                  {"cpu_scaling_enabled", cpu.scaling == benchmark::CPUInfo::ENABLED},
+                  {"caches", caches},
+                  {"load_avg", cpu.load_avg},
+                  {"library_build_type", std::string(build::build_type) == "Debug" ? "debug" : "release"}};
+  context["trainbench"] = {{"version", build::version},
+                           {"git_commit", build::git_commit},
+                           {"build_type", build::build_type},
+                           {"cuda_built", cuda_status().built},
+                           {"cuda_architectures", cuda_status().built ? build::cuda_architectures : ""}};
+  const HostInfo h = host_info();
+  context["host"] = {{"cpu_model", h.cpu_model}, {"cores", h.cores},       {"threads", h.threads},
+                     {"omp_threads", h.omp_threads}, {"compiler", h.compiler}, {"blas", h.blas},
+                     {"l3_bytes", h.l3_bytes}};
+  json devices = json::array();
+  for (const auto& g : cuda_status().devices)
+    devices.push_back({{"index", g.index},
+                       {"name", g.name},
+                       {"uuid", g.uuid},
+                       {"compute_capability", g.compute_capability},
+                       {"sms", g.sms},
+                       {"memory_bytes", g.memory_bytes},
+                       {"l2_bytes", g.l2_bytes},
+                       {"sm_clock_mhz", g.sm_clock_mhz},
+                       {"memory_clock_mhz", g.memory_clock_mhz},
+                       {"memory_bus_bits", g.memory_bus_bits},
+                       {"driver_version", g.driver_version},
+                       {"runtime_version", g.runtime_version},
+                       {"cublas_version", g.cublas_version},
+                       {"cusparse_version", g.cusparse_version}});
+  context["devices"] = devices;
+  context["cuda_unavailable_reason"] = cuda_status().unavailable_reason;
+  json backends = json::array();
+  for (Backend b : settings.backends) backends.push_back(to_string(b));
+  context["settings"] = {{"mode", settings.cold ? "cold" : "hot"},
+                         {"repetitions", settings.repetitions},
+                         {"min_time_s", settings.min_time_s},
+                         {"quick", settings.quick},
+                         {"noise_target", settings.noise_target},
+                         {"backends", backends},
+                         {"cuda_device", settings.cuda_device},
+                         {"filter", settings.filter}};
+  return context;
+}
+
+void finish_results(const Registry& registry, const Settings& settings, Results& results) {
+  std::map<std::string, const Row*> by_name;
+  for (auto& r : results.rows) {
+    if (r.timed()) r.summary = summarize(r.samples_ns, settings.noise_target);
+    by_name[r.name] = &r;
+  }
+  // Peaks: the best rate each peak variant reached in this run.
+  for (const auto& r : results.rows) {
+    if (!r.timed()) continue;
+    const Stage* stage = registry.find(r.stage);
+    const Variant* v = stage ? stage->find_variant(r.variant, backend_from_string(r.backend)) : nullptr;
+    if (!v || v->provides_peak.empty()) continue;
+    PeakValue& peak = results.peaks[v->provides_peak];
+    if (r.rate() > peak.value) peak = PeakValue{r.rate(), r.bound == "compute" ? "FLOP/s" : "B/s", r.name};
+  }
+  for (auto& r : results.rows) {
+    if (!r.timed() || r.peak_key.empty()) continue;
+    const auto it = results.peaks.find(r.peak_key);
+    if (it != results.peaks.end() && it->second.value > 0) r.pct_of_peak = 100.0 * r.rate() / it->second.value;
+  }
+  // Pairs: at every problem both variants ran at on the same backend.
+  for (const auto& r : results.rows) {
+    if (!r.timed()) continue;
+    const Stage* stage = registry.find(r.stage);
+    if (!stage) continue;
+    for (const auto& pair : stage->pairs) {
+      if (pair.improved != r.variant) continue;
+      const std::string prefix = r.stage + "/" + r.backend + "/";
+      std::string baseline_name = prefix + pair.baseline + r.name.substr(prefix.size() + r.variant.size());
+      const auto it = by_name.find(baseline_name);
+      if (it == by_name.end() || !it->second->timed()) continue;
+      results.pairs.push_back(
+          PairRow{r.stage, pair.label, baseline_name, r.name, ratio_estimate(it->second->samples_ns, r.samples_ns)});
+    }
+  }
+}
+
+int exit_code_for(const Results& results) {
+  for (const auto& r : results.rows)
+    if (r.disposition == "incorrect" || r.disposition == "failed") return 1;
+  return 0;
+}
+
+}  // namespace tb

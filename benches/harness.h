@@ -1,0 +1,60 @@
+// The measuring harness: turns registry entries into Google Benchmark registrations, checks every
+// variant against its reference before it is timed, collects the repetition samples, and derives
+// the summary, % of the measured peak and the declared pairs' ratios.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "results.h"
+#include "runtime/registry.h"
+
+namespace tb {
+
+struct Settings {
+  int repetitions = 10;
+  double min_time_s = 0.2;
+  bool cold = false;
+  bool quick = false;
+  double noise_target = 0.05;
+  int cuda_device = 0;
+  std::vector<Backend> backends{Backend::cpu};
+  std::string filter;  // ECMAScript regex searched in benchmark names; empty: everything
+  std::vector<AxisOverride> overrides;
+  bool peak_prepass = true;  // measure the peaks other rows need when the filter left them out
+};
+
+// One benchmark to run: a variant at one problem.
+struct Entry {
+  const Stage* stage = nullptr;
+  const Variant* variant = nullptr;
+  Problem problem;
+  std::string name;
+  std::string unsupported;  // non-empty: reported as such, never run
+};
+
+// The entries the settings select, peaks first. Throws UsageError (saying what exists) when the
+// filter is not a valid regex or matches nothing.
+std::vector<Entry> select_entries(const Registry& registry, const Settings& settings);
+
+// Runs the entries under Google Benchmark and returns the results. Progress goes to `progress`,
+// one line per benchmark. Never throws for a failing variant: it becomes a row.
+Results run_entries(const Registry& registry, const std::vector<Entry>& entries, const Settings& settings,
+                    std::ostream& progress);
+
+// The run's context: host, devices, build, settings (Google Benchmark's keys plus trainbench's).
+nlohmann::json run_context(const Settings& settings);
+
+// Fills each row's summary and % of peak, the peaks and the pairs, from the rows' samples.
+void finish_results(const Registry& registry, const Settings& settings, Results& results);
+
+// Ctrl-C: the benchmark in flight finishes its sample, the rest are recorded as not run, and the
+// results measured so far are still written. Safe to call from a signal handler.
+void request_stop();
+bool stop_requested();
+
+// 1 when any variant was incorrect or failed, else 0.
+int exit_code_for(const Results& results);
+
+}  // namespace tb

@@ -1,0 +1,339 @@
+#include "results.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+#include <stdexcept>
+
+#include "runtime/error.h"
+
+namespace tb {
+
+using nlohmann::json;
+
+// ---- JSON --------------------------------------------------------------------------------------
+
+static json row_to_json(const Row& r) {
+  json problem = json::object();
+  for (const auto& [k, v] : r.problem) problem[k] = v;
+  json j = {{"name", r.name},
+            {"run_name", r.name},
+            {"run_type", "aggregate"},
+            {"aggregate_name", "median"},
+            {"threads", 1},
+            {"stage", r.stage},
+            {"variant", r.variant},
+            {"backend", r.backend},
+            {"problem", problem},
+            {"disposition", r.disposition},
+            {"reason", r.reason},
+            {"max_error", std::isfinite(r.max_error) ? json(r.max_error) : json(nullptr)},
+            {"mode", r.mode},
+            {"batch", r.batch},
+            {"bytes", r.bytes},
+            {"flops", r.flops},
+            {"bound", r.bound},
+            {"peak_key", r.peak_key}};
+  if (r.timed()) {
+    j["iterations"] = r.iterations;
+    j["repetitions"] = r.samples_ns.size();
+    j["real_time"] = r.summary.median;
+    j["cpu_time"] = r.summary.median;
+    j["time_unit"] = "ns";
+    j["samples_ns"] = r.samples_ns;
+    j["median_ns"] = r.summary.median;
+    j["ci_low_ns"] = r.summary.ci_low;
+    j["ci_high_ns"] = r.summary.ci_high;
+    j["ci_level"] = r.summary.ci_level;
+    j["noisy"] = r.summary.noisy;
+    j["gb_per_s"] = r.gb_per_s();
+    j["tflop_per_s"] = r.tflop_per_s();
+    if (r.pct_of_peak) j["pct_of_peak"] = *r.pct_of_peak;
+  }
+  return j;
+}
+
+json to_json(const Results& results) {
+  json rows = json::array();
+  for (const auto& r : results.rows) rows.push_back(row_to_json(r));
+  json pairs = json::array();
+  for (const auto& p : results.pairs)
+    pairs.push_back({{"stage", p.stage},
+                     {"label", p.label},
+                     {"baseline", p.baseline},
+                     {"improved", p.improved},
+                     {"ratio", p.ratio.ratio},
+                     {"ci_low", p.ratio.ci_low},
+                     {"ci_high", p.ratio.ci_high},
+                     {"ci_level", p.ratio.ci_level}});
+  json context = results.context;
+  json peaks = json::object();
+  for (const auto& [key, peak] : results.peaks)
+    peaks[key] = {{"value", peak.value}, {"unit", peak.unit}, {"benchmark", peak.benchmark}};
+  context["peaks"] = peaks;
+  return json{{"schema", results_schema}, {"context", context}, {"benchmarks", rows}, {"pairs", pairs}};
+}
+
+template <class T>
+static T field(const json& j, const char* key, const std::string& where) {
+  if (!j.contains(key)) throw std::runtime_error(where + ": missing \"" + key + "\"");
+  try {
+    return j.at(key).get<T>();
+  } catch (const json::exception&) {
+    throw std::runtime_error(where + ": \"" + key + "\" has the wrong type");
+  }
+}
+
+Results results_from_json(const json& doc) {
+  if (!doc.is_object()) throw std::runtime_error("not a JSON object");
+  const auto schema = doc.value("schema", std::string());
+  if (schema != results_schema)
+    throw std::runtime_error("schema is '" + schema + "', expected '" + results_schema + "'");
+  Results results;
+  results.context = field<json>(doc, "context", "document");
+  if (results.context.contains("peaks")) {
+    for (const auto& [key, p] : results.context["peaks"].items())
+      results.peaks[key] = PeakValue{field<double>(p, "value", "peak " + key), field<std::string>(p, "unit", "peak " + key),
+                                     field<std::string>(p, "benchmark", "peak " + key)};
+    results.context.erase("peaks");
+  }
+  const json rows = field<json>(doc, "benchmarks", "document");
+  if (!rows.is_array()) throw std::runtime_error("\"benchmarks\" is not an array");
+  for (const auto& j : rows) {
+    Row r;
+    r.name = field<std::string>(j, "name", "benchmark");
+    const std::string where = "benchmark " + r.name;
+    r.stage = field<std::string>(j, "stage", where);
+    r.variant = field<std::string>(j, "variant", where);
+    r.backend = field<std::string>(j, "backend", where);
+    const json problem = field<json>(j, "problem", where);
+    if (!problem.is_object()) throw std::runtime_error(where + ": \"problem\" is not an object");
+    for (const auto& [k, v] : problem.items()) {
+      if (!v.is_string()) throw std::runtime_error(where + ": problem." + k + " is not a string");
+      r.problem.emplace_back(k, v.get<std::string>());
+    }
+    r.disposition = field<std::string>(j, "disposition", where);
+    r.reason = j.value("reason", std::string());
+    r.max_error = j.contains("max_error") && j["max_error"].is_number() ? j["max_error"].get<double>() : INFINITY;
+    r.mode = j.value("mode", std::string("hot"));
+    r.batch = j.value("batch", int64_t{1});
+    r.bytes = j.value("bytes", 0.0);
+    r.flops = j.value("flops", 0.0);
+    r.bound = j.value("bound", std::string("memory"));
+    r.peak_key = j.value("peak_key", std::string());
+    if (r.disposition == "passed") {
+      r.iterations = field<int64_t>(j, "iterations", where);
+      r.samples_ns = field<std::vector<double>>(j, "samples_ns", where);
+      if (r.samples_ns.empty()) throw std::runtime_error(where + ": passed but has no samples");
+      r.summary.n = r.samples_ns.size();
+      r.summary.median = field<double>(j, "median_ns", where);
+      r.summary.ci_low = field<double>(j, "ci_low_ns", where);
+      r.summary.ci_high = field<double>(j, "ci_high_ns", where);
+      r.summary.ci_level = field<double>(j, "ci_level", where);
+      r.summary.noisy = field<bool>(j, "noisy", where);
+      r.summary.rel_half_width =
+          r.summary.median > 0 ? (r.summary.ci_high - r.summary.ci_low) / (2 * r.summary.median) : 0;
+      if (j.contains("pct_of_peak")) r.pct_of_peak = j["pct_of_peak"].get<double>();
+    }
+    results.rows.push_back(std::move(r));
+  }
+  const json pairs = doc.value("pairs", json::array());
+  for (const auto& j : pairs) {
+    PairRow p;
+    p.stage = field<std::string>(j, "stage", "pair");
+    p.label = field<std::string>(j, "label", "pair");
+    p.baseline = field<std::string>(j, "baseline", "pair " + p.label);
+    p.improved = field<std::string>(j, "improved", "pair " + p.label);
+    p.ratio = RatioEstimate{field<double>(j, "ratio", "pair " + p.label), field<double>(j, "ci_low", "pair " + p.label),
+                            field<double>(j, "ci_high", "pair " + p.label), field<double>(j, "ci_level", "pair " + p.label)};
+    results.pairs.push_back(std::move(p));
+  }
+  return results;
+}
+
+// ---- text forms --------------------------------------------------------------------------------
+
+Format format_from_string(const std::string& name) {
+  if (name == "console") return Format::console;
+  if (name == "json") return Format::json;
+  if (name == "csv") return Format::csv;
+  if (name == "md") return Format::md;
+  throw UsageError("unknown format '" + name + "' (console, json, csv, md)");
+}
+
+static std::string human_time(double ns) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(ns < 10 ? 2 : 1);
+  if (ns < 1e3) out << ns << " ns";
+  else if (ns < 1e6) out << ns / 1e3 << " us";
+  else if (ns < 1e9) out << ns / 1e6 << " ms";
+  else out << ns / 1e9 << " s";
+  return out.str();
+}
+
+static std::string human_rate(const Row& r) {
+  if (!r.timed()) return "";
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(2);
+  if (r.bound == "compute") {
+    const double tflops = r.tflop_per_s();
+    if (tflops >= 1) out << tflops << " TFLOP/s";
+    else out << tflops * 1e3 << " GFLOP/s";
+  } else if (r.bytes > 0) {
+    out << r.gb_per_s() << " GB/s";
+  }
+  return out.str();
+}
+
+static std::string fixed(double v, int digits) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(digits) << v;
+  return out.str();
+}
+
+static std::string result_word(const Row& r) {
+  if (r.disposition == "passed") return r.summary.noisy ? "passed (noisy)" : "passed";
+  return r.disposition;
+}
+
+static std::string pair_text(const PairRow& p) {
+  return fixed(p.ratio.ratio, 2) + "x (" + fixed(100 * p.ratio.ci_level, 0) + "% CI " + fixed(p.ratio.ci_low, 2) + "-" +
+         fixed(p.ratio.ci_high, 2) + ")";
+}
+
+// The problem part of a pair's benchmark name: the pairs table names each problem once.
+static std::string problem_of(const std::string& name) {
+  std::size_t slash = 0;
+  for (int i = 0; i < 3 && slash != std::string::npos; ++i) slash = name.find('/', slash + (i ? 1 : 0));
+  return slash == std::string::npos ? "" : name.substr(slash + 1);
+}
+
+static std::string render_console(const Results& results) {
+  std::size_t width = 9;
+  for (const auto& r : results.rows) width = std::max(width, r.name.size());
+  std::ostringstream out;
+  out << std::left << std::setw(static_cast<int>(width)) << "benchmark" << "  " << std::setw(15) << "result"
+      << std::right << std::setw(11) << "median" << std::setw(9) << "+-CI" << std::setw(16) << "rate"
+      << std::setw(9) << "% peak" << "\n";
+  for (const auto& r : results.rows) {
+    out << std::left << std::setw(static_cast<int>(width)) << r.name << "  " << std::setw(15) << result_word(r);
+    if (r.timed()) {
+      out << std::right << std::setw(11) << human_time(r.summary.median) << std::setw(8)
+          << fixed(100 * r.summary.rel_half_width, 1) << "%" << std::setw(16) << human_rate(r) << std::setw(9)
+          << (r.pct_of_peak ? fixed(*r.pct_of_peak, 1) : std::string("-"));
+    } else {
+      out << r.reason;
+    }
+    out << "\n";
+  }
+  if (!results.pairs.empty()) {
+    out << "\nPairs: baseline time / improved time (> 1: the improved variant is faster)\n";
+    for (const auto& p : results.pairs)
+      out << "  " << p.stage << " " << p.label << " [" << problem_of(p.improved) << "]: " << pair_text(p) << "\n";
+  }
+  if (!results.peaks.empty()) {
+    out << "\nMeasured peaks (every % peak above is of these):\n";
+    for (const auto& [key, peak] : results.peaks)
+      out << "  " << std::left << std::setw(20) << key
+          << (peak.unit == "FLOP/s" ? fixed(peak.value * 1e-12, 2) + " TFLOP/s" : fixed(peak.value * 1e-9, 2) + " GB/s")
+          << "\n";
+  }
+  return out.str();
+}
+
+static std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+static std::string render_csv(const Results& results) {
+  std::ostringstream out;
+  out << "name,stage,backend,variant,problem,disposition,reason,median_ns,ci_low_ns,ci_high_ns,ci_level,noisy,"
+         "batch,bytes,flops,gb_per_s,tflop_per_s,pct_of_peak,peak_key\n";
+  out << std::setprecision(10);
+  for (const auto& r : results.rows) {
+    std::string problem;
+    for (const auto& [k, v] : r.problem) problem += (problem.empty() ? "" : ";") + k + "=" + v;
+    out << csv_field(r.name) << "," << r.stage << "," << r.backend << "," << r.variant << "," << csv_field(problem)
+        << "," << r.disposition << "," << csv_field(r.reason) << ",";
+    if (r.timed())
+      out << r.summary.median << "," << r.summary.ci_low << "," << r.summary.ci_high << "," << r.summary.ci_level << ","
+          << (r.summary.noisy ? "true" : "false");
+    else
+      out << ",,,,";
+    out << "," << r.batch << "," << r.bytes << "," << r.flops << ",";
+    if (r.timed()) out << r.gb_per_s() << "," << r.tflop_per_s();
+    else out << ",";
+    out << "," << (r.pct_of_peak ? fixed(*r.pct_of_peak, 2) : "") << "," << r.peak_key << "\n";
+  }
+  return out.str();
+}
+
+static std::string md_cell(std::string s) {
+  for (std::size_t at = s.find('|'); at != std::string::npos; at = s.find('|', at + 2)) s.replace(at, 1, "\\|");
+  return s;
+}
+
+static std::string render_md(const Results& results) {
+  std::ostringstream out;
+  out << "| benchmark | result | median | ±CI | rate | % peak |\n|---|---|---:|---:|---:|---:|\n";
+  for (const auto& r : results.rows) {
+    out << "| `" << r.name << "` | " << md_cell(r.disposition == "passed" ? result_word(r) : r.disposition + ": " + r.reason)
+        << " | ";
+    if (r.timed())
+      out << human_time(r.summary.median) << " | " << fixed(100 * r.summary.rel_half_width, 1) << "% | " << human_rate(r)
+          << " | " << (r.pct_of_peak ? fixed(*r.pct_of_peak, 1) : std::string("-")) << " |\n";
+    else
+      out << " | | | |\n";
+  }
+  if (!results.pairs.empty()) {
+    out << "\n| pair | problem | baseline / improved |\n|---|---|---:|\n";
+    for (const auto& p : results.pairs)
+      out << "| " << p.stage << ": " << md_cell(p.label) << " | `" << problem_of(p.improved) << "` | " << pair_text(p) << " |\n";
+  }
+  return out.str();
+}
+
+std::string render(const Results& results, Format format) {
+  switch (format) {
+    case Format::json: return to_json(results).dump(2) + "\n";
+    case Format::csv: return render_csv(results);
+    case Format::md: return render_md(results);
+    case Format::console: return render_console(results);
+  }
+  return "";
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw UsageError("cannot write " + path + ": " + std::strerror(errno));
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw UsageError("cannot write " + path + ": " + std::strerror(err));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  if (!synced || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw UsageError("cannot write " + path + ": " + std::strerror(err));
+  }
+}
+
+}  // namespace tb

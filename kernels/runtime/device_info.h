@@ -1,0 +1,51 @@
+// What machine a result came from: the host and, when built with CUDA, its devices. Every result
+// carries all of it, and the tracking scripts key histories on it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tb {
+
+struct HostInfo {
+  std::string cpu_model;
+  int cores = 0;        // CPUs this process may run on
+  int threads = 0;      // online logical CPUs
+  int omp_threads = 0;  // OpenMP's default team size
+  std::string compiler;
+  std::string blas;
+  int64_t l3_bytes = 0;  // last-level cache, for cold-mode flushing
+};
+
+struct GpuInfo {
+  int index = 0;
+  std::string name;
+  std::string uuid;
+  std::string compute_capability;  // "9.0"
+  int sms = 0;
+  int64_t memory_bytes = 0;
+  int64_t l2_bytes = 0;
+  int sm_clock_mhz = 0;
+  int memory_clock_mhz = 0;
+  int memory_bus_bits = 0;
+  int driver_version = 0;   // e.g. 13000
+  int runtime_version = 0;
+  std::string cublas_version;
+  std::string cusparse_version;
+};
+
+struct CudaStatus {
+  bool built = false;                 // compiled with the CUDA backend
+  std::vector<GpuInfo> devices;       // empty when none can be used
+  std::string unavailable_reason;     // why there is no usable device; empty when there is one
+  bool available() const { return !devices.empty(); }
+};
+
+HostInfo host_info();
+// Probed once: a binary built with CUDA on a machine without a GPU or driver gets a reason here.
+const CudaStatus& cuda_status();
+// Makes device `index` current for this thread; throws UsageError when it does not exist.
+void select_cuda_device(int index);
+
+}  // namespace tb

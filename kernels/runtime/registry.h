@@ -1,0 +1,154 @@
+// The stage registry: every stage declares its axes (problem sizes), its variants and the pairs of
+// variants whose ratio answers a report's claim. Benchmarks, tests and `benchsuite --list` are all
+// generated from it, so a new variant is one launcher plus one registry entry.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tb {
+
+enum class Backend { cpu, cuda };
+const char* to_string(Backend backend);
+Backend backend_from_string(const std::string& name);  // throws UsageError
+
+// One problem: a value for each axis the variant is swept over, e.g. {n=33554432}.
+class Problem {
+ public:
+  Problem() = default;
+  explicit Problem(std::vector<std::pair<std::string, std::string>> params) : params_(std::move(params)) {}
+
+  void set(const std::string& key, const std::string& value);
+  bool has(const std::string& key) const;
+  const std::string& get(const std::string& key) const;  // throws std::out_of_range naming the key
+  int64_t get_int(const std::string& key) const;         // accepts 1000, 1e6, 29.9e6 when integral
+  double get_double(const std::string& key) const;
+  const std::vector<std::pair<std::string, std::string>>& params() const { return params_; }
+  std::string label() const;  // "n=33554432,dtype=fp32"; empty for a problem with no axes
+
+ private:
+  std::vector<std::pair<std::string, std::string>> params_;
+};
+
+// Parses a number the way axis values are written ("1e6", "29.9e6", "4096"); nullopt-like false
+// return when the text is not a finite number.
+bool parse_number(const std::string& text, double& value);
+
+enum class AxisKind { positive_int, number, choice };
+
+struct Axis {
+  std::string name;
+  AxisKind kind = AxisKind::positive_int;
+  std::vector<std::string> values;        // the defaults, from the reports
+  std::vector<std::string> quick_values;  // for --quick; empty: same as values
+  std::string help;
+  std::vector<std::string> choices;       // for AxisKind::choice
+
+  // Empty when `value` is acceptable for this axis, else why not.
+  std::string invalid_reason(const std::string& value) const;
+};
+
+// What one call moves and computes, for GB/s, TFLOP/s and % of the measured peak.
+struct Work {
+  enum class Bound { memory, compute };
+  double bytes = 0;
+  double flops = 0;
+  Bound bound = Bound::memory;
+  std::string peak_key;  // the `peak` row this work is compared with, e.g. "cuda.copy"
+};
+
+// The outcome of checking one variant's output against the stage's reference.
+struct Verdict {
+  bool passed = false;
+  double max_error = 0;  // worst |got - ref| (or the normalised error the stage defines)
+  std::string detail;    // where and by how much, when it failed
+};
+
+// Handed to a variant when it is instantiated. The stream is a cudaStream_t, kept opaque so that
+// CPU code never includes a CUDA header; CPU variants ignore it.
+struct RunContext {
+  int cuda_device = 0;
+  void* cuda_stream = nullptr;
+};
+
+// One variant bound to one problem: owns its inputs, outputs and workspace (allocated in the
+// constructor, never inside run()).
+class Instance {
+ public:
+  virtual ~Instance() = default;
+  // The measured work and nothing else. CUDA variants enqueue on the context's stream and return
+  // without synchronising; the timer records events around the call.
+  virtual void run() = 0;
+  // After at least one run(): compare the output with the stage's reference. Synchronises.
+  virtual Verdict check() = 0;
+};
+
+using InstanceFactory = std::function<std::unique_ptr<Instance>(const Problem&, const RunContext&)>;
+
+struct Variant {
+  std::string id;         // "triad", "gemm_bf16", "fused"
+  Backend backend = Backend::cpu;
+  std::string rationale;  // one line: why this variant exists
+  std::vector<std::string> axes;  // the stage axes this variant is swept over
+  std::function<Work(const Problem&)> work;
+  // Empty when the variant can run this problem on this machine, else why not (too large for the
+  // memory, a dtype it does not have). Device availability is checked by the harness.
+  std::function<std::string(const Problem&)> unsupported;
+  InstanceFactory make;   // null when the backend was not built
+  std::string provides_peak;  // for `peak` variants: the key other stages compare with
+};
+
+// baseline vs improved, both of one backend, compared at each problem they share.
+struct Pair {
+  std::string baseline;
+  std::string improved;
+  std::string label;  // "fused vs per_tensor"
+};
+
+struct Stage {
+  std::string name;      // "peak"
+  std::string question;  // what it answers
+  std::string source;    // which report(s), e.g. "all", "seeds/004"
+  std::vector<Axis> axes;
+  std::vector<Variant> variants;
+  std::vector<Pair> pairs;
+
+  const Axis* find_axis(const std::string& name) const;
+  const Variant* find_variant(const std::string& id, Backend backend) const;
+};
+
+class Registry {
+ public:
+  void add(Stage stage);  // throws std::logic_error on a duplicate or an inconsistent declaration
+  const std::vector<Stage>& stages() const { return stages_; }
+  const Stage* find(const std::string& name) const;
+
+ private:
+  std::vector<Stage> stages_;
+};
+
+// All built-in stages (each kernels/<stage>/<stage>_registry.cpp contributes one).
+const Registry& builtin_registry();
+
+// Values given on the command line for "stage.axis", replacing the axis defaults.
+struct AxisOverride {
+  std::string stage;
+  std::string axis;
+  std::vector<std::string> values;
+};
+
+// Parses "stage.axis=v1,v2" and checks it against the registry; throws UsageError with what exists.
+AxisOverride parse_axis_override(const Registry& registry, const std::string& text);
+
+// The problems one variant is run at: the product of its axes' values (overridden, or quick).
+std::vector<Problem> expand_problems(const Stage& stage, const Variant& variant,
+                                     const std::vector<AxisOverride>& overrides, bool quick);
+
+// "stage/backend/variant/label" (label omitted when the variant has no axes).
+std::string benchmark_name(const Stage& stage, const Variant& variant, const Problem& problem);
+
+}  // namespace tb

@@ -1,0 +1,42 @@
+// Timers and the sampling loop. A sample times `batch` calls between one start and one stop, so
+// launch-bound work is not dominated by the timer's own resolution. CPU samples come from a steady
+// clock; CUDA samples from events on the benchmark's stream (cuda_session.cpp).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace tb {
+
+class SampleTimer {
+ public:
+  virtual ~SampleTimer() = default;
+  virtual void start() = 0;
+  virtual double stop() = 0;  // seconds since start(), after the timed work has finished
+};
+
+class SteadyTimer final : public SampleTimer {
+ public:
+  void start() override;
+  double stop() override;
+
+ private:
+  int64_t start_ns_ = 0;
+};
+
+// Evicts the cache the timed work would otherwise find warm ("cold" mode).
+class CacheFlusher {
+ public:
+  virtual ~CacheFlusher() = default;
+  virtual void flush() = 0;
+};
+
+// Seconds for `batch` calls of `call`. The flush (cold mode) happens before start(), outside the
+// timed region.
+double time_sample(SampleTimer& timer, const std::function<void()>& call, int64_t batch,
+                   CacheFlusher* flusher = nullptr);
+
+// Calls per sample so that one sample lasts at least `min_sample_s`.
+int64_t batch_for(double call_s, double min_sample_s, int64_t max_batch);
+
+}  // namespace tb

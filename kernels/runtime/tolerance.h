@@ -1,0 +1,31 @@
+// Tolerances per dtype: a value passes when |got - ref| <= atol + rtol * |ref|.
+#pragma once
+
+#include <cmath>
+#include <string>
+
+namespace tb {
+
+struct Tolerance {
+  double atol;
+  double rtol;
+  bool accepts(double got, double ref) const {
+    return std::isfinite(got) && std::abs(got - ref) <= atol + rtol * std::abs(ref);
+  }
+};
+
+namespace tolerance {
+inline constexpr Tolerance exact{0.0, 0.0};          // copies: bit for bit
+inline constexpr Tolerance fp64{1e-12, 1e-12};
+inline constexpr Tolerance fp32{1e-6, 1e-5};
+inline constexpr Tolerance tf32{1e-3, 2e-3};         // 10-bit mantissa: unit roundoff 4.9e-4
+inline constexpr Tolerance bf16{1e-2, 1.6e-2};       // 7-bit mantissa: unit roundoff 3.9e-3
+
+// Dot products (GEMM entries) are compared relative to sum_k |a_ik * b_kj|, the scale of the
+// rounding error, so that cancellation does not make a correct result look wrong.
+inline constexpr double gemm_fp32 = 1e-5;
+inline constexpr double gemm_tf32 = 4e-3;
+inline constexpr double gemm_bf16 = 1.6e-2;
+}  // namespace tolerance
+
+}  // namespace tb

@@ -1,0 +1,93 @@
+// benchsuite as a user runs it: bad input exits 2 with one clear message, a run writes a valid file.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "results.h"
+
+namespace {
+
+struct Outcome {
+  int code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+Outcome benchsuite(const std::string& args) {
+  const std::string command = std::string(BENCHSUITE_PATH) + " " + args + " 2>&1";
+  Outcome o;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return o;
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), pipe)) o.output += buf.data();
+  const int status = pclose(pipe);
+  o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return o;
+}
+
+void expect_usage_error(const std::string& args, const std::string& says) {
+  const Outcome o = benchsuite(args);
+  EXPECT_EQ(o.code, 2) << args << "\n" << o.output;
+  EXPECT_NE(o.output.find(says), std::string::npos) << args << ": expected '" << says << "' in:\n" << o.output;
+  EXPECT_EQ(o.output.find("terminate called"), std::string::npos) << o.output;
+}
+
+TEST(Cli, BadInputExitsTwoWithAMessage) {
+  expect_usage_error("--no-such-flag", "--no-such-flag");
+  expect_usage_error("--filter 'nothing-matches-this'", "no benchmark matches --filter 'nothing-matches-this'");
+  expect_usage_error("--filter 'nothing-matches-this'", "peak: cpu/copy");
+  expect_usage_error("--filter '('", "not a valid regular expression");
+  expect_usage_error("--backend tpu", "--backend");
+  expect_usage_error("--repetitions 0", "--repetitions");
+  expect_usage_error("--repetitions many", "--repetitions");
+  expect_usage_error("--format xml", "--format");
+  expect_usage_error("--axis peak.nope=1", "axes: n, cpu_gemm_n");
+  expect_usage_error("--axis peak.n=-5", "must be at least 1");
+  expect_usage_error("--axis peak.n=abc", "is not a number");
+  expect_usage_error("--axis n=5", "expected STAGE.AXIS=");
+  expect_usage_error("--benchmark_no_such_flag=1", "benchmark_no_such_flag");
+}
+
+TEST(Cli, HelpAndListSucceed) {
+  const Outcome help = benchsuite("--help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.output.find("Examples:"), std::string::npos);
+  EXPECT_NE(help.output.find("--filter"), std::string::npos);
+  const Outcome list = benchsuite("--list");
+  EXPECT_EQ(list.code, 0);
+  for (const char* v : {"cpu/triad", "cpu/gemm_fp32", "cuda/copy", "cuda/h2d_pinned", "cuda/gemm_bf16", "pair: "})
+    EXPECT_NE(list.output.find(v), std::string::npos) << v;
+}
+
+TEST(Cli, QuickRunWritesAValidResultsFile) {
+  const auto path = std::filesystem::temp_directory_path() / ("tb_cli_" + std::to_string(::getpid()) + ".json");
+  const Outcome o = benchsuite("--backend cpu --filter 'peak/cpu/(copy|triad)' --quick --repetitions 3 "
+                               "--axis peak.n=100003 --out " + path.string());
+  ASSERT_EQ(o.code, 0) << o.output;
+  EXPECT_NE(o.output.find("Pairs:"), std::string::npos) << o.output;
+  std::ifstream in(path);
+  const tb::Results r = tb::results_from_json(nlohmann::json::parse(in));
+  ASSERT_EQ(r.rows.size(), 3u);
+  for (const auto& row : r.rows) {
+    EXPECT_EQ(row.disposition, "passed") << row.name;
+    EXPECT_EQ(row.samples_ns.size(), 3u) << row.name;
+  }
+  EXPECT_EQ(r.peaks.count("cpu.triad"), 1u);
+  EXPECT_EQ(r.pairs.size(), 1u);
+  std::filesystem::remove(path);
+}
+
+TEST(Cli, CudaBackendWithoutADeviceSaysWhyInsteadOfFailing) {
+  const Outcome list = benchsuite("--list");
+  if (list.output.find("unavailable here") == std::string::npos) GTEST_SKIP() << "a CUDA device is present";
+  const Outcome o = benchsuite("--backend cuda --filter 'peak/cuda/copy' --quick");
+  EXPECT_EQ(o.code, 0) << o.output;
+  EXPECT_NE(o.output.find("unsupported"), std::string::npos) << o.output;
+  expect_usage_error("--device 3", "--device 3");
+}
+
+}  // namespace

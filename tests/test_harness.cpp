@@ -1,0 +1,171 @@
+// The harness end to end on a synthetic stage: check before timing, dispositions, samples, peaks,
+// pairs and the exit code. Real Google Benchmark, real timer, tiny work.
+#include <benchmark/benchmark.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <sstream>
+
+#include "harness.h"
+#include "runtime/error.h"
+
+namespace tb {
+namespace {
+
+std::atomic<int> wrong_runs{0};
+
+// Spins over `work` additions: a CPU "kernel" whose time scales with its size.
+class Spin final : public Instance {
+ public:
+  Spin(int64_t work, bool correct, std::atomic<int>* runs = nullptr) : work_(work), correct_(correct), runs_(runs) {}
+  void run() override {
+    if (runs_) ++*runs_;
+    double acc = 0;
+    for (int64_t i = 0; i < work_; ++i) acc += 1.0;
+    result_ = acc;
+  }
+  Verdict check() override {
+    const double want = static_cast<double>(work_);
+    const double got = correct_ ? result_ : result_ + 1;
+    return got == want ? Verdict{true, 0, ""} : Verdict{false, 1, "sum is " + std::to_string(got)};
+  }
+
+ private:
+  int64_t work_;
+  bool correct_;
+  std::atomic<int>* runs_;
+  volatile double result_ = 0;
+};
+
+Variant spin_variant(const std::string& id, int64_t scale, bool correct, std::string peak_key, std::string provides = "") {
+  Variant v;
+  v.id = id;
+  v.backend = Backend::cpu;
+  v.rationale = "test";
+  v.axes = {"n"};
+  v.work = [peak_key](const Problem& p) { return Work{8.0 * p.get_int("n"), 0, Work::Bound::memory, peak_key}; };
+  v.make = [scale, correct, id](const Problem& p, const RunContext&) -> std::unique_ptr<Instance> {
+    return std::make_unique<Spin>(p.get_int("n") * scale, correct, id == "wrong" ? &wrong_runs : nullptr);
+  };
+  v.provides_peak = std::move(provides);
+  return v;
+}
+
+Registry toy_registry() {
+  Registry r;
+  Stage peak;
+  peak.name = "peak";
+  peak.question = peak.source = "test";
+  peak.axes = {Axis{"n", AxisKind::positive_int, {"20000"}, {}, "", {}}};
+  peak.variants = {spin_variant("ceiling", 1, true, "cpu.toy", "cpu.toy")};
+  r.add(peak);
+
+  Stage s;
+  s.name = "toy";
+  s.question = s.source = "test";
+  s.axes = {Axis{"n", AxisKind::positive_int, {"20000"}, {}, "", {}}};
+  s.variants = {spin_variant("slow", 8, true, "cpu.toy"), spin_variant("fast", 1, true, "cpu.toy"),
+                spin_variant("wrong", 1, false, "cpu.toy")};
+  Variant throws = spin_variant("throws", 1, true, "");
+  throws.make = [](const Problem&, const RunContext&) -> std::unique_ptr<Instance> {
+    throw CallError("toy.cpp", 1, "toyMalloc(...)", "out of toys");
+  };
+  Variant huge = spin_variant("huge", 1, true, "");
+  huge.unsupported = [](const Problem&) { return std::string("needs more toys than this machine has"); };
+  s.variants.push_back(throws);
+  s.variants.push_back(huge);
+  s.pairs = {Pair{"slow", "fast", "fast vs slow"}};
+  r.add(s);
+  return r;
+}
+
+class Harness : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    static char name[] = "test_harness";
+    char* argv[] = {name, nullptr};
+    int argc = 1;
+    benchmark::Initialize(&argc, argv);
+  }
+  static Settings quick_settings(const std::string& filter) {
+    Settings s;
+    s.repetitions = 5;
+    s.min_time_s = 0.002;
+    s.filter = filter;
+    return s;
+  }
+  static const Row& row(const Results& r, const std::string& name) {
+    for (const auto& row : r.rows)
+      if (row.name == name) return row;
+    throw std::runtime_error("no row " + name);
+  }
+};
+
+TEST_F(Harness, ChecksBeforeTimingAndGivesEveryRowADisposition) {
+  const Registry reg = toy_registry();
+  const Settings settings = quick_settings("");
+  std::ostringstream progress;
+  wrong_runs = 0;
+  const Results results = run_entries(reg, select_entries(reg, settings), settings, progress);
+
+  const Row& slow = row(results, "toy/cpu/slow/n=20000");
+  const Row& fast = row(results, "toy/cpu/fast/n=20000");
+  EXPECT_EQ(slow.disposition, "passed");
+  EXPECT_EQ(fast.disposition, "passed");
+  EXPECT_EQ(slow.samples_ns.size(), 5u);
+  EXPECT_GT(slow.summary.median, fast.summary.median);
+  ASSERT_TRUE(fast.pct_of_peak.has_value());
+  EXPECT_GT(*fast.pct_of_peak, 20.0);  // the ceiling runs the same work as `fast`
+  EXPECT_LT(*slow.pct_of_peak, *fast.pct_of_peak);
+
+  const Row& wrong = row(results, "toy/cpu/wrong/n=20000");
+  EXPECT_EQ(wrong.disposition, "incorrect");
+  EXPECT_NE(wrong.reason.find("sum is"), std::string::npos);
+  EXPECT_TRUE(wrong.samples_ns.empty());
+  EXPECT_FALSE(wrong.timed());
+  EXPECT_EQ(wrong_runs.load(), 1) << "an incorrect variant must not be timed";
+
+  const Row& throws = row(results, "toy/cpu/throws/n=20000");
+  EXPECT_EQ(throws.disposition, "failed");
+  EXPECT_NE(throws.reason.find("out of toys"), std::string::npos);
+
+  const Row& huge = row(results, "toy/cpu/huge/n=20000");
+  EXPECT_EQ(huge.disposition, "unsupported");
+  EXPECT_EQ(huge.reason, "needs more toys than this machine has");
+
+  ASSERT_EQ(results.pairs.size(), 1u);
+  EXPECT_EQ(results.pairs[0].baseline, "toy/cpu/slow/n=20000");
+  EXPECT_GT(results.pairs[0].ratio.ratio, 2.0);  // 8x the work
+  EXPECT_EQ(results.peaks.count("cpu.toy"), 1u);
+  EXPECT_EQ(exit_code_for(results), 1);
+  EXPECT_NE(progress.str().find("incorrect"), std::string::npos);
+}
+
+TEST_F(Harness, MeasuresTheNeededPeakFirstWhenTheFilterLeavesItOut) {
+  const Registry reg = toy_registry();
+  const auto entries = select_entries(reg, quick_settings("toy/cpu/fast"));
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[0].name, "peak/cpu/ceiling/n=20000");
+  Settings no_prepass = quick_settings("toy/cpu/fast");
+  no_prepass.peak_prepass = false;
+  EXPECT_EQ(select_entries(reg, no_prepass).size(), 1u);
+
+  std::ostringstream progress;
+  const Results results = run_entries(reg, entries, quick_settings("toy/cpu/fast"), progress);
+  EXPECT_EQ(exit_code_for(results), 0);
+  EXPECT_TRUE(row(results, "toy/cpu/fast/n=20000").pct_of_peak.has_value());
+}
+
+TEST_F(Harness, FilterErrorsAreUsageErrorsThatSayWhatExists) {
+  const Registry reg = toy_registry();
+  try {
+    select_entries(reg, quick_settings("nothing-like-this"));
+    FAIL() << "expected a UsageError";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("cpu/slow"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(select_entries(reg, quick_settings("(")), UsageError);
+}
+
+}  // namespace
+}  // namespace tb

@@ -1,0 +1,128 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "results.h"
+#include "runtime/error.h"
+
+namespace tb {
+namespace {
+
+Results sample_results() {
+  Results r;
+  r.context = {{"host", {{"cpu_model", "Test CPU"}, {"cores", 2}}}, {"trainbench", {{"version", "0.1.0"}}}};
+  Row a;
+  a.name = "peak/cpu/triad/n=7";
+  a.stage = "peak";
+  a.variant = "triad";
+  a.backend = "cpu";
+  a.problem = {{"n", "7"}};
+  a.disposition = "passed";
+  a.batch = 4;
+  a.iterations = 12;
+  a.samples_ns = {100, 110, 90, 105, 95, 101};
+  a.summary = summarize(a.samples_ns, 0.05);
+  a.bytes = 168;
+  a.flops = 14;
+  a.peak_key = "cpu.triad";
+  a.pct_of_peak = 42.5;
+  Row b;
+  b.name = "peak/cuda/copy/n=7";
+  b.stage = "peak";
+  b.variant = "copy";
+  b.backend = "cuda";
+  b.problem = {{"n", "7"}};
+  b.disposition = "unsupported";
+  b.reason = "no CUDA device, \"really\" | none";
+  Row c = a;
+  c.name = "peak/cpu/copy/n=7";
+  c.variant = "copy";
+  c.disposition = "incorrect";
+  c.reason = "copy[3] = 1, reference 2";
+  c.samples_ns.clear();
+  c.pct_of_peak.reset();
+  c.max_error = 1;
+  r.rows = {a, b, c};
+  r.pairs = {PairRow{"peak", "triad: OpenMP team vs one thread", "peak/cpu/triad_1thread/n=7", "peak/cpu/triad/n=7",
+                     RatioEstimate{1.9, 1.8, 2.0, 0.95}}};
+  r.peaks["cpu.triad"] = PeakValue{3.2e10, "B/s", "peak/cpu/triad/n=7"};
+  return r;
+}
+
+TEST(Results, JsonRoundTripKeepsEverything) {
+  const Results original = sample_results();
+  const nlohmann::json doc = to_json(original);
+  EXPECT_EQ(doc["schema"], "trainbench-results/1");
+  EXPECT_EQ(doc["benchmarks"][0]["real_time"], original.rows[0].summary.median);
+  EXPECT_EQ(doc["benchmarks"][0]["time_unit"], "ns");
+  EXPECT_FALSE(doc["benchmarks"][2].contains("real_time")) << "an incorrect row carries no timing";
+  const Results back = results_from_json(nlohmann::json::parse(doc.dump()));
+  EXPECT_EQ(to_json(back), doc);
+  ASSERT_EQ(back.rows.size(), 3u);
+  EXPECT_EQ(back.rows[0].samples_ns, original.rows[0].samples_ns);
+  EXPECT_EQ(back.rows[1].reason, original.rows[1].reason);
+  EXPECT_DOUBLE_EQ(back.pairs[0].ratio.ci_high, 2.0);
+  EXPECT_DOUBLE_EQ(back.peaks.at("cpu.triad").value, 3.2e10);
+}
+
+TEST(Results, RejectsDocumentsThatAreNotTheSchema) {
+  auto doc = to_json(sample_results());
+  auto message = [](const nlohmann::json& d) {
+    try {
+      results_from_json(d);
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  auto wrong_schema = doc;
+  wrong_schema["schema"] = "trainbench-results/0";
+  EXPECT_NE(message(wrong_schema).find("expected 'trainbench-results/1'"), std::string::npos);
+  auto no_samples = doc;
+  no_samples["benchmarks"][0].erase("samples_ns");
+  EXPECT_NE(message(no_samples).find("samples_ns"), std::string::npos);
+  auto bad_type = doc;
+  bad_type["benchmarks"][0]["median_ns"] = "fast";
+  EXPECT_NE(message(bad_type).find("wrong type"), std::string::npos);
+  EXPECT_NE(message(nlohmann::json::array()).find("not a JSON object"), std::string::npos);
+}
+
+TEST(Results, RendersEveryFormat) {
+  const Results r = sample_results();
+  const std::string console = render(r, Format::console);
+  EXPECT_NE(console.find("peak/cpu/triad/n=7"), std::string::npos);
+  EXPECT_NE(console.find("1.90x (95% CI 1.80-2.00)"), std::string::npos);
+  EXPECT_NE(console.find("incorrect"), std::string::npos);
+  const std::string csv = render(r, Format::csv);
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 4);
+  EXPECT_NE(csv.find("\"no CUDA device, \"\"really\"\" | none\""), std::string::npos);
+  const std::string md = render(r, Format::md);
+  EXPECT_NE(md.find("\\| none"), std::string::npos);
+  EXPECT_NE(md.find("| peak: triad: OpenMP team vs one thread |"), std::string::npos);
+  EXPECT_THROW(format_from_string("xml"), UsageError);
+}
+
+TEST(Results, WritesAtomically) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tb_results_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto path = (dir / "r.json").string();
+  write_file_atomically(path, "first");
+  write_file_atomically(path, "second");
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(text.str(), "second");
+  std::size_t files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    (void)entry;
+    ++files;
+  }
+  EXPECT_EQ(files, 1u) << "no temporary file is left behind";
+  EXPECT_THROW(write_file_atomically((dir / "missing" / "r.json").string(), "x"), UsageError);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tb

@@ -1,0 +1,127 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <deque>
+
+#include "runtime/stats.h"
+#include "runtime/timing.h"
+
+namespace tb {
+namespace {
+
+TEST(Stats, MedianOfOddAndEven) {
+  EXPECT_DOUBLE_EQ(median_of({3, 1, 2}), 2);
+  EXPECT_DOUBLE_EQ(median_of({4, 1, 3, 2}), 2.5);
+  EXPECT_THROW(median_of({}), std::invalid_argument);
+}
+
+TEST(Stats, OrderStatisticIntervalAtTenSamples) {
+  // n = 10: [x_(2), x_(9)] covers the median with 1 - 2 * P(Bin(10, 1/2) <= 1) = 1 - 22/1024.
+  const Summary s = summarize({10, 1, 9, 2, 8, 3, 7, 4, 6, 5}, 0.05);
+  EXPECT_EQ(s.n, 10u);
+  EXPECT_DOUBLE_EQ(s.median, 5.5);
+  EXPECT_DOUBLE_EQ(s.ci_low, 2);
+  EXPECT_DOUBLE_EQ(s.ci_high, 9);
+  EXPECT_NEAR(s.ci_level, 1.0 - 22.0 / 1024.0, 1e-12);
+}
+
+TEST(Stats, FewSamplesGiveFullRangeWithItsLowerCoverage) {
+  const Summary s = summarize({3, 1, 2}, 0.05);
+  EXPECT_DOUBLE_EQ(s.ci_low, 1);
+  EXPECT_DOUBLE_EQ(s.ci_high, 3);
+  EXPECT_DOUBLE_EQ(s.ci_level, 0.75);  // 1 - 2 / 2^3
+}
+
+TEST(Stats, NoiseFlagFollowsTheTarget) {
+  const std::vector<double> tight{100, 100.5, 99.5, 100.2, 99.8, 100.1, 99.9, 100.3, 99.7, 100};
+  EXPECT_FALSE(summarize(tight, 0.05).noisy);
+  const std::vector<double> wide{100, 150, 60, 130, 70, 120, 80, 140, 90, 110};
+  const Summary s = summarize(wide, 0.05);
+  EXPECT_TRUE(s.noisy);
+  EXPECT_GT(s.rel_half_width, 0.05);
+  EXPECT_FALSE(summarize(wide, 0.9).noisy);
+}
+
+TEST(Stats, RatioOfScaledSamplesIsTheScale) {
+  const std::vector<double> improved{10, 11, 9, 10.5, 9.5, 10.2, 9.8, 10.1};
+  std::vector<double> baseline;
+  for (double x : improved) baseline.push_back(3 * x);
+  const RatioEstimate r = ratio_estimate(baseline, improved);
+  EXPECT_NEAR(r.ratio, 3.0, 0.05);
+  EXPECT_LE(r.ci_low, r.ratio);
+  EXPECT_GE(r.ci_high, r.ratio);
+  EXPECT_GT(r.ci_low, 2.5);
+  EXPECT_LT(r.ci_high, 3.6);
+  EXPECT_DOUBLE_EQ(r.ci_level, 0.95);
+}
+
+TEST(Stats, RatioIntervalOfIdenticalDistributionsContainsOne) {
+  const std::vector<double> a{10, 12, 11, 9, 10.5, 11.5, 9.5, 10.2, 10.8, 11.1};
+  const std::vector<double> b{11, 10, 9.8, 11.9, 10.1, 10.6, 9.4, 11.3, 10.7, 10.4};
+  const RatioEstimate r = ratio_estimate(a, b);
+  EXPECT_LT(r.ci_low, 1.0);
+  EXPECT_GT(r.ci_high, 1.0);
+}
+
+TEST(Stats, RatioWithTooFewSamplesSaysItsCoverage) {
+  const RatioEstimate r = ratio_estimate({2, 2.1}, {1, 1.1});
+  EXPECT_DOUBLE_EQ(r.ci_level, 1.0 - 2.0 / 6.0);  // C(4, 2) = 6 orderings
+  EXPECT_THROW(ratio_estimate({1}, {0}), std::invalid_argument);
+}
+
+// A timer that returns scripted durations: the sampling loop and the statistics without a clock.
+class FakeTimer final : public SampleTimer {
+ public:
+  explicit FakeTimer(std::deque<double> durations) : durations_(std::move(durations)) {}
+  void start() override { ++starts; }
+  double stop() override {
+    const double d = durations_.front();
+    durations_.pop_front();
+    return d;
+  }
+  int starts = 0;
+
+ private:
+  std::deque<double> durations_;
+};
+
+class CountingFlusher final : public CacheFlusher {
+ public:
+  void flush() override { ++flushes; }
+  int flushes = 0;
+};
+
+TEST(Timing, OneStartStopPerBatchAndFlushOutsideIt) {
+  FakeTimer timer({0.004, 0.002});
+  CountingFlusher flusher;
+  int calls = 0;
+  EXPECT_DOUBLE_EQ(time_sample(timer, [&] { ++calls; }, 8, &flusher), 0.004);
+  EXPECT_EQ(calls, 8);
+  EXPECT_EQ(timer.starts, 1);
+  EXPECT_EQ(flusher.flushes, 1);
+  EXPECT_DOUBLE_EQ(time_sample(timer, [&] { ++calls; }, 1), 0.002);
+  EXPECT_EQ(flusher.flushes, 1);
+}
+
+TEST(Timing, FakeTimerSamplesSummarise) {
+  // Ten samples of a batch of 4 calls: per-call times are sample / 4.
+  std::deque<double> durations{4.0, 4.4, 3.6, 4.2, 3.8, 4.1, 3.9, 4.3, 3.7, 4.0};
+  FakeTimer timer(durations);
+  std::vector<double> per_call;
+  for (int i = 0; i < 10; ++i) per_call.push_back(time_sample(timer, [] {}, 4) / 4);
+  const Summary s = summarize(per_call, 0.05);
+  EXPECT_DOUBLE_EQ(s.median, 1.0);
+  EXPECT_DOUBLE_EQ(s.ci_low, 0.925);
+  EXPECT_DOUBLE_EQ(s.ci_high, 1.075);
+  EXPECT_TRUE(s.noisy);  // 7.5% half-width is above a 5% target
+}
+
+TEST(Timing, BatchMakesASampleLongEnough) {
+  EXPECT_EQ(batch_for(1e-3, 20e-6, 1 << 16), 1);
+  EXPECT_EQ(batch_for(0.125, 6.25, 1 << 16), 50);  // exactly representable: 6.25 / 0.125 = 50
+  EXPECT_EQ(batch_for(1e-9, 1.0, 1000), 1000);
+  EXPECT_EQ(batch_for(0.0, 1.0, 77), 77);
+}
+
+}  // namespace
+}  // namespace tb
