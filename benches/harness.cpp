@@ -136,6 +136,7 @@ class Runner {
       r.bytes = w.bytes;
       r.flops = w.flops;
       r.bound = w.bound == Work::Bound::compute ? "compute" : "memory";
+      r.counters = w.counters;
       r.peak_key = w.peak_key == e.variant->provides_peak ? "" : w.peak_key;  // a peak is not % of itself
       if (!e.unsupported.empty()) {
         r.disposition = "unsupported";

@@ -40,6 +40,9 @@ static json row_to_json(const Row& r) {
             {"flops", r.flops},
             {"bound", r.bound},
             {"peak_key", r.peak_key}};
+  json counters = json::object();
+  for (const auto& [k, v] : r.counters) counters[k] = v;
+  j["counters"] = counters;
   if (r.timed()) {
     j["iterations"] = r.iterations;
     j["repetitions"] = r.samples_ns.size();
@@ -127,6 +130,13 @@ Results results_from_json(const json& doc) {
     r.flops = j.value("flops", 0.0);
     r.bound = j.value("bound", std::string("memory"));
     r.peak_key = j.value("peak_key", std::string());
+    if (j.contains("counters")) {
+      if (!j["counters"].is_object()) throw std::runtime_error(where + ": \"counters\" is not an object");
+      for (const auto& [k, v] : j["counters"].items()) {
+        if (!v.is_number()) throw std::runtime_error(where + ": counters." + k + " is not a number");
+        r.counters.emplace_back(k, v.get<double>());
+      }
+    }
     if (r.disposition == "passed") {
       r.iterations = field<int64_t>(j, "iterations", where);
       r.samples_ns = field<std::vector<double>>(j, "samples_ns", where);
@@ -227,6 +237,7 @@ static std::string render_console(const Results& results) {
       out << std::right << std::setw(11) << human_time(r.summary.median) << std::setw(8)
           << fixed(100 * r.summary.rel_half_width, 1) << "%" << std::setw(16) << human_rate(r) << std::setw(9)
           << (r.pct_of_peak ? fixed(*r.pct_of_peak, 1) : std::string("-"));
+      for (const auto& [k, v] : r.counters) out << "  " << k << "=" << (v == std::floor(v) ? fixed(v, 0) : fixed(v, 3));
     } else {
       out << r.reason;
     }

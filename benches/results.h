@@ -32,6 +32,7 @@ struct Row {
   std::string bound = "memory";  // memory | compute: which rate is compared with the peak
   std::string peak_key;
   std::optional<double> pct_of_peak;
+  std::vector<std::pair<std::string, double>> counters;  // from the work model, e.g. launches per call
 
   bool timed() const { return disposition == "passed" && !samples_ns.empty(); }
   double gb_per_s() const { return timed() && summary.median > 0 ? bytes / summary.median : 0; }

@@ -28,6 +28,7 @@ Results sample_results() {
   a.flops = 14;
   a.peak_key = "cpu.triad";
   a.pct_of_peak = 42.5;
+  a.counters = {{"launches", 3}, {"tensors", 200}};
   Row b;
   b.name = "peak/cuda/copy/n=7";
   b.stage = "peak";
@@ -62,6 +63,7 @@ TEST(Results, JsonRoundTripKeepsEverything) {
   EXPECT_EQ(to_json(back), doc);
   ASSERT_EQ(back.rows.size(), 3u);
   EXPECT_EQ(back.rows[0].samples_ns, original.rows[0].samples_ns);
+  EXPECT_EQ(back.rows[0].counters, original.rows[0].counters);
   EXPECT_EQ(back.rows[1].reason, original.rows[1].reason);
   EXPECT_DOUBLE_EQ(back.pairs[0].ratio.ci_high, 2.0);
   EXPECT_DOUBLE_EQ(back.peaks.at("cpu.triad").value, 3.2e10);
@@ -95,6 +97,7 @@ TEST(Results, RendersEveryFormat) {
   EXPECT_NE(console.find("peak/cpu/triad/n=7"), std::string::npos);
   EXPECT_NE(console.find("1.90x (95% CI 1.80-2.00)"), std::string::npos);
   EXPECT_NE(console.find("incorrect"), std::string::npos);
+  EXPECT_NE(console.find("launches=3"), std::string::npos);
   const std::string csv = render(r, Format::csv);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 4);
   EXPECT_NE(csv.find("\"no CUDA device, \"\"really\"\" | none\""), std::string::npos);

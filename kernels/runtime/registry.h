@@ -59,6 +59,8 @@ struct Work {
   double flops = 0;
   Bound bound = Bound::memory;
   std::string peak_key;  // the `peak` row this work is compared with, e.g. "cuda.copy"
+  // Per-call facts a row should show beside its rates, e.g. {"launches", 1200}.
+  std::vector<std::pair<std::string, double>> counters;
 };
 
 // The outcome of checking one variant's output against the stage's reference.
