@@ -43,7 +43,7 @@ Variant spin_variant(const std::string& id, int64_t scale, bool correct, std::st
   v.backend = Backend::cpu;
   v.rationale = "test";
   v.axes = {"n"};
-  v.work = [peak_key](const Problem& p) { return Work{8.0 * p.get_int("n"), 0, Work::Bound::memory, peak_key}; };
+  v.work = [peak_key](const Problem& p) { return Work{8.0 * p.get_int("n"), 0, Work::Bound::memory, peak_key, {}}; };
   v.make = [scale, correct, id](const Problem& p, const RunContext&) -> std::unique_ptr<Instance> {
     return std::make_unique<Spin>(p.get_int("n") * scale, correct, id == "wrong" ? &wrong_runs : nullptr);
   };

@@ -32,16 +32,16 @@ std::string device_memory_reason(double bytes) {
 
 Work stream_work(const Problem& p, int arrays, const char* peak_key) {
   return Work{static_cast<double>(arrays) * 8.0 * static_cast<double>(p.get_int("n")),
-              arrays == 3 ? 2.0 * static_cast<double>(p.get_int("n")) : 0.0, Work::Bound::memory, peak_key};
+              arrays == 3 ? 2.0 * static_cast<double>(p.get_int("n")) : 0.0, Work::Bound::memory, peak_key, {}};
 }
 
 Work gemm_work(int64_t n, double element_bytes, const char* peak_key) {
   const double nn = static_cast<double>(n);
-  return Work{3.0 * nn * nn * element_bytes, 2.0 * nn * nn * nn, Work::Bound::compute, peak_key};
+  return Work{3.0 * nn * nn * element_bytes, 2.0 * nn * nn * nn, Work::Bound::compute, peak_key, {}};
 }
 
 Work transfer_work(const Problem& p, const char* peak_key) {
-  return Work{static_cast<double>(p.get_int("transfer_bytes") / 4 * 4), 0.0, Work::Bound::memory, peak_key};
+  return Work{static_cast<double>(p.get_int("transfer_bytes") / 4 * 4), 0.0, Work::Bound::memory, peak_key, {}};
 }
 
 template <class F>
