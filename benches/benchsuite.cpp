@@ -31,6 +31,14 @@ Benchmarks are named stage/backend/variant/problem, e.g. peak/cpu/triad/n=335544
 )";
 
 void list_registry(const tb::Registry& registry, std::ostream& out) {
+  const auto& cuda = tb::cuda_status();
+  if (cuda.available()) {
+    for (const auto& g : cuda.devices)
+      out << "CUDA device " << g.index << ": " << g.name << " (sm_" << g.compute_capability << ", " << g.sms << " SMs)\n";
+  } else {
+    out << "CUDA variants cannot run here: " << cuda.unavailable_reason << "\n";
+  }
+  out << "\n";
   for (const auto& stage : registry.stages()) {
     out << stage.name << ": " << stage.question << "  [" << stage.source << "]\n";
     for (const auto& axis : stage.axes) {
@@ -46,7 +54,8 @@ void list_registry(const tb::Registry& registry, std::ostream& out) {
     for (const auto& v : stage.variants) {
       out << "  " << tb::to_string(v.backend) << "/" << v.id << ": " << v.rationale;
       std::string why;
-      if (v.backend == tb::Backend::cuda && !tb::cuda_status().available()) why = tb::cuda_status().unavailable_reason;
+      if (v.backend == tb::Backend::cuda && !cuda.built) why = "built without CUDA";
+      else if (v.backend == tb::Backend::cuda && !cuda.available()) why = "no usable CUDA device";
       else if (!v.make) why = "not built";
       if (!why.empty()) out << "  [unavailable here: " << why << "]";
       out << "\n";
