@@ -205,13 +205,26 @@ class Runner {
       // Aggregates come in a call of their own; announce each benchmark once, with its samples.
       if (!runs.empty() && runs.front().run_type == Run::RT_Iteration) {
         const auto it = runner_.index_of_.find(runs.front().run_name.function_name);
-        if (it != runner_.index_of_.end()) runner_.announce(it->second);
+        if (it != runner_.index_of_.end()) {
+          runner_.add_observed(it->second);
+          runner_.announce(it->second);
+        }
       }
     }
 
    private:
     Runner& runner_;
   };
+
+  void add_observed(std::size_t i) {
+    if (!live_ || live_->index != i || !rows_[i].timed()) return;
+    for (const auto& [key, value] : live_->instance->observed()) {
+      auto& counters = rows_[i].counters;
+      const auto same = std::find_if(counters.begin(), counters.end(), [&](const auto& c) { return c.first == key; });
+      if (same != counters.end()) same->second = value;
+      else counters.emplace_back(key, value);
+    }
+  }
 
   void announce(std::size_t i) {
     Row& r = rows_[i];
@@ -223,6 +236,7 @@ class Runner {
       if (r.bound == "memory" && r.bytes > 0) progress_ << "  " << std::setprecision(2) << r.bytes / s.median << " GB/s";
       if (r.bound == "compute" && r.flops > 0) progress_ << "  " << std::setprecision(3) << r.flops / s.median * 1e-3 << " TFLOP/s";
       if (s.noisy) progress_ << "  (noisy)";
+      for (const auto& [key, value] : r.counters) progress_ << "  " << key << "=" << std::setprecision(3) << value;
     } else {
       progress_ << r.disposition << (r.reason.empty() ? "" : ": " + r.reason);
     }

@@ -87,6 +87,10 @@ class Instance {
   virtual void run() = 0;
   // After at least one run(): compare the output with the stage's reference. Synchronises.
   virtual Verdict check() = 0;
+  // What the variant observed while it was timed (a skip rate, iterations per solve, the share of a
+  // copy hidden behind compute). Read once after the last sample; added to the row's counters,
+  // replacing a work-model counter of the same name.
+  virtual std::vector<std::pair<std::string, double>> observed() const { return {}; }
 };
 
 using InstanceFactory = std::function<std::unique_ptr<Instance>(const Problem&, const RunContext&)>;
