@@ -41,6 +41,11 @@ TEST(Axis, RejectsValuesThatCannotRun) {
   Axis dtype{"dtype", AxisKind::choice, {"fp32"}, {}, "", {"fp32", "bf16"}};
   EXPECT_EQ(dtype.invalid_reason("bf16"), "");
   EXPECT_NE(dtype.invalid_reason("fp16"), "");
+  Axis shape{"shape", AxisKind::text, {"2x3"}, {}, "", {}, [](const std::string& v) {
+               return v.find('x') == std::string::npos ? std::string("expected AxB") : std::string();
+             }};
+  EXPECT_EQ(shape.invalid_reason("2x3"), "");
+  EXPECT_EQ(shape.invalid_reason("23"), "expected AxB");
 }
 
 TEST(Registry, RejectsInconsistentDeclarations) {

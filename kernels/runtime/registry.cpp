@@ -83,6 +83,8 @@ std::string Axis::invalid_reason(const std::string& value) const {
       }
     case AxisKind::number:
       return parse_number(value, number) ? "" : "is not a number";
+    case AxisKind::text:
+      return validate ? validate(value) : "";
     case AxisKind::positive_int:
       if (!parse_number(value, number)) return "is not a number";
       if (number != std::floor(number)) return "is not an integer";

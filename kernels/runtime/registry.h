@@ -38,7 +38,8 @@ class Problem {
 // return when the text is not a finite number.
 bool parse_number(const std::string& text, double& value);
 
-enum class AxisKind { positive_int, number, choice };
+// text: any value `validate` accepts (e.g. an attention shape "4x16x4096x128").
+enum class AxisKind { positive_int, number, choice, text };
 
 struct Axis {
   std::string name;
@@ -47,6 +48,7 @@ struct Axis {
   std::vector<std::string> quick_values;  // for --quick; empty: same as values
   std::string help;
   std::vector<std::string> choices;       // for AxisKind::choice
+  std::function<std::string(const std::string&)> validate;  // for AxisKind::text: "" or why not
 
   // Empty when `value` is acceptable for this axis, else why not.
   std::string invalid_reason(const std::string& value) const;
