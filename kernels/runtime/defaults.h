@@ -33,4 +33,23 @@ inline constexpr int64_t cpu_gemm_n = 2048;
 inline constexpr int64_t quick_cpu_gemm_n = 1024;
 inline constexpr int gemm_checked_entries = 256;  // output entries checked against the double reference
 
+// ---- adamw, gradnorm -------------------------------------------------------------------------
+// A parameter set shaped like a real model: 29.9M parameters, the SEM V5.5 model's count
+// (seeds/000: "P = 29.9M parameters"; the small GPT of seeds/004 spends 27.5% of its step in AdamW),
+// in ~200 tensors (embeddings, per-layer attention and MLP weights, biases, norm scales).
+inline constexpr int64_t adamw_params = 29'900'000;
+inline constexpr int64_t quick_adamw_params = 4'000'000;
+inline constexpr int64_t adamw_tensors = 200;
+inline constexpr int64_t quick_adamw_tensors = 200;
+// torch.optim.AdamW's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2.
+inline constexpr double adamw_lr = 1e-3;
+inline constexpr double adamw_beta1 = 0.9;
+inline constexpr double adamw_beta2 = 0.999;
+inline constexpr double adamw_eps = 1e-8;
+inline constexpr double adamw_weight_decay = 1e-2;
+// clip_grad_norm_(model.parameters(), max_norm=1.0) (seeds/003, "Missing Gradient Clipping"); the
+// clip factor is max_norm / (total_norm + 1e-6), clamped to 1, as torch.nn.utils computes it.
+inline constexpr double clip_max_norm = 1.0;
+inline constexpr double clip_norm_eps = 1e-6;
+
 }  // namespace tb::defaults
