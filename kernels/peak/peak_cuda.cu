@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "peak.h"
+#include "runtime/cuda_fill.cuh"
 #include "runtime/cuda_raii.h"
 #include "runtime/host_buffer.h"
 #include "runtime/random.h"
@@ -19,27 +20,7 @@ namespace {
 constexpr int block_size = 256;
 
 // Enough resident blocks to keep every SM's memory pipeline full, and no more (grid-stride loops).
-int stream_grid(int64_t work_items, int device) {
-  int sms = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t needed = (work_items + block_size - 1) / block_size;
-  return static_cast<int>(std::clamp<int64_t>(needed, 1, int64_t{sms} * 16));
-}
-
-__global__ void fill_uniform_kernel(double* out, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = uniform_at(seed, static_cast<uint64_t>(i));
-}
-
-__global__ void fill_uniform_kernel(float* out, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = uniform_at(seed, static_cast<uint64_t>(i));
-}
-
-__global__ void fill_uniform_kernel(__nv_bfloat16* out, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = __float2bfloat16_rn(uniform_at(seed, static_cast<uint64_t>(i)));
-}
+int stream_grid(int64_t work_items, int device) { return cuda::grid_for(work_items, block_size, device); }
 
 // 16-byte accesses (double2) for the bulk: fewer memory instructions per byte than scalar loads.
 __global__ void copy_kernel(const double* __restrict__ src, double* __restrict__ dst, int64_t n) {
@@ -64,13 +45,6 @@ __global__ void triad_kernel(double* __restrict__ a, const double* __restrict__ 
   if (blockIdx.x == 0 && threadIdx.x == 0 && (n & 1)) a[n - 1] = b[n - 1] + s * c[n - 1];
 }
 
-template <class T>
-void fill_uniform(T* out, int64_t n, uint64_t seed, cudaStream_t stream, int device) {
-  if (n == 0) return;
-  fill_uniform_kernel<<<stream_grid(n, device), block_size, 0, stream>>>(out, n, seed);
-  CUDA_CHECK(cudaGetLastError());
-}
-
 std::vector<double> download(const double* device_ptr, int64_t n, cudaStream_t stream) {
   std::vector<double> host(static_cast<std::size_t>(n));
   CUDA_CHECK(cudaMemcpyAsync(host.data(), device_ptr, n * sizeof(double), cudaMemcpyDeviceToHost, stream));
@@ -84,8 +58,8 @@ class DeviceStream : public Instance {
       : n_(n), stream_(cuda::as_stream(ctx.cuda_stream)), grid_(stream_grid(std::max<int64_t>(n / 2, 1), ctx.cuda_device)),
         a_(n), b_(n), c_(n) {
     CUDA_CHECK(cudaMemsetAsync(a_.data(), 0, a_.bytes(), stream_));
-    fill_uniform(b_.data(), n, seed_b, stream_, ctx.cuda_device);
-    fill_uniform(c_.data(), n, seed_c, stream_, ctx.cuda_device);
+    cuda::fill_uniform(b_.data(), n, seed_b, stream_, ctx.cuda_device);
+    cuda::fill_uniform(c_.data(), n, seed_c, stream_, ctx.cuda_device);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
@@ -176,14 +150,14 @@ class Gemm final : public Instance {
       a16_ = cuda::DeviceBuffer<__nv_bfloat16>(elems);
       b16_ = cuda::DeviceBuffer<__nv_bfloat16>(elems);
       c16_ = cuda::DeviceBuffer<__nv_bfloat16>(elems);
-      fill_uniform(a16_.data(), n * n, seed_a, stream_, ctx.cuda_device);
-      fill_uniform(b16_.data(), n * n, seed_b, stream_, ctx.cuda_device);
+      cuda::fill_uniform(a16_.data(), n * n, seed_a, stream_, ctx.cuda_device);
+      cuda::fill_uniform(b16_.data(), n * n, seed_b, stream_, ctx.cuda_device);
     } else {
       a32_ = cuda::DeviceBuffer<float>(elems);
       b32_ = cuda::DeviceBuffer<float>(elems);
       c32_ = cuda::DeviceBuffer<float>(elems);
-      fill_uniform(a32_.data(), n * n, seed_a, stream_, ctx.cuda_device);
-      fill_uniform(b32_.data(), n * n, seed_b, stream_, ctx.cuda_device);
+      cuda::fill_uniform(a32_.data(), n * n, seed_a, stream_, ctx.cuda_device);
+      cuda::fill_uniform(b32_.data(), n * n, seed_b, stream_, ctx.cuda_device);
     }
     CUBLAS_CHECK(cublasSetStream(handle_, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));

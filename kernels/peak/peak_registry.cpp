@@ -1,6 +1,4 @@
 // Stage `peak`: the measured ceilings. Sizes in runtime/defaults.h.
-#include <unistd.h>
-
 #include "peak.h"
 #include "runtime/defaults.h"
 #include "runtime/device_info.h"
@@ -10,25 +8,6 @@ namespace tb {
 namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
-
-// A host allocation larger than what is free would swap or be killed: say so instead of running.
-std::string host_memory_reason(double bytes) {
-  const double free_bytes = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-  if (bytes > 0.9 * free_bytes)
-    return "needs " + std::to_string(static_cast<int64_t>(bytes / (1 << 20))) + " MiB of host memory, " +
-           std::to_string(static_cast<int64_t>(free_bytes / (1 << 20))) + " MiB free";
-  return "";
-}
-
-std::string device_memory_reason(double bytes) {
-  const auto& status = cuda_status();
-  if (!status.available()) return "";  // the harness reports the missing device itself
-  const double total = static_cast<double>(status.devices.front().memory_bytes);
-  if (bytes > 0.9 * total)
-    return "needs " + std::to_string(static_cast<int64_t>(bytes / (1 << 20))) + " MiB of device memory, the device has " +
-           std::to_string(static_cast<int64_t>(total / (1 << 20))) + " MiB";
-  return "";
-}
 
 Work stream_work(const Problem& p, int arrays, const char* peak_key) {
   return Work{static_cast<double>(arrays) * 8.0 * static_cast<double>(p.get_int("n")),

@@ -52,4 +52,24 @@ inline constexpr double adamw_weight_decay = 1e-2;
 inline constexpr double clip_max_norm = 1.0;
 inline constexpr double clip_norm_eps = 1e-6;
 
+// ---- attention --------------------------------------------------------------------------------
+// Shapes are batch x heads x seq x head_dim. The reports give batch sizes but not the model
+// dimensions, so these are plausible choices, said as such:
+//  - small GPT of seeds/004: batch 4 (its figure), 6 heads x 64 = 384-d, 256 tokens (assumed: the
+//    usual configuration of a 4-block character-level GPT);
+//  - T4 baseline transformer of seeds/003: batch 32 (its figure), 8 heads x 64 = 512-d, 128 tokens
+//    (assumed);
+//  - the CPU comparison at seq 1024 of the attention issue: 1 x 8 x 1024 x 64;
+//  - an LLM-size case: 4 x 16 x 4096 x 128 (2048-d, the FlashAttention-2 benchmark setting).
+inline constexpr const char* attention_small_gpt = "4x6x256x64";
+inline constexpr const char* attention_t4 = "32x8x128x64";
+inline constexpr const char* attention_seq1024 = "1x8x1024x64";
+inline constexpr const char* attention_llm = "4x16x4096x128";
+// The cached causal mask is built once for this many positions and sliced (seeds/003's
+// register_buffer of max_seq_len x max_seq_len).
+inline constexpr int64_t attention_mask_max_seq = 4096;
+inline constexpr int attention_checked_rows = 48;  // rows checked against the double reference
+inline constexpr int block_mlp_ratio = 4;
+inline constexpr double layernorm_eps = 1e-5;
+
 }  // namespace tb::defaults

@@ -58,4 +58,22 @@ HostInfo host_info() {
   return h;
 }
 
+std::string host_memory_reason(double bytes) {
+  const double free_bytes = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (bytes > 0.9 * free_bytes)
+    return "needs " + std::to_string(static_cast<int64_t>(bytes / (1 << 20))) + " MiB of host memory, " +
+           std::to_string(static_cast<int64_t>(free_bytes / (1 << 20))) + " MiB free";
+  return "";
+}
+
+std::string device_memory_reason(double bytes) {
+  const auto& status = cuda_status();
+  if (!status.available()) return "";
+  const double total = static_cast<double>(status.devices.front().memory_bytes);
+  if (bytes > 0.9 * total)
+    return "needs " + std::to_string(static_cast<int64_t>(bytes / (1 << 20))) + " MiB of device memory, the device has " +
+           std::to_string(static_cast<int64_t>(total / (1 << 20))) + " MiB";
+  return "";
+}
+
 }  // namespace tb

@@ -43,6 +43,12 @@ struct CudaStatus {
 };
 
 HostInfo host_info();
+// Why an allocation of `bytes` should not be tried here ("needs 40960 MiB of host memory, 23000 MiB
+// free"), or "" when it fits: a run that would swap or be killed is reported instead.
+std::string host_memory_reason(double bytes);
+// The same against the first CUDA device's memory; "" when there is no device (the harness reports
+// a missing device itself).
+std::string device_memory_reason(double bytes);
 // Probed once: a binary built with CUDA on a machine without a GPU or driver gets a reason here.
 const CudaStatus& cuda_status();
 // Makes device `index` current for this thread; throws UsageError when it does not exist.

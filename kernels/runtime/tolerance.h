@@ -26,6 +26,10 @@ inline constexpr Tolerance bf16{1e-2, 1.6e-2};       // 7-bit mantissa: unit rou
 inline constexpr double gemm_fp32 = 1e-5;
 inline constexpr double gemm_tf32 = 4e-3;
 inline constexpr double gemm_bf16 = 1.6e-2;
+// Attention outputs are convex combinations of V rows (|v| <= 1): errors are absolute in scale.
+inline constexpr Tolerance attention_fp32{2e-5, 2e-4};
+inline constexpr Tolerance attention_bf16{2e-2, 2e-2};  // bf16 inputs, P and output
+inline constexpr Tolerance block_fp32{2e-4, 2e-3};      // five GEMMs, two layernorms, GELU
 }  // namespace tolerance
 
 }  // namespace tb

@@ -1,0 +1,644 @@
+// CUDA attention. naive: cuBLAS strided-batched GEMMs around a materialised [B, H, S, S] score
+// tensor, as PyTorch eager does. fused fp32: one warp per query row on CUDA cores, K/V tiles shared
+// in shared memory, online softmax. fused bf16: the FlashAttention-2 structure on tensor cores
+// (mma.sync m16n8k16), scores kept in registers and reused as the A operand of P V, causal tiles
+// above the diagonal never loaded.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "attention.h"
+#include "runtime/cuda_fill.cuh"
+#include "runtime/cuda_raii.h"
+#include "runtime/defaults.h"
+
+namespace tb::attention {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+// ---- naive: mask, softmax ------------------------------------------------------------------------
+
+__global__ void triu_mask_kernel(uint8_t* mask, int64_t n, int64_t ld) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n * n; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = e / n, j = e % n;
+    mask[i * ld + j] = j > i;
+  }
+}
+
+__global__ void masked_fill_kernel(float* scores, const uint8_t* mask, int64_t ld, int64_t S, int64_t rows) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < rows * S; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = (e / S) % S, j = e % S;
+    if (mask[i * ld + j]) scores[e] = -INFINITY;
+  }
+}
+
+__device__ inline float block_reduce(float v, bool is_max, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = is_max ? fmaxf(v, other) : v + other;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = threadIdx.x < blockDim.x / 32 ? scratch[threadIdx.x] : (is_max ? -INFINITY : 0.0f);
+  if (warp == 0)
+    for (int o = 16; o > 0; o >>= 1) {
+      const float other = __shfl_xor_sync(0xffffffffu, v, o);
+      v = is_max ? fmaxf(v, other) : v + other;
+    }
+  if (threadIdx.x == 0) scratch[0] = v;
+  __syncthreads();
+  return scratch[0];
+}
+
+// One block per score row; `implicit` limits row i to keys 0..i and zeroes the rest. Writes P as
+// fp32 in place, or as bf16 into p16 for the bf16 path.
+__global__ void softmax_kernel(float* scores, bf16* p16, int64_t S, bool implicit) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  float* s = scores + row * S;
+  const int64_t n = implicit ? row % S + 1 : S;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, s[j]);
+  mx = block_reduce(mx, true, scratch);
+  float sum = 0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sum += __expf(s[j] - mx);
+  sum = block_reduce(sum, false, scratch);
+  const float inv = 1.0f / sum;
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) {
+    const float p = j < n ? __expf(s[j] - mx) * inv : 0.0f;
+    if (p16) p16[row * S + j] = __float2bfloat16_rn(p);
+    else s[j] = p;
+  }
+}
+
+template <class T>
+std::vector<float> download_as_float(const T* device, int64_t n) {
+  std::vector<T> host(static_cast<std::size_t>(n));
+  CUDA_CHECK(cudaMemcpy(host.data(), device, n * sizeof(T), cudaMemcpyDeviceToHost));
+  std::vector<float> out(host.size());
+  for (std::size_t i = 0; i < host.size(); ++i) {
+    if constexpr (std::is_same_v<T, bf16>) out[i] = __bfloat162float(host[i]);
+    else out[i] = host[i];
+  }
+  return out;
+}
+
+// Q, K, V, O on the device in fp32 or bf16, filled with the reference's inputs.
+struct Tensors {
+  Tensors(const Shape& s, DType t, cudaStream_t stream, int device) : type(t) {
+    const auto n = static_cast<std::size_t>(s.elements());
+    if (t == DType::bf16) {
+      q16 = cuda::DeviceBuffer<bf16>(n), k16 = cuda::DeviceBuffer<bf16>(n), v16 = cuda::DeviceBuffer<bf16>(n);
+      o16 = cuda::DeviceBuffer<bf16>(n);
+      cuda::fill_uniform(q16.data(), s.elements(), seed_q, stream, device);
+      cuda::fill_uniform(k16.data(), s.elements(), seed_k, stream, device);
+      cuda::fill_uniform(v16.data(), s.elements(), seed_v, stream, device);
+    } else {
+      q32 = cuda::DeviceBuffer<float>(n), k32 = cuda::DeviceBuffer<float>(n), v32 = cuda::DeviceBuffer<float>(n);
+      o32 = cuda::DeviceBuffer<float>(n);
+      cuda::fill_uniform(q32.data(), s.elements(), seed_q, stream, device);
+      cuda::fill_uniform(k32.data(), s.elements(), seed_k, stream, device);
+      cuda::fill_uniform(v32.data(), s.elements(), seed_v, stream, device);
+    }
+  }
+  std::vector<float> output(int64_t n) const {
+    return type == DType::bf16 ? download_as_float(o16.data(), n) : download_as_float(o32.data(), n);
+  }
+  DType type;
+  cuda::DeviceBuffer<float> q32, k32, v32, o32;
+  cuda::DeviceBuffer<bf16> q16, k16, v16, o16;
+};
+
+// scores[bh] = scale * Q[bh] K[bh]^T, then mask and softmax, then O[bh] = P[bh] V[bh].
+void naive_attention(const Shape& s, Mask mask, const Tensors& x, float* scores, bf16* p16, cublasHandle_t handle,
+                     cudaStream_t stream, int device, const uint8_t* cached_mask, int64_t mask_ld) {
+  const int S = static_cast<int>(s.seq), D = static_cast<int>(s.head_dim);
+  const int batch = static_cast<int>(s.batch * s.heads);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D)), one = 1.0f, zero = 0.0f;
+  const bool half = x.type == DType::bf16;
+  const cudaDataType in_type = half ? CUDA_R_16BF : CUDA_R_32F;
+  const void* q = half ? static_cast<const void*>(x.q16.data()) : x.q32.data();
+  const void* k = half ? static_cast<const void*>(x.k16.data()) : x.k32.data();
+  const void* v = half ? static_cast<const void*>(x.v16.data()) : x.v32.data();
+  // Column-major view: scores^T (S x S) = K Q^T, i.e. C[j + i S] = sum_d K[j][d] Q[i][d].
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, S, S, D, &scale, k, in_type, D,
+                                          int64_t{S} * D, q, in_type, D, int64_t{S} * D, &zero, scores, CUDA_R_32F, S,
+                                          int64_t{S} * S, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  const int64_t rows = int64_t{batch} * S;
+  const int grid = cuda::grid_for(rows * S, 256, device);
+  if (mask == Mask::rebuilt) {
+    // torch.triu(torch.ones(S, S), 1).bool() every forward: allocate (stream-ordered, like the
+    // caching allocator), fill, apply, free.
+    uint8_t* fresh = nullptr;
+    CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&fresh), static_cast<std::size_t>(S) * S, stream));
+    triu_mask_kernel<<<cuda::grid_for(int64_t{S} * S, 256, device), 256, 0, stream>>>(fresh, S, S);
+    masked_fill_kernel<<<grid, 256, 0, stream>>>(scores, fresh, S, S, rows);
+    CUDA_CHECK(cudaFreeAsync(fresh, stream));
+  } else if (mask == Mask::cached) {
+    masked_fill_kernel<<<grid, 256, 0, stream>>>(scores, cached_mask, mask_ld, S, rows);
+  }
+  softmax_kernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(scores, half ? p16 : nullptr, S, mask == Mask::implicit);
+  CUDA_CHECK(cudaGetLastError());
+  // O^T (D x S, column-major) = V^T P^T: C[d + i D] = sum_j V[j][d] P[i][j].
+  const void* p = half ? static_cast<const void*>(p16) : scores;
+  void* o = half ? static_cast<void*>(x.o16.data()) : static_cast<void*>(x.o32.data());
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, D, S, S, &one, v, in_type, D,
+                                          int64_t{S} * D, p, in_type, S, int64_t{S} * S, &zero, o, in_type, D,
+                                          int64_t{S} * D, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// ---- fused fp32: a warp per query row ------------------------------------------------------------
+
+constexpr int f32_rows = 8;   // query rows (warps) per block
+constexpr int f32_keys = 32;  // keys per tile: one per lane
+
+// Each lane scores one key of the tile and owns head_dim/32 output columns; the key tile is shared by
+// the block's 8 rows. K rows are padded by one float so lanes reading different keys hit different
+// banks.
+__global__ void fused_fp32_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                                  float* __restrict__ o, int S, int D, bool causal, float scale) {
+  extern __shared__ float smem[];
+  float* ks = smem;                      // [f32_keys][D + 1]
+  float* vs = ks + f32_keys * (D + 1);   // [f32_keys][D]
+  float* qs = vs + f32_keys * D;         // [f32_rows][D]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t bh = blockIdx.y;
+  const int row0 = blockIdx.x * f32_rows, row = row0 + warp;
+  const float* qb = q + bh * S * D;
+  const float* kb = k + bh * S * D;
+  const float* vb = v + bh * S * D;
+  for (int e = threadIdx.x; e < f32_rows * D; e += blockDim.x) {
+    const int r = row0 + e / D;
+    qs[e] = r < S ? qb[int64_t{r} * D + e % D] * scale : 0.0f;
+  }
+  constexpr int max_cols = 8;  // head_dim <= 256
+  float acc[max_cols];
+  for (int c = 0; c < max_cols; ++c) acc[c] = 0.0f;
+  float row_max = -INFINITY, row_sum = 0.0f;
+  const int key_end = causal ? min(S, row0 + f32_rows) : S;
+  for (int j0 = 0; j0 < key_end; j0 += f32_keys) {
+    __syncthreads();
+    for (int e = threadIdx.x; e < f32_keys * D; e += blockDim.x) {
+      const int j = j0 + e / D, d = e % D;
+      ks[(e / D) * (D + 1) + d] = j < S ? kb[int64_t{j} * D + d] : 0.0f;
+      vs[e] = j < S ? vb[int64_t{j} * D + d] : 0.0f;
+    }
+    __syncthreads();
+    const int key = j0 + lane;
+    float score = -INFINITY;
+    if (row < S && key < S && (!causal || key <= row)) {
+      float dot = 0.0f;
+      for (int d = 0; d < D; ++d) dot += qs[warp * D + d] * ks[lane * (D + 1) + d];
+      score = dot;
+    }
+    float tile_max = score;
+    for (int off = 16; off > 0; off >>= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
+    const float new_max = fmaxf(row_max, tile_max);
+    if (new_max == -INFINITY) continue;  // nothing visible yet (a padding row)
+    const float p = score == -INFINITY ? 0.0f : __expf(score - new_max);
+    const float alpha = __expf(row_max - new_max);
+    float tile_sum = p;
+    for (int off = 16; off > 0; off >>= 1) tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, off);
+    row_sum = row_sum * alpha + tile_sum;
+    row_max = new_max;
+    for (int c = 0; c < max_cols; ++c) acc[c] *= alpha;
+    for (int j = 0; j < f32_keys; ++j) {
+      const float pj = __shfl_sync(0xffffffffu, p, j);
+      for (int c = 0; c < max_cols; ++c) {
+        const int d = lane + 32 * c;
+        if (d < D) acc[c] += pj * vs[j * D + d];
+      }
+    }
+  }
+  if (row >= S) return;
+  const float inv = 1.0f / row_sum;
+  for (int c = 0; c < max_cols; ++c) {
+    const int d = lane + 32 * c;
+    if (d < D) o[(bh * S + row) * int64_t{D} + d] = acc[c] * inv;
+  }
+}
+
+// ---- fused bf16: tensor cores ---------------------------------------------------------------------
+
+constexpr int tc_rows = 64;  // queries per block: 4 warps x 16 rows
+constexpr int tc_keys = 64;  // keys per tile
+constexpr int tc_pad = 8;    // bf16 of padding per shared row: conflict-free fragment loads
+
+__device__ inline void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ inline uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ inline uint32_t pack_bf16_bits(const bf16& lo, const bf16& hi) {
+  return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&lo)) |
+         (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&hi)) << 16);
+}
+
+// Copies rows [r0, r0 + 64) of a [S, D] bf16 matrix into shared memory (row stride D + pad), 16
+// bytes at a time; rows past S are zero.
+template <int D>
+__device__ inline void load_tile(bf16* dst, const bf16* src, int r0, int S) {
+  constexpr int chunks = D / 8;
+  for (int e = threadIdx.x; e < tc_rows * chunks; e += blockDim.x) {
+    const int r = e / chunks, c = (e % chunks) * 8;
+    uint4 value = make_uint4(0, 0, 0, 0);
+    if (r0 + r < S) value = *reinterpret_cast<const uint4*>(src + int64_t{r0 + r} * D + c);
+    *reinterpret_cast<uint4*>(dst + r * (D + tc_pad) + c) = value;
+  }
+}
+
+// Layouts (PTX m16n8k16, g = lane / 4, t = lane % 4): A a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g,
+// 2t+8..), a3 (g+8, 2t+8..); B b0 (k 2t..2t+1, n g), b1 (k 2t+8..2t+9, n g); C c0,c1 (g, 2t..2t+1),
+// c2,c3 (g+8, 2t..2t+1). A score tile's C fragments are exactly the A fragments of P V.
+template <int D>
+__global__ void __launch_bounds__(128) fused_bf16_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                                         const bf16* __restrict__ v, bf16* __restrict__ o, int S,
+                                                         bool causal, float scale_log2) {
+  extern __shared__ __align__(16) unsigned char raw[];
+  bf16* qs = reinterpret_cast<bf16*>(raw);
+  bf16* ks = qs + tc_rows * (D + tc_pad);
+  bf16* vs = ks + tc_keys * (D + tc_pad);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t base = int64_t{blockIdx.y} * S * D;
+  const int q0 = blockIdx.x * tc_rows;
+
+  load_tile<D>(qs, q + base, q0, S);
+  __syncthreads();
+  uint32_t qa[D / 16][4];
+  const int r_lo = warp * 16 + g, r_hi = r_lo + 8;
+  for (int kc = 0; kc < D / 16; ++kc) {
+    qa[kc][0] = *reinterpret_cast<const uint32_t*>(qs + r_lo * (D + tc_pad) + kc * 16 + 2 * t);
+    qa[kc][1] = *reinterpret_cast<const uint32_t*>(qs + r_hi * (D + tc_pad) + kc * 16 + 2 * t);
+    qa[kc][2] = *reinterpret_cast<const uint32_t*>(qs + r_lo * (D + tc_pad) + kc * 16 + 2 * t + 8);
+    qa[kc][3] = *reinterpret_cast<const uint32_t*>(qs + r_hi * (D + tc_pad) + kc * 16 + 2 * t + 8);
+  }
+  float oacc[D / 8][4];
+  for (int n = 0; n < D / 8; ++n) oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.0f;
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;  // this lane's share of the row sums
+  const int query_lo = q0 + r_lo, query_hi = q0 + r_hi;
+  const int key_end = causal ? min(S, q0 + tc_rows) : S;
+
+  for (int k0 = 0; k0 < key_end; k0 += tc_keys) {
+    __syncthreads();  // the previous tile is no longer read
+    load_tile<D>(ks, k + base, k0, S);
+    load_tile<D>(vs, v + base, k0, S);
+    __syncthreads();
+
+    float sacc[tc_keys / 8][4];
+    for (int n = 0; n < tc_keys / 8; ++n) sacc[n][0] = sacc[n][1] = sacc[n][2] = sacc[n][3] = 0.0f;
+    for (int kc = 0; kc < D / 16; ++kc)
+      for (int n = 0; n < tc_keys / 8; ++n) {
+        const bf16* krow = ks + (n * 8 + g) * (D + tc_pad) + kc * 16 + 2 * t;
+        mma_bf16_16816(sacc[n], qa[kc], *reinterpret_cast<const uint32_t*>(krow),
+                       *reinterpret_cast<const uint32_t*>(krow + 8));
+      }
+    // Scale into log2 units, mask, and find the tile's row maxima.
+    float tmax_lo = -INFINITY, tmax_hi = -INFINITY;
+    for (int n = 0; n < tc_keys / 8; ++n)
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + n * 8 + 2 * t + (e & 1);
+        const int query = e < 2 ? query_lo : query_hi;
+        const bool visible = key < S && (!causal || key <= query);
+        sacc[n][e] = visible ? sacc[n][e] * scale_log2 : -INFINITY;
+        if (e < 2) tmax_lo = fmaxf(tmax_lo, sacc[n][e]);
+        else tmax_hi = fmaxf(tmax_hi, sacc[n][e]);
+      }
+    for (int off = 1; off < 4; off <<= 1) {  // the four lanes of a quad share a row
+      tmax_lo = fmaxf(tmax_lo, __shfl_xor_sync(0xffffffffu, tmax_lo, off));
+      tmax_hi = fmaxf(tmax_hi, __shfl_xor_sync(0xffffffffu, tmax_hi, off));
+    }
+    const float new_lo = fmaxf(m_lo, tmax_lo), new_hi = fmaxf(m_hi, tmax_hi);
+    // A row with nothing visible yet keeps a zero contribution (exp2 of -inf).
+    const float ref_lo = new_lo == -INFINITY ? 0.0f : new_lo, ref_hi = new_hi == -INFINITY ? 0.0f : new_hi;
+    const float alpha_lo = exp2f(m_lo - ref_lo), alpha_hi = exp2f(m_hi - ref_hi);
+    m_lo = new_lo;
+    m_hi = new_hi;
+    float sum_lo = 0.0f, sum_hi = 0.0f;
+    for (int n = 0; n < tc_keys / 8; ++n) {
+      sacc[n][0] = exp2f(sacc[n][0] - ref_lo);
+      sacc[n][1] = exp2f(sacc[n][1] - ref_lo);
+      sacc[n][2] = exp2f(sacc[n][2] - ref_hi);
+      sacc[n][3] = exp2f(sacc[n][3] - ref_hi);
+      sum_lo += sacc[n][0] + sacc[n][1];
+      sum_hi += sacc[n][2] + sacc[n][3];
+    }
+    l_lo = l_lo * alpha_lo + sum_lo;
+    l_hi = l_hi * alpha_hi + sum_hi;
+    for (int n = 0; n < D / 8; ++n) {
+      oacc[n][0] *= alpha_lo;
+      oacc[n][1] *= alpha_lo;
+      oacc[n][2] *= alpha_hi;
+      oacc[n][3] *= alpha_hi;
+    }
+    // O += P V, P straight from the score registers.
+    for (int kc = 0; kc < tc_keys / 16; ++kc) {
+      const uint32_t pa[4] = {pack_bf16(sacc[2 * kc][0], sacc[2 * kc][1]), pack_bf16(sacc[2 * kc][2], sacc[2 * kc][3]),
+                              pack_bf16(sacc[2 * kc + 1][0], sacc[2 * kc + 1][1]),
+                              pack_bf16(sacc[2 * kc + 1][2], sacc[2 * kc + 1][3])};
+      const bf16* v0 = vs + (kc * 16 + 2 * t) * (D + tc_pad) + g;
+      for (int n = 0; n < D / 8; ++n) {
+        const bf16* vn = v0 + n * 8;
+        const uint32_t b0 = pack_bf16_bits(vn[0], vn[D + tc_pad]);
+        const uint32_t b1 = pack_bf16_bits(vn[8 * (D + tc_pad)], vn[9 * (D + tc_pad)]);
+        mma_bf16_16816(oacc[n], pa, b0, b1);
+      }
+    }
+  }
+  for (int off = 1; off < 4; off <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+  }
+  const float inv_lo = 1.0f / l_lo, inv_hi = 1.0f / l_hi;
+  for (int n = 0; n < D / 8; ++n) {
+    const int col = n * 8 + 2 * t;
+    if (query_lo < S)
+      *reinterpret_cast<uint32_t*>(o + base + int64_t{query_lo} * D + col) = pack_bf16(oacc[n][0] * inv_lo, oacc[n][1] * inv_lo);
+    if (query_hi < S)
+      *reinterpret_cast<uint32_t*>(o + base + int64_t{query_hi} * D + col) = pack_bf16(oacc[n][2] * inv_hi, oacc[n][3] * inv_hi);
+  }
+}
+
+template <int D>
+constexpr std::size_t bf16_smem_bytes() {
+  return static_cast<std::size_t>(tc_rows + 2 * tc_keys) * (D + tc_pad) * sizeof(bf16);
+}
+
+std::size_t fp32_smem_bytes(int D) { return sizeof(float) * (f32_keys * (D + 1) + f32_keys * D + f32_rows * D); }
+
+void fused_attention(const Shape& s, bool causal, const Tensors& x, cudaStream_t stream) {
+  const int S = static_cast<int>(s.seq), D = static_cast<int>(s.head_dim);
+  const unsigned bhs = static_cast<unsigned>(s.batch * s.heads);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  if (x.type == DType::fp32) {
+    const dim3 grid((S + f32_rows - 1) / f32_rows, bhs);
+    fused_fp32_kernel<<<grid, 32 * f32_rows, fp32_smem_bytes(D), stream>>>(x.q32.data(), x.k32.data(), x.v32.data(),
+                                                                          x.o32.data(), S, D, causal, scale);
+  } else {
+    const dim3 grid((S + tc_rows - 1) / tc_rows, bhs);
+    const float scale_log2 = scale * 1.4426950408889634f;
+    if (D == 64)
+      fused_bf16_kernel<64><<<grid, 128, bf16_smem_bytes<64>(), stream>>>(x.q16.data(), x.k16.data(), x.v16.data(),
+                                                                          x.o16.data(), S, causal, scale_log2);
+    else
+      fused_bf16_kernel<128><<<grid, 128, bf16_smem_bytes<128>(), stream>>>(x.q16.data(), x.k16.data(), x.v16.data(),
+                                                                            x.o16.data(), S, causal, scale_log2);
+  }
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void allow_large_shared_memory(const Shape& s, DType t) {
+  const int D = static_cast<int>(s.head_dim);
+  if (t == DType::fp32)
+    CUDA_CHECK(cudaFuncSetAttribute(fused_fp32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(fp32_smem_bytes(D))));
+  else if (D == 64)
+    CUDA_CHECK(cudaFuncSetAttribute(fused_bf16_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(bf16_smem_bytes<64>())));
+  else
+    CUDA_CHECK(cudaFuncSetAttribute(fused_bf16_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(bf16_smem_bytes<128>())));
+}
+
+class Naive final : public Instance {
+ public:
+  Naive(const Shape& s, bool causal, Mask mask, DType t, const RunContext& ctx)
+      : s_(s), causal_(causal), mask_(mask), stream_(cuda::as_stream(ctx.cuda_stream)), device_(ctx.cuda_device),
+        x_(s, t, stream_, device_), scores_(static_cast<std::size_t>(s.batch * s.heads * s.seq * s.seq)) {
+    if (t == DType::bf16) p16_ = cuda::DeviceBuffer<bf16>(scores_.size());
+    if (mask == Mask::cached) {  // register_buffer: built once at the maximum length, sliced per call
+      mask_ld_ = std::max(s.seq, defaults::attention_mask_max_seq);
+      cached_ = cuda::DeviceBuffer<uint8_t>(static_cast<std::size_t>(mask_ld_ * mask_ld_));
+      triu_mask_kernel<<<cuda::grid_for(mask_ld_ * mask_ld_, 256, device_), 256, 0, stream_>>>(cached_.data(), mask_ld_,
+                                                                                               mask_ld_);
+      CUDA_CHECK(cudaGetLastError());
+    }
+    CUBLAS_CHECK(cublasSetStream(handle_, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void run() override {
+    naive_attention(s_, mask_, x_, scores_.data(), p16_.data(), handle_, stream_, device_, cached_.data(), mask_ld_);
+  }
+  Verdict check() override {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return check_output(s_, causal_, x_.type, x_.output(s_.elements()));
+  }
+
+ private:
+  Shape s_;
+  bool causal_;
+  Mask mask_;
+  cudaStream_t stream_;
+  int device_;
+  cuda::CublasHandle handle_;
+  Tensors x_;
+  cuda::DeviceBuffer<float> scores_;
+  cuda::DeviceBuffer<bf16> p16_;
+  cuda::DeviceBuffer<uint8_t> cached_;
+  int64_t mask_ld_ = 0;
+};
+
+class Fused final : public Instance {
+ public:
+  Fused(const Shape& s, bool causal, DType t, const RunContext& ctx)
+      : s_(s), causal_(causal), stream_(cuda::as_stream(ctx.cuda_stream)), x_(s, t, stream_, ctx.cuda_device) {
+    allow_large_shared_memory(s, t);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void run() override { fused_attention(s_, causal_, x_, stream_); }
+  Verdict check() override {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return check_output(s_, causal_, x_.type, x_.output(s_.elements()));
+  }
+
+ private:
+  Shape s_;
+  bool causal_;
+  cudaStream_t stream_;
+  Tensors x_;
+};
+
+// ---- the block -----------------------------------------------------------------------------------
+
+__global__ void layernorm_kernel(const float* x, const float* g, const float* b, float* y, int64_t d, float eps) {
+  __shared__ float scratch[32];
+  const float* xr = x + blockIdx.x * d;
+  float sum = 0;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) sum += xr[c];
+  const float mean = block_reduce(sum, false, scratch) / static_cast<float>(d);
+  float var = 0;
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) var += (xr[c] - mean) * (xr[c] - mean);
+  const float inv = rsqrtf(block_reduce(var, false, scratch) / static_cast<float>(d) + eps);
+  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) y[blockIdx.x * d + c] = (xr[c] - mean) * inv * g[c] + b[c];
+}
+
+__global__ void bias_residual_kernel(float* y, const float* bias, const float* residual, int64_t rows, int64_t n) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < rows * n; e += int64_t{gridDim.x} * blockDim.x)
+    y[e] = bias[e % n] + (residual ? residual[e] : 0.0f);
+}
+
+__global__ void gelu_kernel(float* f, int64_t n) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
+    const float x = f[e];
+    f[e] = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+  }
+}
+
+// [B, S, 3, H, D] <-> three [B, H, S, D] (to_heads) and [B, H, S, D] -> [B, S, H, D] (back).
+__global__ void split_heads_kernel(const float* qkv, float* q, float* k, float* v, int64_t B, int64_t S, int64_t H,
+                                   int64_t D) {
+  const int64_t dm = H * D, n = B * S * dm;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t d = e % D, h = (e / D) % H, t = (e / dm) % S, b = e / (dm * S);
+    const float* row = qkv + (b * S + t) * 3 * dm;
+    const int64_t at = ((b * H + h) * S + t) * D + d;
+    q[at] = row[h * D + d];
+    k[at] = row[dm + h * D + d];
+    v[at] = row[2 * dm + h * D + d];
+  }
+}
+
+__global__ void merge_heads_kernel(const float* o, float* a, int64_t B, int64_t S, int64_t H, int64_t D) {
+  const int64_t dm = H * D, n = B * S * dm;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t d = e % D, h = (e / D) % H, t = (e / dm) % S, b = e / (dm * S);
+    a[e] = o[((b * H + h) * S + t) * D + d];
+  }
+}
+
+template <class T>
+cuda::DeviceBuffer<T> upload(const std::vector<T>& host) {
+  cuda::DeviceBuffer<T> d(host.size());
+  CUDA_CHECK(cudaMemcpy(d.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+class Block final : public Instance {
+ public:
+  Block(const Shape& s, bool fused, const RunContext& ctx)
+      : s_(s), fused_(fused), stream_(cuda::as_stream(ctx.cuda_stream)), device_(ctx.cuda_device),
+        w_(make_block_weights(s.d_model())), tokens_(s.batch * s.seq), d_(s.d_model()),
+        x_(s, DType::fp32, stream_, device_), ln1_g_(upload(w_.ln1_g)), ln1_b_(upload(w_.ln1_b)),
+        w_qkv_(upload(w_.w_qkv)), b_qkv_(upload(w_.b_qkv)), w_out_(upload(w_.w_out)), b_out_(upload(w_.b_out)),
+        ln2_g_(upload(w_.ln2_g)), ln2_b_(upload(w_.ln2_b)), w_fc1_(upload(w_.w_fc1)), b_fc1_(upload(w_.b_fc1)),
+        w_fc2_(upload(w_.w_fc2)), b_fc2_(upload(w_.b_fc2)), in_(tokens_ * d_), h_(tokens_ * d_),
+        qkv_(tokens_ * 3 * d_), a_(tokens_ * d_), r1_(tokens_ * d_), f_(tokens_ * w_.hidden), y_(tokens_ * d_),
+        scores_(fused ? 0 : static_cast<std::size_t>(s.batch * s.heads * s.seq * s.seq)) {
+    std::vector<float> x(static_cast<std::size_t>(tokens_ * d_));
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = block_input(static_cast<int64_t>(i));
+    CUDA_CHECK(cudaMemcpy(in_.data(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+    if (fused) allow_large_shared_memory(s, DType::fp32);
+    CUBLAS_CHECK(cublasSetStream(handle_, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void run() override {
+    for (int p = 0; p < block_part_count; ++p) run_part(p);
+  }
+  Verdict check() override {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return check_block_output(s_, w_, download_as_float(y_.data(), tokens_ * d_));
+  }
+  // Each part timed alone with events (median of 5) after the measurement.
+  std::vector<std::pair<std::string, double>> observed() const override {
+    auto* self = const_cast<Block*>(this);  // timing a part re-runs it into this instance's buffers
+    std::vector<std::pair<std::string, double>> parts;
+    cuda::Event begin, end;
+    double total = 0, attention = 0;
+    for (int p = 0; p < block_part_count; ++p) {
+      std::vector<float> ms(5);
+      for (auto& m : ms) {
+        CUDA_CHECK(cudaEventRecord(begin, stream_));
+        self->run_part(p);
+        CUDA_CHECK(cudaEventRecord(end, stream_));
+        CUDA_CHECK(cudaEventSynchronize(end));
+        CUDA_CHECK(cudaEventElapsedTime(&m, begin, end));
+      }
+      std::sort(ms.begin(), ms.end());
+      const double ns = ms[2] * 1e6;
+      parts.emplace_back(std::string(block_parts[p]) + "_ns", ns);
+      total += ns;
+      if (p == 2) attention = ns;
+    }
+    parts.emplace_back("attention_share", attention / total);
+    return parts;
+  }
+
+ private:
+  // y = x W + bias (+ residual), W [in][out] row-major: column-major y^T = W^T x^T.
+  void linear(const float* x, const float* w, const float* bias, float* y, int64_t in, int64_t out,
+              const float* residual) {
+    bias_residual_kernel<<<cuda::grid_for(tokens_ * out, 256, device_), 256, 0, stream_>>>(y, bias, residual, tokens_, out);
+    const float one = 1.0f;
+    CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(out), static_cast<int>(tokens_),
+                              static_cast<int>(in), &one, w, CUDA_R_32F, static_cast<int>(out), x, CUDA_R_32F,
+                              static_cast<int>(in), &one, y, CUDA_R_32F, static_cast<int>(out), CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+  }
+  void run_part(int part) {
+    const float eps = static_cast<float>(defaults::layernorm_eps);
+    const int grid = cuda::grid_for(tokens_ * d_, 256, device_);
+    switch (part) {
+      case 0: layernorm_kernel<<<static_cast<unsigned>(tokens_), 256, 0, stream_>>>(in_.data(), ln1_g_.data(), ln1_b_.data(), h_.data(), d_, eps); break;
+      case 1:
+        linear(h_.data(), w_qkv_.data(), b_qkv_.data(), qkv_.data(), d_, 3 * d_, nullptr);
+        split_heads_kernel<<<grid, 256, 0, stream_>>>(qkv_.data(), x_.q32.data(), x_.k32.data(), x_.v32.data(),
+                                                      s_.batch, s_.seq, s_.heads, s_.head_dim);
+        break;
+      case 2:
+        if (fused_) fused_attention(s_, true, x_, stream_);
+        else naive_attention(s_, Mask::implicit, x_, scores_.data(), nullptr, handle_, stream_, device_, nullptr, 0);
+        break;
+      case 3:
+        merge_heads_kernel<<<grid, 256, 0, stream_>>>(x_.o32.data(), a_.data(), s_.batch, s_.seq, s_.heads, s_.head_dim);
+        linear(a_.data(), w_out_.data(), b_out_.data(), r1_.data(), d_, d_, in_.data());
+        break;
+      case 4: layernorm_kernel<<<static_cast<unsigned>(tokens_), 256, 0, stream_>>>(r1_.data(), ln2_g_.data(), ln2_b_.data(), h_.data(), d_, eps); break;
+      case 5:
+        linear(h_.data(), w_fc1_.data(), b_fc1_.data(), f_.data(), d_, w_.hidden, nullptr);
+        gelu_kernel<<<cuda::grid_for(tokens_ * w_.hidden, 256, device_), 256, 0, stream_>>>(f_.data(), tokens_ * w_.hidden);
+        linear(f_.data(), w_fc2_.data(), b_fc2_.data(), y_.data(), w_.hidden, d_, r1_.data());
+        break;
+    }
+    CUDA_CHECK(cudaGetLastError());
+  }
+
+  Shape s_;
+  bool fused_;
+  cudaStream_t stream_;
+  int device_;
+  cuda::CublasHandle handle_;
+  BlockWeights w_;
+  int64_t tokens_, d_;
+  Tensors x_;  // q, k, v, o of the attention inside the block
+  cuda::DeviceBuffer<float> ln1_g_, ln1_b_, w_qkv_, b_qkv_, w_out_, b_out_, ln2_g_, ln2_b_, w_fc1_, b_fc1_, w_fc2_, b_fc2_;
+  cuda::DeviceBuffer<float> in_, h_, qkv_, a_, r1_, f_, y_, scores_;
+};
+
+}  // namespace
+
+std::unique_ptr<Instance> make_cuda_naive(const Shape& s, bool causal, Mask mask, DType t, const RunContext& ctx) {
+  return std::make_unique<Naive>(s, causal, causal ? mask : Mask::none, t, ctx);
+}
+std::unique_ptr<Instance> make_cuda_fused(const Shape& s, bool causal, DType t, const RunContext& ctx) {
+  return std::make_unique<Fused>(s, causal, t, ctx);
+}
+std::unique_ptr<Instance> make_cuda_block(const Shape& s, bool fused_attention, const RunContext& ctx) {
+  return std::make_unique<Block>(s, fused_attention, ctx);
+}
+
+}  // namespace tb::attention

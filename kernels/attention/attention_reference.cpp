@@ -1,0 +1,218 @@
+// The oracle for `attention`: plain loops in double over regenerated inputs.
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "attention.h"
+#include "runtime/defaults.h"
+#include "runtime/error.h"
+#include "runtime/random.h"
+#include "runtime/tolerance.h"
+
+namespace tb::attention {
+
+std::string shape_invalid_reason(const std::string& text) {
+  int64_t v[4];
+  std::size_t at = 0;
+  for (int i = 0; i < 4; ++i) {
+    const std::size_t end = i < 3 ? text.find('x', at) : text.size();
+    if (end == std::string::npos) return "expected BATCHxHEADSxSEQxHEAD_DIM, e.g. 4x16x4096x128";
+    const std::string part = text.substr(at, end - at);
+    if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos || part.size() > 9)
+      return "expected BATCHxHEADSxSEQxHEAD_DIM with positive integers, e.g. 4x16x4096x128";
+    v[i] = std::stoll(part);
+    if (v[i] < 1) return "every dimension must be at least 1";
+    at = end + 1;
+  }
+  return "";
+}
+
+Shape parse_shape(const std::string& text) {
+  if (const std::string why = shape_invalid_reason(text); !why.empty())
+    throw UsageError("shape '" + text + "': " + why);
+  Shape s;
+  int64_t* dims[4] = {&s.batch, &s.heads, &s.seq, &s.head_dim};
+  std::size_t at = 0;
+  for (auto* d : dims) {
+    const std::size_t end = text.find('x', at);
+    *d = std::stoll(text.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    at = end + 1;
+  }
+  return s;
+}
+
+static float maybe_bf16(float x, DType t) { return t == DType::bf16 ? round_to_bf16(x) : x; }
+float input_q(int64_t i, DType t) { return maybe_bf16(uniform_at(seed_q, static_cast<uint64_t>(i)), t); }
+float input_k(int64_t i, DType t) { return maybe_bf16(uniform_at(seed_k, static_cast<uint64_t>(i)), t); }
+float input_v(int64_t i, DType t) { return maybe_bf16(uniform_at(seed_v, static_cast<uint64_t>(i)), t); }
+
+double attention_flops(const Shape& s, bool causal) {
+  const double full = 4.0 * static_cast<double>(s.batch * s.heads) * static_cast<double>(s.seq) *
+                      static_cast<double>(s.seq) * static_cast<double>(s.head_dim);
+  return causal ? full / 2 : full;
+}
+
+// softmax(q K^T / sqrt(D)) V for one query against keys [0, n), in double.
+static std::vector<double> attend(const std::vector<double>& q, const std::vector<std::vector<double>>& k,
+                                  const std::vector<std::vector<double>>& v, std::size_t n) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size()));
+  std::vector<double> score(n);
+  double max_score = -std::numeric_limits<double>::infinity();
+  for (std::size_t j = 0; j < n; ++j) {
+    double dot = 0;
+    for (std::size_t d = 0; d < q.size(); ++d) dot += q[d] * k[j][d];
+    score[j] = dot * scale;
+    max_score = std::max(max_score, score[j]);
+  }
+  double sum = 0;
+  for (auto& x : score) sum += (x = std::exp(x - max_score));
+  std::vector<double> out(q.size(), 0.0);
+  for (std::size_t j = 0; j < n; ++j)
+    for (std::size_t d = 0; d < q.size(); ++d) out[d] += score[j] / sum * v[j][d];
+  return out;
+}
+
+std::vector<double> reference_row(const Shape& s, bool causal, DType t, int64_t bh, int64_t i) {
+  const int64_t D = s.head_dim, base = bh * s.seq * D;
+  const int64_t n = causal ? i + 1 : s.seq;
+  std::vector<double> q(D);
+  std::vector<std::vector<double>> k(n, std::vector<double>(D)), v(n, std::vector<double>(D));
+  for (int64_t d = 0; d < D; ++d) q[d] = input_q(base + i * D + d, t);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t d = 0; d < D; ++d) {
+      k[j][d] = input_k(base + j * D + d, t);
+      v[j][d] = input_v(base + j * D + d, t);
+    }
+  return attend(q, k, v, static_cast<std::size_t>(n));
+}
+
+std::vector<std::pair<int64_t, int64_t>> checked_rows(const Shape& s) {
+  const int64_t bhs = s.batch * s.heads;
+  std::vector<std::pair<int64_t, int64_t>> rows{{0, 0}, {0, s.seq - 1}, {bhs - 1, 0}, {bhs - 1, s.seq - 1}};
+  for (int r = 0; r < defaults::attention_checked_rows; ++r)
+    rows.emplace_back(static_cast<int64_t>(splitmix64(3 * r) % static_cast<uint64_t>(bhs)),
+                      static_cast<int64_t>(splitmix64(3 * r + 1) % static_cast<uint64_t>(s.seq)));
+  return rows;
+}
+
+static Verdict compare_row(const char* what, int64_t a, int64_t b, const std::vector<double>& want, const float* got,
+                           const Tolerance& tol, double& worst) {
+  for (std::size_t d = 0; d < want.size(); ++d) {
+    worst = std::max(worst, std::abs(got[d] - want[d]));
+    if (!tol.accepts(got[d], want[d])) {
+      std::ostringstream msg;
+      msg.precision(8);
+      msg << what << "[" << a << "][" << b << "][" << d << "] = " << got[d] << ", reference " << want[d];
+      return Verdict{false, worst, msg.str()};
+    }
+  }
+  return Verdict{true, worst, ""};
+}
+
+Verdict check_output(const Shape& s, bool causal, DType t, const std::vector<float>& out) {
+  const Tolerance tol = t == DType::bf16 ? tolerance::attention_bf16 : tolerance::attention_fp32;
+  double worst = 0;
+  for (const auto& [bh, i] : checked_rows(s)) {
+    const auto want = reference_row(s, causal, t, bh, i);
+    const Verdict v = compare_row("out", bh, i, want, out.data() + (bh * s.seq + i) * s.head_dim, tol, worst);
+    if (!v.passed) return v;
+  }
+  return Verdict{true, worst, ""};
+}
+
+// ---- the block -----------------------------------------------------------------------------------
+
+float block_input(int64_t index) { return uniform_at(seed_x, static_cast<uint64_t>(index)); }
+
+BlockWeights make_block_weights(int64_t d) {
+  BlockWeights w;
+  w.d = d;
+  w.hidden = defaults::block_mlp_ratio * d;
+  uint64_t stream = 0;
+  // Uniform in +-1/sqrt(fan_in), as nn.Linear initialises; norms near 1 and biases small.
+  auto fill = [&](std::vector<float>& v, int64_t n, int64_t fan_in, float center, float spread) {
+    const float bound = fan_in > 0 ? 1.0f / std::sqrt(static_cast<float>(fan_in)) : spread;
+    v.resize(static_cast<std::size_t>(n));
+    const uint64_t seed = seed_w * 1000 + stream++;
+    for (int64_t i = 0; i < n; ++i) v[i] = center + uniform_at(seed, static_cast<uint64_t>(i), -bound, bound);
+  };
+  fill(w.ln1_g, d, 0, 1.0f, 0.1f);
+  fill(w.ln1_b, d, 0, 0.0f, 0.1f);
+  fill(w.w_qkv, d * 3 * d, d, 0, 0);
+  fill(w.b_qkv, 3 * d, 0, 0.0f, 0.02f);
+  fill(w.w_out, d * d, d, 0, 0);
+  fill(w.b_out, d, 0, 0.0f, 0.02f);
+  fill(w.ln2_g, d, 0, 1.0f, 0.1f);
+  fill(w.ln2_b, d, 0, 0.0f, 0.1f);
+  fill(w.w_fc1, d * w.hidden, d, 0, 0);
+  fill(w.b_fc1, w.hidden, 0, 0.0f, 0.02f);
+  fill(w.w_fc2, w.hidden * d, w.hidden, 0, 0);
+  fill(w.b_fc2, d, 0, 0.0f, 0.02f);
+  return w;
+}
+
+static std::vector<double> layernorm(const std::vector<double>& x, const std::vector<float>& g,
+                                     const std::vector<float>& b) {
+  double mean = 0, var = 0;
+  for (double v : x) mean += v;
+  mean /= static_cast<double>(x.size());
+  for (double v : x) var += (v - mean) * (v - mean);
+  var /= static_cast<double>(x.size());
+  const double inv = 1.0 / std::sqrt(var + defaults::layernorm_eps);
+  std::vector<double> y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = (x[i] - mean) * inv * g[i] + b[i];
+  return y;
+}
+
+// y = x W + b with W stored [in][out] row-major.
+static std::vector<double> linear(const std::vector<double>& x, const std::vector<float>& w, const std::vector<float>& b) {
+  std::vector<double> y(b.begin(), b.end());
+  for (std::size_t k = 0; k < x.size(); ++k)
+    for (std::size_t c = 0; c < y.size(); ++c) y[c] += x[k] * w[k * y.size() + c];
+  return y;
+}
+
+static double gelu(double x) {  // the tanh approximation GPT-2 uses
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+Verdict check_block_output(const Shape& s, const BlockWeights& w, const std::vector<float>& y) {
+  const int64_t d = w.d, D = s.head_dim;
+  double worst = 0;
+  const std::vector<int64_t> batches = s.batch > 1 ? std::vector<int64_t>{0, s.batch - 1} : std::vector<int64_t>{0};
+  for (int64_t b : batches) {
+    const std::vector<int64_t> rows{0, s.seq / 2, s.seq - 1};
+    const int64_t last = s.seq - 1;
+    // q, k, v of every token up to the last checked one (causal: later tokens do not matter).
+    std::vector<std::vector<double>> qkv(static_cast<std::size_t>(last + 1));
+    for (int64_t t = 0; t <= last; ++t) {
+      std::vector<double> x(static_cast<std::size_t>(d));
+      for (int64_t c = 0; c < d; ++c) x[c] = block_input((b * s.seq + t) * d + c);
+      qkv[t] = linear(layernorm(x, w.ln1_g, w.ln1_b), w.w_qkv, w.b_qkv);
+    }
+    for (int64_t i : rows) {
+      std::vector<double> attn(static_cast<std::size_t>(d));
+      for (int64_t h = 0; h < s.heads; ++h) {
+        std::vector<double> q(qkv[i].begin() + h * D, qkv[i].begin() + (h + 1) * D);
+        std::vector<std::vector<double>> k, v;
+        for (int64_t j = 0; j <= i; ++j) {
+          k.emplace_back(qkv[j].begin() + d + h * D, qkv[j].begin() + d + (h + 1) * D);
+          v.emplace_back(qkv[j].begin() + 2 * d + h * D, qkv[j].begin() + 2 * d + (h + 1) * D);
+        }
+        const auto o = attend(q, k, v, static_cast<std::size_t>(i + 1));
+        std::copy(o.begin(), o.end(), attn.begin() + h * D);
+      }
+      std::vector<double> r1 = linear(attn, w.w_out, w.b_out);
+      for (int64_t c = 0; c < d; ++c) r1[c] += block_input((b * s.seq + i) * d + c);
+      std::vector<double> f = linear(layernorm(r1, w.ln2_g, w.ln2_b), w.w_fc1, w.b_fc1);
+      for (auto& v : f) v = gelu(v);
+      std::vector<double> out = linear(f, w.w_fc2, w.b_fc2);
+      for (int64_t c = 0; c < d; ++c) out[c] += r1[c];
+      const Verdict v = compare_row("y", b, i, out, y.data() + (b * s.seq + i) * d, tolerance::block_fp32, worst);
+      if (!v.passed) return v;
+    }
+  }
+  return Verdict{true, worst, ""};
+}
+
+}  // namespace tb::attention
