@@ -30,6 +30,9 @@ inline constexpr double gemm_bf16 = 1.6e-2;
 inline constexpr Tolerance attention_fp32{2e-5, 2e-4};
 inline constexpr Tolerance attention_bf16{2e-2, 2e-2};  // bf16 inputs, P and output
 inline constexpr Tolerance block_fp32{2e-4, 2e-3};      // five GEMMs, two layernorms, GELU
+// Per-token losses of a training step's forward (about ln(vocab)) against a double forward.
+inline constexpr Tolerance step_fp32{2e-4, 1e-4};
+inline constexpr Tolerance step_bf16{5e-2, 2e-2};  // bf16 matmuls
 }  // namespace tolerance
 
 }  // namespace tb

@@ -1,0 +1,286 @@
+// One optimizer step of a workload: for each micro-batch, load it (the workload's data path),
+// forward, backward into the accumulated gradients; then the global gradient norm and clipping
+// factor (kept on the backend), AdamW, and the host reads the logging policy asks for.
+//
+// The dataset is synthetic and learnable: token sequences from a fixed sparse Markov chain (each
+// token has two likely successors), so the loss falls from ln(vocab) towards the chain's entropy.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "runtime/random.h"
+#include "runtime/stats.h"
+#include "step/model.h"
+#include "step/workload.h"
+
+namespace tb::step {
+
+inline constexpr uint64_t seed_data = 41;
+
+// The dataset as the host holds it: samples x (seq_len + 1) tokens (inputs and shifted targets).
+inline std::vector<int32_t> make_dataset(int64_t samples, int64_t seq_len, int64_t vocab) {
+  std::vector<int32_t> data(static_cast<std::size_t>(samples * (seq_len + 1)));
+  for (int64_t s = 0; s < samples; ++s) {
+    auto token = static_cast<int64_t>(splitmix64(seed_data * 7919 + s) % static_cast<uint64_t>(vocab));
+    for (int64_t t = 0; t <= seq_len; ++t) {
+      data[s * (seq_len + 1) + t] = static_cast<int32_t>(token);
+      const double u = uniform_at(seed_data, static_cast<uint64_t>(s * (seq_len + 1) + t), 0.0f, 1.0f);
+      token = u < 0.75 ? (token * 7 + 1) % vocab : (token * 3 + 2) % vocab;
+    }
+  }
+  return data;
+}
+
+// What one step measured. Part times are filled only by a profiled step.
+struct StepReport {
+  bool loss_read = false;
+  double loss = 0;       // mean per-token loss since the last read
+  double grad_norm = 0;  // before clipping; read with the loss
+  double data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, sync_s = 0, solver_s = 0;
+};
+
+template <class Ops>
+class Trainer {
+ public:
+  using T = typename Ops::value_type;
+
+  Trainer(Ops& ops, const Workload& w)
+      : ops_(ops), w_(w), accumulation_(w.batch.accumulation()),
+        model_(ops, w.model, w.propagator, w.switches, w.batch.micro), kind_(optimizer_kind(w.optimizer.variant)),
+        dataset_(make_dataset(w.data.samples, w.model.seq_len, w.model.vocab)) {
+    const int64_t P = model_.parameter_count(), N = model_.tokens();
+    m_ = ops.template alloc<T>(P);
+    v_ = ops.template alloc<T>(P);
+    ops.zero(m_.data(), P);
+    ops.zero(v_.data(), P);
+    scalars_ = ops.template alloc<T>(2);  // the accumulated loss and the gradient norm
+    ops.zero(scalars_.data(), 2);
+    tokens_ = ops.template alloc<int32_t>(2 * N);
+    const bool pinned = w.data.location == "host_pinned";
+    staging_ = ops.template alloc_host<int32_t>(2 * N, pinned);
+    if (w.data.location == "device") {
+      resident_ = ops.template alloc<int32_t>(static_cast<int64_t>(dataset_.size()));
+      ops.upload_tokens(resident_.data(), dataset_.data(), static_cast<int64_t>(dataset_.size()), false);
+      indices_ = ops.template alloc<int32_t>(w.batch.micro);
+      index_staging_ = ops.template alloc_host<int32_t>(w.batch.micro, true);
+    }
+    order_.resize(static_cast<std::size_t>(w.data.samples));
+    std::iota(order_.begin(), order_.end(), 0);
+    shuffle();
+  }
+
+  Model<Ops>& model() { return model_; }
+  int64_t steps() const { return step_; }
+  int64_t samples_per_step() const { return w_.batch.global; }
+  const Workload& workload() const { return w_; }
+  // The first forward's per-token losses of its first sequence, and which dataset sample that was:
+  // what check() compares with the double-precision reference.
+  const std::vector<double>& first_losses() const { return first_losses_; }
+  int32_t first_sample() const { return first_sample_; }
+  const typename Ops::template Buffer<T>& exp_avg() const { return m_; }
+
+  StepReport step(bool profile) {
+    using Mark = typename Ops::Mark;
+    StepReport report;
+    model_.set_profiling(profile);
+    model_.reset_solver_seconds();
+    const int64_t N = model_.tokens();
+    const T scale = static_cast<T>(1.0 / static_cast<double>(N * accumulation_));
+    std::vector<Mark> marks;
+    std::vector<double> solver_after;  // solver seconds after each forward and backward
+    for (int64_t micro = 0; micro < accumulation_; ++micro) {
+      if (profile) marks.push_back(ops_.mark());
+      load_batch();
+      if (profile) marks.push_back(ops_.mark());
+      if constexpr (Ops::supports_graphs) {
+        // cuda_graphs: after the first (eager) step, forward and backward are one graph launch; the
+        // batch buffer they read has a fixed address, refilled before each replay.
+        if (w_.switches.cuda_graphs && !profile && step_ > 0) {
+          if (!ops_.captured()) {
+            ops_.begin_capture();
+            micro_step(scale);
+            ops_.end_capture();
+          }
+          ops_.replay();
+          continue;
+        }
+      }
+      model_.forward(tokens_.data(), tokens_.data() + N);
+      if (step_ == 0 && micro == 0) capture_first_losses();
+      if (profile) marks.push_back(ops_.mark()), solver_after.push_back(model_.solver_seconds());
+      ops_.sum_losses(scalars_.data(), model_.losses(), N, scale);
+      model_.backward(scale);
+      if (profile) marks.push_back(ops_.mark()), solver_after.push_back(model_.solver_seconds());
+    }
+    ++step_;
+    ++since_read_;
+    ops_.grad_norm(scalars_.data() + 1, model_.grads.data(), model_.parameter_count());
+    const auto s = AdamwScalars::at(w_.optimizer.lr, w_.optimizer.beta1, w_.optimizer.beta2, w_.optimizer.eps,
+                                    w_.optimizer.weight_decay, step_);
+    ops_.adamw(kind_, model_.params.data(), model_.grads.data(), m_.data(), v_.data(), model_.tensors(), s,
+               scalars_.data() + 1, w_.optimizer.grad_clip);
+    ops_.zero(model_.grads.data(), model_.parameter_count());
+    if (profile) marks.push_back(ops_.mark());
+    read_per_policy(report);
+    if (profile) {
+      marks.push_back(ops_.mark());
+      ops_.synchronize();
+      double solver_before = 0;
+      for (int64_t micro = 0; micro < accumulation_; ++micro) {
+        const Mark* m = &marks[static_cast<std::size_t>(4 * micro)];
+        const double fwd_solver = solver_after[2 * micro] - solver_before;
+        const double bwd_solver = solver_after[2 * micro + 1] - solver_after[2 * micro];
+        solver_before = solver_after[2 * micro + 1];
+        report.data_s += ops_.seconds_between(m[0], m[1]);
+        report.forward_s += ops_.seconds_between(m[1], m[2]) - fwd_solver;
+        report.backward_s += ops_.seconds_between(m[2], m[3]) - bwd_solver;
+      }
+      const std::size_t last = marks.size() - 1;
+      report.optimizer_s = ops_.seconds_between(marks[last - 2], marks[last - 1]);
+      report.sync_s = ops_.seconds_between(marks[last - 1], marks[last]);
+      report.solver_s = model_.solver_seconds();
+    }
+    return report;
+  }
+
+ private:
+  void micro_step(T scale) {
+    const int64_t N = model_.tokens();
+    model_.forward(tokens_.data(), tokens_.data() + N);
+    ops_.sum_losses(scalars_.data(), model_.losses(), N, scale);
+    model_.backward(scale);
+  }
+
+  void capture_first_losses() {
+    std::vector<T> host(static_cast<std::size_t>(w_.model.seq_len));
+    ops_.download(host.data(), model_.losses(), w_.model.seq_len);
+    first_losses_.assign(host.begin(), host.end());
+    first_sample_ = last_picked_;
+  }
+
+  void shuffle() {
+    // Fisher-Yates with a counter-based generator: the same order on every backend.
+    for (std::size_t i = order_.size(); i > 1; --i) {
+      const auto j = static_cast<std::size_t>(splitmix64(seed_data * 104729 + epoch_ * 1000003 + i) % i);
+      std::swap(order_[i - 1], order_[j]);
+    }
+    ++epoch_;
+    cursor_ = 0;
+  }
+
+  // The workload's data path: per-sample copies and a stack (what __getitem__ + collate do), or one
+  // gather; then the copy to the backend from pageable or pinned memory, or a gather on the backend
+  // from a resident dataset.
+  void load_batch() {
+    const int64_t B = w_.batch.micro, Tn = w_.model.seq_len, N = B * Tn;
+    std::vector<int32_t> picked(static_cast<std::size_t>(B));
+    for (auto& s : picked) {
+      if (cursor_ >= order_.size()) shuffle();
+      s = order_[cursor_++];
+    }
+    last_picked_ = picked[0];
+    if (w_.data.location == "device") {
+      std::copy(picked.begin(), picked.end(), index_staging_.data());
+      ops_.upload_tokens(indices_.data(), index_staging_.data(), B, true);
+      ops_.gather_tokens(tokens_.data(), tokens_.data() + N, resident_.data(), indices_.data(), B, Tn);
+      return;
+    }
+    int32_t* tokens = staging_.data();
+    int32_t* targets = tokens + N;
+    for (int64_t b = 0; b < B; ++b) {
+      const int32_t* row = dataset_.data() + static_cast<int64_t>(picked[b]) * (Tn + 1);
+      if (w_.data.per_sample_copy) {
+        const std::vector<int32_t> sample(row, row + Tn + 1);  // the tensor __getitem__ returns
+        std::copy(sample.begin(), sample.end() - 1, tokens + b * Tn);
+        std::copy(sample.begin() + 1, sample.end(), targets + b * Tn);
+      } else {
+        std::copy(row, row + Tn, tokens + b * Tn);
+        std::copy(row + 1, row + Tn + 1, targets + b * Tn);
+      }
+    }
+    ops_.upload_tokens(tokens_.data(), staging_.data(), 2 * N, w_.data.location == "host_pinned");
+  }
+
+  // every_step: loss.item() on every step; every_n: a read every `interval` steps; async: the read
+  // of the previous step's copy, which never waits for the current step.
+  void read_per_policy(StepReport& report) {
+    const std::string& sync = w_.logging.sync;
+    const bool read = sync == "every_step" || sync == "async" || step_ % w_.logging.interval == 0;
+    if (!read) return;
+    T values[2];
+    int64_t steps_in_value = since_read_;
+    if (sync == "async") {
+      // The values that arrive are the previous read's: the copy queued now is read next step.
+      const bool arrived = ops_.read_scalars_async(values, scalars_.data(), 2);
+      steps_in_value = pending_steps_;
+      pending_steps_ = since_read_;
+      if (!arrived) {
+        since_read_ = 0;
+        ops_.zero(scalars_.data(), 1);
+        return;
+      }
+    } else {
+      ops_.read_scalars(values, scalars_.data(), 2);
+    }
+    report.loss_read = true;
+    report.loss = static_cast<double>(values[0]) / static_cast<double>(std::max<int64_t>(steps_in_value, 1));
+    report.grad_norm = static_cast<double>(values[1]);
+    since_read_ = 0;
+    ops_.zero(scalars_.data(), 1);
+  }
+
+  Ops& ops_;
+  Workload w_;
+  int64_t accumulation_;
+  Model<Ops> model_;
+  OptimizerKind kind_;
+  std::vector<int32_t> dataset_;
+  std::vector<int32_t> order_;
+  std::size_t cursor_ = 0;
+  uint64_t epoch_ = 0;
+  typename Ops::template Buffer<T> m_, v_, scalars_;
+  typename Ops::template Buffer<int32_t> tokens_, resident_, indices_;
+  typename Ops::template Staging<int32_t> staging_, index_staging_;
+  int64_t step_ = 0, since_read_ = 0, pending_steps_ = 0;
+  int32_t last_picked_ = 0, first_sample_ = 0;
+  std::vector<double> first_losses_;
+};
+
+// What a row reports beside the step time: the split by part (median of profiled steps), the
+// allocator's high-water mark, the solver's behaviour and the loss.
+template <class Trainer, class Ops>
+std::vector<std::pair<std::string, double>> observe(Trainer& trainer, const Ops& ops, int profiled_steps) {
+  std::vector<StepReport> reports;
+  trainer.model().reset_solve_stats();
+  for (int i = 0; i < profiled_steps; ++i) reports.push_back(trainer.step(true));
+  auto median_part = [&](double StepReport::*part) {
+    std::vector<double> v;
+    for (const auto& r : reports) v.push_back(r.*part);
+    return median_of(v) * 1e9;
+  };
+  std::vector<std::pair<std::string, double>> out{
+      {"data_ns", median_part(&StepReport::data_s)},           {"forward_ns", median_part(&StepReport::forward_s)},
+      {"backward_ns", median_part(&StepReport::backward_s)},   {"optimizer_ns", median_part(&StepReport::optimizer_s)},
+      {"sync_ns", median_part(&StepReport::sync_s)},           {"solver_ns", median_part(&StepReport::solver_s)},
+      {"peak_memory_mib", static_cast<double>(ops.memory().peak) / (1 << 20)}};
+  const SolveStats& s = trainer.model().solve_stats();
+  if (s.solves > 0) {
+    out.emplace_back("cg_skip_rate", static_cast<double>(s.skipped) / static_cast<double>(s.solves));
+    out.emplace_back("cg_iterations_per_solve", static_cast<double>(s.iterations) / static_cast<double>(s.solves));
+    out.emplace_back("cg_worst_residual", s.worst_residual);
+  }
+  for (auto it = reports.rbegin(); it != reports.rend(); ++it)
+    if (it->loss_read) {
+      out.emplace_back("loss", it->loss);
+      out.emplace_back("grad_norm", it->grad_norm);
+      break;
+    }
+  return out;
+}
+
+}  // namespace tb::step
