@@ -72,4 +72,29 @@ inline constexpr int attention_checked_rows = 48;  // rows checked against the d
 inline constexpr int block_mlp_ratio = 4;
 inline constexpr double layernorm_eps = 1e-5;
 
+// ---- collate ---------------------------------------------------------------------------------
+// seeds/001: a text-pair sample is two 768-d fp32 embeddings (input_embeddings, target_embeddings)
+// plus its text, here a token sequence; the batch goes from 16 to 64. seeds/000: micro-batch 128,
+// global batch 4096, 6 -> 12 loader workers and a shuffle buffer.
+inline constexpr int64_t collate_embed_dim = 768;       // seeds/001
+// Not in the reports: a sentence-length text of 128 int64 (torch.long) token ids, 1 KiB a sample.
+inline constexpr int64_t collate_seq_len = 128;
+inline constexpr int64_t collate_batch_before = 16;     // seeds/001, batch_size=16
+inline constexpr int64_t collate_batch_after = 64;      // seeds/001, batch_size=64
+// seeds/000's global batch: 28 MiB of text pairs, 4 MiB of token sequences, the ">= 4 MB" range
+// in which a copy should reach the link's bandwidth.
+inline constexpr int64_t collate_batch_large = 4096;
+// Eight batches of 4096: 224 MiB of text pairs, more than an H100's 50 MiB L2 (seeds/001's whole
+// 31 MB dataset would sit in it), so a resident gather reads HBM and a shuffled host gather DRAM.
+// seeds/001's own 31 MB is about --axis collate.samples=4400.
+inline constexpr int64_t collate_samples = 32768;
+inline constexpr int64_t quick_collate_samples = 8192;
+// The training step's compute per batch for the overlap case: longer than the 28 MiB copy at PCIe 5
+// rates (about 0.6 ms), so a prefetch can hide all of it. 0: no compute, the data path alone.
+inline constexpr int64_t collate_compute_us = 1000;
+// Host-side collates of at least this many bytes are spread over the OpenMP team (the loader's
+// workers, seeds/000); smaller ones stay on one thread, where a fork/join would cost more.
+inline constexpr int64_t collate_parallel_min_bytes = int64_t{1} << 20;
+inline constexpr uint64_t collate_shuffle_seed = 5;     // the epoch permutation's seed
+
 }  // namespace tb::defaults

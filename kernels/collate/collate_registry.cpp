@@ -1,0 +1,165 @@
+// Stage `collate`: per-sample copy + stack against the paths that avoid it. Sizes in
+// runtime/defaults.h.
+#include <unistd.h>
+
+#include "collate.h"
+#include "runtime/defaults.h"
+#include "runtime/device_info.h"
+
+namespace tb {
+
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+std::string mib(double bytes) { return std::to_string(static_cast<int64_t>(bytes / (1 << 20))) + " MiB"; }
+
+// A host allocation larger than what is free would swap or be killed: say so instead of running.
+std::string host_memory_reason(double bytes) {
+  const double free_bytes = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (bytes > 0.9 * free_bytes) return "needs " + mib(bytes) + " of host memory, " + mib(free_bytes) + " free";
+  return "";
+}
+
+std::string device_memory_reason(double bytes) {
+  const auto& status = cuda_status();
+  if (!status.available()) return "";  // the harness reports the missing device itself
+  const double total = static_cast<double>(status.devices.front().memory_bytes);
+  if (bytes > 0.9 * total) return "needs " + mib(bytes) + " of device memory, the device has " + mib(total);
+  return "";
+}
+
+// What a variant holds beyond the host dataset, in datasets and batches.
+struct Footprint {
+  double host_datasets = 1, host_batches = 0, device_datasets = 0, device_batches = 0;
+};
+
+std::function<std::string(const Problem&)> unsupported(Footprint fp) {
+  return [fp](const Problem& p) -> std::string {
+    const collate::Shape s = collate::shape_of(p);
+    if (const std::string why = collate::invalid_reason(s); !why.empty()) return why;
+    const double dataset = static_cast<double>(s.samples) * static_cast<double>(s.sample_bytes());
+    const double batch = static_cast<double>(s.batch_bytes());
+    const std::string host = host_memory_reason(fp.host_datasets * dataset + fp.host_batches * batch);
+    if (!host.empty()) return host;
+    return device_memory_reason(fp.device_datasets * dataset + fp.device_batches * batch);
+  };
+}
+
+// Bytes per call: for a transfer, the batch that crosses the link (as `peak`'s H2D rows count it);
+// for a copy inside one memory, the batch read and written once (as `peak`'s copy rows count it),
+// the least any collate moves. Counters: samples per call (samples/s = samples / time), copies
+// across the link, kernels, and bytes the host copies.
+std::function<Work(const Problem&)> work(double bytes_per_batch_byte, const char* peak_key, double h2d_copies_per_field,
+                                         double fixed_h2d_copies, double host_copies, bool gather_kernel) {
+  return [=](const Problem& p) {
+    const collate::Shape s = collate::shape_of(p);
+    const double batch = static_cast<double>(s.batch_bytes());
+    double bytes = bytes_per_batch_byte * batch;
+    if (gather_kernel) bytes += 8.0 * static_cast<double>(s.batch);  // the batch's indices
+    const double kernels = (gather_kernel ? 1.0 : 0.0) + (s.compute_us > 0 ? 1.0 : 0.0);
+    Work w{bytes, 0.0, Work::Bound::memory, peak_key, {}};
+    w.counters = {{"samples", static_cast<double>(s.batch)}};
+    if (p.has("compute_us")) {
+      w.counters.emplace_back("h2d_copies", h2d_copies_per_field * static_cast<double>(s.fields().size()) + fixed_h2d_copies);
+      w.counters.emplace_back("kernels", kernels);
+    }
+    w.counters.emplace_back("host_bytes", host_copies * batch);
+    return w;
+  };
+}
+
+template <class F>
+InstanceFactory cuda_factory([[maybe_unused]] F&& make) {
+#ifdef TRAINBENCH_HAVE_CUDA
+  return InstanceFactory(std::forward<F>(make));
+#else
+  return nullptr;
+#endif
+}
+
+}  // namespace
+
+void register_stage_collate(Registry& registry) {
+  using namespace collate;
+  Stage s;
+  s.name = "collate";
+  s.question = "what the __getitem__ copy + torch.stack + pageable copy pattern costs against one copy, a resident "
+               "dataset and a prefetch that hides the copy";
+  s.source = "seeds/001 (tensor copies in __getitem__, stack in collate_fn, whole dataset to the GPU, pin_memory, "
+             "prefetch), seeds/000 (loader workers, shuffle)";
+  s.axes = {
+      Axis{"layout", AxisKind::choice, {"text_pair", "tokens"}, {"text_pair"},
+           "text_pair: two embed_dim fp32 embeddings + seq_len int64 token ids a sample (seeds/001); tokens: the "
+           "token ids alone",
+           {"text_pair", "tokens"}},
+      Axis{"order", AxisKind::choice, {"shuffled"}, {}, "the epoch's order: a seeded permutation, or sequential",
+           {"shuffled", "sequential"}},
+      Axis{"samples", AxisKind::positive_int, {str(defaults::collate_samples)}, {str(defaults::quick_collate_samples)},
+           "samples in the dataset; the last partial batch of an epoch is dropped", {}},
+      Axis{"batch", AxisKind::positive_int,
+           {str(defaults::collate_batch_before), str(defaults::collate_batch_after), str(defaults::collate_batch_large)},
+           {str(defaults::collate_batch_after), str(defaults::collate_batch_large)},
+           "samples per batch (seeds/001: 16 -> 64; seeds/000: 4096)", {}},
+      Axis{"embed_dim", AxisKind::positive_int, {str(defaults::collate_embed_dim)}, {},
+           "fp32 elements per embedding (text_pair; seeds/001)", {}},
+      Axis{"seq_len", AxisKind::positive_int, {str(defaults::collate_seq_len)}, {}, "int64 token ids per sample", {}},
+      Axis{"compute_us", AxisKind::number, {"0", str(defaults::collate_compute_us)}, {},
+           "the step's compute per batch on the GPU in microseconds, after the batch lands (0: none, the data path "
+           "alone); prefetch overlaps the next copy with it",
+           {}},
+  };
+  const std::vector<std::string> cpu_axes{"layout", "order", "samples", "batch", "embed_dim", "seq_len"};
+  std::vector<std::string> cuda_axes = cpu_axes;
+  cuda_axes.push_back("compute_us");
+
+  s.variants = {
+      Variant{"per_sample", Backend::cpu,
+              "__getitem__ copies each sample's tensors out, collate_fn stacks them: every byte copied twice",
+              cpu_axes, work(2, "cpu.copy", 0, 0, 2, false), unsupported({1, 2, 0, 0}), make_cpu_per_sample, ""},
+      Variant{"prebatched", Backend::cpu,
+              "samples stored batch by batch in the epoch's order (rebuilt once per epoch when shuffled: "
+              "slab_build_ms): a batch is a view, nothing is copied",
+              cpu_axes, work(2, "", 0, 0, 0, false), unsupported({2, 0, 0, 0}), make_cpu_prebatched, ""},
+      Variant{"gather", Backend::cpu, "each row from the dataset straight into a reused batch buffer: one copy",
+              cpu_axes, work(2, "cpu.copy", 0, 0, 1, false), unsupported({1, 1, 0, 0}), make_cpu_gather, ""},
+
+      Variant{"per_sample", Backend::cuda,
+              "__getitem__ copies out, torch.stack into pageable tensors, one pageable H2D per tensor: the default "
+              "DataLoader path",
+              cuda_axes, work(1, "cuda.h2d_pageable", 1, 0, 2, false), unsupported({1, 2, 0, 1}),
+              cuda_factory(make_cuda_per_sample), ""},
+      Variant{"pinned", Backend::cuda,
+              "rows stacked straight into a pinned batch (double-buffered), one async H2D: pin_memory without the "
+              "per-sample copies",
+              cuda_axes, work(1, "cuda.h2d_pinned", 0, 1, 1, false), unsupported({1, 2, 0, 1}),
+              cuda_factory(make_cuda_pinned), ""},
+      Variant{"prebatched", Backend::cuda,
+              "a pageable slab stored batch by batch (reshuffled once per epoch, slab_build_ms, untimed): a batch is "
+              "a view, one H2D",
+              cuda_axes, work(1, "cuda.h2d_pageable", 0, 1, 0, false), unsupported({2, 0, 0, 1}),
+              cuda_factory([](const Problem& p, const RunContext& c) { return make_cuda_prebatched(p, c, false); }), ""},
+      Variant{"prebatched_pinned", Backend::cuda,
+              "the same slab in pinned memory: one async H2D and no host work, the best a host-side dataset gets",
+              cuda_axes, work(1, "cuda.h2d_pinned", 0, 1, 0, false), unsupported({2, 0, 0, 1}),
+              cuda_factory([](const Problem& p, const RunContext& c) { return make_cuda_prebatched(p, c, true); }), ""},
+      Variant{"resident", Backend::cuda,
+              "the dataset in device memory (torch.load to cuda, seeds/001): a gather kernel by index, no transfer",
+              cuda_axes, work(2, "cuda.copy", 0, 0, 0, true), unsupported({1, 0, 1, 1}),
+              cuda_factory(make_cuda_resident), ""},
+      Variant{"prefetch", Backend::cuda,
+              "pinned double buffering on two streams: batch i+1's copy runs under batch i's compute (copy_hidden)",
+              cuda_axes, work(1, "cuda.h2d_pinned", 0, 1, 1, false), unsupported({1, 2, 0, 2}),
+              cuda_factory(make_cuda_prefetch), ""},
+  };
+  s.pairs = {
+      Pair{"per_sample", "pinned", "pinned stack + async copy vs per-sample copies + stack + pageable copy"},
+      Pair{"per_sample", "prebatched", "pre-batched view (slab reshuffle untimed) vs per-sample copies + stack"},
+      Pair{"pinned", "resident", "GPU-resident gather vs pinned stack + copy"},
+      Pair{"pinned", "prefetch", "double-buffered prefetch vs pinned stack + copy"},
+      Pair{"per_sample", "gather", "gather into a reused buffer vs per-sample copies + stack"},
+  };
+  registry.add(std::move(s));
+}
+
+}  // namespace tb

@@ -1,0 +1,203 @@
+// Stage `collate`: every variant against the reference at odd sizes, shuffled and sequential, after
+// one call and after wrapping past the end of the epoch; and the reference itself catches a wrong
+// batch (a flipped byte, the wrong order, the wrong batch).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <set>
+
+#include "collate/collate.h"
+#include "runtime/error.h"
+#include "stage_testing.h"
+
+namespace tb {
+namespace {
+
+const Stage& collate_stage() { return *builtin_registry().find("collate"); }
+
+struct Case {
+  const char* layout;
+  const char* order;
+  int64_t samples, batch, embed_dim, seq_len;
+  int runs;  // calls before the check: more than batches_per_epoch wraps to the next epoch
+};
+
+// One sample; odd rows (28-byte embeddings take the gather kernel's 4-byte path) wrapping a
+// two-batch epoch; token sequences alone; the report's 768-d rows in sequential order; a batch
+// above defaults::collate_parallel_min_bytes, so the host copies run on the OpenMP team.
+const Case cases[] = {
+    {"text_pair", "shuffled", 1, 1, 1, 1, 1},          {"text_pair", "shuffled", 7, 3, 7, 5, 3},
+    {"tokens", "shuffled", 7, 3, 1, 3, 2},             {"text_pair", "sequential", 1003, 64, 768, 128, 2},
+    {"text_pair", "shuffled", 1000, 160, 768, 128, 7}, {"tokens", "sequential", 1000003, 4099, 1, 1, 3},
+};
+
+Problem problem_for(const Variant& v, const Case& c, const char* compute_us) {
+  Problem p({{"layout", c.layout},
+             {"order", c.order},
+             {"samples", std::to_string(c.samples)},
+             {"batch", std::to_string(c.batch)},
+             {"embed_dim", std::to_string(c.embed_dim)},
+             {"seq_len", std::to_string(c.seq_len)}});
+  if (std::find(v.axes.begin(), v.axes.end(), "compute_us") != v.axes.end()) p.set("compute_us", compute_us);
+  return p;
+}
+
+class CollateVariant : public ::testing::TestWithParam<std::size_t> {};
+
+TEST_P(CollateVariant, MatchesReferenceByteForByte) {
+  const Variant& v = collate_stage().variants.at(GetParam());
+  if (const std::string why = testing::cannot_run_here(v); !why.empty())
+    GTEST_SKIP() << v.id << " (" << to_string(v.backend) << "): " << why;
+  for (const Case& c : cases)
+    // With a compute kernel (5 us) the check also compares the checksum it took of its batch.
+    for (const char* compute_us : {"0", "5"}) {
+      const Problem p = problem_for(v, c, compute_us);
+      ASSERT_EQ(v.unsupported(p), "") << p.label();
+      const Verdict verdict = testing::run_and_check(v, p, c.runs);
+      EXPECT_TRUE(verdict.passed) << to_string(v.backend) << "/" << v.id << " at " << p.label() << " after " << c.runs
+                                  << " calls: " << verdict.detail;
+      if (!p.has("compute_us")) break;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, CollateVariant, ::testing::Range<std::size_t>(0, collate_stage().variants.size()),
+                         [](const ::testing::TestParamInfo<std::size_t>& info) {
+                           const Variant& v = collate_stage().variants.at(info.param);
+                           return std::string(to_string(v.backend)) + "_" + v.id;
+                         });
+
+collate::Shape small_shape(collate::Order order) {
+  collate::Shape s;
+  s.layout = collate::Layout::text_pair;
+  s.order = order;
+  s.samples = 50;
+  s.batch = 8;
+  s.embed_dim = 6;
+  s.seq_len = 3;
+  return s;
+}
+
+TEST(CollateReference, EpochOrderIsASeededPermutation) {
+  const auto shuffled = collate::epoch_order(small_shape(collate::Order::shuffled));
+  std::vector<int64_t> identity(50);
+  std::iota(identity.begin(), identity.end(), 0);
+  EXPECT_EQ(collate::epoch_order(small_shape(collate::Order::sequential)), identity);
+  EXPECT_NE(shuffled, identity);
+  auto sorted = shuffled;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, identity);
+  EXPECT_EQ(collate::epoch_order(small_shape(collate::Order::shuffled)), shuffled);  // deterministic
+}
+
+TEST(CollateReference, BatchIsLaidOutFieldByField) {
+  const auto shape = small_shape(collate::Order::shuffled);
+  const auto order = collate::epoch_order(shape);
+  const auto batch = collate::reference_batch(shape, order, 2);
+  ASSERT_EQ(static_cast<int64_t>(batch.size()), shape.batch * (2 * 6 * 4 + 3 * 8));
+  const int64_t i = 5, sample = order[2 * 8 + i];
+  float target;
+  std::memcpy(&target, batch.data() + shape.field_offset(1) + (i * 6 + 4) * 4, 4);
+  EXPECT_EQ(target, collate::embedding_value(collate::seed_target, sample, 4, 6));
+  int64_t token;
+  std::memcpy(&token, batch.data() + shape.field_offset(2) + (i * 3 + 2) * 8, 8);
+  EXPECT_EQ(token, collate::token_value(sample, 2, 3));
+  EXPECT_GE(token, 0);
+  EXPECT_LT(token, collate::vocab);
+}
+
+TEST(CollateReference, CatchesAFlippedByte) {
+  const auto shape = small_shape(collate::Order::shuffled);
+  const auto order = collate::epoch_order(shape);
+  auto batch = collate::reference_batch(shape, order, 1);
+  EXPECT_TRUE(collate::check_batch(shape, order, 1, batch.data()).passed);
+  batch[static_cast<std::size_t>(shape.field_offset(2) + 3 * 24 + 9)] ^= 0x01;  // tokens of sample 3, element 1
+  const Verdict v = collate::check_batch(shape, order, 1, batch.data());
+  EXPECT_FALSE(v.passed);
+  EXPECT_EQ(v.max_error, 1.0);
+  EXPECT_NE(v.detail.find("tokens of sample 3"), std::string::npos) << v.detail;
+  EXPECT_NE(v.detail.find("element 1"), std::string::npos) << v.detail;
+}
+
+TEST(CollateReference, CatchesTheWrongOrderAndTheWrongBatch) {
+  const auto shuffled = small_shape(collate::Order::shuffled);
+  const auto order = collate::epoch_order(shuffled);
+  const auto sequential_batch =
+      collate::reference_batch(shuffled, collate::epoch_order(small_shape(collate::Order::sequential)), 0);
+  EXPECT_FALSE(collate::check_batch(shuffled, order, 0, sequential_batch.data()).passed);
+  const auto batch1 = collate::reference_batch(shuffled, order, 1);
+  const Verdict v = collate::check_batch(shuffled, order, 0, batch1.data());
+  EXPECT_FALSE(v.passed);
+  EXPECT_NE(v.detail.find("input_embedding of sample 0"), std::string::npos) << v.detail;
+}
+
+TEST(CollateReference, ChecksumIsTheWrappingSumOfWords) {
+  const uint32_t words[] = {0xffffffffu, 2u, 7u};
+  unsigned char bytes[sizeof words];
+  std::memcpy(bytes, words, sizeof words);
+  EXPECT_EQ(collate::batch_checksum(bytes, sizeof words), 8u);
+}
+
+TEST(CollateStage, NoFullBatchIsUnsupportedWithTheReason) {
+  for (const auto& v : collate_stage().variants) {
+    const Problem p = problem_for(v, Case{"text_pair", "shuffled", 3, 4, 8, 8, 1}, "0");
+    EXPECT_NE(v.unsupported(p).find("no full batch"), std::string::npos) << v.id;
+  }
+  const Variant& gather = *collate_stage().find_variant("gather", Backend::cpu);
+  const Problem p = problem_for(gather, Case{"text_pair", "shuffled", 3, 4, 8, 8, 1}, "0");
+  EXPECT_THROW(gather.make(p, RunContext{}), UsageError);
+  const Variant& prefetch = *collate_stage().find_variant("prefetch", Backend::cuda);
+  EXPECT_NE(prefetch.unsupported(problem_for(prefetch, Case{"tokens", "shuffled", 8, 4, 8, 8, 1}, "-1")), "");
+}
+
+TEST(CollateStage, WorkModelCountsTheBatch) {
+  const Stage& s = collate_stage();
+  const Case c{"text_pair", "shuffled", 4096, 64, 768, 128, 1};
+  const double batch_bytes = 64.0 * 7168;
+  const Variant& pinned = *s.find_variant("pinned", Backend::cuda);
+  const Work w = pinned.work(problem_for(pinned, c, "0"));
+  EXPECT_EQ(w.bytes, batch_bytes);
+  EXPECT_EQ(w.peak_key, "cuda.h2d_pinned");
+  ASSERT_FALSE(w.counters.empty());
+  EXPECT_EQ(w.counters.front(), (std::pair<std::string, double>{"samples", 64}));
+  const Variant& resident = *s.find_variant("resident", Backend::cuda);
+  EXPECT_EQ(resident.work(problem_for(resident, c, "0")).bytes, 2 * batch_bytes + 8 * 64);
+  EXPECT_EQ(resident.work(problem_for(resident, c, "0")).peak_key, "cuda.copy");
+  EXPECT_EQ(s.find_variant("per_sample", Backend::cuda)->work(problem_for(pinned, c, "0")).peak_key, "cuda.h2d_pageable");
+  const Variant& cpu = *s.find_variant("per_sample", Backend::cpu);
+  EXPECT_EQ(cpu.work(problem_for(cpu, c, "0")).peak_key, "cpu.copy");
+}
+
+TEST(CollateStage, DeclaresTheIssuesPairsAndEveryVariant) {
+  const Stage& s = collate_stage();
+  std::set<std::pair<std::string, std::string>> pairs;
+  for (const auto& p : s.pairs) pairs.emplace(p.baseline, p.improved);
+  for (const auto& [baseline, improved] : std::vector<std::pair<std::string, std::string>>{
+           {"per_sample", "pinned"}, {"per_sample", "prebatched"}, {"pinned", "resident"}, {"pinned", "prefetch"}})
+    EXPECT_TRUE(pairs.count({baseline, improved})) << improved << " vs " << baseline;
+  for (const char* id : {"per_sample", "pinned", "prebatched", "resident", "prefetch"})
+    EXPECT_NE(s.find_variant(id, Backend::cuda), nullptr) << id;
+  for (const char* id : {"per_sample", "prebatched", "gather"}) EXPECT_NE(s.find_variant(id, Backend::cpu), nullptr) << id;
+#ifndef TRAINBENCH_HAVE_CUDA
+  for (const auto& v : s.variants) {
+    if (v.backend == Backend::cuda) {
+      EXPECT_FALSE(v.make) << v.id;  // listed, unavailable
+    }
+  }
+#endif
+}
+
+TEST(CollateStage, PrebatchedReportsTheSlabBuild) {
+  const Variant& v = *collate_stage().find_variant("prebatched", Backend::cpu);
+  auto instance = v.make(problem_for(v, Case{"text_pair", "shuffled", 100, 10, 16, 4, 1}, "0"), RunContext{});
+  instance->run();
+  ASSERT_TRUE(instance->check().passed);
+  const auto seen = instance->observed();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].first, "slab_build_ms");
+  EXPECT_GE(seen[0].second, 0.0);
+}
+
+}  // namespace
+}  // namespace tb
