@@ -76,6 +76,17 @@ std::vector<Entry> select_entries(const Registry& registry, const Settings& sett
       }
     }
   if (selected.empty()) {
+    // A filter that names only variants of a backend that cannot run here (a GPU-only stage on a
+    // CPU-only machine) is not bad usage: those become unsupported rows that say why.
+    for (const Stage* stage : ordered_stages(registry))
+      for (const auto& variant : stage->variants) {
+        if (wants(settings, variant.backend) || unavailable_reason(variant).empty()) continue;
+        for (const auto& problem : expand_problems(*stage, variant, settings.overrides, settings.quick)) {
+          Entry e = make_entry(*stage, variant, problem);
+          if (std::regex_search(e.name, filter)) selected.push_back(std::move(e));
+        }
+      }
+    if (!selected.empty()) return selected;
     std::ostringstream msg;
     msg << "no benchmark matches --filter '" << settings.filter << "' with --backend";
     for (Backend b : settings.backends) msg << " " << to_string(b);

@@ -170,5 +170,31 @@ TEST_F(Harness, FilterErrorsAreUsageErrorsThatSayWhatExists) {
   EXPECT_THROW(select_entries(reg, quick_settings("(")), UsageError);
 }
 
+// A GPU-only stage on a machine that cannot run it: the filter is not bad usage, the rows say why.
+TEST_F(Harness, FilterMatchingOnlyUnavailableVariantsListsThemWithTheReason) {
+  Registry reg = toy_registry();
+  Stage gpu_only;
+  gpu_only.name = "gpuonly";
+  gpu_only.question = gpu_only.source = "test";
+  gpu_only.axes = {Axis{"n", AxisKind::positive_int, {"20000"}, {}, "", {}}};
+  Variant v = spin_variant("kernel", 1, true, "");
+  v.backend = Backend::cuda;
+  v.make = nullptr;  // not built: unavailable on every machine
+  gpu_only.variants = {v};
+  reg.add(gpu_only);
+  Settings settings = quick_settings("gpuonly");  // backends: cpu only
+  const auto entries = select_entries(reg, settings);
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].name, "gpuonly/cuda/kernel/n=20000");
+  EXPECT_FALSE(entries[0].unsupported.empty());
+  std::ostringstream progress;
+  const Results results = run_entries(reg, entries, settings, progress);
+  EXPECT_EQ(row(results, "gpuonly/cuda/kernel/n=20000").disposition, "unsupported");
+  EXPECT_EQ(exit_code_for(results), 0);
+  EXPECT_NE(progress.str().find("unsupported"), std::string::npos) << progress.str();
+  // A filter that matches nothing anywhere is still bad usage.
+  EXPECT_THROW(select_entries(reg, quick_settings("gpuonly/cuda/nothing")), UsageError);
+}
+
 }  // namespace
 }  // namespace tb

@@ -97,4 +97,31 @@ inline constexpr int64_t collate_compute_us = 1000;
 inline constexpr int64_t collate_parallel_min_bytes = int64_t{1} << 20;
 inline constexpr uint64_t collate_shuffle_seed = 5;     // the epoch permutation's seed
 
+// ---- hostsync, launch, alloc: the runtime overheads of a training loop -------------------------
+// hostsync: one call is N steps, and N is swept. seeds/003 reads `loss.item()` every step before its
+// fix and every 500 steps after it; seeds/000 logs every 5; 50 lies between.
+inline constexpr int64_t hostsync_intervals[] = {1, 5, 50, 500};
+// The loss of a step is over one prediction per sample of seeds/000's 4096-sample batch: a few small
+// kernels, each launch-bound, which is what makes a per-step sync visible.
+inline constexpr int64_t hostsync_elements = 4096;
+// async_pinned keeps this many steps' copies in flight; the host waits only when all are (a stall,
+// counted). A loop of small kernels is rarely more than a step or two behind the host.
+inline constexpr int hostsync_async_slots = 8;
+// launch: the Trainer2 window of seeds/002: 64 steps x ~12 kernels per step ("10-15").
+inline constexpr int64_t launch_window_steps = 64;
+inline constexpr int64_t launch_kernels_per_step = 12;
+// Elements each window kernel updates. seeds/002 gives no tensor sizes; 4096 floats is one wave of
+// 16 blocks, so each kernel is launch-bound, as the report's per-step kernels are.
+inline constexpr int64_t launch_elements = 4096;
+// Repetitions of the self-timed eager / replay / capture comparison the `graph` variant reports.
+inline constexpr int launch_breakeven_windows = 20;
+inline constexpr int launch_breakeven_captures = 5;
+// alloc: one buffer per kernel of a step (seeds/002: ~12 kernels per step), each activation-sized:
+// a micro-batch of 128 (seeds/000) x 768-d embeddings (seeds/001) in fp32, and the 4096-sample
+// global batch (seeds/000) of the same, which is past the allocator's small-block sizes.
+inline constexpr int64_t alloc_buffers = 12;
+inline constexpr int64_t alloc_buffer_bytes_small = int64_t{128} * 768 * 4;
+inline constexpr int64_t alloc_buffer_bytes_large = int64_t{4096} * 768 * 4;
+inline constexpr int64_t alloc_max_buffers = 64;  // buffers one consume kernel takes by value
+
 }  // namespace tb::defaults
