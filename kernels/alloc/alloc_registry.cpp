@@ -9,25 +9,6 @@ namespace tb {
 
 namespace {
 
-template <class F>
-InstanceFactory cuda_factory([[maybe_unused]] F&& make) {
-#ifdef TRAINBENCH_HAVE_CUDA
-  return InstanceFactory(std::forward<F>(make));
-#else
-  return nullptr;
-#endif
-}
-
-std::string device_memory_reason(double bytes) {
-  const auto& status = cuda_status();
-  if (!status.available()) return "";  // the harness reports the missing device itself
-  const double total = static_cast<double>(status.devices.front().memory_bytes);
-  if (bytes > 0.9 * total)
-    return "needs " + std::to_string(static_cast<int64_t>(bytes / (1 << 20))) + " MiB of device memory, the device has " +
-           std::to_string(static_cast<int64_t>(total / (1 << 20))) + " MiB";
-  return "";
-}
-
 // The allocator's work is not bytes moved: the bytes are the kernels' few, the counters say what a
 // step asks of the allocator, and the row's time is per step.
 Work step_work(const Problem& p, alloc::Strategy strategy) {

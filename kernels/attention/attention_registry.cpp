@@ -70,15 +70,6 @@ std::string block_reason(const Problem& p, Backend b, bool naive) {
   return b == Backend::cpu ? host_memory_reason(bytes) : device_memory_reason(bytes);
 }
 
-template <class F>
-InstanceFactory cuda_factory([[maybe_unused]] F&& make) {
-#ifdef TRAINBENCH_HAVE_CUDA
-  return InstanceFactory(std::forward<F>(make));
-#else
-  return nullptr;
-#endif
-}
-
 Axis shape_axis(const char* name, std::vector<std::string> values, std::vector<std::string> quick, const char* help) {
   return Axis{name, AxisKind::text, std::move(values), std::move(quick), help, {}, shape_invalid_reason};
 }

@@ -12,22 +12,6 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-std::string mib(double bytes) { return std::to_string(static_cast<int64_t>(bytes / (1 << 20))) + " MiB"; }
-
-// A host allocation larger than what is free would swap or be killed: say so instead of running.
-std::string host_memory_reason(double bytes) {
-  const double free_bytes = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-  if (bytes > 0.9 * free_bytes) return "needs " + mib(bytes) + " of host memory, " + mib(free_bytes) + " free";
-  return "";
-}
-
-std::string device_memory_reason(double bytes) {
-  const auto& status = cuda_status();
-  if (!status.available()) return "";  // the harness reports the missing device itself
-  const double total = static_cast<double>(status.devices.front().memory_bytes);
-  if (bytes > 0.9 * total) return "needs " + mib(bytes) + " of device memory, the device has " + mib(total);
-  return "";
-}
 
 // What a variant holds beyond the host dataset, in datasets and batches.
 struct Footprint {
@@ -67,15 +51,6 @@ std::function<Work(const Problem&)> work(double bytes_per_batch_byte, const char
     w.counters.emplace_back("host_bytes", host_copies * batch);
     return w;
   };
-}
-
-template <class F>
-InstanceFactory cuda_factory([[maybe_unused]] F&& make) {
-#ifdef TRAINBENCH_HAVE_CUDA
-  return InstanceFactory(std::forward<F>(make));
-#else
-  return nullptr;
-#endif
 }
 
 }  // namespace

@@ -10,25 +10,6 @@ namespace tb {
 
 namespace {
 
-template <class F>
-InstanceFactory cuda_factory([[maybe_unused]] F&& make) {
-#ifdef TRAINBENCH_HAVE_CUDA
-  return InstanceFactory(std::forward<F>(make));
-#else
-  return nullptr;
-#endif
-}
-
-std::string device_memory_reason(double bytes) {
-  const auto& status = cuda_status();
-  if (!status.available()) return "";  // the harness reports the missing device itself
-  const double total = static_cast<double>(status.devices.front().memory_bytes);
-  if (bytes > 0.9 * total)
-    return "needs " + std::to_string(static_cast<int64_t>(bytes / (1 << 20))) + " MiB of device memory, the device has " +
-           std::to_string(static_cast<int64_t>(total / (1 << 20))) + " MiB";
-  return "";
-}
-
 // Launch-bound by design: the bytes are what the kernels and reads really move, and their share of
 // the device copy peak shows how far from bandwidth-bound the loop is. The time per step is the
 // row's time divided by `steps`.

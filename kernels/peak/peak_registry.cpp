@@ -23,15 +23,6 @@ Work transfer_work(const Problem& p, const char* peak_key) {
   return Work{static_cast<double>(p.get_int("transfer_bytes") / 4 * 4), 0.0, Work::Bound::memory, peak_key, {}};
 }
 
-template <class F>
-InstanceFactory cuda_factory([[maybe_unused]] F&& make) {
-#ifdef TRAINBENCH_HAVE_CUDA
-  return InstanceFactory(std::forward<F>(make));
-#else
-  return nullptr;
-#endif
-}
-
 }  // namespace
 
 void register_stage_peak(Registry& registry) {

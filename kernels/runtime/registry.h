@@ -110,6 +110,17 @@ struct Variant {
   std::string provides_peak;  // for `peak` variants: the key other stages compare with
 };
 
+// A CUDA variant's factory: the launcher when the CUDA backend is built, else null, so that a
+// CPU-only build still lists the variant (as "built without CUDA").
+template <class F>
+InstanceFactory cuda_factory([[maybe_unused]] F&& make) {
+#ifdef TRAINBENCH_HAVE_CUDA
+  return InstanceFactory(std::forward<F>(make));
+#else
+  return nullptr;
+#endif
+}
+
 // baseline vs improved, both of one backend, compared at each problem they share.
 struct Pair {
   std::string baseline;

@@ -45,15 +45,6 @@ Work step_work(const Problem& p, const char* axis, Backend backend) {
   return work;
 }
 
-template <class F>
-InstanceFactory cuda_factory([[maybe_unused]] F&& make) {
-#ifdef TRAINBENCH_HAVE_CUDA
-  return InstanceFactory(std::forward<F>(make));
-#else
-  return nullptr;
-#endif
-}
-
 }  // namespace
 
 namespace step {

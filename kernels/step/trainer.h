@@ -196,8 +196,8 @@ class Trainer {
       const int32_t* row = dataset_.data() + static_cast<int64_t>(picked[b]) * (Tn + 1);
       if (w_.data.per_sample_copy) {
         const std::vector<int32_t> sample(row, row + Tn + 1);  // the tensor __getitem__ returns
-        std::copy(sample.begin(), sample.end() - 1, tokens + b * Tn);
-        std::copy(sample.begin() + 1, sample.end(), targets + b * Tn);
+        std::copy_n(sample.data(), Tn, tokens + b * Tn);
+        std::copy_n(sample.data() + 1, Tn, targets + b * Tn);
       } else {
         std::copy(row, row + Tn, tokens + b * Tn);
         std::copy(row + 1, row + Tn + 1, targets + b * Tn);
