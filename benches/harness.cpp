@@ -420,6 +420,20 @@ void finish_results(const Registry& registry, const Settings& settings, Results&
     if (r.timed()) r.summary = summarize(r.samples_ns, settings.noise_target);
     by_name[r.name] = &r;
   }
+  // A counter "X_per_call" (samples per call) gets its rate "X_per_s" from the row's median time.
+  for (auto& r : results.rows) {
+    if (!r.timed() || r.summary.median <= 0) continue;
+    std::vector<std::pair<std::string, double>> rates;
+    for (const auto& [key, value] : r.counters) {
+      const std::string suffix = "_per_call";
+      if (key.size() > suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0)
+        rates.emplace_back(key.substr(0, key.size() - suffix.size()) + "_per_s", value / (r.summary.median * 1e-9));
+    }
+    for (auto& rate : rates) {
+      const auto same = std::find_if(r.counters.begin(), r.counters.end(), [&](const auto& c) { return c.first == rate.first; });
+      if (same == r.counters.end()) r.counters.push_back(std::move(rate));
+    }
+  }
   // Peaks: the best rate each peak variant reached in this run.
   for (const auto& r : results.rows) {
     if (!r.timed()) continue;

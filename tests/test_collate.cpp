@@ -160,7 +160,7 @@ TEST(CollateStage, WorkModelCountsTheBatch) {
   EXPECT_EQ(w.bytes, batch_bytes);
   EXPECT_EQ(w.peak_key, "cuda.h2d_pinned");
   ASSERT_FALSE(w.counters.empty());
-  EXPECT_EQ(w.counters.front(), (std::pair<std::string, double>{"samples", 64}));
+  EXPECT_EQ(w.counters.front(), (std::pair<std::string, double>{"samples_per_call", 64}));
   const Variant& resident = *s.find_variant("resident", Backend::cuda);
   EXPECT_EQ(resident.work(problem_for(resident, c, "0")).bytes, 2 * batch_bytes + 8 * 64);
   EXPECT_EQ(resident.work(problem_for(resident, c, "0")).peak_key, "cuda.copy");

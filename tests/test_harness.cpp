@@ -29,7 +29,9 @@ class Spin final : public Instance {
     const double got = correct_ ? result_ : result_ + 1;
     return got == want ? Verdict{true, 0, ""} : Verdict{false, 1, "sum is " + std::to_string(got)};
   }
-  std::vector<std::pair<std::string, double>> observed() const override { return {{"last_sum", result_}}; }
+  std::vector<std::pair<std::string, double>> observed() const override {
+    return {{"last_sum", result_}, {"items_per_call", 1000.0}};
+  }
 
  private:
   int64_t work_;
@@ -115,8 +117,10 @@ TEST_F(Harness, ChecksBeforeTimingAndGivesEveryRowADisposition) {
   EXPECT_EQ(fast.disposition, "passed");
   EXPECT_EQ(slow.samples_ns.size(), 5u);
   EXPECT_GT(slow.summary.median, fast.summary.median);
-  ASSERT_EQ(fast.counters.size(), 1u);
+  ASSERT_EQ(fast.counters.size(), 3u);
   EXPECT_EQ(fast.counters[0], (std::pair<std::string, double>{"last_sum", 20000.0}));
+  EXPECT_EQ(fast.counters[2].first, "items_per_s");  // derived from items_per_call and the median
+  EXPECT_DOUBLE_EQ(fast.counters[2].second, 1000.0 / (fast.summary.median * 1e-9));
   ASSERT_TRUE(fast.pct_of_peak.has_value());
   EXPECT_GT(*fast.pct_of_peak, 20.0);  // the ceiling runs the same work as `fast`
   EXPECT_LT(*slow.pct_of_peak, *fast.pct_of_peak);

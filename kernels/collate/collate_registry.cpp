@@ -43,7 +43,7 @@ std::function<Work(const Problem&)> work(double bytes_per_batch_byte, const char
     if (gather_kernel) bytes += 8.0 * static_cast<double>(s.batch);  // the batch's indices
     const double kernels = (gather_kernel ? 1.0 : 0.0) + (s.compute_us > 0 ? 1.0 : 0.0);
     Work w{bytes, 0.0, Work::Bound::memory, peak_key, {}};
-    w.counters = {{"samples", static_cast<double>(s.batch)}};
+    w.counters = {{"samples_per_call", static_cast<double>(s.batch)}};
     if (p.has("compute_us")) {
       w.counters.emplace_back("h2d_copies", h2d_copies_per_field * static_cast<double>(s.fields().size()) + fixed_h2d_copies);
       w.counters.emplace_back("kernels", kernels);
