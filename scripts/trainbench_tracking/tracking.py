@@ -1,0 +1,311 @@
+"""Comparing a run with another run or with its machine's history; the rule for a confirmed regression.
+
+Two files: each benchmark that passed in both gets a verdict from `stats.compare_samples`; a SLOWER verdict
+is a confirmed regression unless the recorded clocks explain it.
+
+A history (runs of the same machine key, oldest first, then the new run), per benchmark:
+  1. the series of per-run medians (runs where the row passed) is cut into segments at change points
+     (`changepoint.detect_change_points`, at least `persist` runs on each side);
+  2. the latest run is compared with a baseline:
+     a. a trailing streak: if the last s >= persist runs (the new one included) are each SLOWER (or each
+        FASTER) than the >= persist runs before them in the latest segment, the baseline is those earlier
+        runs and the shift began at the first run of the streak (the longest such streak; this finds a
+        shift too young or a history too short for a change point);
+     b. else, if the latest segment began at a change point at most `settle_runs` runs ago, the baseline
+        is the segment before it and the shift began at that change point;
+     c. else the baseline is the latest segment's history (the current level) and there is no shift;
+  3. a regression is confirmed when the new run is SLOWER than that baseline, so is each of the
+     `persist` - 1 runs before it (the slowdown persists: one bad night is never enough), and the
+     slowdown does not disappear once the samples are normalised by the recorded clocks.
+A shift older than `settle_runs` runs (by change point or streak) is the machine's new level: the
+change point stays in the table and the plots, but no longer fails the nightly.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .changepoint import ChangePoint, detect_change_points, segments
+from .constants import (BAND_MIN_RUNS, CLOCK_TOLERANCE, DEFAULT_ALPHA, DEFAULT_CP_ALPHA, DEFAULT_MAX_HISTORY, DEFAULT_MIN_SAMPLES, DEFAULT_PERSIST,
+                        DEFAULT_SETTLE_RUNS, DEFAULT_THRESHOLD, MAX_BASELINE_RUNS)
+from .errors import UsageError
+from .resultfile import Row, Run
+from .stats import FASTER, SLOWER, SampleTest, compare_samples, robust_sigma
+
+
+@dataclass
+class Settings:
+    threshold: float = DEFAULT_THRESHOLD
+    stage_thresholds: Dict[str, float] = field(default_factory=dict)
+    alpha: float = DEFAULT_ALPHA
+    cp_alpha: float = DEFAULT_CP_ALPHA
+    min_samples: int = DEFAULT_MIN_SAMPLES
+    persist: int = DEFAULT_PERSIST
+    settle_runs: int = DEFAULT_SETTLE_RUNS
+    max_history: int = DEFAULT_MAX_HISTORY
+    filter: Optional[str] = None
+
+    def threshold_for(self, stage: str) -> float:
+        return self.stage_thresholds.get(stage, self.threshold)
+
+
+@dataclass
+class Point:
+    """One run of a benchmark's series, for the table and the plots."""
+    run_index: int
+    disposition: str
+    median: Optional[float] = None
+    low: Optional[float] = None
+    high: Optional[float] = None
+
+
+@dataclass
+class Comparison:
+    key: str
+    stage: str
+    backend: str
+    status: str                         # compared | not-passed | new | missing
+    threshold: float
+    verdict: Optional[str] = None       # SAME FASTER SLOWER INCONCLUSIVE, when status is compared
+    test: Optional[SampleTest] = None
+    confirmed: bool = False
+    environment: str = ""               # why a slowdown is the environment (clock), not the code
+    start_index: Optional[int] = None   # run where the current shift began
+    change_points: List[Tuple[int, ChangePoint]] = field(default_factory=list)   # (run index, cp)
+    baseline_indices: List[int] = field(default_factory=list)
+    series: List[Point] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+    disposition: str = ""               # of the new row
+    reason: str = ""
+
+
+@dataclass
+class Analysis:
+    mode: str                           # files | history
+    new: Run
+    runs: List[Run]                     # baseline run(s) / history (oldest first), then the new run
+    comparisons: List[Comparison]
+    settings: Settings
+    warnings: List[str] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> List[Comparison]:
+        return [c for c in self.comparisons if c.confirmed]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.regressions else 0
+
+
+def _series_point(i: int, row: Optional[Row]) -> Point:
+    if row is None:
+        return Point(i, "absent")
+    if not row.passed:
+        return Point(i, row.disposition)
+    s = np.asarray(row.samples)
+    raw = row.raw
+    lo = raw.get("ci_low_ns") if isinstance(raw.get("ci_low_ns"), (int, float)) else float(np.min(s))
+    hi = raw.get("ci_high_ns") if isinstance(raw.get("ci_high_ns"), (int, float)) else float(np.max(s))
+    return Point(i, "passed", row.median, float(lo), float(hi))
+
+
+def _clock_scale(runs: Sequence[Run], rows: Sequence[Row], new: Run, new_row: Row) -> Optional[List[float]]:
+    """Per baseline run, the factor that puts its times at the new run's clock; None when not applicable."""
+    cn = new.clock_mhz(new_row)
+    if cn is None:
+        return None
+    clocks = [r.clock_mhz(row) for r, row in zip(runs, rows)]
+    if any(c is None for c in clocks) or all(abs(c / cn - 1) <= CLOCK_TOLERANCE for c in clocks):
+        return None
+    return [c / cn for c in clocks]
+
+
+def _clock_text(row: Row, base_clock: float, new_clock: float) -> str:
+    what = "SM clock" if row.backend == "cuda" else "CPU clock"
+    return f"{what} {base_clock:.0f} -> {new_clock:.0f} MHz"
+
+
+class _Bench:
+    """One benchmark's passed runs, by position in its series."""
+
+    def __init__(self, runs: List[Run], rows: List[Row], settings: Settings, threshold: float):
+        self.runs, self.rows, self.s, self.t = runs, rows, settings, threshold
+        self.meds = [r.median for r in rows]
+        self.samples = [np.asarray(r.samples) for r in rows]
+        self.night_sigma: Optional[float] = None
+
+    def set_levels(self, segs: Sequence[range], history_end: int) -> None:
+        """Night-to-night spread: robust sigma of the history's log medians around their level's median."""
+        resid = []
+        for seg in segs:
+            logs = np.log([self.meds[q] for q in seg if q < history_end])
+            if logs.size:
+                resid.extend(logs - np.median(logs))
+        self.night_sigma = robust_sigma(resid) if len(resid) >= BAND_MIN_RUNS else None
+
+    def may_differ(self, j: int, base: Sequence[int]) -> bool:
+        """Cheap pre-check: run j's median is at least the threshold away from the baseline's."""
+        ratio = self.meds[j] / float(np.median([self.meds[q] for q in list(base)[-MAX_BASELINE_RUNS:]]))
+        return ratio >= 1 + self.t or ratio <= 1 - self.t
+
+    def test(self, j: int, base: Sequence[int], scale: Optional[List[float]] = None) -> SampleTest:
+        base = list(base)[-MAX_BASELINE_RUNS:]
+        f = scale[-len(base):] if scale is not None else [1.0] * len(base)
+        samples = np.concatenate([self.samples[q] * f[i] for i, q in enumerate(base)])
+        meds = [self.meds[q] * f[i] for i, q in enumerate(base)] if len(base) > 1 else None
+        return compare_samples(samples, self.samples[j], threshold=self.t, alpha=self.s.alpha,
+                               min_samples=self.s.min_samples, base_run_medians=meds,
+                               night_sigma=self.night_sigma)
+
+    def environment(self, j: int, base: Sequence[int]) -> str:
+        """Non-empty when the slowdown of run j against `base` disappears at equal clocks."""
+        base = list(base)[-MAX_BASELINE_RUNS:]
+        scale = _clock_scale([self.runs[q] for q in base], [self.rows[q] for q in base],
+                             self.runs[j], self.rows[j])
+        if scale is None:
+            return ""
+        if self.test(j, base, scale).verdict == SLOWER:
+            return ""
+        cn = self.runs[j].clock_mhz(self.rows[j])
+        cb = float(np.median([self.runs[q].clock_mhz(self.rows[q]) for q in base]))
+        return _clock_text(self.rows[j], cb, cn)
+
+
+def _matches(settings: Settings, key: str) -> bool:
+    return settings.filter is None or re.search(settings.filter, key) is not None
+
+
+def compare_files(base: Run, new: Run, settings: Settings, allow_machine_mismatch: bool = False) -> Analysis:
+    warnings = []
+    mismatch = base.machine_key != new.machine_key
+    if mismatch:
+        msg = (f"the runs are from different machines ({base.machine_key} vs {new.machine_key}); "
+               "histories never mix machines")
+        if not allow_machine_mismatch:
+            raise UsageError(msg + " (pass --allow-machine-mismatch to compare them anyway)")
+        warnings.append(msg + ": verdicts shown, no regression confirmed")
+    out = []
+    keys = list(new.rows) + [k for k in base.rows if k not in new.rows]
+    for key in keys:
+        if not _matches(settings, key):
+            continue
+        nr, br = new.rows.get(key), base.rows.get(key)
+        row = nr or br
+        c = Comparison(key=key, stage=row.stage, backend=row.backend, status="compared",
+                       threshold=settings.threshold_for(row.stage),
+                       series=[_series_point(0, br), _series_point(1, nr)])
+        if nr is None:
+            c.status, c.notes = "missing", ["not in the new run"]
+        elif not nr.passed:
+            c.status, c.disposition, c.reason = "not-passed", nr.disposition, nr.reason
+        elif br is None or not br.passed:
+            c.status = "new"
+            c.notes = ["not in the baseline" if br is None else f"baseline row {br.disposition}"]
+        else:
+            bench = _Bench([base, new], [br, nr], settings, c.threshold)
+            c.test = bench.test(1, [0])
+            c.verdict = c.test.verdict
+            c.baseline_indices = [0]
+            if c.verdict == SLOWER:
+                c.environment = bench.environment(1, [0])
+                c.confirmed = not c.environment and not mismatch
+            if c.test.reason:
+                c.notes.append(c.test.reason)
+        if nr is not None:
+            c.disposition = c.disposition or nr.disposition
+        out.append(c)
+    return Analysis("files", new, [base, new], out, settings, warnings)
+
+
+def _analyse_history(c: Comparison, runs: List[Run], idx: List[int], rows: List[Row], settings: Settings):
+    persist = max(int(settings.persist), 1)
+    bench = _Bench([runs[i] for i in idx], rows, settings, c.threshold)
+    P = len(rows) - 1
+    cps = detect_change_points(bench.meds, c.threshold, settings.cp_alpha, min_size=persist)
+    c.change_points = [(idx[cp.index], cp) for cp in cps]
+    segs = segments(len(rows), cps)
+    bench.set_levels(segs, P)
+    latest = segs[-1]
+    seg = list(range(latest.start, P))                 # history positions in the latest segment
+    recent = bool(cps) and (settings.settle_runs <= 0 or P - latest.start + 1 <= settings.settle_runs)
+
+    baseline, start, test, persists = None, None, None, False
+    # a streak needs a baseline of at least `persist` runs too: one night says nothing of the machine's noise
+    longest = len(seg) - persist + 1
+    if settings.settle_runs > 0:
+        longest = min(longest, settings.settle_runs + 1)
+    if seg:                                             # a. trailing streak within the latest segment
+        for s in range(longest, persist - 1, -1):      # the longest streak that holds
+            base = seg[:len(seg) - s + 1]
+            if not bench.may_differ(P, base):
+                continue
+            last = bench.test(P, base)
+            if last.verdict in (SLOWER, FASTER) and \
+                    all(bench.test(q, base).verdict == last.verdict for q in range(P - s + 1, P)):
+                baseline, start, test, persists = base, P - s + 1, last, True
+                break
+        if start is not None and settings.settle_runs > 0 and P - start + 1 > settings.settle_runs:
+            baseline, start, test, persists = None, None, None, False     # settled: the new level
+        if baseline is None and not recent:             # c. the current level
+            baseline, test = seg, bench.test(P, seg)
+    if baseline is None and recent:                     # b. a recent change point
+        prev = segs[-2]
+        baseline, start = list(prev)[-MAX_BASELINE_RUNS:], latest.start
+        test = bench.test(P, baseline)
+        persists = (test.verdict in (SLOWER, FASTER) and P - persist + 1 >= latest.start and
+                    all(bench.test(q, baseline).verdict == test.verdict for q in range(P - persist + 1, P)))
+    if baseline is None:                                # latest segment is the new run alone
+        baseline = list(segs[-2])[-MAX_BASELINE_RUNS:]
+        test = bench.test(P, baseline)
+
+    c.test, c.verdict = test, test.verdict
+    c.baseline_indices = [idx[q] for q in baseline][-MAX_BASELINE_RUNS:]
+    if start is not None:
+        c.start_index = idx[start]
+    if test.reason:
+        c.notes.append(test.reason)
+    if c.verdict == SLOWER:
+        c.environment = bench.environment(P, baseline)
+        if c.environment:
+            c.notes.append(f"slowdown explained by the environment ({c.environment}), not the code")
+        elif persists:
+            c.confirmed = True
+        else:
+            c.notes.append(f"not confirmed yet: a regression needs {persist} consecutive slower runs")
+    for ri, cp in c.change_points:
+        if ri != c.start_index:
+            word = "slower" if cp.ratio > 1 else "faster"
+            c.notes.append(f"level {cp.ratio - 1:+.1%} ({word}) since {runs[ri].label}")
+
+
+def compare_history(history: Sequence[Run], new: Run, settings: Settings) -> Analysis:
+    """The new run against earlier runs of its machine (oldest first)."""
+    runs = list(history)[-settings.max_history:] + [new]
+    N = len(runs) - 1
+    out = []
+    keys = list(new.rows) + [k for k in (runs[-2].rows if N else {}) if k not in new.rows]
+    for key in keys:
+        if not _matches(settings, key):
+            continue
+        nr = new.rows.get(key)
+        row = nr or runs[-2].rows[key]
+        c = Comparison(key=key, stage=row.stage, backend=row.backend, status="compared",
+                       threshold=settings.threshold_for(row.stage),
+                       series=[_series_point(i, r.rows.get(key)) for i, r in enumerate(runs)])
+        passed = [(i, r.rows[key]) for i, r in enumerate(runs[:N]) if key in r.rows and r.rows[key].passed]
+        if nr is None:
+            c.status, c.notes = "missing", ["not in the new run"]
+        elif not nr.passed:
+            c.status, c.disposition, c.reason = "not-passed", nr.disposition, nr.reason
+        elif not passed:
+            c.status, c.notes = "new", ["no earlier passed run on this machine"]
+        else:
+            _analyse_history(c, runs, [i for i, _ in passed] + [N], [r for _, r in passed] + [nr], settings)
+        if nr is not None:
+            c.disposition = nr.disposition
+        out.append(c)
+    return Analysis("history", new, runs, out, settings)

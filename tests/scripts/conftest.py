@@ -1,0 +1,65 @@
+"""Shared helpers for the tests of scripts/ (nightly tracking)."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+SCRIPTS = os.path.join(REPO, "scripts")
+FIXTURES = os.path.join(HERE, "fixtures")
+FAKE_BENCHSUITE = os.path.join(FIXTURES, "fake_benchsuite")
+sys.path[:0] = [SCRIPTS, FIXTURES]
+
+
+@pytest.fixture
+def cli(capsys):
+    """Runs scripts/<name>'s main in-process: returns (exit code, stdout, stderr)."""
+    from trainbench_tracking import cli as cli_module
+
+    def run(name, *args):
+        try:
+            rc = getattr(cli_module, f"{name}_main")([str(a) for a in args])
+        except SystemExit as e:   # argparse
+            rc = e.code
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+    return run
+
+
+def run_script(name, *args, env=None):
+    """Runs the real executable scripts/<name>: returns the CompletedProcess."""
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([os.path.join(SCRIPTS, name)] + [str(a) for a in args], capture_output=True,
+                          text=True, env=full_env, timeout=60)
+
+
+def scaled(doc, factor, names=None, clock_mhz=None):
+    """A copy of a result document with the samples of `names` (default all) times `factor`."""
+    doc = copy.deepcopy(doc)
+    for row in doc["benchmarks"]:
+        if row.get("samples_ns") and (names is None or row["name"] in names or row["stage"] in names):
+            row["samples_ns"] = [s * factor for s in row["samples_ns"]]
+            for k in ("real_time", "cpu_time", "median_ns", "ci_low_ns", "ci_high_ns"):
+                row[k] *= factor
+    if clock_mhz is not None:
+        if doc["context"]["devices"]:
+            doc["context"]["devices"][0]["sm_clock_mhz"] = clock_mhz
+        else:
+            doc["context"]["mhz_per_cpu"] = clock_mhz
+    return doc
+
+
+def write_json(path, doc):
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    return str(path)
+
+
+def by_name(json_text):
+    """benchmark -> its comparison, from `--format json` output."""
+    return {c["benchmark"]: c for c in json.loads(json_text)["comparisons"]}

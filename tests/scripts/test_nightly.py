@@ -1,0 +1,146 @@
+"""scripts/nightly end to end with a fake benchsuite, in a temporary results/ folder; scripts/report."""
+
+import json
+import os
+
+import pytest
+
+import synth
+from conftest import FAKE_BENCHSUITE, run_script, write_json
+
+PEAK = synth.names()[0]
+
+
+@pytest.fixture
+def nightly(cli, tmp_path, monkeypatch):
+    """nightly(night, *args, **env): one nightly run with the fake benchsuite into tmp_path/results."""
+    for k in [k for k in os.environ if k.startswith("FAKE_BENCH_") or k == "GITHUB_STEP_SUMMARY"]:
+        monkeypatch.delenv(k)
+    argv_log = tmp_path / "argv.log"
+
+    def run(night, *args, benchsuite=FAKE_BENCHSUITE, extra=("--backend", "cpu"), **env):
+        with monkeypatch.context() as m:
+            m.setenv("FAKE_BENCH_NIGHT", str(night))
+            m.setenv("FAKE_BENCH_ARGV", str(argv_log))
+            for k, v in env.items():
+                m.setenv(f"FAKE_BENCH_{k.upper()}", str(v))
+            return cli("nightly", "--benchsuite", benchsuite, "--results-dir", tmp_path / "results",
+                       *args, "--", *extra)
+    run.results = tmp_path / "results"
+    run.argv_log = argv_log
+    return run
+
+
+def stored(results, key=synth.CPU_KEY):
+    folder = results / key
+    return sorted(p for p in os.listdir(folder) if p.endswith(".json")) if folder.is_dir() else []
+
+
+def test_nights_are_stored_compared_and_a_persisting_regression_fails(nightly):
+    for night in range(5):
+        rc, out, err = nightly(night, "--no-report")
+        assert rc == 0, err
+    assert stored(nightly.results) == [f"2026100{d + 1}T030000Z_c00000{d}.json" for d in range(5)]
+    args = [json.loads(line) for line in nightly.argv_log.read_text().splitlines()]
+    assert args[0][:2] == ["--repetitions", "10"] and args[0][2] == "--out" and args[0][4:] == ["--backend", "cpu"]
+
+    rc, out, _ = nightly(5, "--no-report", scale="peak=1.3")      # first slow night: not yet
+    assert rc == 0
+    assert "not confirmed yet: a regression needs 2 consecutive slower runs" in out
+    rc, out, _ = nightly(6, scale="peak=1.3")                     # second: confirmed, with the report
+    assert rc == 1
+    line = next(line for line in out.splitlines() if line.startswith(PEAK))
+    assert "SLOWER" in line and "CONFIRMED REGRESSION; since 2026-10-06 03:00 c000005" in line
+    report = nightly.results / synth.CPU_KEY / "report"
+    assert sorted(os.listdir(report)) == ["adamw.png", "attention.png", "index.html", "peak.png"]
+    page = (report / "index.html").read_text()
+    assert "1 confirmed regression" in page and "<img src='peak.png'" in page
+    assert len(stored(nightly.results)) == 7
+
+
+def test_a_machine_change_starts_a_new_history_and_is_no_regression(nightly):
+    for night in range(3):
+        assert nightly(night, "--no-report")[0] == 0
+    rc, out, err = nightly(3, "--no-report", scale="*=1.3", cpu="Intel Xeon Platinum 8480+")
+    assert rc == 0
+    assert "nightly: first run on machine intel-xeon-platinum-8480_2c: a new history starts here" in err
+    assert len(stored(nightly.results)) == 3
+    assert stored(nightly.results, "intel-xeon-platinum-8480_2c") == ["20261004T030000Z_c000003.json"]
+    assert out.count(" new ") >= 4            # every benchmark: no earlier passed run on this machine
+
+
+def test_an_incorrect_variant_is_stored_shown_and_exits_3(nightly):
+    nightly(0, "--no-report")
+    rc, out, err = nightly(1, "--no-report", fail="adamw")
+    assert rc == 3
+    assert "nightly: 2 benchmark(s) incorrect or failed" in err
+    assert len(stored(nightly.results)) == 2
+    line = next(line for line in out.splitlines() if line.startswith("adamw/cpu/fused"))
+    assert "not compared" in line and "incorrect: max error 3e-2 > tolerance 1e-3 (no timing)" in line
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"exit": 2}, "nightly: error: benchsuite rejected its arguments (exit 2): "),
+    ({"exit": 3}, "nightly: error: benchsuite failed (exit 3): "),
+    ({"garbage": 1}, "nightly: error: "),
+])
+def test_a_broken_benchsuite_run_is_bad_input_and_stores_nothing(nightly, env, message):
+    rc, out, err = nightly(0, "--no-report", **env)
+    assert rc == 2
+    errors = [line for line in err.splitlines() if line.startswith("nightly: error: ")]
+    assert len(errors) == 1 and errors[0].startswith(message)
+    assert stored(nightly.results) == []
+    if "garbage" in env:
+        assert "result.json: not valid JSON" in err
+
+
+def test_bad_benchsuite_arguments_and_missing_binary(nightly, tmp_path):
+    rc, _, err = nightly(0, "--no-report", extra=("--backend", "tpu"))
+    assert rc == 2 and "rejected its arguments" in err
+    rc, _, err = nightly(0, "--no-report", benchsuite=tmp_path / "nope")
+    assert rc == 2
+    assert err.splitlines()[-1] == (f"nightly: error: benchsuite not found at {tmp_path / 'nope'}: "
+                                    "build it (cmake --build build) or pass --benchsuite")
+
+
+def test_input_mode_and_step_summary(cli, tmp_path, monkeypatch):
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    results = tmp_path / "results"
+    for night in range(3):
+        src = write_json(tmp_path / f"r{night}.json", synth.make_run(night, night, backend="cuda"))
+        rc, out, _ = cli("nightly", "--input", src, "--results-dir", results, "--no-report")
+        assert rc == 0
+    assert stored(results, synth.GPU_KEY) == [f"2026100{d + 1}T030000Z_c00000{d}.json" for d in range(3)]
+    assert summary.read_text().count("### trainbench nightly: no confirmed regression") == 3
+    rc, _, err = cli("nightly", "--input", src, "--results-dir", results, "--", "--quick")
+    assert rc == 2 and "make no sense with --input" in err
+
+
+def test_the_real_executables(tmp_path):
+    for name in ("nightly", "compare", "report"):
+        p = run_script(name, "--help")
+        assert p.returncode == 0
+        assert "examples:" in p.stdout and "exit codes: 0 " in p.stdout
+    p = run_script("nightly", "--benchsuite", FAKE_BENCHSUITE, "--results-dir", tmp_path / "results",
+                   "--report-dir", tmp_path / "report", "--", "--backend", "cuda", env={"FAKE_BENCH_NIGHT": "0"})
+    assert p.returncode == 0, p.stderr
+    assert stored(tmp_path / "results", synth.GPU_KEY) == ["20261001T030000Z_c000000.json"]
+    assert sorted(os.listdir(tmp_path / "report")) == ["adamw.png", "attention.png", "index.html", "peak.png"]
+
+
+def test_report_draws_a_history(cli, tmp_path):
+    folder = tmp_path / synth.GPU_KEY
+    synth.history(str(folder), 12, seed=3, backend="cuda", target="adamw", step_at=9, step=0.2)
+    rc, out, err = cli("report", folder, "--out", tmp_path / "rep")
+    assert rc == 0, err
+    assert sorted(os.listdir(tmp_path / "rep")) == ["adamw.png", "attention.png", "index.html", "peak.png"]
+    page = (tmp_path / "rep" / "index.html").read_text()
+    assert "trainbench nightly: 2 confirmed regressions" in page
+    assert page.count("<tr class='reg'>") == 2
+    assert (tmp_path / "rep" / "adamw.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rc, _, err = cli("report", tmp_path / "empty-does-not-exist")
+    assert rc == 2 and "not a directory" in err
+    (tmp_path / "empty").mkdir()
+    rc, _, err = cli("report", tmp_path / "empty")
+    assert rc == 2 and "no readable result files" in err
