@@ -9,17 +9,9 @@
 
 #include "runtime/host_buffer.h"
 #include "step/optimizer.h"
+#include "step/tracked_buffer.h"
 
 namespace tb::step {
-
-// Bytes currently allocated through a backend and the high-water mark.
-struct MemoryMeter {
-  int64_t current = 0, peak = 0;
-  void add(int64_t bytes) {
-    current += bytes;
-    peak = std::max(peak, current);
-  }
-};
 
 template <class T>
 class CpuOps {
@@ -29,34 +21,7 @@ class CpuOps {
   static constexpr bool supports_graphs = false;
 
   template <class U>
-  class Buffer {
-   public:
-    Buffer() = default;
-    Buffer(int64_t n, std::shared_ptr<MemoryMeter> meter)
-        : data_(static_cast<std::size_t>(n)), meter_(std::move(meter)), bytes_(n * static_cast<int64_t>(sizeof(U))) {
-      meter_->add(bytes_);
-    }
-    Buffer(Buffer&& o) noexcept { swap(o); }
-    Buffer& operator=(Buffer&& o) noexcept {
-      swap(o);
-      return *this;
-    }
-    ~Buffer() {
-      if (meter_) meter_->add(-bytes_);
-    }
-    U* data() { return data_.data(); }
-    const U* data() const { return data_.data(); }
-
-   private:
-    void swap(Buffer& o) {
-      std::swap(data_, o.data_);
-      std::swap(meter_, o.meter_);
-      std::swap(bytes_, o.bytes_);
-    }
-    HostBuffer<U> data_;
-    std::shared_ptr<MemoryMeter> meter_;
-    int64_t bytes_ = 0;
-  };
+  using Buffer = TrackedBuffer<HostBuffer<U>>;
 
   // Host memory a batch is staged in; on the CPU backend pinned or not is the same memory.
   template <class U>

@@ -361,34 +361,7 @@ class CudaOps {
   static constexpr bool supports_graphs = true;
 
   template <class U>
-  class Buffer {
-   public:
-    Buffer() = default;
-    Buffer(int64_t n, std::shared_ptr<MemoryMeter> meter)
-        : data_(static_cast<std::size_t>(n)), meter_(std::move(meter)), bytes_(n * static_cast<int64_t>(sizeof(U))) {
-      meter_->add(bytes_);
-    }
-    Buffer(Buffer&& o) noexcept { swap(o); }
-    Buffer& operator=(Buffer&& o) noexcept {
-      swap(o);
-      return *this;
-    }
-    ~Buffer() {
-      if (meter_) meter_->add(-bytes_);
-    }
-    U* data() { return data_.data(); }
-    const U* data() const { return data_.data(); }
-
-   private:
-    void swap(Buffer& o) {
-      std::swap(data_, o.data_);
-      std::swap(meter_, o.meter_);
-      std::swap(bytes_, o.bytes_);
-    }
-    cuda::DeviceBuffer<U> data_;
-    std::shared_ptr<MemoryMeter> meter_;
-    int64_t bytes_ = 0;
-  };
+  using Buffer = TrackedBuffer<cuda::DeviceBuffer<U>>;
 
   // Host staging for batches: pinned (async copies) or pageable (what a loader without pin_memory
   // hands over). Host memory: not counted in the device's peak.
