@@ -76,7 +76,8 @@ TEST(Journal, AppendsAndLoadsItsOwnContextOnly) {
   const auto known = Journal(path, "ctx").load(&skipped);
   ASSERT_EQ(known.size(), 1u);
   EXPECT_EQ(known.begin()->first, c.key());
-  EXPECT_EQ(known.begin()->second.peak_bytes, 1234);
+  ASSERT_EQ(known.begin()->second.size(), 1u);
+  EXPECT_EQ(known.begin()->second.front().peak_bytes, 1234);
   EXPECT_EQ(skipped, 2);
   std::filesystem::remove(path);
   EXPECT_NE(digest("a"), digest("b"));

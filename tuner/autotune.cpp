@@ -192,7 +192,9 @@ int run(int argc, char** argv) {
   if (resume) {
     int skipped = 0;
     options.known = journal.load(&skipped);
-    std::cerr << "autotune: resuming with " << options.known.size() << " trials from " << journal_path
+    std::size_t finished = 0;
+    for (const auto& kv : options.known) finished += kv.second.size();
+    std::cerr << "autotune: resuming with " << finished << " trials from " << journal_path
               << (skipped ? " (" + std::to_string(skipped) + " lines of another workload or device skipped)" : "") << std::endl;
   } else if (std::filesystem::exists(journal_path)) {
     std::filesystem::remove(journal_path);  // a fresh tune starts a fresh journal
@@ -236,10 +238,13 @@ int run(int argc, char** argv) {
   try {
     // The workload's own configuration first: what the speedup is measured against.
     const Candidate own = own_candidate(workload, space);
-    const auto known = options.known.find(own.key());
-    const TrialResult own_result = known != options.known.end() ? known->second : executor.run(own, options.measure);
-    if (known == options.known.end()) options.on_trial(own, own_result);
-    options.known[own.key()] = own_result;
+    auto& own_known = options.known[own.key()];
+    const bool resumed_own = !own_known.empty();
+    const TrialResult own_result = resumed_own ? own_known.front() : executor.run(own, options.measure);
+    if (!resumed_own) {
+      options.on_trial(own, own_result);
+      own_known.push_back(own_result);  // the search takes it as the first measurement of `own`
+    }
     out.baseline = Ranked{own, own_result};
     out.report = search(executor, space, options);
     // The first trials run on a cold machine and the search may have spent little time on either

@@ -34,8 +34,8 @@ void Journal::append(const Candidate& c, const TrialResult& r) const {
   if (!ok) throw UsageError("cannot write the journal " + path_ + ": " + std::strerror(errno));
 }
 
-std::map<std::string, TrialResult> Journal::load(int* skipped) const {
-  std::map<std::string, TrialResult> known;
+std::map<std::string, std::vector<TrialResult>> Journal::load(int* skipped) const {
+  std::map<std::string, std::vector<TrialResult>> known;
   std::ifstream in(path_);
   std::string line;
   int bad = 0;
@@ -48,7 +48,7 @@ std::map<std::string, TrialResult> Journal::load(int* skipped) const {
         continue;
       }
       const Candidate c = candidate_from_json(j.at("candidate"));
-      known[c.key()] = trial_result_from_json(j.at("result"));
+      known[c.key()].push_back(trial_result_from_json(j.at("result")));
     } catch (const std::exception&) {
       ++bad;  // a line cut short by a crash mid-write
     }

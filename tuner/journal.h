@@ -16,7 +16,8 @@ class Journal {
   Journal(std::string path, std::string context) : path_(std::move(path)), context_(std::move(context)) {}
   void append(const Candidate& c, const TrialResult& r) const;  // throws UsageError when it cannot write
   // The trials of this context; lines of another context, or cut short, are skipped.
-  std::map<std::string, TrialResult> load(int* skipped = nullptr) const;
+  // Every measurement of a candidate, in the order they were appended.
+  std::map<std::string, std::vector<TrialResult>> load(int* skipped = nullptr) const;
   const std::string& path() const { return path_; }
 
  private:

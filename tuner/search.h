@@ -79,7 +79,10 @@ struct SearchOptions {
   // Called after each trial (progress lines, journaling). Trials already known (resume) are passed
   // in `known` and are not run again.
   std::function<void(const Candidate&, const TrialResult&)> on_trial;
-  std::map<std::string, TrialResult> known;  // by Candidate::key()
+  // By Candidate::key(): every finished measurement of it, in the order they ran. The search takes
+  // the i-th measurement it asks for from here while there is one, so a resumed search replays the
+  // interrupted one exactly and repeats no finished trial.
+  std::map<std::string, std::vector<TrialResult>> known;
 };
 
 struct Ranked {

@@ -150,6 +150,7 @@ TrialResult run_trial_here(const json& request) {
     policy.target_rel_ci = request.at("policy").at("target_rel_ci").get<double>();
     policy.max_seconds = request.at("policy").at("max_seconds").get<double>();
     policy.min_steps = request.at("policy").at("min_steps").get<int64_t>();
+    policy.stop_below = request.at("policy").value("stop_below", 0.0);
     if (const std::string why = step::unsupported_reason(w, cuda); !why.empty())
       return fail(looks_like_oom(why) ? TrialClass::oom : TrialClass::error, why);
 
@@ -172,6 +173,12 @@ TrialResult run_trial_here(const json& request) {
       if (step_seconds.size() < 3 || steps < policy.min_steps) continue;
       const Summary s = summarize(step_seconds, policy.target_rel_ci);
       if (!s.noisy || seconds_since(measuring) >= policy.max_seconds) break;
+      // Clearly behind the best so far: even the fast end of the interval is slower.
+      const double fast_end = static_cast<double>(w.batch.global) / s.ci_low;
+      if (policy.stop_below > 0 && fast_end < policy.stop_below) {
+        r.message = "stopped early: clearly behind the best so far";
+        break;
+      }
     }
     const Summary s = summarize(step_seconds, policy.target_rel_ci);
     const double samples = static_cast<double>(w.batch.global);
@@ -316,7 +323,7 @@ TrialResult ProcessExecutor::run(const Candidate& candidate, const MeasurePolicy
                      {"device", device_},
                      {"candidate", to_json(candidate)},
                      {"policy", {{"target_rel_ci", policy.target_rel_ci}, {"max_seconds", policy.max_seconds},
-                                 {"min_steps", policy.min_steps}}}};
+                                 {"min_steps", policy.min_steps}, {"stop_below", policy.stop_below}}}};
   const auto started = std::chrono::steady_clock::now();
   // Setup, the reference check and the first step come on top of the measuring time.
   const double watchdog = 3 * policy.max_seconds + 120;
