@@ -25,7 +25,13 @@ double step_flops(const Workload& w);
 // Why this workload cannot run on `backend` here, or "".
 std::string unsupported_reason(const Workload& w, bool cuda);
 
-std::unique_ptr<Instance> make_cpu_step(const Workload& w);
-std::unique_ptr<Instance> make_cuda_step(const Workload& w, const RunContext& ctx);
+// A step instance: one optimizer step per run(), and the allocator's high-water mark so far.
+class StepInstance : public Instance {
+ public:
+  virtual int64_t peak_bytes() const = 0;
+};
+
+std::unique_ptr<StepInstance> make_cpu_step(const Workload& w);
+std::unique_ptr<StepInstance> make_cuda_step(const Workload& w, const RunContext& ctx);
 
 }  // namespace tb::step

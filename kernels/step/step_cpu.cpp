@@ -10,7 +10,7 @@ namespace tb::step {
 
 namespace {
 
-class CpuStep final : public Instance {
+class CpuStep final : public StepInstance {
  public:
   explicit CpuStep(const Workload& w) : w_(w), trainer_(ops_, w) {}
   void run() override { trainer_.step(false); }
@@ -18,6 +18,7 @@ class CpuStep final : public Instance {
     if (trainer_.steps() == 0) return Verdict{false, 0, "no step has run"};
     return check_first_losses(w_, trainer_.first_sample(), trainer_.first_losses(), false);
   }
+  int64_t peak_bytes() const override { return ops_.memory().peak; }
   std::vector<std::pair<std::string, double>> observed() const override {
     auto* self = const_cast<CpuStep*>(this);  // profiling runs more steps of this trainer
     return observe(self->trainer_, ops_, 3);
@@ -31,6 +32,6 @@ class CpuStep final : public Instance {
 
 }  // namespace
 
-std::unique_ptr<Instance> make_cpu_step(const Workload& w) { return std::make_unique<CpuStep>(w); }
+std::unique_ptr<StepInstance> make_cpu_step(const Workload& w) { return std::make_unique<CpuStep>(w); }
 
 }  // namespace tb::step

@@ -686,7 +686,7 @@ class CudaOps {
 
 namespace {
 
-class CudaStep final : public Instance {
+class CudaStep final : public StepInstance {
  public:
   CudaStep(const Workload& w, const RunContext& ctx)
       : w_(w), ops_(cuda::as_stream(ctx.cuda_stream), ctx.cuda_device), trainer_(ops_, w) {}
@@ -696,6 +696,7 @@ class CudaStep final : public Instance {
     if (trainer_.steps() == 0) return Verdict{false, 0, "no step has run"};
     return check_first_losses(w_, trainer_.first_sample(), trainer_.first_losses(), w_.switches.bf16_matmuls);
   }
+  int64_t peak_bytes() const override { return ops_.memory().peak; }
   std::vector<std::pair<std::string, double>> observed() const override {
     auto* self = const_cast<CudaStep*>(this);  // profiling runs more steps of this trainer
     return observe(self->trainer_, self->ops_, 3);
@@ -709,7 +710,7 @@ class CudaStep final : public Instance {
 
 }  // namespace
 
-std::unique_ptr<Instance> make_cuda_step(const Workload& w, const RunContext& ctx) {
+std::unique_ptr<StepInstance> make_cuda_step(const Workload& w, const RunContext& ctx) {
   return std::make_unique<CudaStep>(w, ctx);
 }
 

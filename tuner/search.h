@@ -1,0 +1,116 @@
+// The tuner's search: which (micro-batch, switches) to measure, in which order, and when to stop.
+// It talks to an Executor, which runs one trial (a candidate for a number of whole steps) and says
+// how it went; the real executor runs trials in child processes (trial.h), tests use synthetic
+// landscapes. The search never sees a GPU.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tb::tune {
+
+// One configuration: micro-batch, accumulation (global / micro) and a value for every switch in the
+// space, e.g. {"optimizer": "fused", "cuda_graphs": "on"}.
+struct Candidate {
+  int64_t global_batch = 0;
+  int64_t micro_batch = 0;
+  std::map<std::string, std::string> switches;
+  int64_t accumulation() const { return micro_batch ? global_batch / micro_batch : 0; }
+  std::string key() const;  // stable text: "g=4096 mb=128 lazy_cg=on optimizer=fused"
+  bool operator==(const Candidate& o) const { return key() == o.key(); }
+};
+
+enum class TrialClass { ok, oom, error, timeout, incorrect };
+const char* to_string(TrialClass c);
+TrialClass trial_class_from_string(const std::string& s);  // throws std::invalid_argument
+
+// What a trial measured. Throughput is samples per second over whole optimizer steps.
+struct TrialResult {
+  TrialClass cls = TrialClass::ok;
+  double samples_per_s = 0;            // median over the trial's samples
+  double ci_low = 0, ci_high = 0;      // interval of that median (samples/s)
+  int64_t peak_bytes = 0;              // the allocator's high-water mark
+  int64_t steps = 0;                   // whole steps measured
+  double seconds = 0;                  // wall time the trial took, setup included
+  std::string message;                 // why, when not ok
+  bool ok() const { return cls == TrialClass::ok; }
+};
+
+// How long a trial may measure: until the interval's half-width is below `target_rel_ci` of the
+// median, or `max_seconds`, whichever comes first, with at least `min_steps` steps.
+struct MeasurePolicy {
+  double target_rel_ci = 0.01;
+  double max_seconds = 10;
+  int64_t min_steps = 3;
+  // A candidate clearly behind: the trial may stop (after `min_steps`) as soon as its interval's upper
+  // end is below this (samples/s). 0: never. The fast search sets it from the best so far; the
+  // result is still ok, with the wider interval it had when it stopped.
+  double stop_below = 0;
+};
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) = 0;
+  // Bytes the configuration may use: device (or host) memory available to a trial.
+  virtual int64_t memory_capacity() const = 0;
+};
+
+// The space: global batch(es), the switch values to try (the first value of each switch is the
+// workload's own), and the micro-batches allowed (divisors of the global batch; empty: all).
+struct SearchSpace {
+  std::vector<int64_t> global_batches;
+  std::map<std::string, std::vector<std::string>> switches;
+  std::vector<int64_t> micro_batches;
+  // Switches that change memory per sample (e.g. activation_checkpointing): the memory model is
+  // fitted once per value of these.
+  std::vector<std::string> memory_switches;
+};
+
+struct SearchOptions {
+  enum class Strategy { grid, auto_ } strategy = Strategy::auto_;
+  double budget_seconds = 300;   // wall time for the whole search (trials' own seconds count)
+  double noise_margin = 0.01;    // configs whose throughputs differ less than this are ties
+  double headroom = 0.05;        // memory kept free, at least; widened by the measured variation
+  MeasurePolicy measure;
+  // Called after each trial (progress lines, journaling). Trials already known (resume) are passed
+  // in `known` and are not run again.
+  std::function<void(const Candidate&, const TrialResult&)> on_trial;
+  // By Candidate::key(): every finished measurement of it, in the order they ran. The search takes
+  // the i-th measurement it asks for from here while there is one, so a resumed search replays the
+  // interrupted one exactly and repeats no finished trial.
+  std::map<std::string, std::vector<TrialResult>> known;
+};
+
+struct Ranked {
+  Candidate candidate;
+  TrialResult result;
+};
+
+struct SearchReport {
+  Ranked best;
+  std::vector<Ranked> runners_up;  // within noise of the best, best first
+  std::vector<Ranked> trials;      // every trial, in the order run (resumed ones included)
+  int64_t trials_run = 0;          // executed in this search (not from `known`)
+  int64_t max_micro_batch = 0;     // the largest that fits, per the memory probes
+  double headroom = 0;             // the headroom used
+  double seconds = 0;
+  bool budget_exhausted = false;
+  bool found = false;              // false when no candidate ran successfully
+};
+
+// The largest micro-batch that fits for the given memory-relevant switches: probes two sizes,
+// fits peak = fixed + per_sample * micro, predicts, and confirms by running the prediction (one
+// step down the allowed list on an out-of-memory). Probes are trials and are reported.
+int64_t largest_micro_batch(Executor& executor, const Candidate& base, const std::vector<int64_t>& allowed,
+                            SearchOptions& options, std::vector<Ranked>& trials, double& headroom);
+
+SearchReport search(Executor& executor, const SearchSpace& space, SearchOptions options);
+
+// Micro-batches that divide `global` (sorted), at most `max_micro`.
+std::vector<int64_t> divisors(int64_t global, int64_t max_micro);
+
+}  // namespace tb::tune

@@ -1,0 +1,335 @@
+#include "tuner/trial.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <new>
+
+#include "runtime/device_info.h"
+#include "runtime/error.h"
+#include "runtime/session.h"
+#include "runtime/stats.h"
+#include "step/step.h"
+
+namespace tb::tune {
+
+using nlohmann::json;
+
+namespace {
+
+const char* on_off(bool b) { return b ? "on" : "off"; }
+
+std::string sync_text(const step::LoggingSpec& l) {
+  if (l.sync == "every_n") return "every_n:" + std::to_string(l.interval);
+  return l.sync;
+}
+
+// The values to try: the workload's own first, then the alternatives.
+std::vector<std::string> own_first(const std::string& own, std::vector<std::string> all) {
+  all.erase(std::remove(all.begin(), all.end(), own), all.end());
+  all.insert(all.begin(), own);
+  return all;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+bool looks_like_oom(const std::string& what) {
+  for (const char* sign : {"cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED", "out of memory", "MiB of device memory",
+                           "MiB of host memory"})
+    if (what.find(sign) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+std::map<std::string, std::vector<std::string>> available_switches(const step::Workload& w, bool cuda) {
+  std::map<std::string, std::vector<std::string>> s;
+  s["optimizer"] = own_first(w.optimizer.variant, {"per_tensor", "foreach", "fused"});
+  s["activation_checkpointing"] = own_first(on_off(w.switches.activation_checkpointing), {"off", "on"});
+  // The sync policy: what the workload does, or a read that never stalls the step.
+  s["sync"] = own_first(sync_text(w.logging), {"async"});
+  if (w.propagator.enabled) s["lazy_cg"] = own_first(on_off(w.switches.lazy_cg), {"on", "off"});
+  if (cuda) {
+    s["bf16_matmuls"] = own_first(on_off(w.switches.bf16_matmuls), {"off", "on"});
+    // Graphs need a step of fixed length: not with the host-checked CG of the propagator.
+    if (!w.propagator.enabled) s["cuda_graphs"] = own_first(on_off(w.switches.cuda_graphs), {"off", "on"});
+  }
+  return s;
+}
+
+step::Workload apply(const step::Workload& base, const Candidate& c) {
+  step::Workload w = base;
+  w.batch.global = c.global_batch;
+  w.batch.micro = c.micro_batch;
+  for (const auto& [key, value] : c.switches) {
+    const bool on = value == "on";
+    if (key == "optimizer") w.optimizer.variant = value;
+    else if (key == "activation_checkpointing") w.switches.activation_checkpointing = on;
+    else if (key == "lazy_cg") w.switches.lazy_cg = on;
+    else if (key == "bf16_matmuls") w.switches.bf16_matmuls = on;
+    else if (key == "cuda_graphs") w.switches.cuda_graphs = on;
+    else if (key == "sync") {
+      if (value.rfind("every_n:", 0) == 0) {
+        w.logging.sync = "every_n";
+        w.logging.interval = std::stoll(value.substr(8));
+      } else {
+        w.logging.sync = value;
+        w.logging.interval = 1;
+      }
+    } else {
+      throw UsageError("unknown switch '" + key + "'");
+    }
+  }
+  return w;
+}
+
+Candidate own_candidate(const step::Workload& w, const SearchSpace& space) {
+  Candidate c;
+  c.global_batch = w.batch.global;
+  c.micro_batch = w.batch.micro;
+  for (const auto& [key, values] : space.switches) c.switches[key] = values.front();
+  return c;
+}
+
+json to_json(const Candidate& c) {
+  return json{{"global_batch", c.global_batch}, {"micro_batch", c.micro_batch}, {"accumulation", c.accumulation()},
+              {"switches", c.switches}};
+}
+
+Candidate candidate_from_json(const json& j) {
+  Candidate c;
+  c.global_batch = j.at("global_batch").get<int64_t>();
+  c.micro_batch = j.at("micro_batch").get<int64_t>();
+  c.switches = j.at("switches").get<std::map<std::string, std::string>>();
+  return c;
+}
+
+json to_json(const TrialResult& r) {
+  return json{{"class", to_string(r.cls)},  {"samples_per_s", r.samples_per_s}, {"ci_low", r.ci_low},
+              {"ci_high", r.ci_high},      {"peak_bytes", r.peak_bytes},       {"steps", r.steps},
+              {"seconds", r.seconds},      {"message", r.message}};
+}
+
+TrialResult trial_result_from_json(const json& j) {
+  TrialResult r;
+  r.cls = trial_class_from_string(j.at("class").get<std::string>());
+  r.samples_per_s = j.value("samples_per_s", 0.0);
+  r.ci_low = j.value("ci_low", 0.0);
+  r.ci_high = j.value("ci_high", 0.0);
+  r.peak_bytes = j.value("peak_bytes", int64_t{0});
+  r.steps = j.value("steps", int64_t{0});
+  r.seconds = j.value("seconds", 0.0);
+  r.message = j.value("message", std::string());
+  return r;
+}
+
+// ---- the child ---------------------------------------------------------------------------------
+
+TrialResult run_trial_here(const json& request) {
+  const auto started = std::chrono::steady_clock::now();
+  TrialResult r;
+  auto fail = [&](TrialClass cls, const std::string& why) {
+    r.cls = cls;
+    r.message = why;
+    r.seconds = seconds_since(started);
+    return r;
+  };
+  try {
+    const bool cuda = request.at("backend").get<std::string>() == "cuda";
+    const Candidate c = candidate_from_json(request.at("candidate"));
+    const step::Workload w = apply(step::load_workload(request.at("workload").get<std::string>()), c);
+    MeasurePolicy policy;
+    policy.target_rel_ci = request.at("policy").at("target_rel_ci").get<double>();
+    policy.max_seconds = request.at("policy").at("max_seconds").get<double>();
+    policy.min_steps = request.at("policy").at("min_steps").get<int64_t>();
+    policy.stop_below = request.at("policy").value("stop_below", 0.0);
+    if (const std::string why = step::unsupported_reason(w, cuda); !why.empty())
+      return fail(looks_like_oom(why) ? TrialClass::oom : TrialClass::error, why);
+
+    auto session = make_session(cuda ? Backend::cuda : Backend::cpu, request.value("device", 0));
+    std::unique_ptr<step::StepInstance> instance =
+        cuda ? step::make_cuda_step(w, session->context()) : step::make_cpu_step(w);
+    SampleTimer& timer = session->timer();
+    // The first step: warm-up, and the forward every configuration is checked with.
+    const double first = time_sample(timer, [&] { instance->run(); }, 1);
+    const Verdict verdict = instance->check();
+    if (!verdict.passed) return fail(TrialClass::incorrect, verdict.detail);
+    // Samples of whole steps, each at least ~20 ms so that timer noise does not dominate.
+    const int64_t batch = batch_for(first, 0.02, 1 << 12);
+    std::vector<double> step_seconds;
+    int64_t steps = 0;
+    const auto measuring = std::chrono::steady_clock::now();
+    while (true) {
+      step_seconds.push_back(time_sample(timer, [&] { instance->run(); }, batch) / static_cast<double>(batch));
+      steps += batch;
+      if (step_seconds.size() < 3 || steps < policy.min_steps) continue;
+      const Summary s = summarize(step_seconds, policy.target_rel_ci);
+      if (!s.noisy || seconds_since(measuring) >= policy.max_seconds) break;
+      // Clearly behind the best so far: even the fast end of the interval is slower.
+      const double fast_end = static_cast<double>(w.batch.global) / s.ci_low;
+      if (policy.stop_below > 0 && fast_end < policy.stop_below) {
+        r.message = "stopped early: clearly behind the best so far";
+        break;
+      }
+    }
+    const Summary s = summarize(step_seconds, policy.target_rel_ci);
+    const double samples = static_cast<double>(w.batch.global);
+    r.samples_per_s = samples / s.median;
+    r.ci_low = samples / s.ci_high;
+    r.ci_high = samples / s.ci_low;
+    r.steps = steps;
+    r.peak_bytes = instance->peak_bytes();
+    r.seconds = seconds_since(started);
+    return r;
+  } catch (const std::bad_alloc&) {
+    return fail(TrialClass::oom, "out of memory (std::bad_alloc)");
+  } catch (const UsageError& e) {
+    return fail(TrialClass::error, e.what());
+  } catch (const std::exception& e) {
+    return fail(looks_like_oom(e.what()) ? TrialClass::oom : TrialClass::error, e.what());
+  }
+}
+
+// ---- the parent --------------------------------------------------------------------------------
+
+ChildOutcome run_child(const std::vector<std::string>& argv, double timeout_s, const std::atomic<bool>* stop) {
+  ChildOutcome outcome;
+  int out_pipe[2], err_pipe[2];
+  if (pipe(out_pipe) != 0 || pipe(err_pipe) != 0) throw CallError(__FILE__, __LINE__, "pipe", std::strerror(errno));
+  const pid_t pid = fork();
+  if (pid < 0) throw CallError(__FILE__, __LINE__, "fork", std::strerror(errno));
+  if (pid == 0) {
+    setpgid(0, 0);  // its own group: the watchdog kills everything it started
+    dup2(out_pipe[1], STDOUT_FILENO);
+    dup2(err_pipe[1], STDERR_FILENO);
+    close(out_pipe[0]);
+    close(err_pipe[0]);
+    close(out_pipe[1]);
+    close(err_pipe[1]);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  const auto started = std::chrono::steady_clock::now();
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  int open_pipes = 2;
+  std::string err;
+  bool killed = false;
+  char buf[4096];
+  while (open_pipes > 0) {
+    const int ready = poll(fds, 2, 100);
+    if (ready > 0) {
+      for (auto& f : fds) {
+        if (f.fd < 0 || !(f.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        const ssize_t n = read(f.fd, buf, sizeof buf);
+        if (n <= 0) {
+          close(f.fd);
+          f.fd = -1;
+          --open_pipes;
+        } else if (f.fd == out_pipe[0]) {
+          outcome.out.append(buf, static_cast<std::size_t>(n));
+        } else {
+          err.append(buf, static_cast<std::size_t>(n));
+          if (err.size() > 8192) err.erase(0, err.size() - 4096);
+        }
+      }
+    }
+    if (!killed && (seconds_since(started) > timeout_s || (stop && stop->load()))) {
+      outcome.timed_out = seconds_since(started) > timeout_s;
+      outcome.interrupted = !outcome.timed_out;
+      kill(-pid, SIGKILL);
+      killed = true;
+    }
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFEXITED(status)) outcome.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) outcome.signal = WTERMSIG(status);
+  outcome.err_tail = err.size() > 2000 ? err.substr(err.size() - 2000) : err;
+  return outcome;
+}
+
+TrialResult classify(const ChildOutcome& o) {
+  TrialResult r;
+  if (o.interrupted) {
+    r.cls = TrialClass::error;
+    r.message = "interrupted";
+    return r;
+  }
+  if (o.timed_out) {
+    r.cls = TrialClass::timeout;
+    r.message = "no result before the watchdog's limit: the trial hung or is far too slow (killed)";
+    return r;
+  }
+  // The child's last line of standard output is its result.
+  std::string last;
+  std::size_t end = o.out.find_last_not_of("\n ");
+  if (end != std::string::npos) {
+    const std::size_t start = o.out.rfind('\n', end);
+    last = o.out.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
+  }
+  if (o.exit_code == 0 && !last.empty()) {
+    try {
+      return trial_result_from_json(json::parse(last));
+    } catch (const std::exception& e) {
+      r.cls = TrialClass::error;
+      r.message = std::string("unreadable trial result: ") + e.what();
+      return r;
+    }
+  }
+  r.cls = TrialClass::error;
+  std::string tail = o.err_tail;
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
+  if (!tail.empty()) tail = ": " + tail;
+  if (o.signal == SIGKILL) {
+    r.cls = TrialClass::oom;  // nothing else here sends SIGKILL: the kernel's out-of-memory killer
+    r.message = "killed by SIGKILL (the kernel's out-of-memory killer, most likely)";
+  } else if (o.signal) {
+    r.message = std::string("crashed: killed by signal ") + std::to_string(o.signal) + " (" + strsignal(o.signal) + ")" + tail;
+  } else {
+    r.message = "exited with code " + std::to_string(o.exit_code) + " and no result" + tail;
+  }
+  return r;
+}
+
+ProcessExecutor::ProcessExecutor(std::string self_exe, std::string workload_path, bool cuda, int device,
+                                 const std::atomic<bool>* stop)
+    : exe_(std::move(self_exe)), workload_path_(std::move(workload_path)), cuda_(cuda), device_(device), stop_(stop) {
+  if (cuda) {
+    // The context, cuBLAS's workspace and the allocator's slack are not in the step's own count.
+    const auto& g = cuda_status().devices.at(static_cast<std::size_t>(device));
+    capacity_ = g.memory_bytes - (int64_t{1} << 30);
+  } else {
+    capacity_ = static_cast<int64_t>(0.9 * static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE)));
+  }
+}
+
+TrialResult ProcessExecutor::run(const Candidate& candidate, const MeasurePolicy& policy) {
+  const json request{{"workload", workload_path_},
+                     {"backend", cuda_ ? "cuda" : "cpu"},
+                     {"device", device_},
+                     {"candidate", to_json(candidate)},
+                     {"policy", {{"target_rel_ci", policy.target_rel_ci}, {"max_seconds", policy.max_seconds},
+                                 {"min_steps", policy.min_steps}, {"stop_below", policy.stop_below}}}};
+  const auto started = std::chrono::steady_clock::now();
+  // Setup, the reference check and the first step come on top of the measuring time.
+  const double watchdog = 3 * policy.max_seconds + 120;
+  TrialResult r = classify(run_child({exe_, "--trial", request.dump()}, watchdog, stop_));
+  if (r.seconds == 0) r.seconds = seconds_since(started);
+  return r;
+}
+
+}  // namespace tb::tune
