@@ -26,6 +26,11 @@ inline constexpr Tolerance bf16{1e-2, 1.6e-2};       // 7-bit mantissa: unit rou
 inline constexpr double gemm_fp32 = 1e-5;
 inline constexpr double gemm_tf32 = 4e-3;
 inline constexpr double gemm_bf16 = 1.6e-2;
+// Sparse matvec entries (<= 9 terms here) are compared relative to sum_j |a_ij x_j|, like GEMM.
+inline constexpr double spmv_fp64 = 1e-13;
+// A solve's true relative residual ||b - A x|| / ||b|| may exceed the solver's own estimate by the
+// rounding of a double residual at the scale of ||b||.
+inline constexpr double cg_residual_atol = 1e-12;
 }  // namespace tolerance
 
 }  // namespace tb
