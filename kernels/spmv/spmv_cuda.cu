@@ -47,28 +47,20 @@ __global__ void csr_spmm_kernel(device::CsrView a, const double* __restrict__ x,
   }
 }
 
-// cuSPARSE generic-API descriptors, destroyed with their owner.
-struct SpMatDescr {
-  cusparseSpMatDescr_t h = nullptr;
-  SpMatDescr() = default;
-  SpMatDescr(const SpMatDescr&) = delete;
-  SpMatDescr& operator=(const SpMatDescr&) = delete;
-  ~SpMatDescr() { if (h) cusparseDestroySpMat(h); }
+// A cuSPARSE generic-API descriptor, destroyed with its owner.
+template <class H, auto destroy>
+struct Descriptor {
+  H h = nullptr;
+  Descriptor() = default;
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  ~Descriptor() {
+    if (h) destroy(h);
+  }
 };
-struct DnVecDescr {
-  cusparseDnVecDescr_t h = nullptr;
-  DnVecDescr() = default;
-  DnVecDescr(const DnVecDescr&) = delete;
-  DnVecDescr& operator=(const DnVecDescr&) = delete;
-  ~DnVecDescr() { if (h) cusparseDestroyDnVec(h); }
-};
-struct DnMatDescr {
-  cusparseDnMatDescr_t h = nullptr;
-  DnMatDescr() = default;
-  DnMatDescr(const DnMatDescr&) = delete;
-  DnMatDescr& operator=(const DnMatDescr&) = delete;
-  ~DnMatDescr() { if (h) cusparseDestroyDnMat(h); }
-};
+using SpMatDescr = Descriptor<cusparseSpMatDescr_t, cusparseDestroySpMat>;
+using DnVecDescr = Descriptor<cusparseDnVecDescr_t, cusparseDestroyDnVec>;
+using DnMatDescr = Descriptor<cusparseDnMatDescr_t, cusparseDestroyDnMat>;
 
 // Inputs, output, and (when the variant uses one) the CSR matrix on the device; the check downloads
 // y and compares it with the graph's own definition.
