@@ -33,6 +33,12 @@ inline constexpr Tolerance block_fp32{2e-4, 2e-3};      // five GEMMs, two layer
 // Per-token losses of a training step's forward (about ln(vocab)) against a double forward.
 inline constexpr Tolerance step_fp32{2e-4, 1e-4};
 inline constexpr Tolerance step_bf16{5e-2, 2e-2};  // bf16 matmuls
+
+// Sparse matvec entries (<= 9 terms here) are compared relative to sum_j |a_ij x_j|, like GEMM.
+inline constexpr double spmv_fp64 = 1e-13;
+// A solve's true relative residual ||b - A x|| / ||b|| may exceed the solver's own estimate by the
+// rounding of a double residual at the scale of ||b||.
+inline constexpr double cg_residual_atol = 1e-12;
 }  // namespace tolerance
 
 }  // namespace tb

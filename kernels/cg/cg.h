@@ -1,0 +1,131 @@
+// Stage `cg`: solve (I + alpha L) x = b (spmv/laplacian.h) by conjugate gradients, the way the SEM
+// Cayley propagator does (seeds/000), over a window of right-hand sides that drift between steps.
+//
+// Strategies: host-checked (the residual norm is read back every iteration: one sync each), and on
+// CUDA device-resident ones (the convergence flag is read every k iterations of a captured CUDA
+// graph, or never: one persistent cooperative kernel runs the whole solve). Each with or without
+// the lazy gate of the report: keep the previous solution as a cache, spend one matvec on its
+// residual for the new b, skip the solve when the relative residual is below lazy_cg_tol (1e-6),
+// else continue CG warm-started from it. Without the gate every solve starts from x = 0, as the
+// propagator does without lazy CG ("Without lazy CG: 5 CG iterations x 3 matvecs ... per forward").
+//
+// One timed call is one window: the cache is set back to the solution of b_0 and the S right-hand
+// sides b_1..b_S are solved in turn, so every call does the same work and the skip rate is a fact of
+// the window, not of the sample. Each b_t moves from b_{t-1} by drift x (0.5..1.5, stratified over
+// the window) of its norm in a random direction: `drift` is the knob, the skip rate what it yields.
+//
+// Work model: a solve's traffic depends on how many iterations it takes, known only when it ran, so
+// a row carries no GB/s; its FLOPs are the floor (one matvec per solve) and the row's counters say
+// what happened: skip rate, matvecs and iterations per solve, the worst final relative residual, and
+// the gate's prediction time(lazy) = S x (time(gate) + (1 - skip) x time(full solve)), its parts
+// timed separately after the samples, next to the measured time per call.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/host_buffer.h"
+#include "runtime/registry.h"
+#include "spmv/laplacian.h"
+
+namespace tb::cg {
+
+inline constexpr uint64_t seed_rhs = 41;
+
+struct Settings {
+  laplacian::GraphSpec graph;
+  int64_t rows = 0;
+  double alpha = 0;
+  double drift = 0;
+  int window = 0;           // solves per call (defaults::cg_window)
+  double tol = 0;           // CG stops at ||r|| <= tol ||b|| (defaults::cg_tol)
+  double lazy_tol = 0;      // the gate skips at ||b - A x_cache|| < lazy_tol ||b|| (defaults::lazy_cg_tol)
+  int max_iterations = 0;
+};
+Settings settings_of(const Problem& p);  // axes graph, rows, alpha, drift; the rest from defaults
+
+// b_0 .. b_S of one window, built once on the host (every backend solves the same sequence).
+class RhsSequence {
+ public:
+  RhsSequence(int64_t n, double drift, int steps);
+  const double* b(int t) const { return data_.data() + static_cast<std::size_t>(t) * static_cast<std::size_t>(n_); }
+  int steps() const { return steps_; }
+  int64_t n() const { return n_; }
+  // ||b_t - b_{t-1}|| / ||b_{t-1}|| as drawn for step t (1..S).
+  double drift_of(int t) const { return drift_[static_cast<std::size_t>(t)]; }
+
+ private:
+  int64_t n_;
+  int steps_;
+  HostBuffer<double> data_;
+  std::vector<double> drift_;
+};
+
+// What the solves so far did, summed.
+struct Tally {
+  int64_t solves = 0, skips = 0, iterations = 0, matvecs = 0, syncs = 0;
+  double worst_residual = 0;  // the largest relative residual a solve ended with (the solver's own)
+};
+
+// ---- reference: the true residual of a solution, from the graph's definition (no CSR) --------------
+// ||b - A x|| / ||b||, in double with plain loops.
+double true_relative_residual(const laplacian::Graph& graph, double alpha, const double* b, const double* x);
+// Passes when the true relative residual of step `step` is at most tol + tolerance::cg_residual_atol.
+Verdict check_solve(const laplacian::Graph& graph, double alpha, const double* b, const double* x, double tol,
+                    int step, bool skipped);
+
+// The window loop, the check and the counters, shared by every strategy. A strategy supplies its
+// parts: the cache reset, `start` (the gate, or the cold start x = 0) and `finish` (CG iterations to
+// the tolerance), and `step` (what run() times: start then finish, fused where the strategy fuses
+// them).
+class WindowSolver : public Instance {
+ public:
+  void run() final;
+  // Replays one window step by step and checks every solve's true residual: below lazy_tol for a
+  // skipped solve, below tol for a solved one.
+  Verdict check() final;
+  std::vector<std::pair<std::string, double>> observed() const final;
+  // x after the last step (synchronises).
+  virtual std::vector<double> solution() = 0;
+  // Totals since construction (synchronises).
+  virtual Tally tally() = 0;
+
+ protected:
+  WindowSolver(const Problem& p, bool lazy);
+  virtual void begin_window() = 0;
+  virtual void step(int t) {
+    start(t);
+    if (!started_done()) finish(t);
+  }
+  // The gate (lazy) or the cold start x = 0; a strategy whose pattern reads the gate's verdict back
+  // reads it here.
+  virtual void start(int t) = 0;
+  // After start: whether the solve is already done (the gate skipped it, or b = 0). May synchronise.
+  virtual bool started_done() = 0;
+  virtual void finish(int t) = 0;
+  // Seconds `part` takes on this backend's clock (CUDA: events on the stream, after a sync).
+  virtual double time_part(const std::function<void()>& part) = 0;
+
+  Settings settings_;
+  bool lazy_;
+  laplacian::Graph graph_;
+  RhsSequence rhs_;
+  bool counts_syncs_ = false;  // CUDA strategies: report host syncs per solve
+
+ private:
+  // The gate's prediction: one window replayed with its parts timed apart.
+  std::vector<std::pair<std::string, double>> measure_parts(const Tally& timed);
+};
+
+// ---- CPU variants (cg_cpu.cpp) --------------------------------------------------------------------
+std::unique_ptr<Instance> make_cpu_host_checked(const Problem&, const RunContext&, bool lazy);
+
+// ---- CUDA variants (cg_cuda.cu) -------------------------------------------------------------------
+enum class Strategy { host_checked, graph, persistent };
+std::unique_ptr<Instance> make_cuda_solver(const Problem&, const RunContext&, Strategy strategy, bool lazy);
+
+}  // namespace tb::cg

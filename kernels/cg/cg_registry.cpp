@@ -1,0 +1,115 @@
+// Stage `cg`: host-checked vs device-resident CG, each with and without the lazy gate, over a window
+// of drifting right-hand sides. Sizes in runtime/defaults.h (from seeds/000), the model in cg.h.
+#include <cstdio>
+
+#include "cg/cg.h"
+#include "runtime/defaults.h"
+#include "spmv/registry_support.h"
+
+namespace tb {
+
+namespace {
+
+using spmv::device_memory_reason;
+using spmv::host_memory_reason;
+
+std::string str(int64_t v) { return std::to_string(v); }
+std::string str(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+// No GB/s: a solve's traffic is known only once it ran (cg.h). The FLOPs are the floor, one matvec
+// per solve; the counters carry what happened.
+Work cg_work(const Problem& p) {
+  const cg::Settings s = cg::settings_of(p);
+  const double nnz = static_cast<double>(laplacian::nnz(s.graph, s.rows));
+  return Work{0.0, 2.0 * nnz * s.window, Work::Bound::memory, "", {{"solves", static_cast<double>(s.window)}}};
+}
+
+struct Footprint {
+  double host, device;
+};
+Footprint footprint(const cg::Settings& s) {
+  const double n = static_cast<double>(s.rows), nnz = static_cast<double>(laplacian::nnz(s.graph, s.rows));
+  const double graph = s.graph.family == laplacian::Family::random ? 8.0 * n * (s.graph.k / 2 + 1) : 0.0;
+  const double csr = 12.0 * nnz + 4.0 * n, rhs = 8.0 * n * (s.window + 1), vectors = 5 * 8.0 * n;
+  return Footprint{graph + csr + rhs + vectors + 2 * 8.0 * n, csr + rhs + vectors};
+}
+
+std::string problem_reason(const Problem& p) {
+  const cg::Settings s = cg::settings_of(p);
+  if (!(s.alpha >= 0)) return "alpha must be >= 0 (then A = I + alpha L is symmetric positive definite)";
+  if (!(s.drift >= 0)) return "drift must be >= 0";
+  if (auto why = laplacian::csr_unsupported(s.graph, s.rows); !why.empty()) return why;
+  return host_memory_reason(footprint(s).host);
+}
+
+std::string cuda_reason(const Problem& p) {
+  if (auto why = problem_reason(p); !why.empty()) return why;
+  return device_memory_reason(footprint(cg::settings_of(p)).device);
+}
+
+InstanceFactory cuda_solver([[maybe_unused]] cg::Strategy strategy, [[maybe_unused]] bool lazy) {
+  return spmv::cuda_factory([strategy, lazy](const Problem& p, const RunContext& c) {
+    return cg::make_cuda_solver(p, c, strategy, lazy);
+  });
+}
+
+}  // namespace
+
+void register_stage_cg(Registry& registry) {
+  using cg::Strategy;
+  Stage s;
+  s.name = "cg";
+  s.question = "whether the lazy CG gate's claimed 30-50% skips and ~2x hold, and what per-iteration syncs cost";
+  s.source = "seeds/000 (lazy CG: 1-matvec residual gate, lazy_cg_tol 1e-6, 'Expected skip rate: 30-50%', '~2x')";
+  std::vector<std::string> drifts(std::begin(defaults::cg_drifts), std::end(defaults::cg_drifts));
+  s.axes = {
+      Axis{"graph", AxisKind::choice, {"ring" + str(int64_t{defaults::laplacian_sparsity})}, {},
+           "the Laplacian's graph (see spmv): ringK, randomK, grid2d, grid3d", laplacian::graph_names()},
+      Axis{"rows", AxisKind::positive_int, {str(defaults::cg_rows), str(defaults::cg_rows_large)},
+           {str(defaults::quick_cg_rows)}, "unknowns of (I + alpha L) x = b", {}},
+      Axis{"alpha", AxisKind::number, {str(defaults::laplacian_alpha)}, {},
+           "the shift's scale: A = I + alpha L, condition number up to 1 + 2 k alpha", {}},
+      Axis{"drift", AxisKind::number, drifts, {},
+           "relative change of b per solve (each step 0.5x..1.5x of it); the gate skips below lazy_cg_tol = 1e-6", {}},
+  };
+  const std::vector<std::string> axes{"graph", "rows", "alpha", "drift"};
+  s.variants = {
+      Variant{"host_checked", Backend::cpu, "OpenMP CG from x = 0 every solve: the propagator without lazy CG", axes,
+              cg_work, problem_reason,
+              [](const Problem& p, const RunContext& c) { return cg::make_cpu_host_checked(p, c, false); }, ""},
+      Variant{"host_checked_lazy", Backend::cpu, "the lazy gate: warm start from the cache, skip below 1e-6", axes,
+              cg_work, problem_reason,
+              [](const Problem& p, const RunContext& c) { return cg::make_cpu_host_checked(p, c, true); }, ""},
+
+      Variant{"host_checked", Backend::cuda, "a kernel per phase, the residual norm read back every iteration", axes,
+              cg_work, cuda_reason, cuda_solver(Strategy::host_checked, false), ""},
+      Variant{"host_checked_lazy", Backend::cuda, "host-checked with the lazy gate (its verdict read back)", axes,
+              cg_work, cuda_reason, cuda_solver(Strategy::host_checked, true), ""},
+      Variant{"graph", Backend::cuda,
+              str(int64_t{defaults::cg_check_every}) +
+                  " iterations per CUDA graph replay, convergence tested on the device, read after each replay",
+              axes, cg_work, cuda_reason, cuda_solver(Strategy::graph, false), ""},
+      Variant{"graph_lazy", Backend::cuda, "graph-replayed CG with the lazy gate", axes, cg_work, cuda_reason,
+              cuda_solver(Strategy::graph, true), ""},
+      Variant{"persistent", Backend::cuda, "one cooperative kernel per solve, grid barriers, no host sync at all", axes,
+              cg_work, cuda_reason, cuda_solver(Strategy::persistent, false), ""},
+      Variant{"persistent_lazy", Backend::cuda, "the persistent kernel with the gate decided on the device", axes,
+              cg_work, cuda_reason, cuda_solver(Strategy::persistent, true), ""},
+  };
+  s.pairs = {
+      Pair{"host_checked", "host_checked_lazy", "lazy gate vs no gate (host-checked)"},
+      Pair{"graph", "graph_lazy", "lazy gate vs no gate (graph)"},
+      Pair{"persistent", "persistent_lazy", "lazy gate vs no gate (persistent)"},
+      Pair{"host_checked", "graph", "device-resident (graph) vs host-checked"},
+      Pair{"host_checked", "persistent", "device-resident (persistent) vs host-checked"},
+      Pair{"host_checked_lazy", "graph_lazy", "device-resident (graph) vs host-checked, lazy"},
+      Pair{"host_checked_lazy", "persistent_lazy", "device-resident (persistent) vs host-checked, lazy"},
+  };
+  registry.add(std::move(s));
+}
+
+}  // namespace tb

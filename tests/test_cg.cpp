@@ -1,0 +1,234 @@
+// Stage `cg`: the drifting right-hand sides, the residual oracle (and that it catches a wrong
+// solution), every registered strategy at odd sizes with every solve's true residual checked, the
+// gate's skips following the drift, the counters, and CPU and CUDA solutions agreeing.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "cg/cg.h"
+#include "runtime/defaults.h"
+#include "spmv/spmv.h"
+#include "stage_testing.h"
+
+namespace tb {
+namespace {
+
+const Stage& cg_stage() { return *builtin_registry().find("cg"); }
+
+Problem problem(const char* graph, const char* rows, const char* drift, const char* alpha = "0.5") {
+  return Problem({{"graph", graph}, {"rows", rows}, {"alpha", alpha}, {"drift", drift}});
+}
+
+std::unique_ptr<Instance> make(const char* id, Backend backend, const Problem& p) {
+  const Variant* v = cg_stage().find_variant(id, backend);
+  EXPECT_NE(v, nullptr) << id;
+  auto session = make_session(backend, 0);
+  return v->make(p, session->context());
+}
+
+std::map<std::string, double> counters(const Instance& instance) {
+  std::map<std::string, double> out;
+  for (const auto& [k, v] : instance.observed()) out[k] = v;
+  return out;
+}
+
+double norm(const double* v, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += v[i] * v[i];
+  return std::sqrt(s);
+}
+
+TEST(CgRhs, DriftsByTheStratifiedAmounts) {
+  const int64_t n = 5000;
+  const int steps = 16;
+  const cg::RhsSequence rhs(n, 1e-3, steps);
+  std::vector<double> drawn;
+  for (int t = 1; t <= steps; ++t) {
+    std::vector<double> diff(static_cast<std::size_t>(n));
+    for (int64_t i = 0; i < n; ++i) diff[i] = rhs.b(t)[i] - rhs.b(t - 1)[i];
+    EXPECT_NEAR(norm(diff.data(), n) / norm(rhs.b(t - 1), n), rhs.drift_of(t), 1e-12) << "step " << t;
+    drawn.push_back(rhs.drift_of(t));
+  }
+  std::sort(drawn.begin(), drawn.end());
+  for (int j = 0; j < steps; ++j) EXPECT_NEAR(drawn[j], 1e-3 * (0.5 + (j + 0.5) / steps), 1e-15);
+  // Deterministic: the same sequence every time.
+  const cg::RhsSequence again(n, 1e-3, steps);
+  EXPECT_TRUE(std::equal(rhs.b(steps), rhs.b(steps) + n, again.b(steps)));
+}
+
+// Dense Gaussian elimination (A is SPD: no pivoting needed): the exact solution has a residual at
+// rounding level, and a slightly wrong one is caught.
+TEST(CgReference, TrueResidualCatchesAWrongSolution) {
+  const int64_t n = 60;
+  const laplacian::Graph g(laplacian::parse_graph("ring6"), n);
+  auto a = laplacian::dense_shifted_laplacian(g, 0.5);
+  const cg::RhsSequence rhs(n, 0.0, 1);
+  std::vector<double> x(rhs.b(0), rhs.b(0) + n);
+  for (int64_t k = 0; k < n; ++k)
+    for (int64_t i = k + 1; i < n; ++i) {
+      const double f = a[i * n + k] / a[k * n + k];
+      for (int64_t j = k; j < n; ++j) a[i * n + j] -= f * a[k * n + j];
+      x[i] -= f * x[k];
+    }
+  for (int64_t i = n - 1; i >= 0; --i) {
+    for (int64_t j = i + 1; j < n; ++j) x[i] -= a[i * n + j] * x[j];
+    x[i] /= a[i * n + i];
+  }
+  EXPECT_LT(cg::true_relative_residual(g, 0.5, rhs.b(0), x.data()), 1e-14);
+  EXPECT_TRUE(cg::check_solve(g, 0.5, rhs.b(0), x.data(), 1e-7, 1, false).passed);
+  x[17] += 1e-5;
+  const Verdict v = cg::check_solve(g, 0.5, rhs.b(0), x.data(), 1e-7, 3, true);
+  EXPECT_FALSE(v.passed);
+  EXPECT_NE(v.detail.find("step 3 (skipped by the gate)"), std::string::npos) << v.detail;
+}
+
+// A solver that trusts a stale cache (skips every solve without looking) must fail the check: the
+// check recomputes each residual itself.
+class StaleCache final : public cg::WindowSolver {
+ public:
+  explicit StaleCache(const Problem& p) : WindowSolver(p, true), x_(rhs_.b(0), rhs_.b(0) + settings_.rows) {}
+  std::vector<double> solution() override { return x_; }
+  cg::Tally tally() override { return tally_; }
+
+ protected:
+  void begin_window() override {}
+  void start(int) override {
+    ++tally_.solves;
+    ++tally_.skips;
+  }
+  bool started_done() override { return true; }
+  void finish(int) override {}
+  double time_part(const std::function<void()>& part) override {
+    part();
+    return 0;
+  }
+
+ private:
+  std::vector<double> x_;
+  cg::Tally tally_;
+};
+
+TEST(CgReference, CheckCatchesASolverThatSkipsBlindly) {
+  StaleCache solver(problem("ring8", "1000", "1e-6"));
+  solver.run();
+  const Verdict v = solver.check();
+  EXPECT_FALSE(v.passed);
+  EXPECT_NE(v.detail.find("step 1 (skipped by the gate)"), std::string::npos) << v.detail;
+}
+
+// Every strategy, every solve's true residual: one row, tiny and odd sizes, each graph family.
+class CgVariant : public ::testing::TestWithParam<std::size_t> {};
+
+TEST_P(CgVariant, EverySolveMeetsTheTolerance) {
+  const Variant& v = cg_stage().variants.at(GetParam());
+  const std::vector<Problem> problems{
+      problem("ring8", "1", "1e-6"),    problem("ring8", "7", "1e-6"),    problem("ring5", "1000", "5e-7"),
+      problem("grid3d", "10007", "1e-6"), problem("random7", "4099", "2e-6"), problem("grid2d", "3001", "0", "2"),
+  };
+  for (const auto& p : problems) TB_EXPECT_MATCHES_REFERENCE(v, p);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, CgVariant, ::testing::Range<std::size_t>(0, cg_stage().variants.size()),
+                         [](const ::testing::TestParamInfo<std::size_t>& info) {
+                           const Variant& v = cg_stage().variants.at(info.param);
+                           return std::string(to_string(v.backend)) + "_" + v.id;
+                         });
+
+// The gate follows the drift: no drift, every solve skipped; a drift far above the gate's
+// tolerance, none; about the tolerance, some. Without the gate nothing is skipped, and every solve
+// takes the iterations of a cold start.
+TEST(CgGate, SkipRateFollowsTheDrift) {
+  std::map<std::string, double> skip;
+  for (const char* drift : {"0", "1e-6", "1e-4"}) {
+    auto lazy = make("host_checked_lazy", Backend::cpu, problem("ring8", "5000", drift));
+    lazy->run();
+    const auto c = counters(*lazy);
+    skip[drift] = c.at("skip_rate");
+    // Lazy: the gate's matvec plus the iterations.
+    EXPECT_NEAR(c.at("matvecs_per_solve"), 1.0 + c.at("iterations_per_solve"), 1e-12);
+    EXPECT_LE(c.at("final_rel_residual_ppm"), 1.0);  // below lazy_cg_tol = 1e-6
+    EXPECT_GT(c.at("gate_ns"), 0);
+    EXPECT_GT(c.at("predicted_ns"), 0);
+  }
+  EXPECT_EQ(skip["0"], 1.0);
+  EXPECT_EQ(skip["1e-4"], 0.0);
+  EXPECT_GT(skip["1e-6"], 0.1);
+  EXPECT_LT(skip["1e-6"], 0.9);
+
+  auto full = make("host_checked", Backend::cpu, problem("ring8", "5000", "0"));
+  full->run();
+  const auto c = counters(*full);
+  EXPECT_EQ(c.at("skip_rate"), 0.0);
+  EXPECT_EQ(c.at("matvecs_per_solve"), c.at("iterations_per_solve"));
+  EXPECT_GT(c.at("iterations_per_solve"), 5);
+  EXPECT_LE(c.at("final_rel_residual_ppm"), 0.1);  // below cg_tol = 1e-7
+  EXPECT_EQ(c.count("predicted_ns"), 0u);
+}
+
+// A window replays from the same cache, so every call takes the same decisions and ends at the same x.
+TEST(CgGate, WindowsAreIdentical) {
+  auto lazy = make("host_checked_lazy", Backend::cpu, problem("grid2d", "10000", "1e-6"));
+  auto* solver = dynamic_cast<cg::WindowSolver*>(lazy.get());
+  ASSERT_NE(solver, nullptr);
+  lazy->run();
+  const auto first = solver->solution();
+  const cg::Tally once = solver->tally();
+  lazy->run();
+  EXPECT_EQ(solver->solution(), first);
+  const cg::Tally twice = solver->tally();
+  EXPECT_EQ(twice.solves, 2 * once.solves);
+  EXPECT_EQ(twice.skips, 2 * once.skips);
+  EXPECT_EQ(twice.iterations, 2 * once.iterations);
+}
+
+// CPU and CUDA solve the same window; both residuals are below the tolerance and A's eigenvalues are
+// at least 1, so the solutions differ by at most tol_a + tol_b relative to ||b||; the gate decides
+// the same.
+TEST(CgAgreement, CpuAndCudaSolutionsAgree) {
+  const Stage& s = cg_stage();
+  for (const char* id : {"host_checked_lazy", "host_checked"}) {
+    for (const char* cuda_id : {"host_checked", "graph", "persistent"}) {
+      const std::string cuda_name = std::string(cuda_id) + (std::string(id).find("lazy") != std::string::npos ? "_lazy" : "");
+      const Variant* cuda = s.find_variant(cuda_name, Backend::cuda);
+      ASSERT_NE(cuda, nullptr);
+      if (const std::string why = testing::cannot_run_here(*cuda); !why.empty()) GTEST_SKIP() << cuda_name << ": " << why;
+      const Problem p = problem("ring8", "30011", "1e-6");
+      auto a = make(id, Backend::cpu, p);
+      auto b = make(cuda_name.c_str(), Backend::cuda, p);
+      a->run();
+      b->run();
+      auto* sa = dynamic_cast<cg::WindowSolver*>(a.get());
+      auto* sb = dynamic_cast<cg::WindowSolver*>(b.get());
+      const auto xa = sa->solution(), xb = sb->solution();
+      const cg::RhsSequence rhs(30011, 1e-6, defaults::cg_window);
+      double diff = 0;
+      for (std::size_t i = 0; i < xa.size(); ++i) diff += (xa[i] - xb[i]) * (xa[i] - xb[i]);
+      const double limit = 2 * defaults::lazy_cg_tol * norm(rhs.b(defaults::cg_window), 30011);
+      EXPECT_LE(std::sqrt(diff), limit) << id << " vs cuda/" << cuda_name;
+      EXPECT_EQ(sa->tally().skips, sb->tally().skips) << id << " vs cuda/" << cuda_name;
+    }
+  }
+}
+
+TEST(CgRegistry, DeclaresThePairsOfTheIssue) {
+  const Stage& s = cg_stage();
+  auto has = [&](const char* base, const char* improved) {
+    return std::any_of(s.pairs.begin(), s.pairs.end(),
+                       [&](const Pair& p) { return p.baseline == base && p.improved == improved; });
+  };
+  EXPECT_TRUE(has("host_checked", "host_checked_lazy"));
+  EXPECT_TRUE(has("graph", "graph_lazy"));
+  EXPECT_TRUE(has("persistent", "persistent_lazy"));
+  EXPECT_TRUE(has("host_checked", "graph"));
+  EXPECT_TRUE(has("host_checked", "persistent"));
+  const Variant* v = s.find_variant("host_checked", Backend::cpu);
+  EXPECT_NE(v->unsupported(problem("ring8", "1000", "1e-6", "-1")), "");
+  EXPECT_NE(v->unsupported(problem("ring8", "1000", "-1e-6")), "");
+  EXPECT_EQ(v->unsupported(problem("ring8", "1000", "1e-6")), "");
+}
+
+}  // namespace
+}  // namespace tb
