@@ -4,14 +4,12 @@
 
 #include "cg/cg.h"
 #include "runtime/defaults.h"
-#include "spmv/registry_support.h"
+#include "runtime/device_info.h"
 
 namespace tb {
 
 namespace {
 
-using spmv::device_memory_reason;
-using spmv::host_memory_reason;
 
 std::string str(int64_t v) { return std::to_string(v); }
 std::string str(double v) {
@@ -52,7 +50,7 @@ std::string cuda_reason(const Problem& p) {
 }
 
 InstanceFactory cuda_solver([[maybe_unused]] cg::Strategy strategy, [[maybe_unused]] bool lazy) {
-  return spmv::cuda_factory([strategy, lazy](const Problem& p, const RunContext& c) {
+  return cuda_factory([strategy, lazy](const Problem& p, const RunContext& c) {
     return cg::make_cuda_solver(p, c, strategy, lazy);
   });
 }

@@ -1,7 +1,7 @@
 // Stage `spmv`: the propagator's sparse matvec against the bandwidth floor. Sizes in
 // runtime/defaults.h (from seeds/000), the bytes model in spmv.h.
 #include "runtime/defaults.h"
-#include "spmv/registry_support.h"
+#include "runtime/device_info.h"
 #include "spmv/spmv.h"
 
 namespace tb {
