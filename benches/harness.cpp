@@ -247,7 +247,7 @@ class Runner {
       if (r.bound == "memory" && r.bytes > 0) progress_ << "  " << std::setprecision(2) << r.bytes / s.median << " GB/s";
       if (r.bound == "compute" && r.flops > 0) progress_ << "  " << std::setprecision(3) << r.flops / s.median * 1e-3 << " TFLOP/s";
       if (s.noisy) progress_ << "  (noisy)";
-      for (const auto& [key, value] : r.counters) progress_ << "  " << key << "=" << std::setprecision(3) << value;
+      for (const auto& [key, value] : r.counters) progress_ << "  " << key << "=" << counter_text(value);
     } else {
       progress_ << r.disposition << (r.reason.empty() ? "" : ": " + r.reason);
     }

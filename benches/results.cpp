@@ -207,6 +207,14 @@ static std::string fixed(double v, int digits) {
   return out.str();
 }
 
+// Whole numbers as they are, the rest with 4 significant digits (a residual of 1e-7 stays visible).
+std::string counter_text(double v) {
+  if ((v == std::floor(v) || std::abs(v) >= 1000) && std::abs(v) < 1e15) return fixed(v, 0);
+  std::ostringstream out;
+  out << std::setprecision(4) << v;
+  return out.str();
+}
+
 static std::string result_word(const Row& r) {
   if (r.disposition == "passed") return r.summary.noisy ? "passed (noisy)" : "passed";
   return r.disposition;
@@ -237,7 +245,7 @@ static std::string render_console(const Results& results) {
       out << std::right << std::setw(11) << human_time(r.summary.median) << std::setw(8)
           << fixed(100 * r.summary.rel_half_width, 1) << "%" << std::setw(16) << human_rate(r) << std::setw(9)
           << (r.pct_of_peak ? fixed(*r.pct_of_peak, 1) : std::string("-"));
-      for (const auto& [k, v] : r.counters) out << "  " << k << "=" << (v == std::floor(v) ? fixed(v, 0) : fixed(v, 3));
+      for (const auto& [k, v] : r.counters) out << "  " << k << "=" << counter_text(v);
     } else {
       out << r.reason;
     }

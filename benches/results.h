@@ -66,6 +66,8 @@ Results results_from_json(const nlohmann::json& document);
 enum class Format { console, json, csv, md };
 Format format_from_string(const std::string& name);  // throws UsageError
 std::string render(const Results& results, Format format);
+// A counter's value as the console and progress lines show it.
+std::string counter_text(double value);
 
 // Writes to a temporary file beside `path`, flushes it, then renames it over `path`, so a reader
 // never sees half a file and an interrupted run never destroys the previous one.
