@@ -1,0 +1,250 @@
+// AdamW on the CPU, three ways. per_tensor and foreach run PyTorch's eight elementwise ops as
+// separate passes (per tensor, parallel above PyTorch's grain; or each op once over all tensors'
+// chunks); fused reads param, grad, exp_avg, exp_avg_sq once and writes param, exp_avg, exp_avg_sq
+// once, in one OpenMP loop over all tensors' chunks.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#if defined(__SSE__)
+#include <immintrin.h>
+#endif
+
+#include "adamw.h"
+#include "runtime/host_buffer.h"
+
+namespace tb::adamw {
+
+namespace {
+
+// out = sqrt(in), correctly rounded, four at a time: the compiler does not vectorise std::sqrt
+// without -fno-math-errno, and sqrt is the one op of the update it would otherwise leave scalar.
+inline void sqrt_to(float* __restrict out, const float* __restrict in, int64_t n) {
+  int64_t i = 0;
+#if defined(__SSE__)
+  for (; i + 4 <= n; i += 4) _mm_storeu_ps(out + i, _mm_sqrt_ps(_mm_loadu_ps(in + i)));
+#endif
+  for (; i < n; ++i) out[i] = std::sqrt(in[i]);
+}
+
+// ---- the eight ops of the for-loop path, each one pass over a range ----------------------------
+template <class P>
+void op_mul(P* __restrict x, int64_t n, float a) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) store_float(x, i, load_float(x, i) * a);
+}
+template <class P>
+void op_lerp(float* __restrict self, const P* __restrict end, int64_t n, float weight) {  // weight < 0.5
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) self[i] = self[i] + weight * (load_float(end, i) - self[i]);
+}
+template <class P>
+void op_addcmul(float* __restrict self, const P* __restrict t1, const P* __restrict t2, int64_t n, float value) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) self[i] = self[i] + value * load_float(t1, i) * load_float(t2, i);
+}
+void op_div(float* __restrict x, int64_t n, float a) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] / a;
+}
+void op_div_to(float* __restrict out, const float* __restrict in, int64_t n, float a) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = in[i] / a;
+}
+void op_add(float* __restrict x, int64_t n, float a) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] + a;
+}
+template <class P>
+void op_addcdiv(P* __restrict self, const float* __restrict t1, const float* __restrict t2, int64_t n, float value) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) store_float(self, i, load_float(self, i) + value * t1[i] / t2[i]);
+}
+
+// Pointers to one range (a tensor, or a chunk of one) of every buffer. `root` and `denom` are the
+// temporaries (the same buffer where the division is in place).
+template <class P>
+struct Range {
+  P* param;
+  const P* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  float* root;
+  float* denom;
+  int64_t n;
+};
+
+template <class P>
+void run_op(int op, const Range<P>& r, const StepScalars& s) {
+  switch (op) {
+    case 0: op_mul(r.param, r.n, s.decay); break;
+    case 1: op_lerp(r.exp_avg, r.grad, r.n, s.one_minus_beta1); break;
+    case 2: op_mul(r.exp_avg_sq, r.n, s.beta2); break;
+    case 3: op_addcmul(r.exp_avg_sq, r.grad, r.grad, r.n, s.one_minus_beta2); break;
+    case 4: sqrt_to(r.root, r.exp_avg_sq, r.n); break;
+    case 5:
+      if (r.denom == r.root) op_div(r.denom, r.n, s.bias_correction2_sqrt);
+      else op_div_to(r.denom, r.root, r.n, s.bias_correction2_sqrt);
+      break;
+    case 6: op_add(r.denom, r.n, s.eps); break;
+    case 7: op_addcdiv(r.param, r.exp_avg, r.denom, r.n, -s.step_size); break;
+  }
+}
+
+template <class P>
+Range<P> sub_range(const Range<P>& r, int64_t begin, int64_t end) {
+  return Range<P>{r.param + begin, r.grad + begin, r.exp_avg + begin, r.exp_avg_sq + begin, r.root + begin,
+                  r.denom + begin, end - begin};
+}
+
+// The fused update of one range: PyTorch's _fused_adamw arithmetic. Tiles of 512 keep the sqrt (done
+// four at a time by sqrt_to) between two vectorised loops without a second trip to memory.
+template <class P>
+void fused_range(const Range<P>& r, const StepScalars& s) {
+  constexpr int64_t tile = 512;
+  alignas(64) float root[tile];
+  for (int64_t t0 = 0; t0 < r.n; t0 += tile) {
+    const int64_t k = std::min(tile, r.n - t0);
+    const P* __restrict grad = r.grad + t0;
+    float* __restrict exp_avg = r.exp_avg + t0;
+    float* __restrict exp_avg_sq = r.exp_avg_sq + t0;
+    P* __restrict param = r.param + t0;
+#pragma omp simd
+    for (int64_t i = 0; i < k; ++i) {
+      const float g = load_float(grad, i);
+      exp_avg[i] = s.beta1 * exp_avg[i] + s.one_minus_beta1 * g;
+      exp_avg_sq[i] = s.beta2 * exp_avg_sq[i] + s.one_minus_beta2 * g * g;
+    }
+    sqrt_to(root, exp_avg_sq, k);
+#pragma omp simd
+    for (int64_t i = 0; i < k; ++i) {
+      float p = load_float(param, i);
+      p -= s.lr_weight_decay * p;
+      const float denom = root[i] / s.bias_correction2_sqrt + s.eps;
+      p -= s.step_size * exp_avg[i] / denom;
+      store_float(param, i, p);
+    }
+  }
+}
+
+template <class P>
+class CpuAdamw final : public Instance, public StateSource {
+ public:
+  CpuAdamw(const ParamSet& set, Dtype dtype, Kind kind)
+      : set_(set), dtype_(dtype), kind_(kind), chunks_(make_chunks(set, cpu_chunk)),
+        param_(static_cast<std::size_t>(set.arena)), grad_(static_cast<std::size_t>(set.arena)),
+        exp_avg_(static_cast<std::size_t>(set.arena)), exp_avg_sq_(static_cast<std::size_t>(set.arena)),
+        root_(static_cast<std::size_t>(kind == Kind::per_tensor ? std::max<int64_t>(set.largest(), 1)
+                                       : kind == Kind::foreach  ? set.arena
+                                                                : 1)),
+        denom_(static_cast<std::size_t>(kind == Kind::per_tensor ? std::max<int64_t>(set.largest(), 1) : 1)) {
+    if constexpr (std::is_same_v<P, float>) {
+      fill_arena(set, chunks_, seed_param, param_.data());
+      fill_arena(set, chunks_, seed_grad, grad_.data());
+    } else {
+      fill_arena_bf16(set, chunks_, seed_param, param_.data());
+      fill_arena_bf16(set, chunks_, seed_grad, grad_.data());
+    }
+    zero_arena(set, chunks_, exp_avg_.data());
+    zero_arena(set, chunks_, exp_avg_sq_.data());
+    if (kind == Kind::foreach) zero_arena(set, chunks_, root_.data());
+    else std::fill(root_.data(), root_.data() + root_.size(), 0.0f);
+    std::fill(denom_.data(), denom_.data() + denom_.size(), 0.0f);
+  }
+
+  void run() override {
+    const StepScalars s = step_scalars(++steps_);
+    switch (kind_) {
+      case Kind::per_tensor: return run_per_tensor(s);
+      case Kind::foreach: return run_foreach(s);
+      case Kind::fused: return run_fused(s);
+    }
+  }
+
+  Verdict check() override { return check_state(set_, dtype_, steps_, state()); }
+
+  HostState state() override {
+    HostState out;
+    if constexpr (std::is_same_v<P, float>) out.param = gather(set_, param_.data());
+    else out.param = gather_bf16(set_, param_.data());
+    out.exp_avg = gather(set_, exp_avg_.data());
+    out.exp_avg_sq = gather(set_, exp_avg_sq_.data());
+    return out;
+  }
+  int64_t steps() const override { return steps_; }
+
+ private:
+  Range<P> tensor_range(int64_t t, float* root, float* denom) {
+    const int64_t o = set_.offsets[t];
+    return Range<P>{param_.data() + o, grad_.data() + o, exp_avg_.data() + o, exp_avg_sq_.data() + o, root, denom,
+                    set_.sizes[t]};
+  }
+
+  // PyTorch's for-loop path: tensor by tensor, op by op; an op splits its tensor over the team only
+  // above the grain (as at::parallel_for does), else runs on the calling thread.
+  void run_per_tensor(const StepScalars& s) {
+    for (int64_t t = 0; t < set_.count(); ++t) {
+      if (set_.sizes[t] == 0) continue;
+      const Range<P> r = tensor_range(t, root_.data(), denom_.data());
+      for (int op = 0; op < op_count; ++op) {
+        if (r.n <= cpu_grain) {
+          run_op(op, r, s);
+          continue;
+        }
+#pragma omp parallel
+        {
+          const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
+          run_op(op, sub_range(r, r.n * me / team, r.n * (me + 1) / team), s);
+        }
+      }
+    }
+  }
+
+  // The foreach path: each op once, over every tensor's chunks in one parallel loop.
+  void run_foreach(const StepScalars& s) {
+    const auto count = static_cast<int64_t>(chunks_.size());
+    for (int op = 0; op < op_count; ++op) {
+#pragma omp parallel for schedule(static)
+      for (int64_t c = 0; c < count; ++c) {
+        const Chunk ch = chunks_[c];
+        float* root = root_.data() + set_.offsets[ch.tensor];  // divided in place: denom is root
+        const Range<P> r = tensor_range(ch.tensor, root, root);
+        run_op(op, sub_range(r, ch.begin, ch.begin + ch.len), s);
+      }
+    }
+  }
+
+  void run_fused(const StepScalars& s) {
+    const auto count = static_cast<int64_t>(chunks_.size());
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < count; ++c) {
+      const Chunk ch = chunks_[c];
+      const int64_t o = set_.offsets[ch.tensor] + ch.begin;  // the fused pass has no temporary
+      fused_range(Range<P>{param_.data() + o, grad_.data() + o, exp_avg_.data() + o, exp_avg_sq_.data() + o, nullptr,
+                           nullptr, ch.len},
+                  s);
+    }
+  }
+
+  ParamSet set_;
+  Dtype dtype_;
+  Kind kind_;
+  std::vector<Chunk> chunks_;
+  HostBuffer<P> param_, grad_;
+  HostBuffer<float> exp_avg_, exp_avg_sq_;
+  HostBuffer<float> root_, denom_;  // the temporaries: per tensor (for-loop path) or per arena (foreach)
+  int64_t steps_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Instance> make_cpu(const Problem& problem, const RunContext&, Kind kind) {
+  const ParamSet set = make_param_set(problem.get_int("params"), problem.get_int("tensors"));
+  const Dtype dtype = dtype_from_string(problem.get("dtype"));
+  if (dtype == Dtype::bf16) return std::make_unique<CpuAdamw<uint16_t>>(set, dtype, kind);
+  return std::make_unique<CpuAdamw<float>>(set, dtype, kind);
+}
+
+}  // namespace tb::adamw

@@ -1,0 +1,125 @@
+// CUDA pieces shared by the optimizer stages (`adamw`, `gradnorm`): fp32/bf16 loads and stores,
+// scalar and four-wide, the parameter set's arenas on the device, and a chunk table kept in device
+// memory so that one launch can cover every tensor. Included only by .cu files.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "adamw/param_set.h"
+#include "runtime/cuda_raii.h"
+#include "runtime/host_buffer.h"
+
+namespace tb::adamw::device {
+
+// ---- element access -------------------------------------------------------------------------------
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <class T>
+__device__ __forceinline__ T from_float(float x) {
+  if constexpr (std::is_same_v<T, float>) return x;
+  else return __float2bfloat16_rn(x);
+}
+
+template <class T>
+__device__ __forceinline__ bool aligned_for_quads(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
+}
+
+// Four consecutive elements in one access (16 B of fp32, 8 B of bf16); `p` aligned_for_quads.
+__device__ __forceinline__ void load4(const float* p, float (&x)[4]) {
+  const float4 v = *reinterpret_cast<const float4*>(p);
+  x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+}
+__device__ __forceinline__ void load4(const __nv_bfloat16* p, float (&x)[4]) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(p);
+  __nv_bfloat162 lo, hi;
+  memcpy(&lo, &raw.x, sizeof lo);
+  memcpy(&hi, &raw.y, sizeof hi);
+  const float2 a = __bfloat1622float2(lo), b = __bfloat1622float2(hi);
+  x[0] = a.x, x[1] = a.y, x[2] = b.x, x[3] = b.y;
+}
+__device__ __forceinline__ void store4(float* p, const float (&x)[4]) {
+  *reinterpret_cast<float4*>(p) = make_float4(x[0], x[1], x[2], x[3]);
+}
+__device__ __forceinline__ void store4(__nv_bfloat16* p, const float (&x)[4]) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(x[0], x[1]), hi = __floats2bfloat162_rn(x[2], x[3]);
+  uint2 raw;
+  memcpy(&raw.x, &lo, sizeof lo);
+  memcpy(&raw.y, &hi, sizeof hi);
+  *reinterpret_cast<uint2*>(p) = raw;
+}
+
+// ---- host side -------------------------------------------------------------------------------------
+// A chunk as a kernel reads it (16 B): `len` elements from element `begin` of tensor `tensor`.
+struct DeviceChunk {
+  int32_t tensor;
+  int32_t len;
+  int64_t begin;
+};
+
+template <class T>
+cuda::DeviceBuffer<T> upload(const std::vector<T>& host) {
+  cuda::DeviceBuffer<T> out(host.size());
+  if (!host.empty()) CUDA_CHECK(cudaMemcpy(out.data(), host.data(), out.bytes(), cudaMemcpyHostToDevice));
+  return out;
+}
+
+inline cuda::DeviceBuffer<DeviceChunk> upload_chunks(const ParamSet& set, int64_t chunk_elements) {
+  std::vector<DeviceChunk> table;
+  for (const Chunk& c : make_chunks(set, chunk_elements))
+    table.push_back(DeviceChunk{static_cast<int32_t>(c.tensor), static_cast<int32_t>(c.len), c.begin});
+  return upload(table);
+}
+
+// Where each tensor starts in a device arena: the multi-tensor kernels address tensors through this,
+// as they would separate allocations.
+template <class T>
+cuda::DeviceBuffer<T*> upload_tensor_pointers(const ParamSet& set, T* arena) {
+  std::vector<T*> pointers;
+  for (const int64_t offset : set.offsets) pointers.push_back(arena + offset);
+  return upload(pointers);
+}
+
+// The deterministic start of an arena (fp32 values or bf16 bits), generated on the host and copied.
+template <class T>
+cuda::DeviceBuffer<T> upload_initial_arena(const ParamSet& set, uint64_t seed) {
+  const auto chunks = make_chunks(set, 65536);
+  cuda::DeviceBuffer<T> out(static_cast<std::size_t>(set.arena));
+  if constexpr (std::is_same_v<T, float>) {
+    HostBuffer<float> host(out.size());
+    fill_arena(set, chunks, seed, host.data());
+    CUDA_CHECK(cudaMemcpy(out.data(), host.data(), out.bytes(), cudaMemcpyHostToDevice));
+  } else {
+    HostBuffer<uint16_t> host(out.size());
+    fill_arena_bf16(set, chunks, seed, host.data());
+    CUDA_CHECK(cudaMemcpy(out.data(), host.data(), out.bytes(), cudaMemcpyHostToDevice));
+  }
+  return out;
+}
+
+// An arena's tensors, concatenated and widened to float. Synchronous.
+template <class T>
+std::vector<float> download_gathered(const ParamSet& set, const T* arena) {
+  if constexpr (std::is_same_v<T, float>) {
+    HostBuffer<float> host(static_cast<std::size_t>(set.arena));
+    CUDA_CHECK(cudaMemcpy(host.data(), arena, host.bytes(), cudaMemcpyDeviceToHost));
+    return gather(set, host.data());
+  } else {
+    HostBuffer<uint16_t> host(static_cast<std::size_t>(set.arena));
+    CUDA_CHECK(cudaMemcpy(host.data(), arena, host.bytes(), cudaMemcpyDeviceToHost));
+    return gather_bf16(set, host.data());
+  }
+}
+
+inline int sm_count(int device) {
+  int sms = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+}  // namespace tb::adamw::device
