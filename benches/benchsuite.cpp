@@ -199,6 +199,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tb::use_matching_blas_kernels(argv, "benchsuite");
   try {
     return run(argc, argv);
   } catch (const tb::UsageError& e) {

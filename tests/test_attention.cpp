@@ -18,7 +18,8 @@ const Stage& stage() { return *builtin_registry().find("attention"); }
 std::vector<std::string> shapes_for(const std::string& axis, Backend backend) {
   if (axis == "block_shape") return {"1x2x1x8", "1x2x7x8", "2x2x33x16"};
   if (backend == Backend::cuda) return {"1x1x1x64", "1x2x7x64", "2x2x257x128", "1x3x100x32"};
-  return {"1x1x1x8", "1x2x7x16", "2x3x257x32"};
+  // The last two reach the register-blocked micro-kernels: head_dim 64 and 128, with tail rows.
+  return {"1x1x1x8", "1x2x7x16", "2x3x257x32", "2x2x67x64", "1x1x130x128"};
 }
 
 std::vector<Problem> test_problems(const Variant& v) {

@@ -98,8 +98,17 @@ struct TileWork {  // one thread's scratch: K tile transposed, score tile, accum
   float* row_sum;
 };
 
-// One tile of queries [i0, i0 + rows) against all its keys. Cloned for AVX-512 / AVX2+FMA /
-// baseline x86-64 so the binary stays portable while the inner loops use the widest vectors.
+// 16 floats: one AVX-512 register (two AVX2 or four SSE registers in the other clones). Declared
+// unaligned and may_alias so that it can be loaded from and stored to any float address.
+typedef float vf16 __attribute__((vector_size(64), aligned(4), may_alias));
+#define TB_LOAD16(p) (*reinterpret_cast<const vf16*>(p))
+#define TB_STORE16(p, value) (*reinterpret_cast<vf16*>(p) = (value))
+constexpr int64_t block_rows = 4;  // query rows per micro-kernel: 4 x 64 accumulators in 16 registers
+
+// One tile of queries [i0, i0 + rows) against all its keys. Both products are register-blocked:
+// 4 query rows x 64 keys (scores) and 4 rows x 64 output columns (P V) stay in vector registers
+// while the other operand streams past, instead of a load and store per multiply-add. Cloned for
+// AVX-512 / AVX2+FMA / baseline x86-64 so the binary stays portable.
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void fused_tile(const float* q, const float* k, const float* v, float* out, int64_t S, int64_t D, int64_t i0,
                 int64_t rows, bool causal, float scale, const TileWork& w) {
@@ -109,34 +118,84 @@ void fused_tile(const float* q, const float* k, const float* v, float* out, int6
     std::fill(w.acc + i * D, w.acc + (i + 1) * D, 0.0f);
   }
   const int64_t key_end = causal ? i0 + rows : S;
+  const int64_t blocked_rows = rows / block_rows * block_rows;
+  const int64_t blocked_cols = D / 64 * 64;  // output columns the P V micro-kernel covers
   for (int64_t j0 = 0; j0 < key_end; j0 += tile_cols) {
     const int64_t cols = std::min(tile_cols, key_end - j0);
-    for (int64_t j = 0; j < cols; ++j)
-      for (int64_t d = 0; d < D; ++d) w.k_t[d * tile_cols + j] = k[(j0 + j) * D + d];
-    for (int64_t i = 0; i < rows; ++i) {
-      const int64_t n = causal ? std::min(cols, i0 + i - j0 + 1) : cols;  // keys this query may see
-      if (n <= 0) continue;
-      float* srow = w.score + i * tile_cols;
-      std::fill(srow, srow + cols, 0.0f);
-      const float* qrow = q + (i0 + i) * D;
+    // K tile transposed and zero-padded to 64 keys: the score micro-kernel has no tail.
+    for (int64_t j = 0; j < tile_cols; ++j)
+      for (int64_t d = 0; d < D; ++d) w.k_t[d * tile_cols + j] = j < cols ? k[(j0 + j) * D + d] : 0.0f;
+    for (int64_t i = 0; i < blocked_rows; i += block_rows) {
+      vf16 acc[block_rows][4] = {};
       for (int64_t d = 0; d < D; ++d) {
-        const float qd = qrow[d] * scale;
         const float* kd = w.k_t + d * tile_cols;
-        for (int64_t j = 0; j < cols; ++j) srow[j] += qd * kd[j];
+        const vf16 k0 = TB_LOAD16(kd), k1 = TB_LOAD16(kd + 16), k2 = TB_LOAD16(kd + 32), k3 = TB_LOAD16(kd + 48);
+        for (int64_t r = 0; r < block_rows; ++r) {
+          const float qd = q[(i0 + i + r) * D + d] * scale;
+          acc[r][0] += k0 * qd;
+          acc[r][1] += k1 * qd;
+          acc[r][2] += k2 * qd;
+          acc[r][3] += k3 * qd;
+        }
+      }
+      for (int64_t r = 0; r < block_rows; ++r)
+        for (int c = 0; c < 4; ++c) TB_STORE16(w.score + (i + r) * tile_cols + 16 * c, acc[r][c]);
+    }
+    for (int64_t i = blocked_rows; i < rows; ++i) {
+      float* srow = w.score + i * tile_cols;
+      std::fill(srow, srow + tile_cols, 0.0f);
+      for (int64_t d = 0; d < D; ++d) {
+        const float qd = q[(i0 + i) * D + d] * scale;
+        const float* kd = w.k_t + d * tile_cols;
+        for (int64_t j = 0; j < tile_cols; ++j) srow[j] += qd * kd[j];
+      }
+    }
+    // Online softmax per row; the probabilities of keys a query may not see are zero.
+    for (int64_t i = 0; i < rows; ++i) {
+      float* srow = w.score + i * tile_cols;
+      const int64_t n = causal ? std::min(cols, i0 + i - j0 + 1) : cols;  // keys this query may see
+      if (n <= 0) {
+        std::fill(srow, srow + tile_cols, 0.0f);
+        continue;
       }
       float mx = w.row_max[i];
       for (int64_t j = 0; j < n; ++j) mx = std::max(mx, srow[j]);
       const float alpha = std::exp(w.row_max[i] - mx);  // 0 on the first tile (max was -inf)
       float sum = 0;
       for (int64_t j = 0; j < n; ++j) sum += (srow[j] = std::exp(srow[j] - mx));
+      std::fill(srow + n, srow + tile_cols, 0.0f);
       w.row_sum[i] = w.row_sum[i] * alpha + sum;
       w.row_max[i] = mx;
       float* arow = w.acc + i * D;
       for (int64_t d = 0; d < D; ++d) arow[d] *= alpha;
-      for (int64_t j = 0; j < n; ++j) {
-        const float p = srow[j];
+    }
+    // O += P V.
+    for (int64_t i = 0; i < blocked_rows; i += block_rows)
+      for (int64_t c0 = 0; c0 < blocked_cols; c0 += 64) {
+        vf16 acc[block_rows][4];
+        for (int64_t r = 0; r < block_rows; ++r)
+          for (int c = 0; c < 4; ++c) acc[r][c] = TB_LOAD16(w.acc + (i + r) * D + c0 + 16 * c);
+        for (int64_t j = 0; j < cols; ++j) {
+          const float* vr = v + (j0 + j) * D + c0;
+          const vf16 v0 = TB_LOAD16(vr), v1 = TB_LOAD16(vr + 16), v2 = TB_LOAD16(vr + 32), v3 = TB_LOAD16(vr + 48);
+          for (int64_t r = 0; r < block_rows; ++r) {
+            const float p = w.score[(i + r) * tile_cols + j];
+            acc[r][0] += v0 * p;
+            acc[r][1] += v1 * p;
+            acc[r][2] += v2 * p;
+            acc[r][3] += v3 * p;
+          }
+        }
+        for (int64_t r = 0; r < block_rows; ++r)
+          for (int c = 0; c < 4; ++c) TB_STORE16(w.acc + (i + r) * D + c0 + 16 * c, acc[r][c]);
+      }
+    for (int64_t i = 0; i < rows; ++i) {  // what the micro-kernel leaves: tail rows and columns
+      const int64_t from = i < blocked_rows ? blocked_cols : 0;
+      float* arow = w.acc + i * D;
+      for (int64_t j = 0; j < cols; ++j) {
+        const float p = w.score[i * tile_cols + j];
         const float* vrow = v + (j0 + j) * D;
-        for (int64_t d = 0; d < D; ++d) arow[d] += p * vrow[d];
+        for (int64_t d = from; d < D; ++d) arow[d] += p * vrow[d];
       }
     }
   }

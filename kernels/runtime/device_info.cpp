@@ -5,7 +5,12 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <string>
 
 namespace tb {
@@ -56,6 +61,33 @@ HostInfo host_info() {
   if (l3 <= 0) l3 = sysconf(_SC_LEVEL2_CACHE_SIZE);
   h.l3_bytes = l3 > 0 ? l3 : 32l << 20;
   return h;
+}
+
+static bool openblas_core_is_one_of(const std::string& core, std::initializer_list<const char*> names) {
+  for (const char* n : names)
+    if (core == n) return true;
+  return false;
+}
+
+void use_matching_blas_kernels(char** argv, const char* program) {
+  if (std::getenv("OPENBLAS_CORETYPE")) return;  // the user's choice stands
+  const std::string core = openblas_get_corename();
+  const char* better = nullptr;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
+    if (!openblas_core_is_one_of(core, {"SkylakeX", "Cooperlake", "CooperLake", "SapphireRapids"})) better = "SkylakeX";
+  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if (!openblas_core_is_one_of(core, {"Haswell", "Zen", "SkylakeX", "Cooperlake", "CooperLake", "SapphireRapids"}))
+      better = "Haswell";
+  }
+  if (!better) return;
+  std::fprintf(stderr,
+               "%s: OpenBLAS chose its %s kernels on a CPU with %s; restarting with OPENBLAS_CORETYPE=%s "
+               "(set OPENBLAS_CORETYPE yourself to choose)\n",
+               program, core.c_str(), std::string(better) == "SkylakeX" ? "AVX-512" : "AVX2 and FMA", better);
+  setenv("OPENBLAS_CORETYPE", better, 1);
+  execv("/proc/self/exe", argv);
+  std::fprintf(stderr, "%s: could not restart (%s); going on with OpenBLAS's %s kernels\n", program,
+               std::strerror(errno), core.c_str());
 }
 
 std::string host_memory_reason(double bytes) {

@@ -43,6 +43,14 @@ struct CudaStatus {
 };
 
 HostInfo host_info();
+
+// OpenBLAS picks its kernels from the CPU model at load time, and falls back to a generic SSE3 core
+// ("Prescott") on CPUs it does not recognise, such as many virtual machines, even when they have
+// AVX-512: its GEMM is then several times slower than the machine. When that happened and the user
+// has not set OPENBLAS_CORETYPE, this re-executes the program once with the core type that matches
+// the CPU's instruction set (SkylakeX for AVX-512, Haswell for AVX2+FMA), saying so on stderr.
+// Returns only when no restart is needed.
+void use_matching_blas_kernels(char** argv, const char* program);
 // Why an allocation of `bytes` should not be tried here ("needs 40960 MiB of host memory, 23000 MiB
 // free"), or "" when it fits: a run that would swap or be killed is reported instead.
 std::string host_memory_reason(double bytes);
