@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "attention.h"
@@ -33,6 +34,44 @@ void fill_inputs(const Shape& s, HostBuffer<float>& q, HostBuffer<float>& k, Hos
 }
 
 std::vector<float> to_vector(const HostBuffer<float>& b) { return std::vector<float>(b.data(), b.data() + b.size()); }
+
+// 16 floats: one AVX-512 register (two AVX2 or four SSE registers in the other clones). Declared
+// unaligned and may_alias so that it can be loaded from and stored to any float address.
+typedef float vf16 __attribute__((vector_size(64), aligned(4), may_alias));
+#define TB_LOAD16(p) (*reinterpret_cast<const vf16*>(p))
+#define TB_STORE16(p, value) (*reinterpret_cast<vf16*>(p) = (value))
+// x[j] = exp(x[j] - shift) for j < n, returning the sum: the softmax's exponentials, 16 at a time
+// (the Cephes expf polynomial after range reduction, relative error about 2e-7), as vectorised
+// softmaxes do. Arguments below -87.3 (masked scores) give exactly 0.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+float exp_shifted_sum(float* x, int64_t n, float shift) {
+  typedef int32_t vi16 __attribute__((vector_size(64)));
+  const vf16 lo = vf16{} - 87.3f;
+  vf16 total = {};
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    vf16 v = TB_LOAD16(x + j) - shift;
+    const auto masked = v < lo;
+    v = masked ? lo : v;
+    vf16 fx = v * 1.44269504088896341f + 0.5f;
+    vf16 n2 = __builtin_convertvector(__builtin_convertvector(fx, vi16), vf16);
+    n2 = n2 > fx ? n2 - 1.0f : n2;  // floor
+    const vf16 r = v - n2 * 0.693359375f + n2 * 2.12194440e-4f;
+    vf16 y = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
+              1.6666665459e-1f) * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    const vi16 bits = (__builtin_convertvector(n2, vi16) + 127) << 23;
+    vf16 pow2;
+    std::memcpy(&pow2, &bits, sizeof pow2);
+    y = masked ? vf16{} : y * pow2;
+    TB_STORE16(x + j, y);
+    total += y;
+  }
+  float sum = 0;
+  for (int c = 0; c < 16; ++c) sum += total[c];
+  for (; j < n; ++j) sum += (x[j] = std::exp(x[j] - shift));
+  return sum;
+}
 
 // ---- naive -----------------------------------------------------------------------------------------
 
@@ -75,8 +114,7 @@ void naive_attention(const Shape& s, Mask mask, const float* q, const float* k, 
     const int64_t n = mask == Mask::implicit ? r % S + 1 : S;
     float mx = neg_inf;
     for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
-    float sum = 0;
-    for (int64_t j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - mx));
+    const float sum = exp_shifted_sum(row, n, mx);
     const float inv = 1.0f / sum;
     for (int64_t j = 0; j < n; ++j) row[j] *= inv;
     for (int64_t j = n; j < S; ++j) row[j] = 0.0f;
@@ -98,11 +136,6 @@ struct TileWork {  // one thread's scratch: K tile transposed, score tile, accum
   float* row_sum;
 };
 
-// 16 floats: one AVX-512 register (two AVX2 or four SSE registers in the other clones). Declared
-// unaligned and may_alias so that it can be loaded from and stored to any float address.
-typedef float vf16 __attribute__((vector_size(64), aligned(4), may_alias));
-#define TB_LOAD16(p) (*reinterpret_cast<const vf16*>(p))
-#define TB_STORE16(p, value) (*reinterpret_cast<vf16*>(p) = (value))
 constexpr int64_t block_rows = 4;  // query rows per micro-kernel: 4 x 64 accumulators in 16 registers
 
 // One tile of queries [i0, i0 + rows) against all its keys. Both products are register-blocked:
@@ -161,8 +194,7 @@ void fused_tile(const float* q, const float* k, const float* v, float* out, int6
       float mx = w.row_max[i];
       for (int64_t j = 0; j < n; ++j) mx = std::max(mx, srow[j]);
       const float alpha = std::exp(w.row_max[i] - mx);  // 0 on the first tile (max was -inf)
-      float sum = 0;
-      for (int64_t j = 0; j < n; ++j) sum += (srow[j] = std::exp(srow[j] - mx));
+      const float sum = exp_shifted_sum(srow, n, mx);
       std::fill(srow + n, srow + tile_cols, 0.0f);
       w.row_sum[i] = w.row_sum[i] * alpha + sum;
       w.row_max[i] = mx;
