@@ -22,26 +22,11 @@ Problem problem(int64_t params, int64_t tensors, const std::string& dtype) {
   return Problem({{"params", std::to_string(params)}, {"tensors", std::to_string(tensors)}, {"dtype", dtype}});
 }
 
-// Odd sizes, as for adamw: 1 parameter (norm below max_norm: the clamp holds the factor at 1), 7 in
-// 200 tensors (198 empty), a large prime over 200 and over 3 tensors.
-std::vector<Problem> odd_problems() {
-  std::vector<Problem> out;
-  for (const auto& [params, tensors] : std::vector<std::pair<int64_t, int64_t>>{
-           {1, 200}, {7, 200}, {7, 1}, {1000003, 200}, {1000003, 3}})
-    for (const char* dtype : {"fp32", "bf16"}) out.push_back(problem(params, tensors, dtype));
-  return out;
-}
-
 class GradnormVariant : public ::testing::TestWithParam<std::size_t> {};
 
 TEST_P(GradnormVariant, MatchesReferenceAfterSeveralCallsAtOddSizes) {
   const Variant& v = gradnorm_stage().variants.at(GetParam());
-  if (const std::string why = testing::cannot_run_here(v); !why.empty()) GTEST_SKIP() << v.id << ": " << why;
-  for (const Problem& p : odd_problems()) {
-    ASSERT_EQ(v.unsupported(p), "") << p.label();
-    const Verdict verdict = testing::run_and_check(v, p, calls);
-    EXPECT_TRUE(verdict.passed) << to_string(v.backend) << "/" << v.id << " at " << p.label() << ": " << verdict.detail;
-  }
+  for (const Problem& p : testing::odd_param_set_problems()) TB_EXPECT_MATCHES_REFERENCE_AFTER(v, p, calls);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, GradnormVariant,
