@@ -39,7 +39,8 @@ static json row_to_json(const Row& r) {
             {"bytes", r.bytes},
             {"flops", r.flops},
             {"bound", r.bound},
-            {"peak_key", r.peak_key}};
+            {"peak_key", r.peak_key},
+            {"footprint_bytes", r.footprint}};
   json counters = json::object();
   for (const auto& [k, v] : r.counters) counters[k] = v;
   j["counters"] = counters;
@@ -58,6 +59,7 @@ static json row_to_json(const Row& r) {
     j["gb_per_s"] = r.gb_per_s();
     j["tflop_per_s"] = r.tflop_per_s();
     if (r.pct_of_peak) j["pct_of_peak"] = *r.pct_of_peak;
+    if (!r.pct_note.empty()) j["pct_of_peak_note"] = r.pct_note;
   }
   return j;
 }
@@ -130,6 +132,7 @@ Results results_from_json(const json& doc) {
     r.flops = j.value("flops", 0.0);
     r.bound = j.value("bound", std::string("memory"));
     r.peak_key = j.value("peak_key", std::string());
+    r.footprint = j.value("footprint_bytes", r.bytes);
     if (j.contains("counters")) {
       if (!j["counters"].is_object()) throw std::runtime_error(where + ": \"counters\" is not an object");
       for (const auto& [k, v] : j["counters"].items()) {
@@ -150,6 +153,7 @@ Results results_from_json(const json& doc) {
       r.summary.rel_half_width =
           r.summary.median > 0 ? (r.summary.ci_high - r.summary.ci_low) / (2 * r.summary.median) : 0;
       if (j.contains("pct_of_peak")) r.pct_of_peak = j["pct_of_peak"].get<double>();
+      r.pct_note = j.value("pct_of_peak_note", std::string());
     }
     results.rows.push_back(std::move(r));
   }
@@ -232,19 +236,25 @@ static std::string problem_of(const std::string& name) {
   return slash == std::string::npos ? "" : name.substr(slash + 1);
 }
 
+// A row's % of peak, or why it has none ("cache", "above peak"), or "-".
+static std::string pct_text(const Row& r, int digits) {
+  if (r.pct_of_peak) return fixed(*r.pct_of_peak, digits);
+  return r.pct_note.empty() ? std::string("-") : r.pct_note;
+}
+
 static std::string render_console(const Results& results) {
   std::size_t width = 9;
   for (const auto& r : results.rows) width = std::max(width, r.name.size());
   std::ostringstream out;
   out << std::left << std::setw(static_cast<int>(width)) << "benchmark" << "  " << std::setw(15) << "result"
       << std::right << std::setw(11) << "median" << std::setw(9) << "+-CI" << std::setw(16) << "rate"
-      << std::setw(9) << "% peak" << "\n";
+      << std::setw(12) << "% peak" << "\n";
   for (const auto& r : results.rows) {
     out << std::left << std::setw(static_cast<int>(width)) << r.name << "  " << std::setw(15) << result_word(r);
     if (r.timed()) {
       out << std::right << std::setw(11) << human_time(r.summary.median) << std::setw(8)
-          << fixed(100 * r.summary.rel_half_width, 1) << "%" << std::setw(16) << human_rate(r) << std::setw(9)
-          << (r.pct_of_peak ? fixed(*r.pct_of_peak, 1) : std::string("-"));
+          << fixed(100 * r.summary.rel_half_width, 1) << "%" << std::setw(16) << human_rate(r) << std::setw(12)
+          << pct_text(r, 1);
       for (const auto& [k, v] : r.counters) out << "  " << k << "=" << counter_text(v);
     } else {
       out << r.reason;
@@ -309,7 +319,7 @@ static std::string render_md(const Results& results) {
         << " | ";
     if (r.timed())
       out << human_time(r.summary.median) << " | " << fixed(100 * r.summary.rel_half_width, 1) << "% | " << human_rate(r)
-          << " | " << (r.pct_of_peak ? fixed(*r.pct_of_peak, 1) : std::string("-")) << " |\n";
+          << " | " << pct_text(r, 1) << " |\n";
     else
       out << " | | | |\n";
   }

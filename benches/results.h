@@ -31,7 +31,12 @@ struct Row {
   double bytes = 0, flops = 0;
   std::string bound = "memory";  // memory | compute: which rate is compared with the peak
   std::string peak_key;
+  double footprint = 0;       // bytes one call touches (Work::footprint_bytes, else bytes)
   std::optional<double> pct_of_peak;
+  // Why a row with a peak key has no % of it: "cache" (hot, and its working set fits in the last-level
+  // cache: a DRAM peak is no ceiling for it), "above peak" (faster than the measured ceiling: the
+  // work model or the peak is wrong), or "" when it has one.
+  std::string pct_note;
   std::vector<std::pair<std::string, double>> counters;  // from the work model, e.g. launches per call
 
   bool timed() const { return disposition == "passed" && !samples_ns.empty(); }

@@ -5,7 +5,9 @@
 #include <vector>
 
 #include "attention/attention.h"
+#include "runtime/device_info.h"
 #include "runtime/error.h"
+#include "cuda_testing.h"
 #include "stage_testing.h"
 
 namespace tb {
@@ -98,6 +100,54 @@ TEST(AttentionRegistry, FusedRunsWhereNaiveCannotAllocate) {
   const Variant* fused = stage().find_variant("fused", Backend::cpu);
   EXPECT_NE(naive->unsupported(p).find("MiB of host memory"), std::string::npos);
   EXPECT_EQ(fused->unsupported(p), "");
+}
+
+TEST(AttentionRegistry, FusedCudaRefusesAGridThatCannotLaunch) {
+  // 2^20 x 2^12 heads of 64 queries: 2^32 blocks of 8 rows (fp32), beyond grid.x's 2^31 - 1.
+  Problem p({{"shape", "1048576x4096x64x64"}, {"causal", "causal"}, {"dtype", "fp32"}});
+  const Variant* fused = stage().find_variant("fused", Backend::cuda);
+  ASSERT_NE(fused, nullptr);
+  EXPECT_NE(fused->unsupported(p).find("above the grid's 2^31 - 1"), std::string::npos) << fused->unsupported(p);
+}
+
+TEST(AttentionRegistry, Bf16TensorCoresNeedSm80) {
+  EXPECT_NE(capability_reason("7.5", 8, 0, "bf16 mma.sync").find("needs compute capability 8.0"), std::string::npos);
+  EXPECT_EQ(capability_reason("8.0", 8, 0, "bf16 mma.sync"), "");
+  EXPECT_EQ(capability_reason("9.0", 8, 0, "bf16 mma.sync"), "");
+  EXPECT_EQ(capability_reason("10.0", 8, 0, "bf16 mma.sync"), "");
+}
+
+// More than 65535 batch x heads: the launch that once put them in grid.y (limit 65535) must run
+// and match the reference, in both dtypes.
+TEST(AttentionCuda, FusedRunsBeyond65535BatchTimesHeads) {
+  const Variant* fused = stage().find_variant("fused", Backend::cuda);
+  ASSERT_NE(fused, nullptr);
+  for (const char* dtype : {"fp32", "bf16"}) {
+    const Problem p({{"shape", "33000x2x9x64"}, {"causal", "causal"}, {"dtype", dtype}});
+    if (fused->unsupported && !fused->unsupported(p).empty()) GTEST_SKIP() << fused->unsupported(p);
+    TB_EXPECT_MATCHES_REFERENCE(*fused, p);
+  }
+}
+
+// The rebuilt mask comes from a pool that keeps its memory across synchronisations, as PyTorch's
+// caching allocator does: after a forward and a synchronise the mask's memory is still held, and
+// later forwards take no more. (The device's default pool, release threshold 0, hands it back at
+// every synchronise and maps it afresh on the next call: a cost PyTorch never pays.)
+TEST(AttentionCuda, RebuiltMaskKeepsItsMemoryAcrossSynchronisations) {
+  const Variant* rebuilt = stage().find_variant("naive_mask_rebuilt", Backend::cuda);
+  ASSERT_NE(rebuilt, nullptr);
+  if (const std::string why = testing::cannot_run_here(*rebuilt); !why.empty()) GTEST_SKIP() << why;
+  const Problem p({{"shape", "1x1x4096x64"}, {"causal", "causal"}, {"dtype", "fp32"}});  // a 16 MiB mask
+  auto session = make_session(Backend::cuda, 0);
+  auto instance = rebuilt->make(p, session->context());
+  const int64_t before = testing::cuda_free_bytes();
+  instance->run();
+  ASSERT_TRUE(instance->check().passed);  // check() synchronises the stream
+  const int64_t after_first = testing::cuda_free_bytes();
+  EXPECT_GE(before - after_first, int64_t{4096} * 4096) << "the mask's memory went back to the driver";
+  for (int i = 0; i < 5; ++i) instance->run();
+  ASSERT_TRUE(instance->check().passed);
+  EXPECT_EQ(testing::cuda_free_bytes(), after_first) << "later forwards mapped more memory";
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "harness.h"
+#include "runtime/device_info.h"
 #include "runtime/error.h"
 
 namespace tb {
@@ -198,6 +199,68 @@ TEST_F(Harness, FilterMatchingOnlyUnavailableVariantsListsThemWithTheReason) {
   EXPECT_NE(progress.str().find("unsupported"), std::string::npos) << progress.str();
   // A filter that matches nothing anywhere is still bad usage.
   EXPECT_THROW(select_entries(reg, quick_settings("gpuonly/cuda/nothing")), UsageError);
+}
+
+// A memory-bound row gets a % of a DRAM peak only when that peak is a ceiling for it: not when its
+// working set fits in the last-level cache (hot), and never above 100%.
+Row timed_row(const std::string& name, const std::string& stage, const std::string& variant, double bytes,
+              double footprint, double ns) {
+  Row r;
+  r.name = name;
+  r.stage = stage;
+  r.variant = variant;
+  r.backend = "cpu";
+  r.disposition = "passed";
+  r.samples_ns = {ns, ns, ns};
+  r.bytes = bytes;
+  r.footprint = footprint;
+  return r;
+}
+
+TEST(PercentOfPeak, NeverAboveTheCeilingAndNotForCacheResidentRows) {
+  const double llc = static_cast<double>(host_info().l3_bytes);
+  ASSERT_GT(llc, 0);
+  const double big = 8 * llc;  // DRAM-sized: a working set far above the cache
+  Results results;
+  // The triad peak: 1e9 bytes per ms = 1e12 B/s.
+  Row peak = timed_row("peak/cpu/triad/n=big", "peak", "triad", 1e9, big, 1e6);
+  Row dram = timed_row("adamw/cpu/fused/a", "adamw", "fused", 5e8, big, 1e6);        // half the peak
+  Row cached = timed_row("adamw/cpu/fused/b", "adamw", "fused", 5e8, llc / 4, 1e6);  // fits in the cache
+  Row faster = timed_row("adamw/cpu/fused/c", "adamw", "fused", 3e9, big, 1e6);      // 3x the peak
+  for (Row* r : {&dram, &cached, &faster}) r->peak_key = "cpu.triad";
+  results.rows = {peak, dram, cached, faster};
+  Settings settings;
+  finish_results(builtin_registry(), settings, results);
+  ASSERT_EQ(results.peaks.count("cpu.triad"), 1u);
+  EXPECT_DOUBLE_EQ(results.peaks["cpu.triad"].value, 1e12);
+  ASSERT_TRUE(results.rows[1].pct_of_peak.has_value());
+  EXPECT_NEAR(*results.rows[1].pct_of_peak, 50.0, 1e-9);
+  EXPECT_FALSE(results.rows[2].pct_of_peak.has_value());
+  EXPECT_EQ(results.rows[2].pct_note, "cache");
+  EXPECT_FALSE(results.rows[3].pct_of_peak.has_value());
+  EXPECT_EQ(results.rows[3].pct_note, "above peak");
+  for (const auto& r : results.rows) {
+    if (r.pct_of_peak) {
+      EXPECT_LE(*r.pct_of_peak, 100.0) << r.name;
+    }
+  }
+
+  // Cold mode flushes the cache before each call: the same small row is compared with DRAM.
+  Results cold;
+  Row cold_cached = cached;
+  cold_cached.mode = "cold";
+  cold.rows = {peak, cold_cached};
+  finish_results(builtin_registry(), settings, cold);
+  ASSERT_TRUE(cold.rows[1].pct_of_peak.has_value());
+  EXPECT_NEAR(*cold.rows[1].pct_of_peak, 50.0, 1e-9);
+
+  // A peak measured on cache-resident data is the cache's bandwidth: no ceiling, so no % at all.
+  Results small;
+  small.rows = {timed_row("peak/cpu/triad/n=small", "peak", "triad", 1e9, llc / 4, 1e6), dram};
+  finish_results(builtin_registry(), settings, small);
+  EXPECT_EQ(small.peaks.count("cpu.triad"), 0u);
+  EXPECT_EQ(small.rows[0].pct_note, "cache");
+  EXPECT_FALSE(small.rows[1].pct_of_peak.has_value());
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // autotune's own parts: trials in child processes (a crash, a hang and an out-of-memory kill each
-// cost one trial), their classification, the journal, the switches, the emitters, and the CLI as a
-// user runs it: bad input exits 2; a real CPU tune writes a config; --resume repeats no trial.
+// cost one trial), their classification, the journal, the switches, the trial's warm-up, the
+// emitters, and the CLI as a user runs it: bad input exits 2; a real CPU tune writes a config;
+// --resume repeats no trial.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -12,10 +13,12 @@
 #include <fstream>
 
 #include "runtime/error.h"
+#include "step/step.h"
 #include "step/workload.h"
 #include "tuner/emit.h"
 #include "tuner/journal.h"
 #include "tuner/trial.h"
+#include "tool_path.h"
 
 namespace tb::tune {
 namespace {
@@ -109,6 +112,16 @@ TEST(Switches, OnlyThoseTheWorkloadAndBackendHaveWithItsOwnFirst) {
   EXPECT_THROW(apply(sem, Candidate{8, 8, {{"warp_drive", "on"}}}), UsageError);
 }
 
+TEST(Trial, WarmUpRunsPastTheGraphCapture) {
+  step::Workload w = step::load_workload("t4_transformer");
+  w.switches.cuda_graphs = false;
+  EXPECT_EQ(warmup_steps(w), 1) << "one untimed step after the check, as benchsuite warms up";
+  w.switches.cuda_graphs = true;
+  // Step 0 is the checked one and steps 1..warmup_steps are untimed: the capturing step is among
+  // them, and the last one, whose time sizes the samples, is replays only.
+  EXPECT_GT(warmup_steps(w), step::graph_capture_step);
+}
+
 TuneOutput sample_output() {
   TuneOutput o;
   o.device = {{"backend", "cuda"}, {"name", "Test GPU"}};
@@ -157,7 +170,7 @@ struct Outcome {
 
 Outcome autotune(const std::string& args) {
   const auto err_path = std::filesystem::temp_directory_path() / ("tb_autotune_err_" + std::to_string(getpid()));
-  const std::string command = std::string(AUTOTUNE_PATH) + " " + args + " 2>" + err_path.string();
+  const std::string command = tb::testing::tool_path("autotune", AUTOTUNE_PATH) + " " + args + " 2>" + err_path.string();
   Outcome o;
   FILE* pipe = popen(command.c_str(), "r");
   std::array<char, 4096> buf{};

@@ -20,6 +20,9 @@ std::map<std::string, std::vector<std::string>> available_switches(const step::W
 step::Workload apply(const step::Workload& w, const Candidate& c);
 // The workload's own configuration as a candidate.
 Candidate own_candidate(const step::Workload& w, const SearchSpace& space);
+// Untimed steps a trial runs between its checked first step and its first timed sample; the last
+// of them is timed alone to size the samples.
+int64_t warmup_steps(const step::Workload& w);
 
 nlohmann::json to_json(const Candidate& c);
 Candidate candidate_from_json(const nlohmann::json& j);

@@ -257,8 +257,8 @@ class CudaAdamw final : public Instance, public StateSource {
  public:
   CudaAdamw(const ParamSet& set, Dtype dtype, Kind kind, const RunContext& ctx)
       : set_(set), dtype_(dtype), kind_(kind), stream_(cuda::as_stream(ctx.cuda_stream)),
-        param_(device::upload_initial_arena<P>(set, seed_param)),
-        grad_(device::upload_initial_arena<P>(set, seed_grad)),
+        param_(device::upload_initial_arena<P>(set, seed_param, stream_)),
+        grad_(device::upload_initial_arena<P>(set, seed_grad, stream_)),
         exp_avg_(static_cast<std::size_t>(set.arena)), exp_avg_sq_(static_cast<std::size_t>(set.arena)),
         root_(static_cast<std::size_t>(kind == Kind::per_tensor ? std::max<int64_t>(set.largest(), 1)
                                        : kind == Kind::foreach  ? set.arena
@@ -270,11 +270,11 @@ class CudaAdamw final : public Instance, public StateSource {
     if (denom_.size()) CUDA_CHECK(cudaMemsetAsync(denom_.data(), 0, denom_.bytes(), stream_));
     if (kind == Kind::foreach) plan_foreach();
     if (kind == Kind::fused) {
-      chunks_ = device::upload_chunks(set, fused_chunk);
-      params_ = device::upload_tensor_pointers(set, param_.data());
-      grads_ = device::upload_tensor_pointers(set, static_cast<const P*>(grad_.data()));
-      exp_avgs_ = device::upload_tensor_pointers(set, exp_avg_.data());
-      exp_avg_sqs_ = device::upload_tensor_pointers(set, exp_avg_sq_.data());
+      chunks_ = device::upload_chunks(set, fused_chunk, stream_);
+      params_ = device::upload_tensor_pointers(set, param_.data(), stream_);
+      grads_ = device::upload_tensor_pointers(set, static_cast<const P*>(grad_.data()), stream_);
+      exp_avgs_ = device::upload_tensor_pointers(set, exp_avg_.data(), stream_);
+      exp_avg_sqs_ = device::upload_tensor_pointers(set, exp_avg_sq_.data(), stream_);
     }
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
@@ -295,8 +295,9 @@ class CudaAdamw final : public Instance, public StateSource {
 
   HostState state() override {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return HostState{device::download_gathered(set_, param_.data()), device::download_gathered(set_, exp_avg_.data()),
-                     device::download_gathered(set_, exp_avg_sq_.data())};
+    return HostState{device::download_gathered(set_, param_.data(), stream_),
+                     device::download_gathered(set_, exp_avg_.data(), stream_),
+                     device::download_gathered(set_, exp_avg_sq_.data(), stream_)};
   }
   int64_t steps() const override { return steps_; }
 

@@ -62,56 +62,63 @@ struct DeviceChunk {
   int64_t begin;
 };
 
+// Set-up copies go on the benchmark's stream, ordered with its work (a plain cudaMemcpy runs on the
+// legacy stream, which a non-blocking stream does not wait for). From pageable memory the call
+// returns once the source has been staged, so the host vector may go when it returns.
 template <class T>
-cuda::DeviceBuffer<T> upload(const std::vector<T>& host) {
+cuda::DeviceBuffer<T> upload(const std::vector<T>& host, cudaStream_t stream) {
   cuda::DeviceBuffer<T> out(host.size());
-  if (!host.empty()) CUDA_CHECK(cudaMemcpy(out.data(), host.data(), out.bytes(), cudaMemcpyHostToDevice));
+  if (!host.empty())
+    CUDA_CHECK(cudaMemcpyAsync(out.data(), host.data(), out.bytes(), cudaMemcpyHostToDevice, stream));
   return out;
 }
 
-inline cuda::DeviceBuffer<DeviceChunk> upload_chunks(const ParamSet& set, int64_t chunk_elements) {
+inline cuda::DeviceBuffer<DeviceChunk> upload_chunks(const ParamSet& set, int64_t chunk_elements, cudaStream_t stream) {
   std::vector<DeviceChunk> table;
   for (const Chunk& c : make_chunks(set, chunk_elements))
     table.push_back(DeviceChunk{static_cast<int32_t>(c.tensor), static_cast<int32_t>(c.len), c.begin});
-  return upload(table);
+  return upload(table, stream);
 }
 
 // Where each tensor starts in a device arena: the multi-tensor kernels address tensors through this,
 // as they would separate allocations.
 template <class T>
-cuda::DeviceBuffer<T*> upload_tensor_pointers(const ParamSet& set, T* arena) {
+cuda::DeviceBuffer<T*> upload_tensor_pointers(const ParamSet& set, T* arena, cudaStream_t stream) {
   std::vector<T*> pointers;
   for (const int64_t offset : set.offsets) pointers.push_back(arena + offset);
-  return upload(pointers);
+  return upload(pointers, stream);
 }
 
 // The deterministic start of an arena (fp32 values or bf16 bits), generated on the host and copied.
 template <class T>
-cuda::DeviceBuffer<T> upload_initial_arena(const ParamSet& set, uint64_t seed) {
+cuda::DeviceBuffer<T> upload_initial_arena(const ParamSet& set, uint64_t seed, cudaStream_t stream) {
   const auto chunks = make_chunks(set, 65536);
   cuda::DeviceBuffer<T> out(static_cast<std::size_t>(set.arena));
   if constexpr (std::is_same_v<T, float>) {
     HostBuffer<float> host(out.size());
     fill_arena(set, chunks, seed, host.data());
-    CUDA_CHECK(cudaMemcpy(out.data(), host.data(), out.bytes(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpyAsync(out.data(), host.data(), out.bytes(), cudaMemcpyHostToDevice, stream));
   } else {
     HostBuffer<uint16_t> host(out.size());
     fill_arena_bf16(set, chunks, seed, host.data());
-    CUDA_CHECK(cudaMemcpy(out.data(), host.data(), out.bytes(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpyAsync(out.data(), host.data(), out.bytes(), cudaMemcpyHostToDevice, stream));
   }
   return out;
 }
 
-// An arena's tensors, concatenated and widened to float. Synchronous.
+// An arena's tensors, concatenated and widened to float, after the stream's work. Synchronous: a
+// copy to pageable memory returns when it has landed.
 template <class T>
-std::vector<float> download_gathered(const ParamSet& set, const T* arena) {
+std::vector<float> download_gathered(const ParamSet& set, const T* arena, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, float>) {
     HostBuffer<float> host(static_cast<std::size_t>(set.arena));
-    CUDA_CHECK(cudaMemcpy(host.data(), arena, host.bytes(), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpyAsync(host.data(), arena, host.bytes(), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
     return gather(set, host.data());
   } else {
     HostBuffer<uint16_t> host(static_cast<std::size_t>(set.arena));
-    CUDA_CHECK(cudaMemcpy(host.data(), arena, host.bytes(), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpyAsync(host.data(), arena, host.bytes(), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
     return gather_bf16(set, host.data());
   }
 }

@@ -16,30 +16,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// A stream-ordered pool of its own, so that its release threshold and trims touch nothing else.
-class MemPool {
- public:
-  explicit MemPool(int device) {
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.handleTypes = cudaMemHandleTypeNone;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = device;
-    CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
-    // Keep what was mapped across synchronisations, as a caching allocator does; the default (0)
-    // would hand memory back at every synchronise.
-    uint64_t keep = UINT64_MAX;
-    CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
-  }
-  ~MemPool() { if (pool_) cudaMemPoolDestroy(pool_); }
-  MemPool(const MemPool&) = delete;
-  MemPool& operator=(const MemPool&) = delete;
-  cudaMemPool_t get() const { return pool_; }
-
- private:
-  cudaMemPool_t pool_ = nullptr;
-};
-
 // The buffers one reader takes by value.
 struct BufferList {
   uint32_t* ptr[defaults::alloc_max_buffers];
@@ -76,7 +52,7 @@ class Steps final : public Instance {
       int supported = 0;
       CUDA_CHECK(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, ctx.cuda_device));
       TB_REQUIRE(supported, "this device has no stream-ordered memory pools");
-      pool_ = std::make_unique<MemPool>(ctx.cuda_device);
+      pool_ = std::make_unique<cuda::MemPool>(ctx.cuda_device);
     }
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
@@ -153,7 +129,7 @@ class Steps final : public Instance {
   cuda::DeviceBuffer<unsigned long long> checksum_;
   BufferList list_;
   std::vector<cuda::DeviceBuffer<uint32_t>> owned_;  // reuse
-  std::unique_ptr<MemPool> pool_;                     // pool, empty_cache
+  std::unique_ptr<cuda::MemPool> pool_;                     // pool, empty_cache
   int64_t step_ = 0;
   double alloc_s_ = 0, free_s_ = 0, stall_s_ = 0, release_s_ = 0;
 };

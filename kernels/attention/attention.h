@@ -29,6 +29,8 @@ enum class Mask { none, implicit, cached, rebuilt };  // none: not causal
 enum class DType { fp32, bf16 };
 
 inline constexpr uint64_t seed_q = 21, seed_k = 22, seed_v = 23, seed_x = 24, seed_w = 25;
+// Query rows per block of the fused CUDA kernels (a warp per row in fp32; 4 warps x 16 in bf16).
+inline constexpr int fused_fp32_query_rows = 8, fused_bf16_query_rows = 64;
 
 // Inputs of (b, h, s, d) in [B, H, S, D] order, regenerated on demand; bf16 rounds them.
 float input_q(int64_t index, DType t);

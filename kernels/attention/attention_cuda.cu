@@ -78,10 +78,12 @@ __global__ void softmax_kernel(float* scores, bf16* p16, int64_t S, bool implici
   }
 }
 
+// After the stream's work: a copy to pageable memory returns when it has landed.
 template <class T>
-std::vector<float> download_as_float(const T* device, int64_t n) {
+std::vector<float> download_as_float(const T* device, int64_t n, cudaStream_t stream) {
   std::vector<T> host(static_cast<std::size_t>(n));
-  CUDA_CHECK(cudaMemcpy(host.data(), device, n * sizeof(T), cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpyAsync(host.data(), device, n * sizeof(T), cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
   std::vector<float> out(host.size());
   for (std::size_t i = 0; i < host.size(); ++i) {
     if constexpr (std::is_same_v<T, bf16>) out[i] = __bfloat162float(host[i]);
@@ -108,8 +110,8 @@ struct Tensors {
       cuda::fill_uniform(v32.data(), s.elements(), seed_v, stream, device);
     }
   }
-  std::vector<float> output(int64_t n) const {
-    return type == DType::bf16 ? download_as_float(o16.data(), n) : download_as_float(o32.data(), n);
+  std::vector<float> output(int64_t n, cudaStream_t stream) const {
+    return type == DType::bf16 ? download_as_float(o16.data(), n, stream) : download_as_float(o32.data(), n, stream);
   }
   DType type;
   cuda::DeviceBuffer<float> q32, k32, v32, o32;
@@ -118,7 +120,7 @@ struct Tensors {
 
 // scores[bh] = scale * Q[bh] K[bh]^T, then mask and softmax, then O[bh] = P[bh] V[bh].
 void naive_attention(const Shape& s, Mask mask, const Tensors& x, float* scores, bf16* p16, cublasHandle_t handle,
-                     cudaStream_t stream, int device, const uint8_t* cached_mask, int64_t mask_ld) {
+                     cudaStream_t stream, int device, const uint8_t* cached_mask, int64_t mask_ld, cudaMemPool_t mask_pool) {
   const int S = static_cast<int>(s.seq), D = static_cast<int>(s.head_dim);
   const int batch = static_cast<int>(s.batch * s.heads);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D)), one = 1.0f, zero = 0.0f;
@@ -134,10 +136,11 @@ void naive_attention(const Shape& s, Mask mask, const Tensors& x, float* scores,
   const int64_t rows = int64_t{batch} * S;
   const int grid = cuda::grid_for(rows * S, 256, device);
   if (mask == Mask::rebuilt) {
-    // torch.triu(torch.ones(S, S), 1).bool() every forward: allocate (stream-ordered, like the
-    // caching allocator), fill, apply, free.
+    // torch.triu(torch.ones(S, S), 1).bool() every forward: allocate, fill, apply, free. From a pool
+    // that keeps its memory, as the caching allocator does, so the row measures the rebuild and
+    // not a driver mapping PyTorch never pays.
     uint8_t* fresh = nullptr;
-    CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&fresh), static_cast<std::size_t>(S) * S, stream));
+    CUDA_CHECK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&fresh), static_cast<std::size_t>(S) * S, mask_pool, stream));
     triu_mask_kernel<<<cuda::grid_for(int64_t{S} * S, 256, device), 256, 0, stream>>>(fresh, S, S);
     masked_fill_kernel<<<grid, 256, 0, stream>>>(scores, fresh, S, S, rows);
     CUDA_CHECK(cudaFreeAsync(fresh, stream));
@@ -156,7 +159,7 @@ void naive_attention(const Shape& s, Mask mask, const Tensors& x, float* scores,
 
 // ---- fused fp32: a warp per query row ------------------------------------------------------------
 
-constexpr int f32_rows = 8;   // query rows (warps) per block
+constexpr int f32_rows = fused_fp32_query_rows;  // query rows (warps) per block
 constexpr int f32_keys = 32;  // keys per tile: one per lane
 
 // Each lane scores one key of the tile and owns head_dim/32 output columns; the key tile is shared by
@@ -169,8 +172,10 @@ __global__ void fused_fp32_kernel(const float* __restrict__ q, const float* __re
   float* vs = ks + f32_keys * (D + 1);   // [f32_keys][D]
   float* qs = vs + f32_keys * D;         // [f32_rows][D]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t bh = blockIdx.y;
-  const int row0 = blockIdx.x * f32_rows, row = row0 + warp;
+  // One block per (batch x head, query tile), folded into grid.x: grid.y would cap batch x heads at 65535.
+  const int tiles = (S + f32_rows - 1) / f32_rows;
+  const int64_t bh = blockIdx.x / tiles;
+  const int row0 = static_cast<int>(blockIdx.x % tiles) * f32_rows, row = row0 + warp;
   const float* qb = q + bh * S * D;
   const float* kb = k + bh * S * D;
   const float* vb = v + bh * S * D;
@@ -227,7 +232,7 @@ __global__ void fused_fp32_kernel(const float* __restrict__ q, const float* __re
 
 // ---- fused bf16: tensor cores ---------------------------------------------------------------------
 
-constexpr int tc_rows = 64;  // queries per block: 4 warps x 16 rows
+constexpr int tc_rows = fused_bf16_query_rows;  // queries per block: 4 warps x 16 rows
 constexpr int tc_keys = 64;  // keys per tile
 constexpr int tc_pad = 8;    // bf16 of padding per shared row: conflict-free fragment loads
 
@@ -237,6 +242,10 @@ __device__ inline void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uin
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  // No bf16 mma.sync below sm_80: never write zeros that look like a result (the registry refuses
+  // such devices; this catches a build or a --device that slipped past it).
+  __trap();
 #endif
 }
 
@@ -275,8 +284,9 @@ __global__ void __launch_bounds__(128) fused_bf16_kernel(const bf16* __restrict_
   bf16* ks = qs + tc_rows * (D + tc_pad);
   bf16* vs = ks + tc_keys * (D + tc_pad);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int64_t base = int64_t{blockIdx.y} * S * D;
-  const int q0 = blockIdx.x * tc_rows;
+  const int tiles = (S + tc_rows - 1) / tc_rows;  // (batch x head, query tile) folded into grid.x
+  const int64_t base = int64_t{blockIdx.x / tiles} * S * D;
+  const int q0 = static_cast<int>(blockIdx.x % tiles) * tc_rows;
 
   load_tile<D>(qs, q + base, q0, S);
   __syncthreads();
@@ -383,14 +393,14 @@ std::size_t fp32_smem_bytes(int D) { return sizeof(float) * (f32_keys * (D + 1) 
 
 void fused_attention(const Shape& s, bool causal, const Tensors& x, cudaStream_t stream) {
   const int S = static_cast<int>(s.seq), D = static_cast<int>(s.head_dim);
-  const unsigned bhs = static_cast<unsigned>(s.batch * s.heads);
+  const int64_t bhs = s.batch * s.heads;  // fused_reason refuses shapes whose grid would not fit
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   if (x.type == DType::fp32) {
-    const dim3 grid((S + f32_rows - 1) / f32_rows, bhs);
+    const auto grid = static_cast<unsigned>((S + f32_rows - 1) / f32_rows * bhs);
     fused_fp32_kernel<<<grid, 32 * f32_rows, fp32_smem_bytes(D), stream>>>(x.q32.data(), x.k32.data(), x.v32.data(),
                                                                           x.o32.data(), S, D, causal, scale);
   } else {
-    const dim3 grid((S + tc_rows - 1) / tc_rows, bhs);
+    const auto grid = static_cast<unsigned>((S + tc_rows - 1) / tc_rows * bhs);
     const float scale_log2 = scale * 1.4426950408889634f;
     if (D == 64)
       fused_bf16_kernel<64><<<grid, 128, bf16_smem_bytes<64>(), stream>>>(x.q16.data(), x.k16.data(), x.v16.data(),
@@ -421,6 +431,7 @@ class Naive final : public Instance {
       : s_(s), causal_(causal), mask_(mask), stream_(cuda::as_stream(ctx.cuda_stream)), device_(ctx.cuda_device),
         x_(s, t, stream_, device_), scores_(static_cast<std::size_t>(s.batch * s.heads * s.seq * s.seq)) {
     if (t == DType::bf16) p16_ = cuda::DeviceBuffer<bf16>(scores_.size());
+    if (mask == Mask::rebuilt) mask_pool_ = cuda::MemPool(device_);
     if (mask == Mask::cached) {  // register_buffer: built once at the maximum length, sliced per call
       mask_ld_ = std::max(s.seq, defaults::attention_mask_max_seq);
       cached_ = cuda::DeviceBuffer<uint8_t>(static_cast<std::size_t>(mask_ld_ * mask_ld_));
@@ -432,11 +443,12 @@ class Naive final : public Instance {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void run() override {
-    naive_attention(s_, mask_, x_, scores_.data(), p16_.data(), handle_, stream_, device_, cached_.data(), mask_ld_);
+    naive_attention(s_, mask_, x_, scores_.data(), p16_.data(), handle_, stream_, device_, cached_.data(), mask_ld_,
+                    mask_pool_.get());
   }
   Verdict check() override {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return check_output(s_, causal_, x_.type, x_.output(s_.elements()));
+    return check_output(s_, causal_, x_.type, x_.output(s_.elements(), stream_));
   }
 
  private:
@@ -451,19 +463,25 @@ class Naive final : public Instance {
   cuda::DeviceBuffer<bf16> p16_;
   cuda::DeviceBuffer<uint8_t> cached_;
   int64_t mask_ld_ = 0;
+  cuda::MemPool mask_pool_;  // rebuilt: where each forward's mask comes from
 };
 
 class Fused final : public Instance {
  public:
   Fused(const Shape& s, bool causal, DType t, const RunContext& ctx)
       : s_(s), causal_(causal), stream_(cuda::as_stream(ctx.cuda_stream)), x_(s, t, stream_, ctx.cuda_device) {
+    if (t == DType::bf16) {  // the registry checks the first device; this one may be another (--device)
+      int major = 0;
+      CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx.cuda_device));
+      TB_REQUIRE(major >= 8, "the bf16 tensor-core kernel (mma.sync) needs compute capability 8.0 or newer");
+    }
     allow_large_shared_memory(s, t);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void run() override { fused_attention(s_, causal_, x_, stream_); }
   Verdict check() override {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return check_output(s_, causal_, x_.type, x_.output(s_.elements()));
+    return check_output(s_, causal_, x_.type, x_.output(s_.elements(), stream_));
   }
 
  private:
@@ -521,10 +539,12 @@ __global__ void merge_heads_kernel(const float* o, float* a, int64_t B, int64_t 
   }
 }
 
+// On the benchmark's stream, not the legacy one, which a non-blocking stream does not wait for; from
+// pageable memory the call returns once the source is staged.
 template <class T>
-cuda::DeviceBuffer<T> upload(const std::vector<T>& host) {
+cuda::DeviceBuffer<T> upload(const std::vector<T>& host, cudaStream_t stream) {
   cuda::DeviceBuffer<T> d(host.size());
-  CUDA_CHECK(cudaMemcpy(d.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpyAsync(d.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
   return d;
 }
 
@@ -533,15 +553,16 @@ class Block final : public Instance {
   Block(const Shape& s, bool fused, const RunContext& ctx)
       : s_(s), fused_(fused), stream_(cuda::as_stream(ctx.cuda_stream)), device_(ctx.cuda_device),
         w_(make_block_weights(s.d_model())), tokens_(s.batch * s.seq), d_(s.d_model()),
-        x_(s, DType::fp32, stream_, device_), ln1_g_(upload(w_.ln1_g)), ln1_b_(upload(w_.ln1_b)),
-        w_qkv_(upload(w_.w_qkv)), b_qkv_(upload(w_.b_qkv)), w_out_(upload(w_.w_out)), b_out_(upload(w_.b_out)),
-        ln2_g_(upload(w_.ln2_g)), ln2_b_(upload(w_.ln2_b)), w_fc1_(upload(w_.w_fc1)), b_fc1_(upload(w_.b_fc1)),
-        w_fc2_(upload(w_.w_fc2)), b_fc2_(upload(w_.b_fc2)), in_(tokens_ * d_), h_(tokens_ * d_),
+        x_(s, DType::fp32, stream_, device_), ln1_g_(upload(w_.ln1_g, stream_)), ln1_b_(upload(w_.ln1_b, stream_)),
+        w_qkv_(upload(w_.w_qkv, stream_)), b_qkv_(upload(w_.b_qkv, stream_)), w_out_(upload(w_.w_out, stream_)),
+        b_out_(upload(w_.b_out, stream_)), ln2_g_(upload(w_.ln2_g, stream_)), ln2_b_(upload(w_.ln2_b, stream_)),
+        w_fc1_(upload(w_.w_fc1, stream_)), b_fc1_(upload(w_.b_fc1, stream_)), w_fc2_(upload(w_.w_fc2, stream_)),
+        b_fc2_(upload(w_.b_fc2, stream_)), in_(tokens_ * d_), h_(tokens_ * d_),
         qkv_(tokens_ * 3 * d_), a_(tokens_ * d_), r1_(tokens_ * d_), f_(tokens_ * w_.hidden), y_(tokens_ * d_),
         scores_(fused ? 0 : static_cast<std::size_t>(s.batch * s.heads * s.seq * s.seq)) {
     std::vector<float> x(static_cast<std::size_t>(tokens_ * d_));
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = block_input(static_cast<int64_t>(i));
-    CUDA_CHECK(cudaMemcpy(in_.data(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpyAsync(in_.data(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
     if (fused) allow_large_shared_memory(s, DType::fp32);
     CUBLAS_CHECK(cublasSetStream(handle_, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -551,7 +572,7 @@ class Block final : public Instance {
   }
   Verdict check() override {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return check_block_output(s_, w_, download_as_float(y_.data(), tokens_ * d_));
+    return check_block_output(s_, w_, download_as_float(y_.data(), tokens_ * d_, stream_));
   }
   // Each part timed alone with events (median of 5) after the measurement.
   std::vector<std::pair<std::string, double>> observed() const override {
@@ -601,7 +622,7 @@ class Block final : public Instance {
         break;
       case 2:
         if (fused_) fused_attention(s_, true, x_, stream_);
-        else naive_attention(s_, Mask::implicit, x_, scores_.data(), nullptr, handle_, stream_, device_, nullptr, 0);
+        else naive_attention(s_, Mask::implicit, x_, scores_.data(), nullptr, handle_, stream_, device_, nullptr, 0, nullptr);
         break;
       case 3:
         merge_heads_kernel<<<grid, 256, 0, stream_>>>(x_.o32.data(), a_.data(), s_.batch, s_.seq, s_.heads, s_.head_dim);

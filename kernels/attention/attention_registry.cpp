@@ -59,6 +59,16 @@ std::string fused_reason(const Problem& p, const char* axis, Backend b) {
   if (b == Backend::cuda && t == DType::bf16 && s.head_dim != 64 && s.head_dim != 128)
     return "the tensor-core kernel is built for head_dim 64 and 128";
   if (b == Backend::cuda && s.head_dim > 256) return "the fp32 kernel keeps head_dim/32 <= 8 columns per lane";
+  if (b == Backend::cuda) {
+    // One block per (batch x head, query tile) in grid.x, whose limit is 2^31 - 1.
+    const int64_t rows_per_block = t == DType::bf16 ? fused_bf16_query_rows : fused_fp32_query_rows;
+    const int64_t blocks = (s.seq + rows_per_block - 1) / rows_per_block * s.batch * s.heads;
+    if (blocks > int64_t{0x7fffffff})
+      return "batch x heads x query tiles = " + std::to_string(blocks) + " blocks, above the grid's 2^31 - 1";
+    if (t == DType::bf16)
+      if (std::string why = device_capability_reason(8, 0, "the bf16 tensor-core kernel (mma.sync)"); !why.empty())
+        return why;
+  }
   return b == Backend::cpu ? host_memory_reason(tensors_bytes(s, t)) : device_memory_reason(tensors_bytes(s, t));
 }
 

@@ -64,7 +64,10 @@ struct GatherArgs {
 // lanes copy it with coalesced 16-byte accesses (4-byte ones when a row is not 16-byte aligned).
 // blockIdx.y picks the field.
 __global__ void gather_kernel(GatherArgs a) {
-  const GatherField f = a.field[blockIdx.y];
+  // Constant indices only: a dynamic index into a by-value kernel argument copies the whole struct
+  // to the stack (local memory) first; selecting among the three reads each field from parameter
+  // space.
+  const GatherField f = blockIdx.y == 0 ? a.field[0] : blockIdx.y == 1 ? a.field[1] : a.field[2];
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t{gridDim.x} * warps_per_block;
   for (int64_t r = blockIdx.x * int64_t{warps_per_block} + threadIdx.x / 32; r < a.rows; r += warps) {

@@ -104,9 +104,9 @@ class CudaGradNorm final : public Instance, public GradSource {
   CudaGradNorm(const ParamSet& set, Dtype dtype, Kind kind, const RunContext& ctx)
       : set_(set), dtype_(dtype), kind_(kind), stream_(cuda::as_stream(ctx.cuda_stream)),
         max_norm_blocks_(adamw::device::sm_count(ctx.cuda_device) * norm_blocks_per_sm),
-        grad_(adamw::device::upload_initial_arena<G>(set, adamw::seed_grad)),
-        grads_(adamw::device::upload_tensor_pointers(set, grad_.data())),
-        chunks_(adamw::device::upload_chunks(set, chunk)), partials_(static_cast<std::size_t>(max_norm_blocks_)),
+        grad_(adamw::device::upload_initial_arena<G>(set, adamw::seed_grad, stream_)),
+        grads_(adamw::device::upload_tensor_pointers(set, grad_.data(), stream_)),
+        chunks_(adamw::device::upload_chunks(set, chunk, stream_)), partials_(static_cast<std::size_t>(max_norm_blocks_)),
         ticket_(1), norms_(static_cast<std::size_t>(std::max<int64_t>(set.count(), 1))) {
     // Where each tensor's chunks start in the table (chunks come in tensor order).
     int first = 0;
@@ -136,10 +136,11 @@ class CudaGradNorm final : public Instance, public GradSource {
 
   HostGrads grads() override {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    HostGrads out{adamw::device::download_gathered(set_, grad_.data()), norm_};
+    HostGrads out{adamw::device::download_gathered(set_, grad_.data(), stream_), norm_};
     if (kind_ == Kind::fused) {  // the norm never left the device
       float device_norm = 0;
-      CUDA_CHECK(cudaMemcpy(&device_norm, norms_.data(), sizeof device_norm, cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpyAsync(&device_norm, norms_.data(), sizeof device_norm, cudaMemcpyDeviceToHost, stream_));
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
       out.norm = device_norm;
     }
     return out;

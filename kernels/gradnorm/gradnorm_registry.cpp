@@ -21,6 +21,7 @@ Work gradnorm_work(const Problem& p, Backend backend, Kind kind) {
   const double eb = adamw::element_bytes(adamw::dtype_from_string(p.get("dtype")));
   const double n = static_cast<double>(set.total);
   Work w{3 * eb * n, 3 * n, Work::Bound::memory, backend == Backend::cuda ? "cuda.copy" : "cpu.triad"};
+  w.footprint_bytes = eb * n;  // the gradients
   if (backend == Backend::cuda)
     w.counters = {{"launches", static_cast<double>(gradnorm::cuda_launches(set, kind))},
                   {"host_reads", static_cast<double>(gradnorm::cuda_host_reads(set, kind))},
@@ -65,7 +66,7 @@ void register_stage_gradnorm(Registry& registry) {
   s.question = "what a per-tensor norm with a host read each costs against one multi-tensor norm, and clipping with no read";
   s.source = "seeds/003 (K-1: p.grad.norm().item() per node; clip_grad_norm_(max_norm=1.0)); 29.9M params: seeds/000";
   s.axes = {
-      Axis{"params", AxisKind::positive_int, {str(defaults::adamw_params)}, {str(defaults::quick_adamw_params)},
+      Axis{"params", AxisKind::positive_int, {str(defaults::adamw_params)}, {str(defaults::quick_gradnorm_params)},
            "gradient elements (all tensors together)", {}},
       Axis{"tensors", AxisKind::positive_int, {str(defaults::adamw_tensors)}, {str(defaults::quick_adamw_tensors)},
            "tensors the gradients are split into (the adamw stage's parameter set)", {}},

@@ -15,48 +15,13 @@ namespace tb::launch {
 
 namespace {
 
+using cuda::Graph;
+using cuda::GraphExec;
+
 constexpr int block_size = 256;
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// RAII for a graph and its executable form, as runtime/cuda_raii.h does for the other handles.
-class Graph {
- public:
-  Graph() = default;
-  explicit Graph(cudaGraph_t graph) : graph_(graph) {}
-  ~Graph() { if (graph_) cudaGraphDestroy(graph_); }
-  Graph(Graph&& o) noexcept : graph_(std::exchange(o.graph_, nullptr)) {}
-  Graph& operator=(Graph&& o) noexcept {
-    std::swap(graph_, o.graph_);
-    return *this;
-  }
-  Graph(const Graph&) = delete;
-  Graph& operator=(const Graph&) = delete;
-  cudaGraph_t get() const { return graph_; }
-
- private:
-  cudaGraph_t graph_ = nullptr;
-};
-
-class GraphExec {
- public:
-  GraphExec() = default;
-  explicit GraphExec(const Graph& graph) { CUDA_CHECK(cudaGraphInstantiate(&exec_, graph.get(), 0)); }
-  // An executable graph still in flight is freed when it completes (cudaGraphExecDestroy).
-  ~GraphExec() { if (exec_) cudaGraphExecDestroy(exec_); }
-  GraphExec(GraphExec&& o) noexcept : exec_(std::exchange(o.exec_, nullptr)) {}
-  GraphExec& operator=(GraphExec&& o) noexcept {
-    std::swap(exec_, o.exec_);
-    return *this;
-  }
-  GraphExec(const GraphExec&) = delete;
-  GraphExec& operator=(const GraphExec&) = delete;
-  cudaGraphExec_t get() const { return exec_; }
-
- private:
-  cudaGraphExec_t exec_ = nullptr;
-};
 
 // As close to empty as a kernel can be and still prove it ran: one thread counts the launch.
 __global__ void count_kernel(unsigned long long* launches) { *launches += 1; }
@@ -215,17 +180,9 @@ class Window final : public Instance {
   // The window as a graph, captured on the benchmark's own stream (thread-local mode: other
   // threads' CUDA calls are not affected).
   Graph capture(float lr, std::vector<cudaGraphNode_t>* update_nodes) {
-    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    cudaGraph_t graph = nullptr;
-    try {
-      enqueue_window(lr, update_nodes);
-    } catch (...) {
-      cudaStreamEndCapture(stream_, &graph);
-      if (graph) cudaGraphDestroy(graph);
-      throw;
-    }
-    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-    return Graph(graph);
+    cuda::CaptureScope scope(stream_);
+    enqueue_window(lr, update_nodes);
+    return scope.end();
   }
 
   // Rewrites the by-value learning rate of every update node in the executable graph.

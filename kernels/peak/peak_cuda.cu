@@ -105,7 +105,10 @@ class Transfer final : public Instance {
     uint32_t* host = host_ptr();
     for (std::size_t i = 0; i < words_; ++i) host[i] = static_cast<uint32_t>(splitmix64(i));
     if (!to_device) {  // the device holds the pattern; the host buffer starts cleared
-      CUDA_CHECK(cudaMemcpy(device_.data(), host, device_.bytes(), cudaMemcpyHostToDevice));
+      // On the benchmark's stream (the legacy stream's copy is not ordered with it), and landed
+      // before the host buffer is cleared: from pinned memory the copy is truly asynchronous.
+      CUDA_CHECK(cudaMemcpyAsync(device_.data(), host, device_.bytes(), cudaMemcpyHostToDevice, stream_));
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
       std::memset(host, 0, words_ * 4);
     }
   }

@@ -1,8 +1,11 @@
-// RAII for every CUDA resource: device and pinned buffers, streams, events, cuBLAS and cuSPARSE
-// handles. Move-only; destructors release without throwing (a failing free cannot be recovered).
+// RAII for every CUDA resource: device and pinned buffers, memory pools, streams, events, cuBLAS and
+// cuSPARSE handles, graphs and a capture in progress. Move-only; destructors release without
+// throwing (a failing free cannot be recovered).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 #include <utility>
 
 #include "cuda_check.h"
@@ -61,6 +64,39 @@ class PinnedBuffer {
   std::size_t count_ = 0;
 };
 
+// A stream-ordered memory pool of its own (cudaMallocFromPoolAsync), so that its release threshold
+// and trims touch nothing else. It keeps what it mapped across synchronisations, as PyTorch's caching
+// allocator does: the device's default pool (threshold 0) hands memory back to the driver at every
+// synchronise and maps it afresh at the next allocation, a cost a PyTorch program does not pay.
+class MemPool {
+ public:
+  MemPool() = default;
+  explicit MemPool(int device) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
+    uint64_t keep = UINT64_MAX;
+    const cudaError_t err = cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep);
+    if (err != cudaSuccess) cudaMemPoolDestroy(std::exchange(pool_, nullptr));
+    CUDA_CHECK(err);
+  }
+  ~MemPool() { if (pool_) cudaMemPoolDestroy(pool_); }
+  MemPool(MemPool&& o) noexcept : pool_(std::exchange(o.pool_, nullptr)) {}
+  MemPool& operator=(MemPool&& o) noexcept {
+    std::swap(pool_, o.pool_);
+    return *this;
+  }
+  MemPool(const MemPool&) = delete;
+  MemPool& operator=(const MemPool&) = delete;
+  cudaMemPool_t get() const { return pool_; }
+
+ private:
+  cudaMemPool_t pool_ = nullptr;
+};
+
 // Owns a handle `H` created by `Create` and released by `Destroy`.
 template <class H, class Traits>
 class Handle {
@@ -103,6 +139,83 @@ using Stream = Handle<cudaStream_t, StreamTraits>;
 using Event = Handle<cudaEvent_t, EventTraits>;
 using CublasHandle = Handle<cublasHandle_t, CublasTraits>;
 using CusparseHandle = Handle<cusparseHandle_t, CusparseTraits>;
+
+// A captured graph and its executable form.
+class Graph {
+ public:
+  Graph() = default;
+  explicit Graph(cudaGraph_t graph) : graph_(graph) {}
+  ~Graph() { if (graph_) cudaGraphDestroy(graph_); }
+  Graph(Graph&& o) noexcept : graph_(std::exchange(o.graph_, nullptr)) {}
+  Graph& operator=(Graph&& o) noexcept {
+    std::swap(graph_, o.graph_);
+    return *this;
+  }
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  cudaGraph_t get() const { return graph_; }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+};
+
+class GraphExec {
+ public:
+  GraphExec() = default;
+  explicit GraphExec(const Graph& graph) { CUDA_CHECK(cudaGraphInstantiate(&exec_, graph.get(), 0)); }
+  // An executable graph still in flight is freed when it completes (cudaGraphExecDestroy).
+  ~GraphExec() { if (exec_) cudaGraphExecDestroy(exec_); }
+  GraphExec(GraphExec&& o) noexcept : exec_(std::exchange(o.exec_, nullptr)) {}
+  GraphExec& operator=(GraphExec&& o) noexcept {
+    std::swap(exec_, o.exec_);
+    return *this;
+  }
+  GraphExec(const GraphExec&) = delete;
+  GraphExec& operator=(const GraphExec&) = delete;
+  cudaGraphExec_t get() const { return exec_; }
+
+ private:
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+// A stream capture in progress. Left without end() (an exception from the work being captured), it
+// ends the capture and drops the partial graph: a stream left capturing fails every later call.
+class CaptureScope {
+ public:
+  // Thread-local mode: other threads' CUDA calls are not affected by this capture.
+  explicit CaptureScope(cudaStream_t stream) : stream_(stream) {
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  }
+  ~CaptureScope() {
+    if (!open_) return;
+    cudaGraph_t partial = nullptr;
+    cudaStreamEndCapture(stream_, &partial);
+    if (partial) cudaGraphDestroy(partial);
+    // The error in flight is the exception's; left as the thread's last error it would fail the
+    // next launch check.
+    (void)cudaGetLastError();
+  }
+  CaptureScope(const CaptureScope&) = delete;
+  CaptureScope& operator=(const CaptureScope&) = delete;
+  // Fails when the capture was invalidated by a call that did not report it (the stream is no
+  // longer capturing either way).
+  Graph end() {
+    open_ = false;
+    cudaGraph_t graph = nullptr;
+    const cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+    Graph owned(graph);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw ::tb::CallError(__FILE__, __LINE__, "cudaStreamEndCapture(stream_, &graph)",
+                      std::string(cudaGetErrorName(err)) + " (" + cudaGetErrorString(err) + ")");
+    }
+    return owned;
+  }
+
+ private:
+  cudaStream_t stream_;
+  bool open_ = true;
+};
 
 inline cudaStream_t as_stream(void* opaque) { return static_cast<cudaStream_t>(opaque); }
 

@@ -45,8 +45,7 @@ class L2Flusher final : public CacheFlusher {
 
 class CudaSession final : public BackendSession {
  public:
-  explicit CudaSession(int device) {
-    select_cuda_device(device);
+  explicit CudaSession(int device) : device_(selected(device)) {
     context_.cuda_device = device;
     context_.cuda_stream = stream_.get();
     timer_ = std::make_unique<EventTimer>(stream_.get());
@@ -60,6 +59,14 @@ class CudaSession final : public BackendSession {
   double min_sample_s() const override { return defaults::cuda_min_sample_s; }
 
  private:
+  static int selected(int device) {
+    select_cuda_device(device);
+    return device;
+  }
+
+  // Declared before every CUDA resource: members are made in this order, and a stream, event or
+  // buffer belongs to the device that is current when it is created.
+  int device_;
   cuda::Stream stream_;
   RunContext context_;
   std::unique_ptr<EventTimer> timer_;

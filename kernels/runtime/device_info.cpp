@@ -47,6 +47,25 @@ static std::string blas_name() {
   return config;
 }
 
+// The last-level cache one core shares, from sysfs (what the kernel read from the CPU's cache
+// topology): glibc's sysconf can report a whole package's or a hypervisor's figure instead (seen: 320
+// MiB on a VM whose cores share a 32 MiB L3). 0 when sysfs does not say.
+static int64_t sysfs_last_level_cache_bytes() {
+  int64_t best_level = 0, best_bytes = 0;
+  for (int index = 0; index < 8; ++index) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    std::ifstream level_in(dir + "level"), size_in(dir + "size");
+    int64_t level = 0;
+    std::string size;
+    if (!(level_in >> level) || !(size_in >> size) || size.empty()) continue;
+    int64_t bytes = std::atoll(size.c_str());
+    if (size.back() == 'K') bytes <<= 10;
+    else if (size.back() == 'M') bytes <<= 20;
+    if (level > best_level || (level == best_level && bytes > best_bytes)) best_level = level, best_bytes = bytes;
+  }
+  return best_bytes;
+}
+
 HostInfo host_info() {
   HostInfo h;
   h.cpu_model = cpu_model_name();
@@ -57,9 +76,10 @@ HostInfo host_info() {
   h.omp_threads = omp_get_max_threads();
   h.compiler = compiler_name();
   h.blas = blas_name();
-  long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  if (l3 <= 0) l3 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-  h.l3_bytes = l3 > 0 ? l3 : 32l << 20;
+  int64_t llc = sysfs_last_level_cache_bytes();
+  if (llc <= 0) llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (llc <= 0) llc = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  h.l3_bytes = llc > 0 ? llc : int64_t{32} << 20;
   return h;
 }
 
@@ -106,6 +126,20 @@ std::string device_memory_reason(double bytes) {
     return "needs " + std::to_string(static_cast<int64_t>(bytes / (1 << 20))) + " MiB of device memory, the device has " +
            std::to_string(static_cast<int64_t>(total / (1 << 20))) + " MiB";
   return "";
+}
+
+std::string capability_reason(const std::string& capability, int major, int minor, const std::string& what) {
+  int have_major = 0, have_minor = 0;
+  if (std::sscanf(capability.c_str(), "%d.%d", &have_major, &have_minor) != 2) return "";
+  if (have_major > major || (have_major == major && have_minor >= minor)) return "";
+  return what + " needs compute capability " + std::to_string(major) + "." + std::to_string(minor) +
+         " or newer; the device is " + capability;
+}
+
+std::string device_capability_reason(int major, int minor, const std::string& what) {
+  const auto& status = cuda_status();
+  if (!status.available()) return "";
+  return capability_reason(status.devices.front().compute_capability, major, minor, what);
 }
 
 }  // namespace tb

@@ -15,7 +15,7 @@ struct HostInfo {
   int omp_threads = 0;  // OpenMP's default team size
   std::string compiler;
   std::string blas;
-  int64_t l3_bytes = 0;  // last-level cache, for cold-mode flushing
+  int64_t l3_bytes = 0;  // last-level cache one core shares: cold-mode flushing, cache-resident rows
 };
 
 struct GpuInfo {
@@ -57,6 +57,11 @@ std::string host_memory_reason(double bytes);
 // The same against the first CUDA device's memory; "" when there is no device (the harness reports
 // a missing device itself).
 std::string device_memory_reason(double bytes);
+// Why a device of compute capability `capability` ("7.5") cannot run code that needs `major.minor`
+// (`what` names the feature), or "" when it can.
+std::string capability_reason(const std::string& capability, int major, int minor, const std::string& what);
+// The same for the first CUDA device; "" when there is no device.
+std::string device_capability_reason(int major, int minor, const std::string& what);
 // Probed once: a binary built with CUDA on a machine without a GPU or driver gets a reason here.
 const CudaStatus& cuda_status();
 // Makes device `index` current for this thread; throws UsageError when it does not exist.

@@ -63,6 +63,9 @@ struct Work {
   std::string peak_key;  // the `peak` row this work is compared with, e.g. "cuda.copy"
   // Per-call facts a row should show beside its rates, e.g. {"launches", 1200}.
   std::vector<std::pair<std::string, double>> counters;
+  // The data one call touches (its working set), which decides whether back-to-back calls run from
+  // a cache; 0: the same as `bytes`.
+  double footprint_bytes = 0;
 };
 
 // The outcome of checking one variant's output against the stage's reference.

@@ -38,13 +38,21 @@ class CpuOps {
   }
   const MemoryMeter& memory() const { return *meter_; }
 
-  Mark mark() const { return std::chrono::steady_clock::now(); }
-  double seconds_since(Mark m) const { return std::chrono::duration<double>(mark() - m).count(); }
+  Mark mark() {
+    ++marks_taken_;
+    return std::chrono::steady_clock::now();
+  }
+  int64_t marks_taken() const { return marks_taken_; }
+  double seconds_since(Mark m) { return std::chrono::duration<double>(mark() - m).count(); }
   double seconds_between(Mark a, Mark b) const { return std::chrono::duration<double>(b - a).count(); }
   void synchronize() const {}
 
   void upload(T* dst, const T* host, int64_t n) { copy(dst, host, n); }
   void upload_tokens(int32_t* dst, const int32_t* src, int64_t n, bool /*async*/) { std::copy(src, src + n, dst); }
+  // A staging buffer's copy is done when upload_staged returns: refilling it never waits.
+  template <class U>
+  void wait_until_free(Staging<U>& /*staging*/) {}
+  void upload_staged(int32_t* dst, Staging<int32_t>& src, int64_t n, bool async) { upload_tokens(dst, src.data(), n, async); }
   // tokens[b] = dataset row indices[b] (inputs), targets[b] = the same row shifted by one.
   void gather_tokens(int32_t* tokens, int32_t* targets, const int32_t* dataset, const int32_t* indices, int64_t B,
                      int64_t Tn);
@@ -93,6 +101,7 @@ class CpuOps {
 
  private:
   std::shared_ptr<MemoryMeter> meter_;
+  int64_t marks_taken_ = 0;
   std::vector<T> denom_;  // the temporary exp_avg_sq.sqrt() allocates in PyTorch's loop paths
 };
 

@@ -3,6 +3,7 @@
 // against a double-precision forward of the same model on the CPU.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -25,10 +26,37 @@ double step_flops(const Workload& w);
 // Why this workload cannot run on `backend` here, or "".
 std::string unsupported_reason(const Workload& w, bool cuda);
 
+// With cuda_graphs, the step that captures the micro-step: the steps before it run eagerly (the
+// first is the one check() compares), the ones after it are replays only.
+inline constexpr int64_t graph_capture_step = 1;
+
+// Per-token losses of one micro-batch as the step computed them, and the dataset samples it held.
+struct MicroBatchLosses {
+  std::vector<int32_t> samples;  // [B]
+  std::vector<double> losses;    // [B, T]
+};
+
+// Timing marks a backend has taken since it was made, and the events it holds for them (CUDA's
+// pool; 0 on the CPU, whose marks are clock reads).
+struct MarkCount {
+  int64_t taken = 0, pool = 0;
+};
+
 // A step instance: one optimizer step per run(), and the allocator's high-water mark so far.
 class StepInstance : public Instance {
  public:
   virtual int64_t peak_bytes() const = 0;
+
+  // What tests look at beyond check(). Storage for the next `count` micro-batches' losses is
+  // reserved here and read back only by recorded_micro_batches(): recording never waits for the
+  // step, so a batch overwritten while its copy is queued shows as a wrong loss.
+  virtual void record_micro_batches(int64_t count) = 0;
+  virtual std::vector<MicroBatchLosses> recorded_micro_batches() = 0;
+  // AdamW's first moment: after one unclipped step from zero, (1 - beta1) x the summed gradients.
+  virtual std::vector<double> exp_avg() = 0;
+  virtual MarkCount marks() const = 0;
+  // Whether the backend's stream is still capturing a graph (always false on the CPU).
+  virtual bool capturing() const = 0;
 };
 
 std::unique_ptr<StepInstance> make_cpu_step(const Workload& w);

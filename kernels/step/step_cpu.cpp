@@ -19,6 +19,11 @@ class CpuStep final : public StepInstance {
     return check_first_losses(w_, trainer_.first_sample(), trainer_.first_losses(), false);
   }
   int64_t peak_bytes() const override { return ops_.memory().peak; }
+  void record_micro_batches(int64_t count) override { trainer_.record_micro_batches(count); }
+  std::vector<MicroBatchLosses> recorded_micro_batches() override { return trainer_.recorded_micro_batches(); }
+  std::vector<double> exp_avg() override { return trainer_.exp_avg_values(); }
+  MarkCount marks() const override { return MarkCount{ops_.marks_taken(), 0}; }
+  bool capturing() const override { return false; }
   std::vector<std::pair<std::string, double>> observed() const override {
     auto* self = const_cast<CpuStep*>(this);  // profiling runs more steps of this trainer
     return observe(self->trainer_, ops_, 3);

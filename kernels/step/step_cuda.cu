@@ -8,6 +8,8 @@
 #include <array>
 #include <cmath>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/cuda_fill.cuh"
@@ -20,6 +22,9 @@
 namespace tb::step {
 
 namespace {
+
+using cuda::Graph;
+using cuda::GraphExec;
 
 constexpr int threads = 256;
 
@@ -98,14 +103,18 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   }
 }
 
-// A warp per row for dinp; dw and db gathered per block in shared memory, then one atomic per
+// A warp per row for dinp. dw and db: each warp sums its rows into its own slice of shared memory,
+// where a lane owns its channels (no atomics: a shared atomic per element per row serialised the
+// block's warps on the same addresses), the block adds its slices, then one global atomic per
 // channel per block.
 __global__ void layernorm_backward_kernel(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                                          const float* w, const float* mean, const float* rstd, int64_t N, int64_t C) {
-  extern __shared__ float acc[];  // dw [C], db [C]
-  for (int64_t c = threadIdx.x; c < 2 * C; c += blockDim.x) acc[c] = 0.0f;
-  __syncthreads();
+  extern __shared__ float acc[];  // per warp: dw [C], db [C]
   const int warps_per_block = blockDim.x / 32, lane = threadIdx.x % 32;
+  for (int64_t c = threadIdx.x; c < 2 * C * warps_per_block; c += blockDim.x) acc[c] = 0.0f;
+  __syncthreads();
+  float* warp_dw = acc + 2 * C * (threadIdx.x / 32);
+  float* warp_db = warp_dw + C;
   for (int64_t row = blockIdx.x * int64_t{warps_per_block} + threadIdx.x / 32; row < N;
        row += int64_t{gridDim.x} * warps_per_block) {
     const float* x = inp + row * C;
@@ -121,28 +130,41 @@ __global__ void layernorm_backward_kernel(float* dinp, float* dw, float* db, con
     for (int64_t c = lane; c < C; c += 32) {
       const float norm = (x[c] - mean[row]) * rstd[row];
       dinp[row * C + c] += (w[c] * d[c] - dm - norm * dnm) * rstd[row];
-      atomicAdd(&acc[c], norm * d[c]);
-      atomicAdd(&acc[C + c], d[c]);
+      warp_dw[c] += norm * d[c];
+      warp_db[c] += d[c];
     }
   }
   __syncthreads();
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    atomicAdd(&dw[c], acc[c]);
-    atomicAdd(&db[c], acc[C + c]);
+    float sw = 0, sb = 0;
+    for (int k = 0; k < warps_per_block; ++k) {
+      sw += acc[2 * C * k + c];
+      sb += acc[2 * C * k + C + c];
+    }
+    atomicAdd(&dw[c], sw);
+    atomicAdd(&db[c], sb);
   }
 }
 
 __global__ void bias_rows_kernel(float* out, const float* bias, int64_t N, int64_t OC) {
-  TB_GRID_STRIDE(e, N * OC) out[e] = bias ? bias[e % OC] : 0.0f;
+  TB_GRID_STRIDE(e, N * OC) out[e] = bias[e % OC];
 }
 
-// Column sums of dout [N, OC] added to dbias: 32 columns per block, rows split over the block's y.
+constexpr int bias_block_rows = 8;
+
+// Column sums of dout [N, OC] added to dbias: 32 columns per block, rows split over the block's y
+// and summed in shared memory first, so a column takes one atomic per block, not one per row group.
 __global__ void bias_backward_kernel(float* dbias, const float* dout, int64_t N, int64_t OC) {
+  __shared__ float partial[bias_block_rows][32];
   const int64_t col = blockIdx.x * 32 + threadIdx.x;
-  if (col >= OC) return;
   float s = 0;
-  for (int64_t n = blockIdx.y * int64_t{blockDim.y} + threadIdx.y; n < N; n += int64_t{gridDim.y} * blockDim.y)
-    s += dout[n * OC + col];
+  if (col < OC)
+    for (int64_t n = blockIdx.y * int64_t{blockDim.y} + threadIdx.y; n < N; n += int64_t{gridDim.y} * blockDim.y)
+      s += dout[n * OC + col];
+  partial[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || col >= OC) return;
+  for (int r = 1; r < bias_block_rows; ++r) s += partial[r][threadIdx.x];
   atomicAdd(&dbias[col], s);
 }
 
@@ -364,7 +386,8 @@ class CudaOps {
   using Buffer = TrackedBuffer<cuda::DeviceBuffer<U>>;
 
   // Host staging for batches: pinned (async copies) or pageable (what a loader without pin_memory
-  // hands over). Host memory: not counted in the device's peak.
+  // hands over). Host memory: not counted in the device's peak. `copied` is recorded after the
+  // last copy queued from it: the host may refill it once that event has completed.
   template <class U>
   class Staging {
    public:
@@ -374,24 +397,25 @@ class CudaOps {
       else pageable_ = HostBuffer<U>(static_cast<std::size_t>(n));
     }
     U* data() { return pinned_.data() ? pinned_.data() : pageable_.data(); }
+    cudaEvent_t copied() const { return copied_; }
 
    private:
     cuda::PinnedBuffer<U> pinned_;
     HostBuffer<U> pageable_;
+    cuda::Event copied_;
   };
 
   CudaOps(cudaStream_t stream, int device) : stream_(stream), device_(device), meter_(std::make_shared<MemoryMeter>()) {
     CUBLAS_CHECK(cublasSetStream(handle_, stream));
     // A fixed cuBLAS workspace: no allocation inside a captured graph.
-    CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes));
-    CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_, workspace_bytes));
+    CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_.data(), workspace_.bytes()));
     events_.resize(64);
     read_slot_ = cuda::PinnedBuffer<float>(4);
     scratch_double_ = cuda::DeviceBuffer<double>(1);
     summary_ = cuda::DeviceBuffer<float>(3);
-  }
-  ~CudaOps() {
-    if (workspace_) cudaFree(workspace_);
+    // Once here, not per launch (the per-warp slices of a wide layernorm need more than the default).
+    CUDA_CHECK(cudaDeviceGetAttribute(&max_shared_bytes_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared_bytes_));
   }
   CudaOps(const CudaOps&) = delete;
   CudaOps& operator=(const CudaOps&) = delete;
@@ -410,8 +434,11 @@ class CudaOps {
   Mark mark() {
     if (next_event_ == static_cast<int>(events_.size())) events_.resize(events_.size() * 2);
     CUDA_CHECK(cudaEventRecord(events_[next_event_], stream_));
+    ++marks_taken_;
     return next_event_++;
   }
+  int64_t marks_taken() const { return marks_taken_; }
+  int64_t event_pool() const { return static_cast<int64_t>(events_.size()); }
   double seconds_between(Mark a, Mark b) {
     float ms = 0;
     CUDA_CHECK(cudaEventElapsedTime(&ms, events_[a], events_[b]));
@@ -440,6 +467,16 @@ class CudaOps {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
     if (!async) CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
+  // Blocks until the copy last queued from `staging` has read it.
+  template <class U>
+  void wait_until_free(Staging<U>& staging) {
+    CUDA_CHECK(cudaEventSynchronize(staging.copied()));
+  }
+  void upload_staged(int32_t* dst, Staging<int32_t>& src, int64_t n, bool async) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaEventRecord(src.copied(), stream_));
+    if (!async) CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
   void gather_tokens(int32_t* tokens, int32_t* targets, const int32_t* dataset, const int32_t* indices, int64_t B,
                      int64_t Tn) {
     gather_tokens_kernel<<<grid(B * Tn), threads, 0, stream_>>>(tokens, targets, dataset, indices, B, Tn);
@@ -466,16 +503,27 @@ class CudaOps {
   }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                           const float* mean, const float* rstd, int64_t N, int64_t C) {
-    const std::size_t smem = 2 * C * sizeof(float);
-    if (smem > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    layernorm_backward_kernel<<<grid(N * 32), threads, smem, stream_>>>(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    // As many warps (each with its own [2C] slice) as fit the default 48 KiB, up to 8; a wider
+    // layernorm takes one warp per block and the opt-in limit.
+    const int64_t slice = 2 * C * static_cast<int64_t>(sizeof(float));
+    const int warps = static_cast<int>(std::clamp<int64_t>(default_shared_bytes / slice, 1, threads / 32));
+    const int64_t smem = warps * slice;
+    if (smem > max_shared_bytes_)
+      throw CallError(__FILE__, __LINE__, "layernorm_backward",
+                      "d_model " + std::to_string(C) + " needs " + std::to_string(smem) + " bytes of shared memory, " +
+                          std::to_string(max_shared_bytes_) + " available");
+    const int block = 32 * warps;
+    layernorm_backward_kernel<<<cuda::grid_for(N * 32, block, device_), block, static_cast<std::size_t>(smem), stream_>>>(
+        dinp, dw, db, dout, inp, w, mean, rstd, N, C);
     check_launch();
   }
   // out[N, OC] = inp[N, C] W^T + bias; column-major: out^T (OC x N) = W (op T of the stored C x OC) inp^T.
+  // With a bias, the GEMM adds onto the broadcast bias (beta 1); without (the LM head, N x V), it
+  // overwrites (beta 0): no fill and no read of the output.
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C, int64_t OC,
                       bool bf16) {
-    launch(bias_rows_kernel, N * OC, out, bias, N, OC);
-    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, w, C, inp, C, 1.0f, out, OC, bf16);
+    if (bias) launch(bias_rows_kernel, N * OC, out, bias, N, OC);
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, w, C, inp, C, bias ? 1.0f : 0.0f, out, OC, bf16);
   }
   // dinp^T (C x N) += W^T dout^T; dW^T (C x OC) += inp^T dout; dbias += column sums of dout.
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int64_t N,
@@ -483,7 +531,7 @@ class CudaOps {
     gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, w, C, dout, OC, 1.0f, dinp, C, bf16);
     gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dw, C, bf16);
     if (dbias) {
-      const dim3 block(32, 8), blocks(static_cast<unsigned>((OC + 31) / 32), static_cast<unsigned>(std::min<int64_t>((N + 63) / 64, 1024)));
+      const dim3 block(32, bias_block_rows), blocks(static_cast<unsigned>((OC + 31) / 32), static_cast<unsigned>(std::min<int64_t>((N + 63) / 64, 1024)));
       bias_backward_kernel<<<blocks, block, 0, stream_>>>(dbias, dout, N, OC);
       check_launch();
     }
@@ -610,21 +658,25 @@ class CudaOps {
     return had;
   }
 
-  // CUDA graphs: capture the work enqueued between begin and end, replay it with one launch.
-  void begin_capture() { CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal)); }
-  void end_capture() {
-    cudaGraph_t graph = nullptr;
-    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-    if (exec_) cudaGraphExecDestroy(exec_);
-    const cudaError_t err = cudaGraphInstantiate(&exec_, graph, 0);
-    cudaGraphDestroy(graph);
-    CUDA_CHECK(err);
+  // CUDA graphs: capture the work `enqueue` puts on the stream, replay it with one launch.
+  template <class F>
+  void capture(F&& enqueue) {
+    cuda::CaptureScope scope(stream_);
+    enqueue();
+    const Graph graph = scope.end();
+    exec_ = GraphExec(graph);
   }
-  void replay() { CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
-  bool captured() const { return exec_ != nullptr; }
+  void replay() { CUDA_CHECK(cudaGraphLaunch(exec_.get(), stream_)); }
+  bool captured() const { return exec_.get() != nullptr; }
+  bool capturing() const {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(stream_, &status));
+    return status != cudaStreamCaptureStatusNone;
+  }
 
  private:
   static constexpr std::size_t workspace_bytes = 32u << 20;
+  static constexpr int64_t default_shared_bytes = 48 * 1024;
 
   int grid(int64_t n) const { return cuda::grid_for(n, threads, device_); }
   void check_launch() { CUDA_CHECK(cudaGetLastError()); }
@@ -671,9 +723,11 @@ class CudaOps {
   int device_;
   std::shared_ptr<MemoryMeter> meter_;
   cuda::CublasHandle handle_;
-  void* workspace_ = nullptr;
+  cuda::DeviceBuffer<unsigned char> workspace_{workspace_bytes};
+  int max_shared_bytes_ = 0;
   std::vector<cuda::Event> events_;
   int next_event_ = 0;
+  int64_t marks_taken_ = 0;
   std::vector<Buffer<float>> scratch_;
   std::vector<int64_t> scratch_size_;
   cuda::PinnedBuffer<float> read_slot_;
@@ -681,7 +735,7 @@ class CudaOps {
   bool async_pending_ = false;
   cuda::DeviceBuffer<double> scratch_double_;
   cuda::DeviceBuffer<float> summary_;
-  cudaGraphExec_t exec_ = nullptr;
+  GraphExec exec_;
 };
 
 namespace {
@@ -697,6 +751,11 @@ class CudaStep final : public StepInstance {
     return check_first_losses(w_, trainer_.first_sample(), trainer_.first_losses(), w_.switches.bf16_matmuls);
   }
   int64_t peak_bytes() const override { return ops_.memory().peak; }
+  void record_micro_batches(int64_t count) override { trainer_.record_micro_batches(count); }
+  std::vector<MicroBatchLosses> recorded_micro_batches() override { return trainer_.recorded_micro_batches(); }
+  std::vector<double> exp_avg() override { return trainer_.exp_avg_values(); }
+  MarkCount marks() const override { return MarkCount{ops_.marks_taken(), ops_.event_pool()}; }
+  bool capturing() const override { return ops_.capturing(); }
   std::vector<std::pair<std::string, double>> observed() const override {
     auto* self = const_cast<CudaStep*>(this);  // profiling runs more steps of this trainer
     return observe(self->trainer_, self->ops_, 3);

@@ -1,5 +1,6 @@
 // Stage `step`. Workloads are presets in tuner/workloads/ (from the reports) or a user's YAML file.
 #include "runtime/device_info.h"
+#include "runtime/error.h"
 #include "runtime/registry.h"
 #include "step/step.h"
 
@@ -56,6 +57,14 @@ std::string unsupported_reason(const Workload& w, bool cuda) {
   const double bytes = estimate_bytes(w);
   return cuda ? device_memory_reason(bytes) : host_memory_reason(bytes);
 }
+
+#ifndef TRAINBENCH_HAVE_CUDA
+// Built without CUDA: callers (autotune's trials) reach this only past a session that would have
+// refused first, but the symbol must exist for them to link.
+std::unique_ptr<StepInstance> make_cuda_step(const Workload&, const RunContext&) {
+  throw CallError(__FILE__, __LINE__, "make_cuda_step", "trainbench was built without the CUDA backend");
+}
+#endif
 }  // namespace step
 
 void register_stage_step(Registry& registry) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -16,6 +17,7 @@
 #include "runtime/random.h"
 #include "runtime/stats.h"
 #include "step/model.h"
+#include "step/step.h"
 #include "step/workload.h"
 
 namespace tb::step {
@@ -62,12 +64,13 @@ class Trainer {
     ops.zero(scalars_.data(), 2);
     tokens_ = ops.template alloc<int32_t>(2 * N);
     const bool pinned = w.data.location == "host_pinned";
-    staging_ = ops.template alloc_host<int32_t>(2 * N, pinned);
     if (w.data.location == "device") {
       resident_ = ops.template alloc<int32_t>(static_cast<int64_t>(dataset_.size()));
       ops.upload_tokens(resident_.data(), dataset_.data(), static_cast<int64_t>(dataset_.size()), false);
       indices_ = ops.template alloc<int32_t>(w.batch.micro);
-      index_staging_ = ops.template alloc_host<int32_t>(w.batch.micro, true);
+      for (auto& slot : index_staging_) slot = ops.template alloc_host<int32_t>(w.batch.micro, true);
+    } else {
+      for (auto& slot : staging_) slot = ops.template alloc_host<int32_t>(2 * N, pinned);
     }
     order_.resize(static_cast<std::size_t>(w.data.samples));
     std::iota(order_.begin(), order_.end(), 0);
@@ -83,6 +86,30 @@ class Trainer {
   const std::vector<double>& first_losses() const { return first_losses_; }
   int32_t first_sample() const { return first_sample_; }
   const typename Ops::template Buffer<T>& exp_avg() const { return m_; }
+  std::vector<double> exp_avg_values() const {
+    std::vector<T> host(static_cast<std::size_t>(model_.parameter_count()));
+    ops_.download(host.data(), m_.data(), model_.parameter_count());
+    return std::vector<double>(host.begin(), host.end());
+  }
+
+  // Keeps the next `count` micro-batches' per-token losses in backend memory (counted in the peak:
+  // a test's, not a measurement's), copied there in stream order, so recording adds no wait.
+  void record_micro_batches(int64_t count) {
+    record_ = ops_.template alloc<T>(count * model_.tokens());
+    record_capacity_ = count;
+    recorded_samples_.clear();
+  }
+  std::vector<MicroBatchLosses> recorded_micro_batches() {
+    const int64_t N = model_.tokens(), count = static_cast<int64_t>(recorded_samples_.size());
+    std::vector<T> host(static_cast<std::size_t>(count * N));
+    if (count > 0) ops_.download(host.data(), record_.data(), count * N);
+    std::vector<MicroBatchLosses> out(static_cast<std::size_t>(count));
+    for (int64_t k = 0; k < count; ++k) {
+      out[k].samples = recorded_samples_[k];
+      out[k].losses.assign(host.begin() + k * N, host.begin() + (k + 1) * N);
+    }
+    return out;
+  }
 
   StepReport step(bool profile) {
     using Mark = typename Ops::Mark;
@@ -98,21 +125,19 @@ class Trainer {
       load_batch();
       if (profile) marks.push_back(ops_.mark());
       if constexpr (Ops::supports_graphs) {
-        // cuda_graphs: after the first (eager) step, forward and backward are one graph launch; the
+        // cuda_graphs: from graph_capture_step on, forward and backward are one graph launch; the
         // batch buffer they read has a fixed address, refilled before each replay.
-        if (w_.switches.cuda_graphs && !profile && step_ > 0) {
-          if (!ops_.captured()) {
-            ops_.begin_capture();
-            micro_step(scale);
-            ops_.end_capture();
-          }
+        if (w_.switches.cuda_graphs && !profile && step_ >= graph_capture_step) {
+          if (!ops_.captured()) ops_.capture([&] { micro_step(scale); });
           ops_.replay();
+          record_micro_batch();
           continue;
         }
       }
       model_.forward(tokens_.data(), tokens_.data() + N);
       if (step_ == 0 && micro == 0) capture_first_losses();
       if (profile) marks.push_back(ops_.mark()), solver_after.push_back(model_.solver_seconds());
+      record_micro_batch();
       ops_.sum_losses(scalars_.data(), model_.losses(), N, scale);
       model_.backward(scale);
       if (profile) marks.push_back(ops_.mark()), solver_after.push_back(model_.solver_seconds());
@@ -160,7 +185,15 @@ class Trainer {
     std::vector<T> host(static_cast<std::size_t>(w_.model.seq_len));
     ops_.download(host.data(), model_.losses(), w_.model.seq_len);
     first_losses_.assign(host.begin(), host.end());
-    first_sample_ = last_picked_;
+    first_sample_ = picked_.front();
+  }
+
+  void record_micro_batch() {
+    const auto k = static_cast<int64_t>(recorded_samples_.size());
+    if (k == record_capacity_) return;
+    const int64_t N = model_.tokens();
+    ops_.copy(record_.data() + k * N, model_.losses(), N);
+    recorded_samples_.push_back(picked_);
   }
 
   void shuffle() {
@@ -175,25 +208,31 @@ class Trainer {
 
   // The workload's data path: per-sample copies and a stack (what __getitem__ + collate do), or one
   // gather; then the copy to the backend from pageable or pinned memory, or a gather on the backend
-  // from a resident dataset.
+  // from a resident dataset. Two staging slots: the host fills one while the copy queued from the
+  // other may not have run yet (accumulation, an async read, graph replays let the host run ahead),
+  // and waits only when the slot it is about to refill still has a copy pending.
   void load_batch() {
     const int64_t B = w_.batch.micro, Tn = w_.model.seq_len, N = B * Tn;
-    std::vector<int32_t> picked(static_cast<std::size_t>(B));
-    for (auto& s : picked) {
+    picked_.resize(static_cast<std::size_t>(B));
+    for (auto& s : picked_) {
       if (cursor_ >= order_.size()) shuffle();
       s = order_[cursor_++];
     }
-    last_picked_ = picked[0];
+    const std::size_t slot = loads_++ % 2;
     if (w_.data.location == "device") {
-      std::copy(picked.begin(), picked.end(), index_staging_.data());
-      ops_.upload_tokens(indices_.data(), index_staging_.data(), B, true);
+      auto& staging = index_staging_[slot];
+      ops_.wait_until_free(staging);
+      std::copy(picked_.begin(), picked_.end(), staging.data());
+      ops_.upload_staged(indices_.data(), staging, B, true);
       ops_.gather_tokens(tokens_.data(), tokens_.data() + N, resident_.data(), indices_.data(), B, Tn);
       return;
     }
-    int32_t* tokens = staging_.data();
+    auto& staging = staging_[slot];
+    ops_.wait_until_free(staging);
+    int32_t* tokens = staging.data();
     int32_t* targets = tokens + N;
     for (int64_t b = 0; b < B; ++b) {
-      const int32_t* row = dataset_.data() + static_cast<int64_t>(picked[b]) * (Tn + 1);
+      const int32_t* row = dataset_.data() + static_cast<int64_t>(picked_[b]) * (Tn + 1);
       if (w_.data.per_sample_copy) {
         const std::vector<int32_t> sample(row, row + Tn + 1);  // the tensor __getitem__ returns
         std::copy_n(sample.data(), Tn, tokens + b * Tn);
@@ -203,7 +242,7 @@ class Trainer {
         std::copy(row + 1, row + Tn + 1, targets + b * Tn);
       }
     }
-    ops_.upload_tokens(tokens_.data(), staging_.data(), 2 * N, w_.data.location == "host_pinned");
+    ops_.upload_staged(tokens_.data(), staging, 2 * N, w_.data.location == "host_pinned");
   }
 
   // every_step: loss.item() on every step; every_n: a read every `interval` steps; async: the read
@@ -245,10 +284,15 @@ class Trainer {
   uint64_t epoch_ = 0;
   typename Ops::template Buffer<T> m_, v_, scalars_;
   typename Ops::template Buffer<int32_t> tokens_, resident_, indices_;
-  typename Ops::template Staging<int32_t> staging_, index_staging_;
+  std::array<typename Ops::template Staging<int32_t>, 2> staging_, index_staging_;
+  std::size_t loads_ = 0;
   int64_t step_ = 0, since_read_ = 0, pending_steps_ = 0;
-  int32_t last_picked_ = 0, first_sample_ = 0;
+  std::vector<int32_t> picked_;  // the samples of the batch loaded last
+  int32_t first_sample_ = 0;
   std::vector<double> first_losses_;
+  typename Ops::template Buffer<T> record_;
+  int64_t record_capacity_ = 0;
+  std::vector<std::vector<int32_t>> recorded_samples_;
 };
 
 // What a row reports beside the step time: the split by part (median of profiled steps), the

@@ -1,0 +1,34 @@
+# The tests of an installed trainbench (configured with -DTRAINBENCH_INSTALL_TESTS=ON), for a GPU node
+# the install folder was copied to: `ctest --test-dir <prefix>/tests --output-on-failure`.
+#
+# The build tree's ctest files hold absolute paths, so they cannot travel. This one finds the test
+# binaries beside itself when ctest reads it and lists each one's GoogleTest cases, so every case is
+# its own ctest test, as in the build tree, and a case that skips (no usable CUDA device) is reported
+# as skipped, not passed.
+# ctest reads this file from its own folder (and defines no CMAKE_CURRENT_LIST_DIR here): a relative
+# glob finds the binaries beside it, with absolute paths.
+file(GLOB _tb_binaries LIST_DIRECTORIES false "test_*")
+list(SORT _tb_binaries)
+foreach(_tb_binary IN LISTS _tb_binaries)
+  get_filename_component(_tb_name "${_tb_binary}" NAME)
+  execute_process(COMMAND "${_tb_binary}" --gtest_list_tests
+                  OUTPUT_VARIABLE _tb_listing ERROR_VARIABLE _tb_error RESULT_VARIABLE _tb_rc TIMEOUT 120)
+  if(NOT _tb_rc EQUAL 0)
+    # A binary that cannot even list its tests (a missing library, say) is one failing test.
+    add_test("${_tb_name}.list" "${_tb_binary}" --gtest_list_tests)
+    continue()
+  endif()
+  string(REPLACE "\n" ";" _tb_lines "${_tb_listing}")
+  set(_tb_suite "")
+  foreach(_tb_line IN LISTS _tb_lines)
+    string(REGEX REPLACE "[ \t]*#.*$" "" _tb_line "${_tb_line}")  # "  # GetParam() = ..." comments
+    if(_tb_line MATCHES "^  +([^ ]+)$")
+      set(_tb_case "${_tb_suite}${CMAKE_MATCH_1}")
+      add_test("${_tb_case}" "${_tb_binary}" "--gtest_filter=${_tb_case}")
+      set_tests_properties("${_tb_case}" PROPERTIES SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]" TIMEOUT 600
+                           LABELS "${_tb_name}")
+    elseif(_tb_line MATCHES "^([^ ]+\\.)$")
+      set(_tb_suite "${CMAKE_MATCH_1}")
+    endif()
+  endforeach()
+endforeach()
