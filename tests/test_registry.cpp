@@ -144,7 +144,9 @@ TEST(BuiltinRegistry, PeakDeclaresEveryCeilingOfTheDesign) {
   for (const auto& v : peak.variants) EXPECT_TRUE(v.make) << v.id << " should be built with CUDA";
 #else
   for (const auto& v : peak.variants) {
-    if (v.backend == Backend::cuda) EXPECT_FALSE(v.make) << v.id;
+    if (v.backend == Backend::cuda) {
+      EXPECT_FALSE(v.make) << v.id;
+    }
   }
 #endif
 }

@@ -86,6 +86,26 @@ TEST(Workload, BadFilesSayWhereAndWhat) {
   }
 }
 
+TEST(Workload, RepeatedKeysAreRefusedWithBothLines) {
+  // yaml-cpp accepts a repeated key and the parser would see both entries, one silently winning.
+  EXPECT_EQ(error_of(std::string(valid) + "model: {layers: 4, d_model: 16, heads: 2, seq_len: 8, vocab: 11}\n"),
+            "w.yaml:4:1: duplicate key 'model' (first at line 2)");
+  EXPECT_EQ(error_of("name: t\nmodel:\n  layers: 2\n  d_model: 16\n  heads: 2\n  layers: 3\n  seq_len: 8\n  vocab: 11\n"
+                     "batch: {global: 8}\n"),
+            "w.yaml:6:3: duplicate key 'layers' (first at line 3)");
+  EXPECT_EQ(error_of("name: t\nmodel: {layers: 2, d_model: 16, heads: 2, seq_len: 8, vocab: 11}\nbatch: {global: 8, global: 16}\n"),
+            "w.yaml:3:20: duplicate key 'global' (first at line 3)");
+  // The same key in different mappings, and a mapping an alias reaches twice, are not repeats.
+  EXPECT_EQ(error_of(std::string(valid) + "data: {samples: 8}\nlogging: {sync: every_n, interval: 8}\n"), "accepted");
+  EXPECT_EQ(error_of("name: t\nmodel: &m {layers: 2, d_model: 16, heads: 2, seq_len: 8, vocab: 11}\n"
+                     "batch: {global: 8}\nsource: &s [*m, *m]\n"),
+            "w.yaml:4:9: source must be a single value");
+  EXPECT_NE(error_of("name: t\nsource: &a [*a]\n").find("source must be a single value"), std::string::npos)
+      << "an alias inside its own anchor is walked once";
+  EXPECT_NE(error_of("name: t\n? [a, b]\n: 1\n").find("w.yaml:2:3: a key in the workload must be a name"), std::string::npos);
+  for (const char* preset : {"small_gpt", "sem_v55", "tiny"}) EXPECT_NO_THROW(load_workload(preset)) << preset;
+}
+
 Workload tiny_workload(bool propagator) {
   Workload w = parse_workload(R"(name: grad
 model: {layers: 2, d_model: 8, heads: 2, seq_len: 5, vocab: 7, mlp_ratio: 2}

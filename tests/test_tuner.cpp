@@ -8,9 +8,12 @@
 #include <yaml-cpp/yaml.h>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <vector>
 
 #include "runtime/error.h"
 #include "step/step.h"
@@ -163,14 +166,131 @@ TEST(Emit, EveryFormatCarriesTheChoice) {
   EXPECT_NE(emit(none, OutFormat::yaml).find("no configuration ran successfully"), std::string::npos);
 }
 
+TEST(Emit, HfIsTrainingArgumentsKeywords) {
+  TuneOutput o = sample_output();
+  o.report.best.candidate.switches["activation_checkpointing"] = "on";
+  const auto hf = nlohmann::json::parse(emit(o, OutFormat::hf));
+  EXPECT_EQ(hf["per_device_train_batch_size"], 64);
+  EXPECT_EQ(hf["gradient_accumulation_steps"], 4);
+  EXPECT_EQ(hf["gradient_checkpointing"], true);
+  EXPECT_EQ(hf["bf16"], true);
+  EXPECT_EQ(hf["optim"], "adamw_torch_fused");
+  EXPECT_DOUBLE_EQ(hf["max_grad_norm"].get<double>(), 1.0);
+  // A CPU tune: no bf16 switch, so no bf16 key; a non-fused optimizer; no clipping, written as 0
+  // because TrainingArguments would clip at 1.0 by default.
+  o.report.best.candidate.switches = {{"optimizer", "per_tensor"}, {"activation_checkpointing", "off"}};
+  o.grad_clip = 0;
+  const auto cpu = nlohmann::json::parse(emit(o, OutFormat::hf));
+  EXPECT_FALSE(cpu.contains("bf16"));
+  EXPECT_EQ(cpu["optim"], "adamw_torch");
+  EXPECT_EQ(cpu["gradient_checkpointing"], false);
+  EXPECT_DOUBLE_EQ(cpu["max_grad_norm"].get<double>(), 0.0);
+  EXPECT_EQ(out_format_from_string("hf"), OutFormat::hf);
+  TuneOutput none = o;
+  none.report.found = false;
+  EXPECT_THROW(emit(none, OutFormat::hf), UsageError);
+}
+
+// Every key a document sets, as a dotted path ("bf16.enabled"); the items of a list add "[]".
+void key_paths(const nlohmann::json& j, const std::string& prefix, std::set<std::string>& out) {
+  if (j.is_object()) {
+    for (const auto& [k, v] : j.items()) {
+      out.insert(prefix + k);
+      key_paths(v, prefix + k + ".", out);
+    }
+  } else if (j.is_array()) {
+    for (const auto& v : j) key_paths(v, prefix + "[].", out);
+  }
+}
+void key_paths(const YAML::Node& n, const std::string& prefix, std::set<std::string>& out) {
+  if (n.IsMap()) {
+    for (const auto& kv : n) {
+      const std::string k = kv.first.as<std::string>();
+      out.insert(prefix + k);
+      key_paths(kv.second, prefix + k + ".", out);
+    }
+  } else if (n.IsSequence()) {
+    for (const auto& v : n) key_paths(v, prefix + "[].", out);
+  }
+}
+
+TEST(Emit, EveryFormatWritesOnlyTheNamesItsLibraryDocuments) {
+  // The names each reader documents, for the keys trainbench writes (a subset of each list):
+  // - trainbench's own document (yaml, json): the layout in tuner/emit.h's header comment.
+  const std::set<std::string> trainbench{"chosen", "note", "measured", "workload_config", "speedup_over_workload_config",
+                                         "search", "runners_up_within_noise", "failed_trials", "device", "workload",
+                                         "version", "git_commit"};
+  // - DeepSpeed: "DeepSpeed Configuration JSON", https://www.deepspeed.ai/docs/config-json/ (batch size,
+  //   optimizer, gradient clipping and BF16 sections).
+  const std::set<std::string> deepspeed{"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                                        "gradient_clipping", "bf16", "bf16.enabled", "fp16", "fp16.enabled", "optimizer",
+                                        "optimizer.type", "optimizer.params", "steps_per_print", "zero_optimization",
+                                        "zero_optimization.stage"};
+  // - Lightning: a LightningCLI config ("Configure hyperparameters from the CLI (Advanced)",
+  //   lightning.ai/docs/pytorch/stable/cli/lightning_cli_advanced.html): the sections seed_everything,
+  //   trainer, model, data, optimizer, lr_scheduler, ckpt_path; under trainer the arguments of
+  //   lightning.pytorch.trainer.trainer.Trainer (its API page); under data the DataModule's own
+  //   __init__ arguments, batch_size in the CLI docs' example MyDataModule(batch_size: int = 8).
+  std::set<std::string> lightning{"seed_everything", "trainer", "model", "data", "optimizer", "lr_scheduler", "ckpt_path",
+                                  "data.batch_size"};
+  for (const char* a : {"accelerator", "strategy", "devices", "num_nodes", "precision", "max_epochs", "max_steps",
+                        "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm", "benchmark", "deterministic"})
+    lightning.insert(std::string("trainer.") + a);
+  const std::set<std::string> lightning_precisions{"16-mixed", "bf16-mixed", "32-true", "64-true", "bf16-true", "16-true"};
+  // - Hugging Face: the fields of transformers.TrainingArguments (huggingface.co/docs/transformers/
+  //   main_classes/trainer#transformers.TrainingArguments, and training_args.py's docstring), and the
+  //   AdamW values of its OptimizerNames.
+  const std::set<std::string> training_arguments{
+      "output_dir", "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+      "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "num_train_epochs",
+      "max_steps", "bf16", "fp16", "tf32", "optim", "optim_args", "gradient_checkpointing", "gradient_checkpointing_kwargs",
+      "torch_compile", "run_name", "seed", "deepspeed"};
+  const std::set<std::string> hf_adamw{"adamw_torch", "adamw_torch_fused", "adamw_apex_fused", "adamw_hf"};
+
+  TuneOutput o = sample_output();
+  o.report.best.candidate.switches["activation_checkpointing"] = "on";
+  o.report.runners_up = {o.report.best};
+  auto expect_documented = [](const std::set<std::string>& keys, const std::set<std::string>& documented, const char* format) {
+    EXPECT_FALSE(keys.empty()) << format;
+    for (const auto& k : keys) EXPECT_TRUE(documented.count(k)) << format << " writes '" << k << "', not a documented name";
+  };
+
+  std::set<std::string> yaml_keys, json_keys, top;
+  key_paths(YAML::Load(emit(o, OutFormat::yaml)), "", yaml_keys);
+  key_paths(nlohmann::json::parse(emit(o, OutFormat::json)), "", json_keys);
+  EXPECT_EQ(yaml_keys, json_keys) << "yaml and json carry the same document";
+  const std::string root = "trainbench_autotune";
+  for (const auto& k : json_keys) {
+    ASSERT_EQ(k.rfind(root, 0), 0u) << k;
+    if (k == root) continue;
+    const std::string inner = k.substr(root.size() + 1);
+    if (inner.find('.') == std::string::npos) top.insert(inner);
+  }
+  expect_documented(top, trainbench, "yaml/json");
+
+  std::set<std::string> ds, pl, hf;
+  key_paths(nlohmann::json::parse(emit(o, OutFormat::deepspeed)), "", ds);
+  expect_documented(ds, deepspeed, "deepspeed");
+  const YAML::Node lightning_doc = YAML::Load(emit(o, OutFormat::lightning));
+  key_paths(lightning_doc, "", pl);
+  expect_documented(pl, lightning, "lightning");
+  EXPECT_TRUE(lightning_precisions.count(lightning_doc["trainer"]["precision"].as<std::string>()));
+  const auto hf_doc = nlohmann::json::parse(emit(o, OutFormat::hf));
+  key_paths(hf_doc, "", hf);
+  expect_documented(hf, training_arguments, "hf");
+  EXPECT_TRUE(hf_adamw.count(hf_doc["optim"].get<std::string>()));
+}
+
 struct Outcome {
   int code = -1;
   std::string out, err;
 };
 
-Outcome autotune(const std::string& args) {
+// autotune with `args`, after `prefix` (e.g. "cd DIR && VAR=value") when given.
+Outcome autotune(const std::string& args, const std::string& prefix = "") {
   const auto err_path = std::filesystem::temp_directory_path() / ("tb_autotune_err_" + std::to_string(getpid()));
-  const std::string command = tb::testing::tool_path("autotune", AUTOTUNE_PATH) + " " + args + " 2>" + err_path.string();
+  const std::string command = prefix + (prefix.empty() ? "" : " ") + tb::testing::tool_path("autotune", AUTOTUNE_PATH) +
+                              " " + args + " 2>" + err_path.string();
   Outcome o;
   FILE* pipe = popen(command.c_str(), "r");
   std::array<char, 4096> buf{};
@@ -205,6 +325,17 @@ TEST(AutotuneCli, BadInputExitsTwoAndRunsNothing) {
   EXPECT_NE(o.err.find("tb_bad_workload.yaml:2:40: heads (3) must divide d_model (16)"), std::string::npos) << o.err;
 }
 
+TEST(AutotuneCli, ARepeatedKeyInTheWorkloadExitsTwoWithOneLine) {
+  const auto dup = std::filesystem::temp_directory_path() / ("tb_dup_workload_" + std::to_string(getpid()) + ".yaml");
+  std::ofstream(dup) << "name: dup\nmodel: {layers: 2, d_model: 16, heads: 2, seq_len: 8, vocab: 11}\nbatch: {global: 8}\n"
+                        "model: {layers: 4, d_model: 16, heads: 2, seq_len: 8, vocab: 11}\n";
+  const Outcome o = autotune("--workload " + dup.string());
+  EXPECT_EQ(o.code, 2) << o.err;
+  EXPECT_EQ(o.err, "autotune: " + dup.string() + ":4:1: duplicate key 'model' (first at line 2)\n");
+  EXPECT_TRUE(o.out.empty());
+  std::filesystem::remove(dup);
+}
+
 TEST(AutotuneCli, TunesTinyOnTheCpuAndResumesWithoutRepeatingATrial) {
   const auto dir = std::filesystem::temp_directory_path() / ("tb_tune_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
@@ -229,6 +360,130 @@ TEST(AutotuneCli, TunesTinyOnTheCpuAndResumesWithoutRepeatingATrial) {
   EXPECT_EQ(lines(), journaled) << "a resumed tune ran trials again:\n" << again.err;
   EXPECT_NE(again.err.find("resuming with"), std::string::npos);
   EXPECT_NE(again.out.find("micro_batch: " + std::to_string(micro)), std::string::npos) << again.out;
+  std::filesystem::remove_all(dir);
+}
+
+// autotune run in `dir` with `env` prefixed (e.g. XDG_CACHE_HOME=...): what a user sees, and how
+// long the whole process took.
+struct TimedOutcome {
+  Outcome o;
+  double seconds = 0;
+};
+TimedOutcome autotune_in(const std::filesystem::path& dir, const std::string& env, const std::string& args) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Outcome o = autotune(args, "cd '" + dir.string() + "' && " + env);
+  return {o, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+std::filesystem::path fresh_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / (name + "_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::vector<std::filesystem::path> files_in(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir, ec))
+    if (e.is_regular_file()) out.push_back(e.path());
+  return out;
+}
+
+// A trial given a wall limit stops measuring in time, however loose its interval still is, and
+// says so; its result is still a measurement.
+TEST(AutotuneBudget, ATrialStopsMeasuringAtItsWallLimit) {
+  const step::Workload w = step::load_workload("tiny");
+  const Candidate c = own_candidate(w, SearchSpace{{w.batch.global}, {}, {}, {}});
+  const nlohmann::json request{{"workload", w.path},
+                               {"backend", "cpu"},
+                               {"device", 0},
+                               {"candidate", to_json(c)},
+                               {"policy", {{"target_rel_ci", 1e-12}, {"max_seconds", 60.0}, {"min_steps", 1000000000},
+                                           {"stop_below", 0.0}, {"wall_seconds", 1.5}}}};
+  const TrialResult r = run_trial_here(request);
+  ASSERT_TRUE(r.ok()) << r.message;
+  EXPECT_EQ(r.message, "stopped at the budget's end");
+  EXPECT_LE(r.seconds, 1.5);
+  EXPECT_GT(r.steps, 0);
+  EXPECT_GT(r.setup_seconds, 0.0);
+  EXPECT_LT(r.setup_seconds, r.seconds);
+}
+
+// A budget below the shortest trial (the reserve for output alone is a second) is refused before
+// anything runs: exit 2, the smallest budget that would do, and no journal.
+TEST(AutotuneBudget, TooSmallForOneTrialIsRefusedUpFront) {
+  const auto dir = fresh_dir("tb_budget_small");
+  const TimedOutcome r = autotune_in(dir, "XDG_CACHE_HOME='" + (dir / "cache").string() + "'",
+                                     "--workload small_gpt --gpu cpu --budget 1");
+  EXPECT_EQ(r.o.code, 2) << r.o.err;
+  EXPECT_NE(r.o.err.find("--budget 1.0 is below one trial of small_gpt on this machine"), std::string::npos) << r.o.err;
+  EXPECT_NE(r.o.err.find("give at least that"), std::string::npos) << r.o.err;
+  EXPECT_TRUE(files_in(dir).empty()) << "a refused run left " << files_in(dir).front();
+  std::filesystem::remove_all(dir);
+}
+
+// The budget bounds the whole run, the workload's own trial, the search, the confirmation and the
+// output included: the process ends within it (one second of slack for starting and exiting it).
+TEST(AutotuneBudget, BoundsTheWholeRun) {
+  const auto dir = fresh_dir("tb_budget_bound");
+  constexpr double budget = 6;
+  const TimedOutcome r = autotune_in(dir, "XDG_CACHE_HOME='" + (dir / "cache").string() + "'",
+                                     "--workload tiny --gpu cpu --budget 6 --trial-seconds 2");
+  EXPECT_LE(r.seconds, budget + 1.0) << r.o.err;
+  // Either a configuration within the budget, or it says the budget ran out (a very busy machine).
+  if (r.o.code != 0) {
+    EXPECT_NE(r.o.err.find("budget"), std::string::npos) << r.o.err;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// No run leaves a journal in the current directory: beside --out when there is one, else in the
+// user's cache keyed by workload and device, where --resume finds it; the path is printed.
+TEST(AutotuneJournal, GoesBesideOutOrIntoTheCacheAndResumeFindsIt) {
+  const auto dir = fresh_dir("tb_journal");
+  const auto cwd = dir / "cwd", cfg = dir / "cfg", cache = dir / "cache";
+  std::filesystem::create_directories(cwd);
+  std::filesystem::create_directories(cfg);
+  const std::string env = "XDG_CACHE_HOME='" + cache.string() + "'";
+  const std::string args = "--workload tiny --gpu cpu --switches optimizer --budget 60 --trial-seconds 0.3";
+
+  const TimedOutcome with_out = autotune_in(cwd, env, args + " --out " + (cfg / "tuned.yaml").string());
+  ASSERT_EQ(with_out.o.code, 0) << with_out.o.err;
+  const auto beside = cfg / "tuned.autotune.jsonl";
+  EXPECT_TRUE(std::filesystem::exists(beside)) << with_out.o.err;
+  EXPECT_NE(with_out.o.err.find("journal " + beside.string()), std::string::npos) << with_out.o.err;
+
+  const TimedOutcome cached = autotune_in(cwd, env, args);
+  ASSERT_EQ(cached.o.code, 0) << cached.o.err;
+  const auto in_cache = files_in(cache / "trainbench");
+  ASSERT_EQ(in_cache.size(), 1u) << cached.o.err;
+  EXPECT_EQ(in_cache[0].filename().string().rfind("tiny.cpu.", 0), 0u) << in_cache[0];
+  EXPECT_NE(cached.o.err.find("journal " + in_cache[0].string()), std::string::npos) << cached.o.err;
+  EXPECT_TRUE(files_in(cwd).empty()) << "the current directory got " << files_in(cwd).front();
+
+  const TimedOutcome resumed = autotune_in(cwd, env, args + " --resume");
+  ASSERT_EQ(resumed.o.code, 0) << resumed.o.err;
+  EXPECT_NE(resumed.o.err.find("resuming with"), std::string::npos) << resumed.o.err;
+  EXPECT_NE(resumed.o.err.find(in_cache[0].string()), std::string::npos) << resumed.o.err;
+  std::filesystem::remove_all(dir);
+}
+
+// A workload that cannot fit even at micro-batch 1 is refused from its model, with the numbers,
+// before any trial runs out of memory.
+TEST(AutotuneMemory, AWorkloadThatCannotFitIsRefusedWithTheNumbers) {
+  const auto dir = fresh_dir("tb_huge");
+  std::ofstream(dir / "huge.yaml") << "name: huge\nsource: test\n"
+                                      "model: {layers: 2, d_model: 3840000, heads: 2, seq_len: 16, vocab: 17, mlp_ratio: 4}\n"
+                                      "optimizer: {variant: fused}\n"
+                                      "data: {samples: 64}\n"
+                                      "batch: {global: 16, micro: 8}\n";
+  const TimedOutcome r = autotune_in(dir, "XDG_CACHE_HOME='" + (dir / "cache").string() + "'",
+                                     "--workload " + (dir / "huge.yaml").string() + " --gpu cpu --budget 60");
+  EXPECT_EQ(r.o.code, 2) << r.o.err;
+  EXPECT_NE(r.o.err.find("huge needs about"), std::string::npos) << r.o.err;
+  EXPECT_NE(r.o.err.find("PiB at micro-batch 1 with activation checkpointing; this CPU has"), std::string::npos) << r.o.err;
+  EXPECT_EQ(r.o.err.find("[trial"), std::string::npos) << "a trial ran:\n" << r.o.err;
   std::filesystem::remove_all(dir);
 }
 

@@ -678,6 +678,70 @@ TEST(TunerSearch, BudgetStopsTheSearchWithTheBestSoFar) {
   EXPECT_LE(ex.largest_max_seconds, 0.5);
 }
 
+// A wall-clock budget (autotune's): every trial is told the time left as its wall limit, none starts
+// with less than the shortest trial left, and a trial stopped at the budget's end (OutOfBudget) ends
+// the search without being recorded as a result of its candidate.
+class ClockExecutor : public Executor {
+ public:
+  double now = 0;                  // simulated seconds since the start
+  double trial_seconds = 3;        // each trial's wall time
+  double stop_at = 1e9;            // a trial that would pass this is stopped
+  std::vector<double> wall_limits;
+  TrialResult run(const Candidate& c, const MeasurePolicy& policy) override {
+    wall_limits.push_back(policy.wall_seconds);
+    // As the process executor does: a trial that would run past its wall limit is stopped there.
+    const double end = std::min(stop_at, policy.wall_seconds > 0 ? now + policy.wall_seconds : 1e18);
+    if (now + trial_seconds > end) {
+      now = end;
+      throw OutOfBudget("stopped at the budget's end");
+    }
+    now += trial_seconds;
+    TrialResult r;
+    r.samples_per_s = 100.0 + static_cast<double>(c.micro_batch);
+    r.ci_low = r.samples_per_s - 0.1;
+    r.ci_high = r.samples_per_s + 0.1;
+    r.peak_bytes = kGiB;
+    r.steps = 10;
+    r.seconds = trial_seconds;
+    return r;
+  }
+  int64_t memory_capacity() const override { return 100 * kGiB; }
+};
+
+TEST(TunerSearch, WallClockBudgetGivesEachTrialTheTimeLeftAndStopsCleanly) {
+  SearchSpace space;
+  space.global_batches = {64};
+  for (double min_trial : {0.0, 2.5}) {
+    ClockExecutor ex;
+    SearchOptions o = unlimited(SearchOptions::Strategy::grid);
+    constexpr double budget = 10;
+    o.seconds_left = [&] { return budget - ex.now; };
+    o.min_trial_seconds = min_trial;
+    const SearchReport r = search(ex, space, o);
+    EXPECT_TRUE(r.budget_exhausted);
+    ASSERT_TRUE(r.found);
+    ASSERT_FALSE(ex.wall_limits.empty());
+    double expected_left = budget;
+    for (double limit : ex.wall_limits) {
+      EXPECT_DOUBLE_EQ(limit, expected_left);
+      expected_left -= ex.trial_seconds;
+    }
+    // 10 s at 3 s a trial: three finish; with 1 s left the fourth starts only when no shortest trial
+    // is known (and then is stopped at the budget's end), never when it cannot fit.
+    EXPECT_EQ(r.trials_run, 3);
+    EXPECT_EQ(ex.wall_limits.size(), min_trial > 1.0 ? 3u : 4u);
+    EXPECT_EQ(r.trials.size(), 3u) << "a trial stopped by the budget was recorded";
+  }
+  // A trial stopped by the budget's end says nothing about its candidate: not recorded, search over.
+  ClockExecutor ex;
+  ex.stop_at = 4;
+  SearchOptions o = unlimited(SearchOptions::Strategy::grid);
+  o.seconds_left = [&] { return 100 - ex.now; };
+  const SearchReport r = search(ex, space, o);
+  EXPECT_TRUE(r.budget_exhausted);
+  EXPECT_EQ(r.trials.size(), 1u);
+}
+
 // Configs within noise are ties and the one with less memory wins; a config clearly faster wins
 // whatever its memory. runners_up are the other ties, fastest first.
 class TableExecutor : public Executor {

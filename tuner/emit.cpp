@@ -18,7 +18,8 @@ OutFormat out_format_from_string(const std::string& name) {
   if (name == "json") return OutFormat::json;
   if (name == "deepspeed") return OutFormat::deepspeed;
   if (name == "lightning") return OutFormat::lightning;
-  throw UsageError("unknown format '" + name + "' (yaml, json, deepspeed, lightning)");
+  if (name == "hf") return OutFormat::hf;
+  throw UsageError("unknown format '" + name + "' (yaml, json, deepspeed, lightning, hf)");
 }
 
 static json measured(const TrialResult& r) {
@@ -134,6 +135,25 @@ std::string emit(const TuneOutput& o, OutFormat format) {
       const auto bf16 = c->switches.find("bf16_matmuls");
       if (bf16 != c->switches.end() && bf16->second == "on") pl["trainer"]["precision"] = "bf16-mixed";
       return yaml_text(pl, comment.str());
+    }
+    case OutFormat::hf: {
+      // Keyword arguments of transformers.TrainingArguments, loadable as
+      // `TrainingArguments(output_dir=..., **json.load(f))`. It refuses keywords that are not its fields
+      // and JSON has no comments, so the provenance is left out, as in the DeepSpeed config: it is in
+      // --format yaml or json.
+      if (!c) throw UsageError("no configuration ran successfully: nothing to write as Hugging Face TrainingArguments");
+      json hf{{"per_device_train_batch_size", c->micro_batch}, {"gradient_accumulation_steps", c->accumulation()}};
+      const auto checkpointing = c->switches.find("activation_checkpointing");
+      if (checkpointing != c->switches.end()) hf["gradient_checkpointing"] = checkpointing->second == "on";
+      const auto bf16 = c->switches.find("bf16_matmuls");
+      if (bf16 != c->switches.end()) hf["bf16"] = bf16->second == "on";
+      // TrainingArguments has no for-loop AdamW: per_tensor and foreach both map to adamw_torch, which
+      // leaves the choice to torch.optim.AdamW (foreach on CUDA, the for-loop on the CPU).
+      const auto optimizer = c->switches.find("optimizer");
+      if (optimizer != c->switches.end()) hf["optim"] = optimizer->second == "fused" ? "adamw_torch_fused" : "adamw_torch";
+      // Always written: TrainingArguments clips at 1.0 unless told otherwise, and 0 turns clipping off.
+      hf["max_grad_norm"] = o.grad_clip;
+      return hf.dump(2) + "\n";
     }
   }
   return "";

@@ -1,7 +1,10 @@
 // What autotune writes: the chosen configuration with its provenance (device and versions, the
 // workload and its digest, the measured throughput with its interval, peak memory and headroom,
 // trials and time, runners-up within noise, the speedup over the workload's own configuration), as
-// YAML or JSON, or as the keys DeepSpeed or PyTorch Lightning read.
+// YAML or JSON, or as the keys DeepSpeed, PyTorch Lightning or Hugging Face TrainingArguments read.
+// The YAML and JSON document: trainbench_autotune: {chosen, measured, workload_config,
+// speedup_over_workload_config, search, runners_up_within_noise, failed_trials, device, workload,
+// version, git_commit} (chosen is null, with a note, when nothing ran).
 #pragma once
 
 #include <optional>
@@ -13,7 +16,7 @@
 
 namespace tb::tune {
 
-enum class OutFormat { yaml, json, deepspeed, lightning };
+enum class OutFormat { yaml, json, deepspeed, lightning, hf };
 OutFormat out_format_from_string(const std::string& name);  // throws UsageError
 
 struct TuneOutput {

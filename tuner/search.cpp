@@ -48,8 +48,10 @@
 //
 // Failures: oom, error, timeout and incorrect trials are recorded and count as infeasible (throughput
 // 0); an executor that throws is recorded as an error. Budget: the sum of trials' seconds (resumed
-// ones excluded); a trial is given at most what is left (MeasurePolicy::max_seconds); once it is
-// spent the search stops and chooses from what it has, with budget_exhausted set.
+// ones excluded), or the wall clock when SearchOptions::seconds_left is set (autotune: the budget
+// bounds the whole run); a trial is given at most what is left (MeasurePolicy::max_seconds and
+// wall_seconds); once it is spent, or a trial is stopped by it (OutOfBudget), the search stops and
+// chooses from what it has, with budget_exhausted set.
 //
 // Measured against the grid over 2000 seeded synthetic landscapes (tests/test_tuner_search.cpp):
 // within 2% of the grid optimum on 98.8% of them (every noiseless one), 7% of the grid's trials on
@@ -164,12 +166,21 @@ class Session {
     if (known != options_.known.end() && used < known->second.size()) {
       r = known->second[used++];
     } else {
-      if (seconds >= options_.budget_seconds) throw BudgetExhausted{};
       MeasurePolicy policy = options_.measure;
-      policy.max_seconds = std::min(policy.max_seconds, options_.budget_seconds - seconds);
+      if (options_.seconds_left) {
+        const double left = options_.seconds_left();
+        if (left <= 0 || left < options_.min_trial_seconds) throw BudgetExhausted{};
+        policy.max_seconds = std::min(policy.max_seconds, left);
+        policy.wall_seconds = left;
+      } else {
+        if (seconds >= options_.budget_seconds) throw BudgetExhausted{};
+        policy.max_seconds = std::min(policy.max_seconds, options_.budget_seconds - seconds);
+      }
       if (may_stop_early && best_ > 0) policy.stop_below = best_ * (1 - kClearlyBehind);
       try {
         r = executor_.run(c, policy);
+      } catch (const OutOfBudget&) {
+        throw BudgetExhausted{};
       } catch (const std::exception& e) {
         r = TrialResult{};
         r.cls = TrialClass::error;

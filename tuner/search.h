@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@ struct TrialResult {
   int64_t steps = 0;                   // whole steps measured
   double seconds = 0;                  // wall time the trial took, setup included
   std::string message;                 // why, when not ok
+  double setup_seconds = 0;            // of `seconds`, before the first timed sample (set-up, check, warm-up)
   bool ok() const { return cls == TrialClass::ok; }
 };
 
@@ -49,6 +51,15 @@ struct MeasurePolicy {
   // end is below this (samples/s). 0: never. The fast search sets it from the best so far; the
   // result is still ok, with the wider interval it had when it stopped.
   double stop_below = 0;
+  // The whole trial, set-up included, must end within this many seconds of its start (0: no limit):
+  // the trial stops measuring in time, and an executor stops a trial that runs past it.
+  double wall_seconds = 0;
+};
+
+// Thrown by an executor whose trial was stopped at MeasurePolicy::wall_seconds before it had a
+// result: the budget ended, which says nothing about the candidate (the trial is not recorded).
+struct OutOfBudget : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 class Executor {
@@ -73,6 +84,10 @@ struct SearchSpace {
 struct SearchOptions {
   enum class Strategy { grid, auto_ } strategy = Strategy::auto_;
   double budget_seconds = 300;   // wall time for the whole search (trials' own seconds count)
+  // When set, the wall-clock seconds left for trials, which replaces the budget above: a trial starts
+  // only with at least `min_trial_seconds` left and must end (MeasurePolicy::wall_seconds) in time.
+  std::function<double()> seconds_left;
+  double min_trial_seconds = 0;
   double noise_margin = 0.01;    // configs whose throughputs differ less than this are ties
   double headroom = 0.05;        // memory kept free, at least; widened by the measured variation
   MeasurePolicy measure;

@@ -13,6 +13,7 @@
 
 #include "runtime/device_info.h"
 #include "runtime/error.h"
+#include "runtime/registry.h"
 #include "runtime/session.h"
 #include "runtime/stats.h"
 #include "step/step.h"
@@ -106,6 +107,39 @@ int64_t warmup_steps(const step::Workload& w) {
   return w.switches.cuda_graphs ? step::graph_capture_step + 1 : 1;
 }
 
+TrialEstimate shortest_trial(const step::Workload& w, int64_t min_steps, bool cuda, int device) {
+  TrialEstimate e;
+  e.step_flops = step::step_flops(w);
+  double startup = 0;
+  if (cuda) {
+    // The GPU's arithmetic ceiling from its SMs and clock: FP32 FMA lanes (2 x 128 per SM and clock),
+    // or dense bf16 tensor cores (4096 per SM and clock on Hopper) when the step's matmuls are bf16.
+    const GpuInfo& g = cuda_status().devices.at(static_cast<std::size_t>(device));
+    const double per_sm_clock = w.switches.bf16_matmuls ? 4096.0 : 256.0;
+    e.flop_rate = static_cast<double>(g.sms) * g.sm_clock_mhz * 1e6 * per_sm_clock;
+    e.rate_source = g.name + ", " + (w.switches.bf16_matmuls ? "bf16 tensor-core" : "fp32") + " ceiling";
+    startup = 0.5;  // a CUDA context and the libraries' initialisation
+  } else {
+    // The CPU's: the best of three 512^3 SGEMMs from the peak stage (a few milliseconds).
+    const Variant* gemm = builtin_registry().find("peak")->find_variant("gemm_fp32", Backend::cpu);
+    auto session = make_session(Backend::cpu, 0);
+    auto instance = gemm->make(Problem(std::vector<std::pair<std::string, std::string>>{{"cpu_gemm_n", "512"}}),
+                               session->context());
+    double best = 1e30;
+    for (int i = 0; i < 3; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      instance->run();
+      best = std::min(best, seconds_since(t0));
+    }
+    e.flop_rate = 2.0 * 512 * 512 * 512 / best;
+    e.rate_source = "this CPU's SGEMM";
+    startup = 0.05;
+  }
+  e.step_seconds = e.step_flops / e.flop_rate;
+  e.seconds = startup + static_cast<double>(1 + warmup_steps(w) + std::max<int64_t>(min_steps, 1)) * e.step_seconds;
+  return e;
+}
+
 json to_json(const Candidate& c) {
   return json{{"global_batch", c.global_batch}, {"micro_batch", c.micro_batch}, {"accumulation", c.accumulation()},
               {"switches", c.switches}};
@@ -122,7 +156,7 @@ Candidate candidate_from_json(const json& j) {
 json to_json(const TrialResult& r) {
   return json{{"class", to_string(r.cls)},  {"samples_per_s", r.samples_per_s}, {"ci_low", r.ci_low},
               {"ci_high", r.ci_high},      {"peak_bytes", r.peak_bytes},       {"steps", r.steps},
-              {"seconds", r.seconds},      {"message", r.message}};
+              {"seconds", r.seconds},      {"setup_seconds", r.setup_seconds}, {"message", r.message}};
 }
 
 TrialResult trial_result_from_json(const json& j) {
@@ -134,6 +168,7 @@ TrialResult trial_result_from_json(const json& j) {
   r.peak_bytes = j.value("peak_bytes", int64_t{0});
   r.steps = j.value("steps", int64_t{0});
   r.seconds = j.value("seconds", 0.0);
+  r.setup_seconds = j.value("setup_seconds", 0.0);
   r.message = j.value("message", std::string());
   return r;
 }
@@ -158,6 +193,7 @@ TrialResult run_trial_here(const json& request) {
     policy.max_seconds = request.at("policy").at("max_seconds").get<double>();
     policy.min_steps = request.at("policy").at("min_steps").get<int64_t>();
     policy.stop_below = request.at("policy").value("stop_below", 0.0);
+    policy.wall_seconds = request.at("policy").value("wall_seconds", 0.0);
     if (const std::string why = step::unsupported_reason(w, cuda); !why.empty())
       return fail(looks_like_oom(why) ? TrialClass::oom : TrialClass::error, why);
 
@@ -176,9 +212,17 @@ TrialResult run_trial_here(const json& request) {
     std::vector<double> step_seconds;
     int64_t steps = 0;
     const auto measuring = std::chrono::steady_clock::now();
+    r.setup_seconds = seconds_since(started);
     while (true) {
       step_seconds.push_back(time_sample(timer, [&] { instance->run(); }, batch) / static_cast<double>(batch));
       steps += batch;
+      // The budget's end: no sample that would finish after it (the parent stops the trial there),
+      // however few there are; the interval says how little they tell.
+      const double sample_s = step_seconds.back() * static_cast<double>(batch);
+      if (policy.wall_seconds > 0 && seconds_since(started) + 1.5 * sample_s > policy.wall_seconds) {
+        r.message = "stopped at the budget's end";
+        break;
+      }
       if (step_seconds.size() < 3 || steps < policy.min_steps) continue;
       const Summary s = summarize(step_seconds, policy.target_rel_ci);
       if (!s.noisy || seconds_since(measuring) >= policy.max_seconds) break;
@@ -332,11 +376,19 @@ TrialResult ProcessExecutor::run(const Candidate& candidate, const MeasurePolicy
                      {"device", device_},
                      {"candidate", to_json(candidate)},
                      {"policy", {{"target_rel_ci", policy.target_rel_ci}, {"max_seconds", policy.max_seconds},
-                                 {"min_steps", policy.min_steps}, {"stop_below", policy.stop_below}}}};
+                                 {"min_steps", policy.min_steps}, {"stop_below", policy.stop_below},
+                                 {"wall_seconds", policy.wall_seconds}}}};
   const auto started = std::chrono::steady_clock::now();
   // Setup, the reference check and the first step come on top of the measuring time.
-  const double watchdog = 3 * policy.max_seconds + 120;
-  TrialResult r = classify(run_child({exe_, "--trial", request.dump()}, watchdog, stop_));
+  const double hang_limit = 3 * policy.max_seconds + 120;
+  // With a budget, the trial ends by its end: a trial still running then is stopped, not hung.
+  const bool budget_bound = policy.wall_seconds > 0 && policy.wall_seconds + kill_grace_seconds < hang_limit;
+  const double watchdog = budget_bound ? policy.wall_seconds + kill_grace_seconds : hang_limit;
+  const ChildOutcome outcome = run_child({exe_, "--trial", request.dump()}, watchdog, stop_);
+  if (outcome.timed_out && budget_bound)
+    throw OutOfBudget("the budget ended before the trial had a result (stopped after " +
+                      std::to_string(static_cast<int>(watchdog)) + " s)");
+  TrialResult r = classify(outcome);
   if (r.seconds == 0) r.seconds = seconds_since(started);
   return r;
 }

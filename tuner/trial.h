@@ -24,6 +24,22 @@ Candidate own_candidate(const step::Workload& w, const SearchSpace& space);
 // of them is timed alone to size the samples.
 int64_t warmup_steps(const step::Workload& w);
 
+// A trial bound by a budget (MeasurePolicy::wall_seconds) gets this long past it to write its
+// result and exit before the parent stops it.
+inline constexpr double kill_grace_seconds = 1.0;
+
+// The shortest a trial of `w` can be on this machine, from the work model: process start and set-up,
+// the checked step, the warm-up steps and `min_steps` measured steps, each step's FLOPs at the
+// machine's compute ceiling. A lower bound: a budget below it cannot buy one trial.
+struct TrialEstimate {
+  double seconds = 0;
+  double step_seconds = 0;  // one step at the ceiling
+  double step_flops = 0;
+  double flop_rate = 0;     // the ceiling used
+  std::string rate_source;  // how it was had
+};
+TrialEstimate shortest_trial(const step::Workload& w, int64_t min_steps, bool cuda, int device);
+
 nlohmann::json to_json(const Candidate& c);
 Candidate candidate_from_json(const nlohmann::json& j);
 nlohmann::json to_json(const TrialResult& r);

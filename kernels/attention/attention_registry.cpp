@@ -107,7 +107,7 @@ void register_stage_attention(Registry& registry) {
       return make_cpu_naive(shape_of(p, "cpu_shape"), causal_of(p), mask);
     };
   };
-  auto cuda_naive = [](Mask mask) {
+  auto cuda_naive = []([[maybe_unused]] Mask mask) {  // unused without CUDA: cuda_factory drops its argument
     return cuda_factory([mask](const Problem& p, const RunContext& c) {
       return make_cuda_naive(shape_of(p, "shape"), causal_of(p), mask, dtype_of(p), c);
     });

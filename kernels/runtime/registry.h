@@ -115,14 +115,17 @@ struct Variant {
 
 // A CUDA variant's factory: the launcher when the CUDA backend is built, else null, so that a
 // CPU-only build still lists the variant (as "built without CUDA").
-template <class F>
-InstanceFactory cuda_factory([[maybe_unused]] F&& make) {
 #ifdef TRAINBENCH_HAVE_CUDA
+template <class F>
+InstanceFactory cuda_factory(F&& make) {
   return InstanceFactory(std::forward<F>(make));
-#else
-  return nullptr;
-#endif
 }
+#else
+// Without CUDA the launchers are not built, so the argument must not even be evaluated: a function
+// taking `make_cuda_triad` keeps a reference to that undefined symbol unless inlined away, which -O0
+// and UBSan's null check of the reference do not do (the CPU build failed to link).
+#define cuda_factory(...) ::tb::InstanceFactory(nullptr)
+#endif
 
 // baseline vs improved, both of one backend, compared at each problem they share.
 struct Pair {

@@ -23,6 +23,8 @@ Verdict check_first_losses(const Workload& w, int32_t sample, const std::vector<
 // products) plus the attention products, 12 L B T^2 C halved by the causal mask.
 double step_flops(const Workload& w);
 
+// Bytes one step of `w` keeps allocated at its peak (parameters, gradients, moments, activations).
+double estimate_bytes(const Workload& w);
 // Why this workload cannot run on `backend` here, or "".
 std::string unsupported_reason(const Workload& w, bool cuda);
 

@@ -19,20 +19,6 @@ std::string workload_reason(const std::string& value) {
   }
 }
 
-// Parameters, gradients and two moments in fp32, the activations kept for backward (one layer's
-// with checkpointing), the logits, probabilities and their gradient.
-double estimate_bytes(const Workload& w) {
-  const double N = static_cast<double>(w.batch.micro * w.model.seq_len), C = static_cast<double>(w.model.d_model);
-  const double H = static_cast<double>(w.model.mlp_ratio) * C, V = static_cast<double>(w.model.vocab);
-  const double att = static_cast<double>(w.batch.micro * w.model.heads) * static_cast<double>(w.model.seq_len) *
-                     static_cast<double>(w.model.seq_len);
-  const double layer = N * (9 * C + 2 * H + 4) + att;
-  const double layers = w.switches.activation_checkpointing ? 1.0 : static_cast<double>(w.model.layers);
-  const double floats = 4.0 * static_cast<double>(w.parameter_count()) + layers * layer + layer +
-                        static_cast<double>(w.model.layers + 1) * N * C + 3 * N * V + (w.propagator.enabled ? 8 * N * C : 0);
-  return 4.0 * floats;
-}
-
 Work step_work(const Problem& p, const char* axis, Backend backend) {
   const Workload w = load_workload(p.get(axis));
   Work work;
@@ -49,6 +35,20 @@ Work step_work(const Problem& p, const char* axis, Backend backend) {
 }  // namespace
 
 namespace step {
+// Parameters, gradients and two moments in fp32, the activations kept for backward (one layer's
+// with checkpointing), the logits, probabilities and their gradient.
+double estimate_bytes(const Workload& w) {
+  const double N = static_cast<double>(w.batch.micro * w.model.seq_len), C = static_cast<double>(w.model.d_model);
+  const double H = static_cast<double>(w.model.mlp_ratio) * C, V = static_cast<double>(w.model.vocab);
+  const double att = static_cast<double>(w.batch.micro * w.model.heads) * static_cast<double>(w.model.seq_len) *
+                     static_cast<double>(w.model.seq_len);
+  const double layer = N * (9 * C + 2 * H + 4) + att;
+  const double layers = w.switches.activation_checkpointing ? 1.0 : static_cast<double>(w.model.layers);
+  const double floats = 4.0 * static_cast<double>(w.parameter_count()) + layers * layer + layer +
+                        static_cast<double>(w.model.layers + 1) * N * C + 3 * N * V + (w.propagator.enabled ? 8 * N * C : 0);
+  return 4.0 * floats;
+}
+
 std::string unsupported_reason(const Workload& w, bool cuda) {
   if (!cuda && w.switches.bf16_matmuls) return "bf16 matmuls are a CUDA switch";
   if (!cuda && w.switches.cuda_graphs) return "CUDA graphs need the CUDA backend";

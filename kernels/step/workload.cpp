@@ -33,12 +33,36 @@ class Parser {
     throw UsageError(msg.str());
   }
 
+  // yaml-cpp keeps every entry of a mapping that repeats a key and iterates them all, so a repeated key
+  // would silently merge into or override the first: refused here, anywhere in the document. Nodes an
+  // alias reaches again (shared, or cyclic: `&a [*a]`) are walked once.
+  void no_duplicate_keys(const YAML::Node& node, std::vector<YAML::Node>& seen) const {
+    if (!node.IsMap() && !node.IsSequence()) return;
+    for (const auto& s : seen)
+      if (s.is(node)) return;
+    seen.push_back(node);
+    if (node.IsSequence()) {
+      for (const auto& item : node) no_duplicate_keys(item, seen);
+      return;
+    }
+    std::map<std::string, YAML::Mark> first;
+    for (const auto& kv : node) {
+      if (kv.first.IsScalar()) {
+        const auto [it, inserted] = first.emplace(kv.first.Scalar(), kv.first.Mark());
+        if (!inserted)
+          fail(kv.first, "duplicate key '" + kv.first.Scalar() + "' (first at line " + std::to_string(it->second.line + 1) + ")");
+      }
+      no_duplicate_keys(kv.second, seen);
+    }
+  }
+
   // A mapping whose keys must all be in `known`; calls `on(key, value)` for each.
   void mapping(const YAML::Node& node, const std::string& where, const std::vector<std::string>& known,
                const std::function<void(const std::string&, const YAML::Node&)>& on) const {
     if (!node.IsMap()) fail(node, where + " must be a mapping");
     for (const auto& kv : node) {
-      const std::string key = kv.first.as<std::string>();
+      if (!kv.first.IsScalar()) fail(kv.first, "a key in " + where + " must be a name");
+      const std::string key = kv.first.Scalar();
       if (std::find(known.begin(), known.end(), key) == known.end()) {
         std::string list;
         for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
@@ -105,6 +129,8 @@ Workload parse_workload(const std::string& yaml_text, const std::string& path) {
   } catch (const YAML::Exception& e) {
     throw UsageError(path + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) + ": " + e.msg);
   }
+  std::vector<YAML::Node> seen;
+  p.no_duplicate_keys(root, seen);
   Workload w;
   w.path = path;
   YAML::Node model_node, batch_node, heads_node, micro_node, sync_node;
