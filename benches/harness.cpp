@@ -16,6 +16,7 @@
 #include <set>
 #include <sstream>
 
+#include "runtime/cpu_load.h"
 #include "runtime/defaults.h"
 #include "runtime/device_info.h"
 #include "runtime/error.h"
@@ -189,6 +190,7 @@ class Runner {
     std::size_t index = 0;
     std::unique_ptr<BackendSession> session;
     std::unique_ptr<Instance> instance;
+    CpuTicks measuring_from;  // the machine's CPU ticks when this row's first sample began
   };
 
   class Reporter final : public benchmark::BenchmarkReporter {
@@ -218,6 +220,7 @@ class Runner {
       if (!runs.empty() && runs.front().run_type == Run::RT_Iteration) {
         const auto it = runner_.index_of_.find(runs.front().run_name.function_name);
         if (it != runner_.index_of_.end()) {
+          runner_.check_disturbance(it->second);
           runner_.add_observed(it->second);
           runner_.announce(it->second);
         }
@@ -227,6 +230,39 @@ class Runner {
    private:
     Runner& runner_;
   };
+
+  // A CPU row measured while other processes held the cores: its samples are taken again, each
+  // one watched, up to disturbed_retakes times; one that stays disturbed marks the row, whose
+  // pairs are then withheld. GPU rows are timed by events and not judged here.
+  void check_disturbance(std::size_t i) {
+    Row& row = rows_[i];
+    if (!live_ || live_->index != i || !row.timed() || entries_[i].variant->backend != Backend::cpu) return;
+    row.others_share = others_share(live_->measuring_from, read_cpu_ticks());
+    if (row.others_share <= settings_.disturbed_share) return;  // clean, or unknown (-1)
+    SampleTimer& timer = live_->session->timer();
+    CacheFlusher* flusher = settings_.cold ? &live_->session->flusher() : nullptr;
+    const int64_t calls = std::max<int64_t>(row.iterations, 1);
+    double worst_kept = 0;
+    for (double& sample : row.samples_ns) {
+      for (int attempt = 0; attempt < defaults::disturbed_retakes; ++attempt) {
+        const CpuTicks before = read_cpu_ticks();
+        double seconds = 0;
+        for (int64_t k = 0; k < calls; ++k) seconds += time_sample(timer, [&] { live_->instance->run(); }, row.batch, flusher);
+        const double share = others_share(before, read_cpu_ticks());
+        sample = seconds / static_cast<double>(calls * row.batch) * 1e9;
+        ++row.retaken;
+        if (share <= settings_.disturbed_share) {
+          worst_kept = std::max(worst_kept, std::max(share, 0.0));
+          break;
+        }
+        if (attempt + 1 == defaults::disturbed_retakes) {
+          row.disturbed = true;
+          worst_kept = std::max(worst_kept, share);
+        }
+      }
+    }
+    row.others_share = worst_kept;
+  }
 
   void add_observed(std::size_t i) {
     if (!live_ || live_->index != i || !rows_[i].timed()) return;
@@ -248,6 +284,11 @@ class Runner {
       if (r.bound == "memory" && r.bytes > 0) progress_ << "  " << std::setprecision(2) << r.bytes / s.median << " GB/s";
       if (r.bound == "compute" && r.flops > 0) progress_ << "  " << std::setprecision(3) << r.flops / s.median * 1e-3 << " TFLOP/s";
       if (s.noisy) progress_ << "  (noisy)";
+      if (r.disturbed)
+        progress_ << "  (disturbed: other processes used " << static_cast<int>(100 * r.others_share + 0.5)
+                  << "% of the CPUs after " << r.retaken << " retakes)";
+      else if (r.retaken)
+        progress_ << "  (" << r.retaken << " samples taken again: other processes held the CPUs)";
       for (const auto& [key, value] : r.counters) progress_ << "  " << key << "=" << counter_text(value);
     } else {
       progress_ << r.disposition << (r.reason.empty() ? "" : ": " + r.reason);
@@ -287,6 +328,7 @@ class Runner {
     }
     // Cold mode flushes the cache before every call, so each sample is one call.
     row.batch = settings_.cold ? 1 : batch_for(call_s, live->session->min_sample_s(), defaults::max_batch);
+    live->measuring_from = read_cpu_ticks();
     live_ = std::move(live);
     return live_.get();
   }
@@ -503,6 +545,14 @@ void finish_results(const Registry& registry, const Settings& settings, Results&
       std::string baseline_name = prefix + pair.baseline + r.name.substr(prefix.size() + r.variant.size());
       const auto it = by_name.find(baseline_name);
       if (it == by_name.end() || !it->second->timed()) continue;
+      if (r.disturbed || it->second->disturbed) {
+        const Row& d = r.disturbed ? r : *it->second;
+        std::ostringstream why;
+        why << d.name << " was disturbed: other processes used " << static_cast<int>(100 * d.others_share + 0.5)
+            << "% of the CPUs during its samples";
+        results.withheld_pairs.push_back(WithheldPair{r.stage, pair.label, baseline_name, r.name, why.str()});
+        continue;
+      }
       results.pairs.push_back(
           PairRow{r.stage, pair.label, baseline_name, r.name, ratio_estimate(it->second->samples_ns, r.samples_ns)});
     }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "results.h"
+#include "runtime/defaults.h"
 #include "runtime/registry.h"
 
 namespace tb {
@@ -23,6 +24,8 @@ struct Settings {
   std::string filter;  // ECMAScript regex searched in benchmark names; empty: everything
   std::vector<AxisOverride> overrides;
   bool peak_prepass = true;  // measure the peaks other rows need when the filter left them out
+  // CPU rows: the share of all CPUs others may use during a sample before it is taken again.
+  double disturbed_share = defaults::disturbed_share;
 };
 
 // One benchmark to run: a variant at one problem.

@@ -60,6 +60,9 @@ static json row_to_json(const Row& r) {
     j["tflop_per_s"] = r.tflop_per_s();
     if (r.pct_of_peak) j["pct_of_peak"] = *r.pct_of_peak;
     if (!r.pct_note.empty()) j["pct_of_peak_note"] = r.pct_note;
+    if (r.others_share >= 0) j["others_cpu_share"] = r.others_share;
+    j["disturbed"] = r.disturbed;
+    j["retaken_samples"] = r.retaken;
   }
   return j;
 }
@@ -77,12 +80,16 @@ json to_json(const Results& results) {
                      {"ci_low", p.ratio.ci_low},
                      {"ci_high", p.ratio.ci_high},
                      {"ci_level", p.ratio.ci_level}});
+  json withheld = json::array();
+  for (const auto& w : results.withheld_pairs)
+    withheld.push_back({{"stage", w.stage}, {"label", w.label}, {"baseline", w.baseline}, {"improved", w.improved}, {"why", w.why}});
   json context = results.context;
   json peaks = json::object();
   for (const auto& [key, peak] : results.peaks)
     peaks[key] = {{"value", peak.value}, {"unit", peak.unit}, {"benchmark", peak.benchmark}};
   context["peaks"] = peaks;
-  return json{{"schema", results_schema}, {"context", context}, {"benchmarks", rows}, {"pairs", pairs}};
+  return json{{"schema", results_schema}, {"context", context}, {"benchmarks", rows}, {"pairs", pairs},
+              {"pairs_withheld", withheld}};
 }
 
 template <class T>
@@ -154,6 +161,9 @@ Results results_from_json(const json& doc) {
           r.summary.median > 0 ? (r.summary.ci_high - r.summary.ci_low) / (2 * r.summary.median) : 0;
       if (j.contains("pct_of_peak")) r.pct_of_peak = j["pct_of_peak"].get<double>();
       r.pct_note = j.value("pct_of_peak_note", std::string());
+      r.others_share = j.value("others_cpu_share", -1.0);
+      r.disturbed = j.value("disturbed", false);
+      r.retaken = j.value("retaken_samples", 0);
     }
     results.rows.push_back(std::move(r));
   }
@@ -168,6 +178,10 @@ Results results_from_json(const json& doc) {
                             field<double>(j, "ci_high", "pair " + p.label), field<double>(j, "ci_level", "pair " + p.label)};
     results.pairs.push_back(std::move(p));
   }
+  for (const auto& j : doc.value("pairs_withheld", json::array()))
+    results.withheld_pairs.push_back(WithheldPair{j.value("stage", std::string()), j.value("label", std::string()),
+                                                  j.value("baseline", std::string()), j.value("improved", std::string()),
+                                                  j.value("why", std::string())});
   return results;
 }
 
@@ -220,6 +234,7 @@ std::string counter_text(double v) {
 }
 
 static std::string result_word(const Row& r) {
+  if (r.disposition == "passed" && r.disturbed) return "passed (disturbed)";
   if (r.disposition == "passed") return r.summary.noisy ? "passed (noisy)" : "passed";
   return r.disposition;
 }
@@ -261,10 +276,12 @@ static std::string render_console(const Results& results) {
     }
     out << "\n";
   }
-  if (!results.pairs.empty()) {
+  if (!results.pairs.empty() || !results.withheld_pairs.empty()) {
     out << "\nPairs: baseline time / improved time (> 1: the improved variant is faster)\n";
     for (const auto& p : results.pairs)
       out << "  " << p.stage << " " << p.label << " [" << problem_of(p.improved) << "]: " << pair_text(p) << "\n";
+    for (const auto& w : results.withheld_pairs)
+      out << "  " << w.stage << " " << w.label << " [" << problem_of(w.improved) << "]: no ratio: " << w.why << "\n";
   }
   if (!results.peaks.empty()) {
     out << "\nMeasured peaks (every % peak above is of these):\n";

@@ -37,6 +37,11 @@ struct Row {
   // cache: a DRAM peak is no ceiling for it), "above peak" (faster than the measured ceiling: the
   // work model or the peak is wrong), or "" when it has one.
   std::string pct_note;
+  // CPU rows: the largest share of all CPUs other processes used during a kept sample (-1: not
+  // known), and whether some sample stayed above Settings::disturbed_share after the retakes.
+  double others_share = -1;
+  bool disturbed = false;
+  int retaken = 0;  // samples taken again because others held the CPUs
   std::vector<std::pair<std::string, double>> counters;  // from the work model, e.g. launches per call
 
   bool timed() const { return disposition == "passed" && !samples_ns.empty(); }
@@ -51,6 +56,11 @@ struct PairRow {
   RatioEstimate ratio;
 };
 
+// A declared pair whose ratio is withheld: one of its rows was disturbed.
+struct WithheldPair {
+  std::string stage, label, baseline, improved, why;
+};
+
 struct PeakValue {
   double value = 0;
   std::string unit;       // "B/s" or "FLOP/s"
@@ -61,6 +71,7 @@ struct Results {
   nlohmann::json context = nlohmann::json::object();
   std::vector<Row> rows;
   std::vector<PairRow> pairs;
+  std::vector<WithheldPair> withheld_pairs;
   std::map<std::string, PeakValue> peaks;
 };
 

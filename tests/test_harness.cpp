@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "harness.h"
+#include "runtime/cpu_load.h"
 #include "runtime/device_info.h"
 #include "runtime/error.h"
 
@@ -199,6 +200,18 @@ TEST_F(Harness, FilterMatchingOnlyUnavailableVariantsListsThemWithTheReason) {
   EXPECT_NE(progress.str().find("unsupported"), std::string::npos) << progress.str();
   // A filter that matches nothing anywhere is still bad usage.
   EXPECT_THROW(select_entries(reg, quick_settings("gpuonly/cuda/nothing")), UsageError);
+}
+
+// The share of the CPUs others used: busy ticks that were not this process's, over all ticks.
+TEST(CpuLoad, OthersShareIsTheBusyTimeThatWasNotOurs) {
+  const CpuTicks before{1000, 100, 50, true}, after{1100, 180, 100, true};
+  EXPECT_DOUBLE_EQ(others_share(before, after), 0.3);
+  EXPECT_DOUBLE_EQ(others_share(before, CpuTicks{1100, 150, 100, true}), 0.0);  // all of it ours
+  EXPECT_EQ(others_share(before, CpuTicks{1004, 104, 52, true}), -1.0);        // too few ticks to tell
+  EXPECT_EQ(others_share(CpuTicks{}, after), -1.0);                             // /proc unreadable
+  const CpuTicks now = read_cpu_ticks();
+  EXPECT_TRUE(now.valid);
+  EXPECT_GE(now.total, now.busy);
 }
 
 // A memory-bound row gets a % of a DRAM peak only when that peak is a ceiling for it: not when its

@@ -8,6 +8,11 @@ namespace tb::defaults {
 
 // ---- measuring -------------------------------------------------------------------------------
 inline constexpr int repetitions = 10;         // samples per benchmark (one per repetition)
+// A CPU sample during which other processes (or the hypervisor's steal) used more than this share of
+// all CPUs measured the contention: it is taken again, up to disturbed_retakes times, and a row that
+// cannot get clean samples says "disturbed" and gets no ratio.
+inline constexpr double disturbed_share = 0.25;
+inline constexpr int disturbed_retakes = 3;
 inline constexpr int quick_repetitions = 3;
 inline constexpr double min_time_s = 0.2;      // per repetition
 inline constexpr double quick_min_time_s = 0.05;

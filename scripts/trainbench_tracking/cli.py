@@ -15,7 +15,7 @@ import tempfile
 from typing import List, Optional
 
 from .constants import (DEFAULT_ALPHA, DEFAULT_CP_ALPHA, DEFAULT_MAX_HISTORY, DEFAULT_MIN_SAMPLES, DEFAULT_PERSIST,
-                        DEFAULT_REPETITIONS, DEFAULT_SETTLE_RUNS, DEFAULT_THRESHOLD)
+                        DEFAULT_REPETITIONS, DEFAULT_ROUNDS, DEFAULT_SETTLE_RUNS, DEFAULT_THRESHOLD)
 from .errors import ResultFileError, UsageError
 from .history import load_history, machine_keys_in, store_run
 from .resultfile import load_run
@@ -162,21 +162,45 @@ BASELINE is a result file (two-run comparison) or a history folder results/<mach
 against the runs stored before it, with change points). Verdicts per benchmark: SAME, FASTER, SLOWER,
 INCONCLUSIVE; rows that did not pass are shown, never compared.
 
+--interleave: BASELINE and NEW are two benchsuite binaries, run alternately on this machine (ABBA: round
+r runs the baseline first when r is even, the new build first when odd), each run with the arguments
+after --. Each benchmark is judged on its per-round ratios new/baseline (paired t test on their logs,
+Hodges-Lehmann change), so a drift of the machine that hits both builds within a round cancels.
+
 examples:
   scripts/compare results/nvidia-h100-80gb-hbm3_drv13000_cuda13000/20261120T030000Z_abc1234.json new.json
   scripts/compare results/amd-epyc-7b13_2c/ new.json --format markdown > comment.md
   scripts/compare old.json new.json --threshold 3 --threshold attention=10
+  scripts/compare --interleave base/build/benches/benchsuite build/benches/benchsuite --rounds 4 \\
+      -- --backend cpu --filter 'peak|adamw' --quick
 
-exit codes: 0 no confirmed regression, 1 confirmed regression, 2 bad usage or unreadable input
+exit codes: 0 no confirmed regression, 1 confirmed regression (--interleave: a SLOWER verdict), 2 bad
+usage or unreadable input (--interleave: also a benchsuite run that failed)
 """
 
 
 def compare_main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: List[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
     p = argparse.ArgumentParser(prog="compare",
-                                description="Compare a trainbench result with another or with a history.",
+                                description="Compare a trainbench result with another or with a history, "
+                                            "or two builds run interleaved.",
+                                usage="compare [options] BASELINE NEW\n"
+                                      "       compare --interleave [--rounds K] [options] OLD_BENCHSUITE "
+                                      "NEW_BENCHSUITE [-- benchsuite arguments]",
                                 epilog=COMPARE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("baseline", help="result file, or history folder results/<machine-key>/")
-    p.add_argument("new", help="result file to judge")
+    p.add_argument("baseline", help="result file, or history folder results/<machine-key>/ "
+                                    "(--interleave: the baseline's benchsuite binary)")
+    p.add_argument("new", help="result file to judge (--interleave: the new build's benchsuite binary)")
+    p.add_argument("--interleave", action="store_true",
+                   help="run the two benchsuite binaries alternately here and compare them round by round")
+    p.add_argument("--rounds", type=_positive_int, default=DEFAULT_ROUNDS,
+                   help=f"--interleave: rounds, each one run of either build (default {DEFAULT_ROUNDS}, "
+                        f"at least 2)")
+    p.add_argument("--timeout", type=float, help="--interleave: seconds one benchsuite run may take")
     p.add_argument("--format", choices=FORMATS, default="table", help="stdout format (default table)")
     p.add_argument("--markdown", metavar="FILE", help="also write the markdown (pull-request comment) to FILE")
     p.add_argument("--allow-machine-mismatch", action="store_true",
@@ -185,6 +209,10 @@ def compare_main(argv: Optional[List[str]] = None) -> int:
     args = p.parse_args(argv)
     try:
         settings = _settings(args)
+        if args.interleave:
+            return _compare_interleaved(args, settings, extra)
+        if extra:
+            raise UsageError("benchsuite arguments after -- need --interleave")
         new = load_run(args.new)
         if os.path.isdir(args.baseline):
             a = _history_analysis(args.baseline, new, settings, args.allow_machine_mismatch)
@@ -196,6 +224,25 @@ def compare_main(argv: Optional[List[str]] = None) -> int:
         return _fail("compare", str(e))
     except OSError as e:
         return _fail("compare", f"{e.filename}: {e.strerror}")
+    return a.exit_code
+
+
+def _compare_interleaved(args, settings, extra: List[str]) -> int:
+    if args.rounds < 2:
+        raise UsageError(f"--rounds must be at least 2 (a paired test needs two rounds), got {args.rounds}")
+    if "--out" in extra or any(e.startswith("--out=") for e in extra):
+        raise UsageError("--out after --: --interleave chooses each run's result file itself")
+    _tracking()
+    try:
+        from .interleave import run_interleaved
+    except ImportError as e:
+        raise UsageError(f"{e}; {PACKAGES_HINT}") from None
+    a, incorrect = run_interleaved(args.baseline, args.new, args.rounds, extra, settings, args.timeout)
+    _unknown_stages(a)
+    if incorrect:
+        a.warnings.append(f"benchsuite exited 1 (a variant incorrect or a benchmark failed) in "
+                          f"{', '.join(incorrect)}: those rows are listed, not compared")
+    _emit(a, args.format, args.markdown)
     return a.exit_code
 
 

@@ -17,3 +17,4 @@ CLOCK_TOLERANCE = 0.02      # clocks closer than 2% are the same clock
 EXACT_MAX_PRODUCT = 2500    # change points: |L| * |R| up to this gets the exact U distribution
 
 DEFAULT_REPETITIONS = 10    # nightly: benchsuite --repetitions
+DEFAULT_ROUNDS = 4          # compare --interleave: rounds (each one run of either build, ABBA order)

@@ -78,6 +78,11 @@ def counts_line(a: Analysis) -> str:
 
 def _context(a: Analysis) -> List[str]:
     new = a.new
+    if a.mode == "interleaved":
+        return [f"machine: {new.machine_key}",
+                f"interleaved: {a.rounds} round{'s' if a.rounds != 1 else ''} (ABBA), "
+                "each benchmark judged on its per-round new/baseline ratios",
+                f"baseline: {a.builds[0] or '-'}", f"new: {a.builds[1] or '-'}"]
     lines = [f"machine: {new.machine_key}", f"new run: {new.path} ({new.label})"]
     if a.mode == "files":
         base = a.runs[0]
@@ -115,7 +120,8 @@ def _md_cell(text: str) -> str:
 
 
 def markdown(a: Analysis) -> str:
-    out = [f"### trainbench nightly: {summary_title(a)}", ""]
+    what = f"interleaved A/B, {a.rounds} rounds" if a.mode == "interleaved" else "nightly"
+    out = [f"### trainbench {what}: {summary_title(a)}", ""]
     out += [f"- {_md_cell(line)}" for line in _context(a)]
     out += [f"- {counts_line(a)}"]
     out += [f"- warning: {_md_cell(w)}" for w in a.warnings]
@@ -164,4 +170,6 @@ def to_json(a: Analysis) -> str:
            "baseline_runs": [r.path for r in a.runs[:-1]], "confirmed_regressions": len(a.regressions),
            "exit_code": a.exit_code, "warnings": a.warnings,
            "comparisons": [comp(c) for c in a.comparisons]}
+    if a.mode == "interleaved":
+        doc.update(new_run=a.builds[1], baseline_runs=[a.builds[0]], rounds=a.rounds)
     return json.dumps(doc, indent=2) + "\n"

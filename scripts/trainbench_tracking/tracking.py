@@ -85,12 +85,14 @@ class Comparison:
 
 @dataclass
 class Analysis:
-    mode: str                           # files | history
+    mode: str                           # files | history | interleaved
     new: Run
     runs: List[Run]                     # baseline run(s) / history (oldest first), then the new run
     comparisons: List[Comparison]
     settings: Settings
     warnings: List[str] = field(default_factory=list)
+    rounds: int = 0                     # interleaved: rounds run (ABBA)
+    builds: Tuple[str, str] = ("", "")  # interleaved: the OLD and NEW benchsuite binaries
 
     @property
     def regressions(self) -> List[Comparison]:

@@ -1,0 +1,45 @@
+#include "cpu_load.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace tb {
+
+CpuTicks read_cpu_ticks() {
+  CpuTicks t;
+  std::ifstream stat("/proc/stat");
+  std::string cpu;
+  uint64_t user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  if (!(stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal) || cpu != "cpu") return t;
+  t.busy = user + nice + system + irq + softirq + steal;  // guest time is counted in user already
+  t.total = t.busy + idle + iowait;
+  // /proc/self/stat: the command (field 2) may hold spaces; utime and stime are fields 14 and 15.
+  std::ifstream self("/proc/self/stat");
+  std::string line;
+  if (!std::getline(self, line)) return t;
+  const auto close = line.rfind(')');
+  if (close == std::string::npos) return t;
+  std::istringstream rest(line.substr(close + 2));
+  std::string field;
+  uint64_t utime = 0, stime = 0;
+  for (int f = 3; f <= 15 && rest >> field; ++f) {
+    if (f == 14) utime = std::stoull(field);
+    if (f == 15) stime = std::stoull(field);
+  }
+  t.self = utime + stime;
+  t.valid = true;
+  return t;
+}
+
+double others_share(const CpuTicks& before, const CpuTicks& after, uint64_t min_ticks) {
+  if (!before.valid || !after.valid || after.total < before.total + min_ticks) return -1;
+  const double total = static_cast<double>(after.total - before.total);
+  const double busy = static_cast<double>(after.busy - before.busy);
+  const double self = static_cast<double>(after.self - before.self);
+  const double others = busy - self;  // ticks are sampled: a little noise either way
+  return others <= 0 ? 0.0 : std::min(1.0, others / total);
+}
+
+}  // namespace tb

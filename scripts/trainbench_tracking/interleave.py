@@ -1,0 +1,197 @@
+"""Interleaved A/B comparison: two benchsuite builds run alternately on one machine, judged round by round.
+
+Round r runs OLD then NEW when r is even, NEW then OLD when odd (ABBA), each a short benchsuite run with
+the same arguments. Per benchmark and round, the ratio NEW median / OLD median; a slow drift of the machine
+(another job, the clock, the temperature) that hits both builds within a round cancels in that ratio, and
+ABBA cancels a linear trend across a pair of rounds. The verdict is a paired test on the per-round log
+ratios (see `paired_rounds_test`), with the file-vs-file mode's minimum effect and significance level.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import tempfile
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+from scipy.stats import t as student_t
+from scipy.stats import ttest_1samp
+
+from .constants import DEFAULT_ALPHA, DEFAULT_MIN_SAMPLES, DEFAULT_THRESHOLD
+from .errors import UsageError
+from .resultfile import Run, load_run
+from .stats import FASTER, INCONCLUSIVE, SAME, SLOWER, SampleTest
+from .tracking import Analysis, Comparison, Settings, _matches, _series_point
+
+OLD, NEW = "old", "new"
+MIN_ROUNDS = 2
+
+
+def walsh_interval(d: Sequence[float], alpha: float) -> Tuple[float, float, float, float]:
+    """Hodges-Lehmann estimate of the centre of `d` (median of the Walsh averages (d_i + d_j) / 2, i <= j)
+    and its distribution-free interval from the exact signed-rank distribution: the k-th smallest and k-th
+    largest Walsh average, k the largest with P(T <= k - 1) <= alpha / 2. Returns (estimate, low, high,
+    coverage). With few values the level 1 - alpha cannot be reached (K=4: at most 87.5%): the interval is
+    then [min, max] and `coverage` says what it has."""
+    d = np.asarray(d, dtype=float)
+    K = d.size
+    i, j = np.triu_indices(K)
+    w = np.sort((d[i] + d[j]) / 2.0)
+    est = float(np.median(w))
+    # exact null distribution of the signed-rank statistic T (counts over the 2^K sign patterns)
+    counts = np.zeros(K * (K + 1) // 2 + 1)
+    counts[0] = 1.0
+    for r in range(1, K + 1):
+        counts[r:] = counts[r:] + counts[:-r].copy()
+    cdf = np.cumsum(counts) / 2.0 ** K
+    k = max(1, int(np.searchsorted(cdf, alpha / 2.0, side="right")))   # P(T <= k-1) <= alpha/2
+    k = min(k, (w.size + 1) // 2)
+    coverage = 1.0 - 2.0 * float(cdf[k - 1])
+    return est, float(w[k - 1]), float(w[w.size - k]), coverage
+
+
+def paired_rounds_test(old_rounds: Sequence[Sequence[float]], new_rounds: Sequence[Sequence[float]], *,
+                       threshold: float = DEFAULT_THRESHOLD, alpha: float = DEFAULT_ALPHA,
+                       min_samples: int = DEFAULT_MIN_SAMPLES) -> SampleTest:
+    """Verdict of NEW against OLD from per-round samples (old_rounds[r], new_rounds[r]: round r's repetitions).
+
+    Per round, d_r = log(median NEW_r / median OLD_r). The change is the Hodges-Lehmann estimate of the d_r
+    (`walsh_interval`), shown as a ratio; its interval comes from the Walsh averages too.
+
+    The test is a one-sample t test of mean(d_r) = 0, i.e. a paired t test on the log ratios. Why not a
+    rank test: the signed-rank and the sign test cannot go below p = 2 / 2^K (0.125 at K = 4, 0.0078 only
+    from K = 8), so at the compare's alpha of 0.01 they could never find anything in the few rounds a
+    pull request can afford. The t test can, and its weak point suits a gate: one wild round inflates the
+    spread of the d_r and makes it more conservative (INCONCLUSIVE), never a false SLOWER. The log of a
+    ratio of medians of several repetitions is close to normal, which is what the t test needs.
+
+    Rules, as `stats.compare_samples` (same threshold and alpha):
+    SLOWER / FASTER: p < alpha and the ratio >= 1 + threshold / <= 1 - threshold.
+    SAME: the ratio within +-threshold and either p < alpha (a real but small change) or the Walsh interval
+    within +-threshold (with 4 rounds: every round's ratio within it).
+    INCONCLUSIVE: anything else, or fewer than 2 rounds, or fewer than min_samples repetitions a side.
+    """
+    old_rounds = [np.asarray(s, dtype=float) for s in old_rounds]
+    new_rounds = [np.asarray(s, dtype=float) for s in new_rounds]
+    K = len(old_rounds)
+    n_old = int(sum(s.size for s in old_rounds))
+    n_new = int(sum(s.size for s in new_rounds))
+    old_med = float(np.median(np.concatenate(old_rounds))) if n_old else float("nan")
+    new_med = float(np.median(np.concatenate(new_rounds))) if n_new else float("nan")
+    d = np.array([math.log(float(np.median(b)) / float(np.median(a))) for a, b in zip(old_rounds, new_rounds)])
+    nan2 = (float("nan"), float("nan"))
+    if K < MIN_ROUNDS or n_old < min_samples or n_new < min_samples:
+        ratio = math.exp(float(np.median(d))) if K else new_med / old_med
+        return SampleTest(INCONCLUSIVE, ratio, float("nan"), nan2, old_med, new_med, n_old, n_new, None,
+                          f"too few rounds or samples ({K} rounds, {n_new} new, {n_old} baseline samples; "
+                          f"need {MIN_ROUNDS} rounds and {min_samples} samples a side)")
+    est, lo, hi, _coverage = walsh_interval(d, alpha)
+    ratio, ci = math.exp(est), (math.exp(lo), math.exp(hi))
+    if float(np.ptp(d)) == 0.0:          # every round the same ratio: no spread to test against
+        p = 1.0 if d[0] == 0.0 else 0.0
+    else:
+        p = float(ttest_1samp(d, 0.0).pvalue)
+    lo_t, hi_t = 1.0 - threshold, 1.0 + threshold
+    significant = p < alpha
+    reason = ""
+    if significant and (ratio >= hi_t or ratio <= lo_t):
+        verdict = SLOWER if ratio > 1 else FASTER
+    elif lo_t < ratio < hi_t and (significant or (ci[0] >= lo_t and ci[1] <= hi_t)):
+        verdict = SAME
+    else:
+        verdict = INCONCLUSIVE
+        if not significant:
+            reason = (f"not significant over {K} rounds (p={p:.2g}) and too noisy to rule out a "
+                      f"{threshold:.0%} change")
+        else:
+            reason = "too noisy to tell"
+    return SampleTest(verdict, ratio, p, ci, old_med, new_med, n_old, n_new, None, reason)
+
+
+def compare_interleaved(rounds: Sequence[Tuple[Run, Run]], settings: Settings,
+                        old_label: str = OLD, new_label: str = NEW) -> Analysis:
+    """rounds[r] = (OLD's run, NEW's run) of round r. Each benchmark that passed on both sides in every round
+    gets a verdict from `paired_rounds_test`; one that did not pass (or is absent) in some round is listed,
+    not judged. A SLOWER verdict is a confirmed regression."""
+    K = len(rounds)
+    warnings: List[str] = []
+    keys_seen = {r.machine_key for pair in rounds for r in pair}
+    if len(keys_seen) > 1:
+        warnings.append(f"the runs report different machine keys ({', '.join(sorted(keys_seen))})")
+    keys: List[str] = []
+    for pair in rounds:
+        for run in (pair[1], pair[0]):
+            keys += [k for k in run.rows if k not in keys]
+    out = []
+    for key in keys:
+        if not _matches(settings, key):
+            continue
+        rows = [(o.rows.get(key), n.rows.get(key)) for o, n in rounds]
+        first = next(r for pair in rows for r in pair if r is not None)
+        c = Comparison(key=key, stage=first.stage, backend=first.backend, status="compared",
+                       threshold=settings.threshold_for(first.stage),
+                       series=[_series_point(0, rows[0][0]), _series_point(1, rows[0][1])])
+        absent = [f"round {r + 1} {side}" for r, pair in enumerate(rows)
+                  for side, row in zip((old_label, new_label), pair) if row is None]
+        broken = [(r, side, row) for r, pair in enumerate(rows)
+                  for side, row in zip((old_label, new_label), pair) if row is not None and not row.passed]
+        if broken:
+            r, side, row = broken[0]
+            c.status, c.disposition = "not-passed", row.disposition
+            c.reason = f"round {r + 1} {side}" + (f": {row.reason}" if row.reason else "")
+            if len(broken) > 1:
+                c.reason += f" (and {len(broken) - 1} more run{'s' if len(broken) > 2 else ''})"
+        elif absent:
+            c.status = "missing"
+            c.notes = [f"not in {', '.join(absent)}"]
+        else:
+            c.test = paired_rounds_test([o.samples for o, _ in rows], [n.samples for _, n in rows],
+                                        threshold=c.threshold, alpha=settings.alpha,
+                                        min_samples=settings.min_samples)
+            c.verdict = c.test.verdict
+            c.confirmed = c.verdict == SLOWER
+            if c.test.reason:
+                c.notes.append(c.test.reason)
+        c.disposition = c.disposition or "passed"
+        out.append(c)
+    old0, new0 = rounds[0]
+    return Analysis("interleaved", new0, [old0, new0], out, settings, warnings, rounds=K)
+
+
+def run_interleaved(old_bin: str, new_bin: str, rounds: int, extra: List[str], settings: Settings,
+                    timeout: Optional[float] = None, progress: Callable[[str], None] = None,
+                    runner=None) -> Tuple[Analysis, List[str]]:
+    """Runs the two builds alternately (ABBA) and compares them. Returns the analysis and the runs whose
+    benchsuite exited 1 (an incorrect or failed row). Raises UsageError when a run fails."""
+    if runner is None:
+        from .nightly import run_benchsuite as runner
+    if progress is None:
+        def progress(line):
+            print(line, file=sys.stderr, flush=True)
+    for b in (old_bin, new_bin):
+        if not os.path.exists(b):
+            raise UsageError(f"benchsuite not found at {b}")
+    tmpdir = tempfile.mkdtemp(prefix="trainbench-interleave-")
+    pairs: List[Tuple[Run, Run]] = []
+    incorrect: List[str] = []
+    try:
+        for r in range(rounds):
+            order = (OLD, NEW) if r % 2 == 0 else (NEW, OLD)
+            got = {}
+            for side in order:
+                binary = old_bin if side == OLD else new_bin
+                progress(f"compare: round {r + 1}/{rounds}: {side} {binary}")
+                path = os.path.join(tmpdir, f"round{r + 1}_{side}.json")
+                rc = runner(binary, path, None, extra, timeout, capture=True)
+                if rc:
+                    incorrect.append(f"round {r + 1} {side}")
+                got[side] = load_run(path)
+            pairs.append((got[OLD], got[NEW]))
+        a = compare_interleaved(pairs, settings)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    a.builds = (old_bin, new_bin)
+    return a, incorrect
