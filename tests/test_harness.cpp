@@ -123,9 +123,16 @@ TEST_F(Harness, ChecksBeforeTimingAndGivesEveryRowADisposition) {
   EXPECT_EQ(fast.counters[0], (std::pair<std::string, double>{"last_sum", 20000.0}));
   EXPECT_EQ(fast.counters[2].first, "items_per_s");  // derived from items_per_call and the median
   EXPECT_DOUBLE_EQ(fast.counters[2].second, 1000.0 / (fast.summary.median * 1e-9));
-  ASSERT_TRUE(fast.pct_of_peak.has_value());
-  EXPECT_GT(*fast.pct_of_peak, 20.0);  // the ceiling runs the same work as `fast`
-  EXPECT_LT(*slow.pct_of_peak, *fast.pct_of_peak);
+  // The ceiling runs the same work as `fast`: a % well above 20, or, when noise made `fast`'s median
+  // beat the ceiling's best sample, "above peak" (no row may read above 100%).
+  ASSERT_EQ(results.peaks.count("cpu.toy"), 1u);
+  ASSERT_TRUE(slow.pct_of_peak.has_value());  // 8 times the work: far below the ceiling
+  if (fast.pct_of_peak) {
+    EXPECT_GT(*fast.pct_of_peak, 20.0);
+    EXPECT_LT(*slow.pct_of_peak, *fast.pct_of_peak);
+  } else {
+    EXPECT_EQ(fast.pct_note, "above peak");
+  }
 
   const Row& wrong = row(results, "toy/cpu/wrong/n=20000");
   EXPECT_EQ(wrong.disposition, "incorrect");
@@ -162,7 +169,9 @@ TEST_F(Harness, MeasuresTheNeededPeakFirstWhenTheFilterLeavesItOut) {
   std::ostringstream progress;
   const Results results = run_entries(reg, entries, quick_settings("toy/cpu/fast"), progress);
   EXPECT_EQ(exit_code_for(results), 0);
-  EXPECT_TRUE(row(results, "toy/cpu/fast/n=20000").pct_of_peak.has_value());
+  ASSERT_EQ(results.peaks.count("cpu.toy"), 1u);  // measured first, though the filter left it out
+  const Row& fast = row(results, "toy/cpu/fast/n=20000");
+  EXPECT_TRUE(fast.pct_of_peak.has_value() || fast.pct_note == "above peak") << fast.pct_note;
 }
 
 TEST_F(Harness, FilterErrorsAreUsageErrorsThatSayWhatExists) {
