@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <ctime>
 #include <iomanip>
 #include <map>
 #include <memory>
 #include <new>
+#include <optional>
 #include <ostream>
 #include <regex>
 #include <set>
@@ -20,6 +22,7 @@
 #include "runtime/defaults.h"
 #include "runtime/device_info.h"
 #include "runtime/error.h"
+#include "runtime/gpu_monitor.h"
 #include "runtime/session.h"
 #include "trainbench/build_info.h"
 
@@ -190,7 +193,12 @@ class Runner {
     std::size_t index = 0;
     std::unique_ptr<BackendSession> session;
     std::unique_ptr<Instance> instance;
-    CpuTicks measuring_from;  // the machine's CPU ticks when this row's first sample began
+    std::string gpu_uuid;   // CUDA rows: the device NVML is asked about
+    struct Mark {           // what the rest of the machine had done by some moment
+      CpuTicks cpu;         // CPU rows: all CPUs' and this process's ticks (/proc/stat)
+      GpuThrottleState gpu; // CUDA rows: the GPU's throttling counters and clock (NVML)
+    };
+    Mark measuring_from;    // when this row's first sample began
   };
 
   class Reporter final : public benchmark::BenchmarkReporter {
@@ -231,27 +239,57 @@ class Runner {
     Runner& runner_;
   };
 
-  // A CPU row measured while other processes held the cores: its samples are taken again, each
-  // one watched, up to disturbed_retakes times; one that stays disturbed marks the row, whose
-  // pairs are then withheld. GPU rows are timed by events and not judged here.
+  Live::Mark mark(bool gpu) const {
+    Live::Mark m;
+    if (gpu) m.gpu = GpuMonitor::instance().read(live_->gpu_uuid);
+    else m.cpu = read_cpu_ticks();
+    return m;
+  }
+  // The share of the window between two marks that was disturbed: CPU rows, the other processes' (and
+  // steal's) share of all CPUs; CUDA rows, the share the GPU spent throttled. -1: not known.
+  static double disturbed_part(bool gpu, const Live::Mark& a, const Live::Mark& b) {
+    return gpu ? throttled_share(a.gpu, b.gpu) : others_share(a.cpu, b.cpu);
+  }
+  static void note_clock(Row& row, const GpuThrottleState& s) {
+    if (!s.valid) return;
+    const int mhz = static_cast<int>(s.sm_clock_mhz);
+    row.sm_clock_min_mhz = row.sm_clock_min_mhz ? std::min(row.sm_clock_min_mhz, mhz) : mhz;
+    row.sm_clock_max_mhz = std::max(row.sm_clock_max_mhz, mhz);
+    row.clock_reasons |= s.reasons & ~uint64_t{0x1};  // GpuIdle: between samples, says nothing
+  }
+
+  // A row measured while the machine was busy with something else (a CPU row while other processes
+  // held the cores; a CUDA row while the GPU was thermally throttled, as nvbench checks): its samples
+  // are taken again, each one watched, up to disturbed_retakes times; one that stays disturbed marks
+  // the row, whose pairs are then withheld.
   void check_disturbance(std::size_t i) {
     Row& row = rows_[i];
-    if (!live_ || live_->index != i || !row.timed() || entries_[i].variant->backend != Backend::cpu) return;
-    row.others_share = others_share(live_->measuring_from, read_cpu_ticks());
-    if (row.others_share <= settings_.disturbed_share) return;  // clean, or unknown (-1)
+    if (!live_ || live_->index != i || !row.timed()) return;
+    const bool gpu = entries_[i].variant->backend == Backend::cuda;
+    const double limit = gpu ? settings_.throttled_share : settings_.disturbed_share;
+    double& seen = gpu ? row.throttled_share : row.others_share;
+    const Live::Mark end = mark(gpu);
+    if (gpu) {
+      note_clock(row, live_->measuring_from.gpu);
+      note_clock(row, end.gpu);
+    }
+    seen = disturbed_part(gpu, live_->measuring_from, end);
+    if (seen <= limit) return;  // clean, or unknown (-1)
     SampleTimer& timer = live_->session->timer();
     CacheFlusher* flusher = settings_.cold ? &live_->session->flusher() : nullptr;
     const int64_t calls = std::max<int64_t>(row.iterations, 1);
     double worst_kept = 0;
     for (double& sample : row.samples_ns) {
       for (int attempt = 0; attempt < defaults::disturbed_retakes; ++attempt) {
-        const CpuTicks before = read_cpu_ticks();
+        const Live::Mark before = mark(gpu);
         double seconds = 0;
         for (int64_t k = 0; k < calls; ++k) seconds += time_sample(timer, [&] { live_->instance->run(); }, row.batch, flusher);
-        const double share = others_share(before, read_cpu_ticks());
+        const Live::Mark after = mark(gpu);
+        if (gpu) note_clock(row, after.gpu);
+        const double share = disturbed_part(gpu, before, after);
         sample = seconds / static_cast<double>(calls * row.batch) * 1e9;
         ++row.retaken;
-        if (share <= settings_.disturbed_share) {
+        if (share <= limit) {
           worst_kept = std::max(worst_kept, std::max(share, 0.0));
           break;
         }
@@ -261,7 +299,7 @@ class Runner {
         }
       }
     }
-    row.others_share = worst_kept;
+    seen = worst_kept;
   }
 
   void add_observed(std::size_t i) {
@@ -285,10 +323,10 @@ class Runner {
       if (r.bound == "compute" && r.flops > 0) progress_ << "  " << std::setprecision(3) << r.flops / s.median * 1e-3 << " TFLOP/s";
       if (s.noisy) progress_ << "  (noisy)";
       if (r.disturbed)
-        progress_ << "  (disturbed: other processes used " << static_cast<int>(100 * r.others_share + 0.5)
-                  << "% of the CPUs after " << r.retaken << " retakes)";
+        progress_ << "  (disturbed: " << disturbance_text(r) << " after " << r.retaken << " retakes)";
       else if (r.retaken)
-        progress_ << "  (" << r.retaken << " samples taken again: other processes held the CPUs)";
+        progress_ << "  (" << r.retaken << " samples taken again: "
+                  << (r.throttled_share >= 0 ? "the GPU throttled" : "other processes held the CPUs") << ")";
       for (const auto& [key, value] : r.counters) progress_ << "  " << key << "=" << counter_text(value);
     } else {
       progress_ << r.disposition << (r.reason.empty() ? "" : ": " + r.reason);
@@ -328,8 +366,11 @@ class Runner {
     }
     // Cold mode flushes the cache before every call, so each sample is one call.
     row.batch = settings_.cold ? 1 : batch_for(call_s, live->session->min_sample_s(), defaults::max_batch);
-    live->measuring_from = read_cpu_ticks();
+    if (e.variant->backend == Backend::cuda)
+      for (const auto& g : cuda_status().devices)
+        if (g.index == settings_.cuda_device) live->gpu_uuid = g.uuid;
     live_ = std::move(live);
+    live_->measuring_from = mark(e.variant->backend == Backend::cuda);
     return live_.get();
   }
 
@@ -484,15 +525,78 @@ static bool may_run_from_cache(const Row& r, const Settings& settings) {
   return llc > 0 && r.footprint < 2 * llc;
 }
 
+static const double* find_counter(const Row& r, const std::string& key) {
+  for (const auto& [k, v] : r.counters)
+    if (k == key) return &v;
+  return nullptr;
+}
+
+// A time in ms as the pair's reasons show it.
+static std::string ms_text(double ms) {
+  std::ostringstream out;
+  out << std::setprecision(3) << ms << " ms";
+  return out.str();
+}
+
+// The pair's row: the ratio of the timed regions, or, when the improved variant moved a cost out of
+// its timed region, the amortised ratio baseline / (improved + that cost per call), its interval
+// from the samples with the cost added to each (the cost is one measurement: its own spread is not
+// in the interval). Null, with `why`, when no ratio would be an answer: a side that moves nothing
+// in its timed region compared by that time alone, or an amortised cost the row does not report.
+std::optional<PairRow> compare_pair(const Pair& pair, const Row& baseline, const Row& improved, std::string& why) {
+  PairRow out{improved.stage, pair.label, baseline.name, improved.name};
+  out.baseline_ns = baseline.summary.median;
+  out.improved_ns = improved.summary.median;
+  const std::string nothing = " moves nothing in its timed region (no bytes, no FLOPs)";
+  if (baseline.moves_nothing()) {
+    why = baseline.name + nothing + ": it is no baseline to divide by";
+    return std::nullopt;
+  }
+  if (pair.moved_out.declared()) {
+    const MovedOutCost& declared = pair.moved_out;
+    const double* per_call_ms = find_counter(improved, declared.ms_per_call);
+    if (!per_call_ms || !std::isfinite(*per_call_ms) || *per_call_ms < 0) {
+      why = improved.name + " does not report its " + declared.what + " (counter " + declared.ms_per_call +
+            "): its timed region alone is not its cost";
+      return std::nullopt;
+    }
+    if (*per_call_ms == 0 && improved.moves_nothing()) {
+      why = improved.name + nothing + " and pays nothing per " + (declared.call.empty() ? "call" : declared.call) +
+            " outside it (" + declared.ms_per_call + " = 0): it saves the baseline's " +
+            ms_text(baseline.summary.median * 1e-6) + " whole, which is no ratio";
+      return std::nullopt;
+    }
+    const double moved_ns = *per_call_ms * 1e6;
+    const double* each_ms = declared.ms_each.empty() ? nullptr : find_counter(improved, declared.ms_each);
+    std::vector<double> amortised = improved.samples_ns;
+    for (double& t : amortised) t += moved_ns;
+    out.kind = "amortised";
+    out.ratio = ratio_estimate(baseline.samples_ns, amortised);
+    out.moved_out = MovedOut{declared.what,      declared.ms_per_call, moved_ns, each_ms ? *each_ms * 1e6 : 0.0,
+                             declared.paid_per, declared.call};
+  } else if (improved.moves_nothing()) {
+    why = improved.name + nothing + " and the pair names no cost moved out of it: a ratio of its time would "
+                              "divide the baseline's work by no work";
+    return std::nullopt;
+  } else {
+    out.ratio = ratio_estimate(baseline.samples_ns, improved.samples_ns);
+  }
+  if (!pair.predicted_ns.empty())
+    if (const double* predicted = find_counter(improved, pair.predicted_ns); predicted && *predicted > 0)
+      out.predicted = Prediction{pair.predicted_ns, *predicted, baseline.summary.median / *predicted};
+  return out;
+}
+
 void finish_results(const Registry& registry, const Settings& settings, Results& results) {
   std::map<std::string, const Row*> by_name;
   for (auto& r : results.rows) {
     if (r.timed()) r.summary = summarize(r.samples_ns, settings.noise_target);
     by_name[r.name] = &r;
   }
-  // A counter "X_per_call" (samples per call) gets its rate "X_per_s" from the row's median time.
+  // A counter "X_per_call" (samples per call) gets its rate "X_per_s" from the row's median time,
+  // unless the timed region does no work: samples "delivered" by a pointer bump are no rate.
   for (auto& r : results.rows) {
-    if (!r.timed() || r.summary.median <= 0) continue;
+    if (!r.timed() || r.summary.median <= 0 || r.moves_nothing()) continue;
     std::vector<std::pair<std::string, double>> rates;
     for (const auto& [key, value] : r.counters) {
       const std::string suffix = "_per_call";
@@ -547,14 +651,14 @@ void finish_results(const Registry& registry, const Settings& settings, Results&
       if (it == by_name.end() || !it->second->timed()) continue;
       if (r.disturbed || it->second->disturbed) {
         const Row& d = r.disturbed ? r : *it->second;
-        std::ostringstream why;
-        why << d.name << " was disturbed: other processes used " << static_cast<int>(100 * d.others_share + 0.5)
-            << "% of the CPUs during its samples";
-        results.withheld_pairs.push_back(WithheldPair{r.stage, pair.label, baseline_name, r.name, why.str()});
+        results.withheld_pairs.push_back(WithheldPair{r.stage, pair.label, baseline_name, r.name,
+                                                      d.name + " was disturbed: " + disturbance_text(d) +
+                                                          " during its samples"});
         continue;
       }
-      results.pairs.push_back(
-          PairRow{r.stage, pair.label, baseline_name, r.name, ratio_estimate(it->second->samples_ns, r.samples_ns)});
+      std::string why;
+      if (auto row = compare_pair(pair, *it->second, r, why)) results.pairs.push_back(std::move(*row));
+      else results.withheld_pairs.push_back(WithheldPair{r.stage, pair.label, baseline_name, r.name, why});
     }
   }
 }

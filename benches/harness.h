@@ -4,6 +4,7 @@
 #pragma once
 
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,8 @@ struct Settings {
   bool peak_prepass = true;  // measure the peaks other rows need when the filter left them out
   // CPU rows: the share of all CPUs others may use during a sample before it is taken again.
   double disturbed_share = defaults::disturbed_share;
+  // CUDA rows: the share of a sample the GPU may spend thermally throttled before it is taken again.
+  double throttled_share = defaults::throttled_share;
 };
 
 // One benchmark to run: a variant at one problem.
@@ -51,6 +54,13 @@ nlohmann::json run_context(const Settings& settings);
 
 // Fills each row's summary and % of peak, the peaks and the pairs, from the rows' samples.
 void finish_results(const Registry& registry, const Settings& settings, Results& results);
+
+// One declared pair at one problem, from its two timed rows (summaries filled): the ratio of the
+// timed regions, or the amortised ratio when the pair declares a cost moved out of the improved
+// variant's timed region (Pair::moved_out), with the model's prediction where the pair names one.
+// Null, with `why`, when no ratio would be an answer: a row whose timed region moves nothing, with
+// no cost moved out to add to it.
+std::optional<PairRow> compare_pair(const Pair& pair, const Row& baseline, const Row& improved, std::string& why);
 
 // Ctrl-C: the benchmark in flight finishes its sample, the rest are recorded as not run, and the
 // results measured so far are still written. Safe to call from a signal handler.

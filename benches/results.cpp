@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "runtime/error.h"
+#include "runtime/gpu_monitor.h"
 
 namespace tb {
 
@@ -63,23 +64,56 @@ static json row_to_json(const Row& r) {
     if (r.others_share >= 0) j["others_cpu_share"] = r.others_share;
     j["disturbed"] = r.disturbed;
     j["retaken_samples"] = r.retaken;
+    if (r.throttled_share >= 0) {
+      j["throttled_share"] = r.throttled_share;
+      j["sm_clock_min_mhz"] = r.sm_clock_min_mhz;
+      j["sm_clock_max_mhz"] = r.sm_clock_max_mhz;
+      j["throttle_reasons"] = clock_reason_names(r.clock_reasons);
+    }
   }
   return j;
+}
+
+std::string disturbance_text(const Row& r) {
+  std::ostringstream out;
+  if (r.throttled_share >= 0) {
+    out << "the GPU was throttled " << static_cast<int>(100 * r.throttled_share + 0.5) << "% of the time";
+    const auto names = clock_reason_names(r.clock_reasons & kDisturbingClockReasons);
+    for (std::size_t k = 0; k < names.size(); ++k) out << (k ? ", " : " (") << names[k] << (k + 1 == names.size() ? ")" : "");
+    if (r.sm_clock_min_mhz != r.sm_clock_max_mhz)
+      out << ", SM clock " << r.sm_clock_min_mhz << "-" << r.sm_clock_max_mhz << " MHz";
+    return out.str();
+  }
+  out << "other processes used " << static_cast<int>(100 * std::max(r.others_share, 0.0) + 0.5) << "% of the CPUs";
+  return out.str();
 }
 
 json to_json(const Results& results) {
   json rows = json::array();
   for (const auto& r : results.rows) rows.push_back(row_to_json(r));
   json pairs = json::array();
-  for (const auto& p : results.pairs)
-    pairs.push_back({{"stage", p.stage},
-                     {"label", p.label},
-                     {"baseline", p.baseline},
-                     {"improved", p.improved},
-                     {"ratio", p.ratio.ratio},
-                     {"ci_low", p.ratio.ci_low},
-                     {"ci_high", p.ratio.ci_high},
-                     {"ci_level", p.ratio.ci_level}});
+  for (const auto& p : results.pairs) {
+    json pair = {{"stage", p.stage},
+                 {"label", p.label},
+                 {"baseline", p.baseline},
+                 {"improved", p.improved},
+                 {"kind", p.kind},
+                 {"ratio", p.ratio.ratio},
+                 {"ci_low", p.ratio.ci_low},
+                 {"ci_high", p.ratio.ci_high},
+                 {"ci_level", p.ratio.ci_level},
+                 {"baseline_median_ns", p.baseline_ns},
+                 {"improved_median_ns", p.improved_ns}};
+    if (p.moved_out)
+      pair["moved_out"] = {{"what", p.moved_out->what},         {"counter", p.moved_out->counter},
+                           {"ns_per_call", p.moved_out->ns_per_call}, {"ns_each", p.moved_out->ns_each},
+                           {"paid_per", p.moved_out->paid_per}, {"call", p.moved_out->call}};
+    if (p.predicted)
+      pair["predicted"] = {{"counter", p.predicted->counter},
+                           {"improved_ns", p.predicted->improved_ns},
+                           {"ratio", p.predicted->ratio}};
+    pairs.push_back(std::move(pair));
+  }
   json withheld = json::array();
   for (const auto& w : results.withheld_pairs)
     withheld.push_back({{"stage", w.stage}, {"label", w.label}, {"baseline", w.baseline}, {"improved", w.improved}, {"why", w.why}});
@@ -164,6 +198,10 @@ Results results_from_json(const json& doc) {
       r.others_share = j.value("others_cpu_share", -1.0);
       r.disturbed = j.value("disturbed", false);
       r.retaken = j.value("retaken_samples", 0);
+      r.throttled_share = j.value("throttled_share", -1.0);
+      r.sm_clock_min_mhz = j.value("sm_clock_min_mhz", 0);
+      r.sm_clock_max_mhz = j.value("sm_clock_max_mhz", 0);
+      r.clock_reasons = clock_reasons_from_names(j.value("throttle_reasons", std::vector<std::string>{}));
     }
     results.rows.push_back(std::move(r));
   }
@@ -174,8 +212,30 @@ Results results_from_json(const json& doc) {
     p.label = field<std::string>(j, "label", "pair");
     p.baseline = field<std::string>(j, "baseline", "pair " + p.label);
     p.improved = field<std::string>(j, "improved", "pair " + p.label);
-    p.ratio = RatioEstimate{field<double>(j, "ratio", "pair " + p.label), field<double>(j, "ci_low", "pair " + p.label),
-                            field<double>(j, "ci_high", "pair " + p.label), field<double>(j, "ci_level", "pair " + p.label)};
+    const std::string where = "pair " + p.label;
+    p.ratio = RatioEstimate{field<double>(j, "ratio", where), field<double>(j, "ci_low", where),
+                            field<double>(j, "ci_high", where), field<double>(j, "ci_level", where)};
+    // Files written before pairs had kinds hold timed ratios only, and no medians.
+    p.kind = j.value("kind", std::string("timed"));
+    if (p.kind != "timed" && p.kind != "amortised")
+      throw std::runtime_error(where + ": kind '" + p.kind + "' (timed, amortised)");
+    p.baseline_ns = j.value("baseline_median_ns", 0.0);
+    p.improved_ns = j.value("improved_median_ns", 0.0);
+    if (j.contains("moved_out")) {
+      const json& m = j["moved_out"];
+      const std::string in = where + " moved_out";
+      p.moved_out = MovedOut{field<std::string>(m, "what", in), field<std::string>(m, "counter", in),
+                             field<double>(m, "ns_per_call", in), m.value("ns_each", 0.0),
+                             m.value("paid_per", std::string()), m.value("call", std::string())};
+    }
+    if (p.kind == "amortised" && !p.moved_out)
+      throw std::runtime_error(where + ": an amortised ratio without the cost it amortises (\"moved_out\")");
+    if (j.contains("predicted")) {
+      const json& m = j["predicted"];
+      const std::string in = where + " predicted";
+      p.predicted = Prediction{field<std::string>(m, "counter", in), field<double>(m, "improved_ns", in),
+                               field<double>(m, "ratio", in)};
+    }
     results.pairs.push_back(std::move(p));
   }
   for (const auto& j : doc.value("pairs_withheld", json::array()))
@@ -239,9 +299,42 @@ static std::string result_word(const Row& r) {
   return r.disposition;
 }
 
+static std::string ratio_text(const RatioEstimate& r) {
+  return fixed(r.ratio, 2) + "x (" + fixed(100 * r.ci_level, 0) + "% CI " + fixed(r.ci_low, 2) + "-" + fixed(r.ci_high, 2) +
+         ")";
+}
+
+// The variant id in a benchmark name "stage/backend/variant/problem".
+static std::string variant_of(const std::string& name) {
+  const std::size_t a = name.find('/'), b = a == std::string::npos ? a : name.find('/', a + 1);
+  if (b == std::string::npos) return name;
+  const std::size_t c = name.find('/', b + 1);
+  return name.substr(b + 1, c == std::string::npos ? std::string::npos : c - b - 1);
+}
+
+// A timed pair: its ratio. An amortised one says what was moved out of the loop and what it costs
+// per call, so that the ratio is read as what it is:
+//   "slab build 27.9 ms per epoch (218.0 us per batch amortised) + 11.9 ns per batch timed vs
+//    per_sample 106.0 us per batch: 0.49x (95% CI 0.48-0.49) amortised".
+// A model's prediction follows the measured ratio.
 static std::string pair_text(const PairRow& p) {
-  return fixed(p.ratio.ratio, 2) + "x (" + fixed(100 * p.ratio.ci_level, 0) + "% CI " + fixed(p.ratio.ci_low, 2) + "-" +
-         fixed(p.ratio.ci_high, 2) + ")";
+  std::string text;
+  if (p.kind == "amortised" && p.moved_out) {
+    const MovedOut& m = *p.moved_out;
+    const std::string per_call = m.call.empty() ? std::string(" per call") : " per " + m.call;
+    text = m.what + " ";
+    if (m.ns_each > 0) text += human_time(m.ns_each) + (m.paid_per.empty() ? "" : " per " + m.paid_per) + " (";
+    text += human_time(m.ns_per_call) + per_call + " amortised" + (m.ns_each > 0 ? ")" : "");
+    if (p.improved_ns > 0) text += " + " + human_time(p.improved_ns) + per_call + " timed";
+    if (p.baseline_ns > 0) text += " vs " + variant_of(p.baseline) + " " + human_time(p.baseline_ns) + per_call;
+    text += ": " + ratio_text(p.ratio) + " amortised";
+  } else {
+    text = ratio_text(p.ratio);
+  }
+  if (p.predicted)
+    text += "; the model (" + p.predicted->counter + " " + human_time(p.predicted->improved_ns) + ") predicts " +
+            fixed(p.predicted->ratio, 2) + "x";
+  return text;
 }
 
 // The problem part of a pair's benchmark name: the pairs table names each problem once.

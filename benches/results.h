@@ -2,6 +2,7 @@
 // peaks, and the declared pairs' ratios. Serialised as `trainbench-results/1` (results/README.md).
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -41,22 +42,58 @@ struct Row {
   // known), and whether some sample stayed above Settings::disturbed_share after the retakes.
   double others_share = -1;
   bool disturbed = false;
-  int retaken = 0;  // samples taken again because others held the CPUs
+  int retaken = 0;  // samples taken again because others held the CPUs (or the GPU throttled)
+  // CUDA rows, where NVML answers: the SM clock range and the clock event reasons seen around the
+  // samples, and the largest throttled share of a kept sample (-1: not known).
+  int sm_clock_min_mhz = 0, sm_clock_max_mhz = 0;
+  uint64_t clock_reasons = 0;
+  double throttled_share = -1;
   std::vector<std::pair<std::string, double>> counters;  // from the work model, e.g. launches per call
 
   bool timed() const { return disposition == "passed" && !samples_ns.empty(); }
+  // The timed region moves and computes nothing (Work::moves_nothing): no rate of any kind.
+  bool moves_nothing() const { return bytes == 0 && flops == 0; }
   double gb_per_s() const { return timed() && summary.median > 0 ? bytes / summary.median : 0; }
   double tflop_per_s() const { return timed() && summary.median > 0 ? flops / summary.median * 1e-3 : 0; }
   // The rate compared with a peak: bytes/s or FLOP/s.
   double rate() const { return timed() ? (bound == "compute" ? flops : bytes) / (summary.median * 1e-9) : 0; }
 };
 
-struct PairRow {
-  std::string stage, label, baseline, improved;
-  RatioEstimate ratio;
+// What disturbed a row's samples, in words: "other processes used 54% of the CPUs", or "the GPU was
+// throttled 30% of the time (sw_thermal_slowdown), SM clock 1410-1980 MHz".
+std::string disturbance_text(const Row& r);
+
+// The cost an amortised pair's improved variant pays outside its timed region (Pair::moved_out),
+// as its row reported it.
+struct MovedOut {
+  std::string what;      // "slab build"
+  std::string counter;   // the row's counter it came from: "slab_build_ms_per_batch"
+  double ns_per_call = 0;
+  double ns_each = 0;    // each time it is paid; 0 when the row does not say
+  std::string paid_per;  // "epoch"
+  std::string call;      // "batch"
 };
 
-// A declared pair whose ratio is withheld: one of its rows was disturbed.
+// A model's prediction of the improved row's time per call (Pair::predicted_ns).
+struct Prediction {
+  std::string counter;     // "predicted_ns"
+  double improved_ns = 0;  // the predicted time per call
+  double ratio = 0;        // baseline median / improved_ns: the speedup the model predicts
+};
+
+struct PairRow {
+  std::string stage, label, baseline, improved;
+  RatioEstimate ratio;  // baseline / improved, of the `kind` below
+  // "timed": baseline / improved over the timed regions. "amortised": baseline / (improved +
+  // moved_out->ns_per_call), the improved variant's cost including what it moved out of the loop.
+  std::string kind = "timed";
+  double baseline_ns = 0, improved_ns = 0;  // the rows' median time per call (0: not in the file)
+  std::optional<MovedOut> moved_out;        // amortised pairs
+  std::optional<Prediction> predicted;
+};
+
+// A declared pair whose ratio is withheld: one of its rows was disturbed, or moves nothing in its
+// timed region without naming the cost it moved out.
 struct WithheldPair {
   std::string stage, label, baseline, improved, why;
 };

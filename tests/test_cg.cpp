@@ -1,6 +1,7 @@
 // Stage `cg`: the drifting right-hand sides, the residual oracle (and that it catches a wrong
 // solution), every registered strategy at odd sizes with every solve's true residual checked, the
-// gate's skips following the drift, the counters, and CPU and CUDA solutions agreeing.
+// gate's skips following the drift, the warm start never skipping, the counters, CPU and CUDA
+// solutions agreeing, and the pairs that take the gate apart from the warm start.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -86,10 +87,11 @@ TEST(CgReference, TrueResidualCatchesAWrongSolution) {
 }
 
 // A solver that trusts a stale cache (skips every solve without looking) must fail the check: the
-// check recomputes each residual itself.
+// check recomputes each residual itself. Declared warm, the same solver must fail for skipping at all.
 class StaleCache final : public cg::WindowSolver {
  public:
-  explicit StaleCache(const Problem& p) : WindowSolver(p, true), x_(rhs_.b(0), rhs_.b(0) + settings_.rows) {}
+  explicit StaleCache(const Problem& p, cg::Start start = cg::Start::lazy)
+      : WindowSolver(p, start), x_(rhs_.b(0), rhs_.b(0) + settings_.rows) {}
   std::vector<double> solution() override { return x_; }
   cg::Tally tally() override { return tally_; }
 
@@ -117,6 +119,19 @@ TEST(CgReference, CheckCatchesASolverThatSkipsBlindly) {
   const Verdict v = solver.check();
   EXPECT_FALSE(v.passed);
   EXPECT_NE(v.detail.find("step 1 (skipped by the gate)"), std::string::npos) << v.detail;
+}
+
+// No drift: b never changes, so every skip of the stale cache is right for the gate; a warm start
+// has no gate and must not skip even then.
+TEST(CgReference, CheckFailsAWarmStartThatSkips) {
+  StaleCache lazy(problem("ring8", "1000", "0"), cg::Start::lazy);
+  StaleCache warm(problem("ring8", "1000", "0"), cg::Start::warm);
+  lazy.run();
+  warm.run();
+  EXPECT_FALSE(lazy.check().passed);  // the cache is b_0 itself, not its solution
+  const Verdict v = warm.check();
+  EXPECT_FALSE(v.passed);
+  EXPECT_NE(v.detail.find("skipped by a solver without the gate"), std::string::npos) << v.detail;
 }
 
 // Every strategy, every solve's true residual: one row, tiny and odd sizes, each graph family.
@@ -168,6 +183,42 @@ TEST(CgGate, SkipRateFollowsTheDrift) {
   EXPECT_EQ(c.count("predicted_ns"), 0u);
 }
 
+// The warm start alone: from the cache like the gate, but every solve goes on to tol (its check
+// passes with tol, not lazy_tol), nothing is skipped, and one matvec per solve goes to its residual.
+// Where the gate skips some solves the warm start iterates on them, and where the drift is large it
+// needs fewer iterations than a cold start.
+TEST(CgWarm, NeverSkipsAndSolvesEveryStepToTol) {
+  for (const char* drift : {"0", "1e-6", "1e-4"}) {
+    const Problem p = problem("ring8", "5000", drift);
+    auto warm = make("host_checked_warm", Backend::cpu, p);
+    warm->run();
+    const Verdict verdict = warm->check();
+    EXPECT_TRUE(verdict.passed) << drift << ": " << verdict.detail;
+    const auto c = counters(*warm);
+    EXPECT_EQ(c.at("skip_rate"), 0.0) << drift;
+    EXPECT_NEAR(c.at("matvecs_per_solve"), 1.0 + c.at("iterations_per_solve"), 1e-12) << drift;
+    EXPECT_LE(c.at("final_rel_residual_ppm"), 0.1) << drift;  // below cg_tol = 1e-7, not lazy_cg_tol
+    EXPECT_GT(c.at("full_solve_ns"), 0) << drift;
+    EXPECT_EQ(c.count("predicted_ns"), 0u) << drift;
+
+    auto lazy = make("host_checked_lazy", Backend::cpu, p);
+    auto cold = make("host_checked", Backend::cpu, p);
+    lazy->run();
+    cold->run();
+    const auto l = counters(*lazy), k = counters(*cold);
+    if (std::string(drift) == "0") {
+      // b never moves: the cache meets tol already, a solve of no iterations (the gate skips them all).
+      EXPECT_EQ(c.at("iterations_per_solve"), 0.0);
+      EXPECT_EQ(l.at("skip_rate"), 1.0);
+    } else if (l.at("skip_rate") > 0) {
+      EXPECT_GT(c.at("iterations_per_solve"), l.at("iterations_per_solve")) << drift;
+    }
+    if (std::string(drift) == "1e-4") {
+      EXPECT_LT(c.at("iterations_per_solve"), k.at("iterations_per_solve"));
+    }
+  }
+}
+
 // A window replays from the same cache, so every call takes the same decisions and ends at the same x.
 TEST(CgGate, WindowsAreIdentical) {
   auto lazy = make("host_checked_lazy", Backend::cpu, problem("grid2d", "10000", "1e-6"));
@@ -189,14 +240,15 @@ TEST(CgGate, WindowsAreIdentical) {
 // the same.
 TEST(CgAgreement, CpuAndCudaSolutionsAgree) {
   const Stage& s = cg_stage();
-  for (const char* id : {"host_checked_lazy", "host_checked"}) {
+  for (const char* start : {"_lazy", "_warm", ""}) {
+    const std::string id = std::string("host_checked") + start;
     for (const char* cuda_id : {"host_checked", "graph", "persistent"}) {
-      const std::string cuda_name = std::string(cuda_id) + (std::string(id).find("lazy") != std::string::npos ? "_lazy" : "");
+      const std::string cuda_name = std::string(cuda_id) + start;
       const Variant* cuda = s.find_variant(cuda_name, Backend::cuda);
       ASSERT_NE(cuda, nullptr);
       if (const std::string why = testing::cannot_run_here(*cuda); !why.empty()) GTEST_SKIP() << cuda_name << ": " << why;
       const Problem p = problem("ring8", "30011", "1e-6");
-      auto a = make(id, Backend::cpu, p);
+      auto a = make(id.c_str(), Backend::cpu, p);
       auto b = make(cuda_name.c_str(), Backend::cuda, p);
       a->run();
       b->run();
@@ -213,17 +265,38 @@ TEST(CgAgreement, CpuAndCudaSolutionsAgree) {
   }
 }
 
+// Per strategy: the warm start against the cold one, and the gate against the warm start alone,
+// with the gate model's prediction (a counter the lazy variant reports). The pair that mixed both
+// effects (cold start vs gate) is gone. The device-resident pairs stay.
 TEST(CgRegistry, DeclaresThePairsOfTheIssue) {
   const Stage& s = cg_stage();
-  auto has = [&](const char* base, const char* improved) {
-    return std::any_of(s.pairs.begin(), s.pairs.end(),
-                       [&](const Pair& p) { return p.baseline == base && p.improved == improved; });
+  auto find = [&](const std::string& base, const std::string& improved) -> const Pair* {
+    for (const auto& p : s.pairs)
+      if (p.baseline == base && p.improved == improved) return &p;
+    return nullptr;
   };
-  EXPECT_TRUE(has("host_checked", "host_checked_lazy"));
-  EXPECT_TRUE(has("graph", "graph_lazy"));
-  EXPECT_TRUE(has("persistent", "persistent_lazy"));
-  EXPECT_TRUE(has("host_checked", "graph"));
-  EXPECT_TRUE(has("host_checked", "persistent"));
+  for (const std::string strategy : {"host_checked", "graph", "persistent"}) {
+    for (const char* start : {"", "_warm", "_lazy"})
+      EXPECT_NE(s.find_variant(strategy + start, Backend::cuda), nullptr) << strategy << start;
+    const Pair* warm = find(strategy, strategy + "_warm");
+    ASSERT_NE(warm, nullptr) << strategy;
+    EXPECT_NE(warm->label.find("warm start vs cold start"), std::string::npos) << warm->label;
+    const Pair* gate = find(strategy + "_warm", strategy + "_lazy");
+    ASSERT_NE(gate, nullptr) << strategy;
+    EXPECT_NE(gate->label.find("gate vs warm start alone"), std::string::npos) << gate->label;
+    EXPECT_EQ(gate->predicted_ns, "predicted_ns");
+    EXPECT_EQ(find(strategy, strategy + "_lazy"), nullptr) << strategy << ": cold vs lazy mixes two effects";
+  }
+  for (const char* start : {"", "_warm", "_lazy"})
+    EXPECT_NE(s.find_variant(std::string("host_checked") + start, Backend::cpu), nullptr) << start;
+  EXPECT_NE(find("host_checked", "graph"), nullptr);
+  EXPECT_NE(find("host_checked", "persistent"), nullptr);
+  EXPECT_NE(find("host_checked_lazy", "graph_lazy"), nullptr);
+  EXPECT_NE(find("host_checked_lazy", "persistent_lazy"), nullptr);
+  // The prediction the gate pairs name is one the lazy variant reports.
+  auto lazy = make("host_checked_lazy", Backend::cpu, problem("ring8", "1000", "1e-6"));
+  lazy->run();
+  EXPECT_EQ(counters(*lazy).count("predicted_ns"), 1u);
   const Variant* v = s.find_variant("host_checked", Backend::cpu);
   EXPECT_NE(v->unsupported(problem("ring8", "1000", "1e-6", "-1")), "");
   EXPECT_NE(v->unsupported(problem("ring8", "1000", "-1e-6")), "");

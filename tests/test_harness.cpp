@@ -1,8 +1,11 @@
 // The harness end to end on a synthetic stage: check before timing, dispositions, samples, peaks,
-// pairs and the exit code. Real Google Benchmark, real timer, tiny work.
+// pairs and the exit code. Real Google Benchmark, real timer, tiny work. Then the rows and pairs that
+// must not lie: a timed region that moves nothing gets no rate, and its pairs are amortised with the
+// cost it moved out of the loop or not reported at all.
 #include <benchmark/benchmark.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <sstream>
 
@@ -283,6 +286,166 @@ TEST(PercentOfPeak, NeverAboveTheCeilingAndNotForCacheResidentRows) {
   EXPECT_EQ(small.peaks.count("cpu.triad"), 0u);
   EXPECT_EQ(small.rows[0].pct_note, "cache");
   EXPECT_FALSE(small.rows[1].pct_of_peak.has_value());
+}
+
+// A timed row of `ns` per call for compare_pair / finish_results: samples and their summary.
+Row work_row(const std::string& stage, const std::string& variant, double bytes, double flops, double ns,
+             std::vector<std::pair<std::string, double>> counters = {}) {
+  Row r = timed_row(stage + "/cpu/" + variant + "/n=1", stage, variant, bytes, bytes, ns);
+  r.flops = flops;
+  r.counters = std::move(counters);
+  r.summary = summarize(r.samples_ns, 0.05);
+  return r;
+}
+
+// The line of a rendered table that starts with `name`, or "".
+std::string line_of(const std::string& text, const std::string& name) {
+  const std::size_t at = text.find(name);
+  return at == std::string::npos ? std::string() : text.substr(at, text.find('\n', at) - at);
+}
+
+const MovedOutCost slab{"slab build", "slab_build_ms_per_batch", "slab_build_ms", "epoch", "batch"};
+
+TEST(PairsThatCannotLie, AViewIsNeverDividedByItsTimedRegionAlone) {
+  const Row copies = work_row("s", "per_sample", 1e6, 0, 100e3);  // 0.1 ms per batch
+  std::string why;
+
+  // No cost moved out named: no ratio, and the reason says why.
+  const Row view = work_row("s", "prebatched", 0, 0, 10);
+  EXPECT_FALSE(compare_pair(Pair{"per_sample", "prebatched", "view vs copies"}, copies, view, why));
+  EXPECT_NE(why.find("moves nothing in its timed region"), std::string::npos) << why;
+
+  // Named, but the row does not report it: no ratio either.
+  why.clear();
+  EXPECT_FALSE(compare_pair(Pair{"per_sample", "prebatched", "view vs copies", slab}, copies, view, why));
+  EXPECT_NE(why.find("does not report its slab build"), std::string::npos) << why;
+
+  // Reported: baseline / (view + slab build per batch), 0.1 / (10 ns + 0.2 ms) ~ 0.5x, never 1e4x.
+  const Row built = work_row("s", "prebatched", 0, 0, 10, {{"slab_build_ms", 25.6}, {"slab_build_ms_per_batch", 0.2}});
+  const auto amortised = compare_pair(Pair{"per_sample", "prebatched", "view vs copies", slab}, copies, built, why);
+  ASSERT_TRUE(amortised) << why;
+  EXPECT_EQ(amortised->kind, "amortised");
+  EXPECT_DOUBLE_EQ(amortised->ratio.ratio, 100e3 / (10 + 0.2e6));
+  ASSERT_TRUE(amortised->moved_out);
+  EXPECT_EQ(amortised->moved_out->counter, "slab_build_ms_per_batch");
+  EXPECT_DOUBLE_EQ(amortised->moved_out->ns_per_call, 0.2e6);
+  EXPECT_DOUBLE_EQ(amortised->moved_out->ns_each, 25.6e6);
+  EXPECT_EQ(amortised->baseline_ns, 100e3);
+  EXPECT_EQ(amortised->improved_ns, 10);
+
+  // A view that pays nothing per batch outside its timed region either (a slab built once): the
+  // baseline's time is saved whole, which no ratio describes.
+  const Row once = work_row("s", "prebatched", 0, 0, 10, {{"slab_build_ms_per_batch", 0.0}});
+  why.clear();
+  EXPECT_FALSE(compare_pair(Pair{"per_sample", "prebatched", "view vs copies", slab}, copies, once, why));
+  EXPECT_NE(why.find("saves the baseline's"), std::string::npos) << why;
+
+  // Nor is a baseline that moves nothing divided by.
+  why.clear();
+  EXPECT_FALSE(compare_pair(Pair{"prebatched", "per_sample", "copies vs view"}, view, copies, why));
+  EXPECT_NE(why.find("no baseline"), std::string::npos) << why;
+}
+
+// Rows whose traffic is unknown but whose FLOPs are counted (cg) are work: their pairs are timed
+// ratios as before, and a prediction named by the pair is set against the baseline's time.
+TEST(PairsThatCannotLie, WorkWithoutBytesKeepsItsRatioAndItsPrediction) {
+  const Row warm = work_row("cg", "warm", 0, 1e6, 4e6);
+  const Row lazy = work_row("cg", "lazy", 0, 1e6, 2e6, {{"predicted_ns", 2.5e6}});
+  std::string why;
+  const auto pair = compare_pair(Pair{"warm", "lazy", "gate vs warm start alone", {}, "predicted_ns"}, warm, lazy, why);
+  ASSERT_TRUE(pair) << why;
+  EXPECT_EQ(pair->kind, "timed");
+  EXPECT_DOUBLE_EQ(pair->ratio.ratio, 2.0);
+  ASSERT_TRUE(pair->predicted);
+  EXPECT_EQ(pair->predicted->counter, "predicted_ns");
+  EXPECT_DOUBLE_EQ(pair->predicted->ratio, 4e6 / 2.5e6);
+  // Without the counter there is no prediction, and the measured ratio stands.
+  const auto bare = compare_pair(Pair{"warm", "lazy", "gate", {}, "predicted_ns"}, warm, work_row("cg", "lazy", 0, 1e6, 2e6), why);
+  ASSERT_TRUE(bare);
+  EXPECT_FALSE(bare->predicted);
+}
+
+// Through finish_results: a zero-work row gets no "_per_s" rate from its "_per_call" counter, and its
+// pair goes to the withheld list with the reason instead of the pairs table.
+TEST(PairsThatCannotLie, FinishResultsWithholdsTheViewsPlainRatioAndItsRate) {
+  Registry reg;
+  Stage s;
+  s.name = "views";
+  s.question = s.source = "test";
+  s.axes = {Axis{"n", AxisKind::positive_int, {"1"}, {}, "", {}}};
+  s.variants = {spin_variant("per_sample", 1, true, ""), spin_variant("prebatched", 1, true, "")};
+  s.pairs = {Pair{"per_sample", "prebatched", "view vs copies"}};
+  reg.add(s);
+  Results results;
+  results.rows = {work_row("views", "per_sample", 1e6, 0, 100e3, {{"samples_per_call", 64}}),
+                  work_row("views", "prebatched", 0, 0, 10, {{"samples_per_call", 64}})};
+  finish_results(reg, Settings{}, results);
+  auto has = [](const Row& r, const char* key) {
+    return std::any_of(r.counters.begin(), r.counters.end(), [&](const auto& c) { return c.first == key; });
+  };
+  EXPECT_TRUE(has(results.rows[0], "samples_per_s"));
+  EXPECT_FALSE(has(results.rows[1], "samples_per_s")) << "64 samples per 10 ns is no rate";
+  EXPECT_TRUE(results.pairs.empty());
+  ASSERT_EQ(results.withheld_pairs.size(), 1u);
+  EXPECT_NE(results.withheld_pairs[0].why.find("moves nothing"), std::string::npos) << results.withheld_pairs[0].why;
+  const std::string console = render(results, Format::console);
+  EXPECT_NE(line_of(console, "views/cpu/per_sample").find("GB/s"), std::string::npos) << console;
+  const std::string view_line = line_of(console, "views/cpu/prebatched");
+  ASSERT_FALSE(view_line.empty()) << console;
+  EXPECT_EQ(view_line.find("GB/s"), std::string::npos) << view_line;
+  EXPECT_NE(console.find("no ratio:"), std::string::npos) << console;
+}
+
+// The real collate stage through the real runner: the pre-batched view's row has no rate, and its
+// pair is the amortised ratio built from the slab build it reported, within what its samples allow.
+TEST_F(Harness, APrebatchedViewIsComparedWithTheSlabBuildAddedBack) {
+  const Registry& reg = builtin_registry();
+  Settings settings = quick_settings("collate/cpu/(per_sample|prebatched)/");
+  settings.peak_prepass = false;
+  settings.disturbed_share = 1.0;  // a loaded machine must not withhold the pair this test is about
+  for (const char* axis : {"collate.layout=text_pair", "collate.order=shuffled", "collate.samples=1024",
+                           "collate.batch=64", "collate.embed_dim=64", "collate.seq_len=16"})
+    settings.overrides.push_back(parse_axis_override(reg, axis));
+  std::ostringstream progress;
+  const Results results = run_entries(reg, select_entries(reg, settings), settings, progress);
+  const std::string problem = "layout=text_pair,order=shuffled,samples=1024,batch=64,embed_dim=64,seq_len=16";
+  const Row& copies = row(results, "collate/cpu/per_sample/" + problem);
+  const Row& view = row(results, "collate/cpu/prebatched/" + problem);
+  ASSERT_TRUE(copies.timed()) << copies.reason;
+  ASSERT_TRUE(view.timed()) << view.reason;
+  EXPECT_TRUE(view.moves_nothing());
+  EXPECT_EQ(view.gb_per_s(), 0.0);
+  double slab_ms = -1;
+  for (const auto& [key, value] : view.counters) {
+    EXPECT_NE(key, "samples_per_s");
+    if (key == "slab_build_ms_per_batch") slab_ms = value;
+  }
+  ASSERT_GT(slab_ms, 0.0);
+
+  const auto pair = std::find_if(results.pairs.begin(), results.pairs.end(),
+                                 [&](const PairRow& p) { return p.improved == view.name; });
+  ASSERT_NE(pair, results.pairs.end());
+  EXPECT_EQ(pair->baseline, copies.name);
+  EXPECT_EQ(pair->kind, "amortised");
+  ASSERT_TRUE(pair->moved_out);
+  EXPECT_DOUBLE_EQ(pair->moved_out->ns_per_call, slab_ms * 1e6);
+  // The Hodges-Lehmann ratio lies within the extreme pairwise ratios of the amortised samples.
+  const auto [view_min, view_max] = std::minmax_element(view.samples_ns.begin(), view.samples_ns.end());
+  const auto [copy_min, copy_max] = std::minmax_element(copies.samples_ns.begin(), copies.samples_ns.end());
+  EXPECT_GE(pair->ratio.ratio, *copy_min / (*view_max + slab_ms * 1e6) * (1 - 1e-12));
+  EXPECT_LE(pair->ratio.ratio, *copy_max / (*view_min + slab_ms * 1e6) * (1 + 1e-12));
+
+  const std::string console = render(results, Format::console);
+  EXPECT_NE(console.find("slab build"), std::string::npos) << console;
+  EXPECT_NE(console.find("per batch amortised"), std::string::npos) << console;
+  const std::string view_line = line_of(console, view.name);
+  ASSERT_FALSE(view_line.empty()) << console;
+  EXPECT_EQ(view_line.find("GB/s"), std::string::npos) << view_line;
+  const nlohmann::json doc = to_json(results);
+  bool amortised_in_json = false;
+  for (const auto& p : doc["pairs"])
+    if (p["improved"] == view.name) amortised_in_json = p["kind"] == "amortised" && p["moved_out"]["ns_per_call"] == slab_ms * 1e6;
+  EXPECT_TRUE(amortised_in_json) << doc["pairs"].dump(2);
 }
 
 }  // namespace

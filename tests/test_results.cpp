@@ -127,5 +127,78 @@ TEST(Results, WritesAtomically) {
   std::filesystem::remove_all(dir);
 }
 
+// A pre-batched view against per-sample copies, and the lazy gate against the warm start alone with
+// the model's prediction: what the pairs of issue "rows that cannot lie" carry.
+Results results_with_kinds_of_pairs() {
+  Results r = sample_results();
+  PairRow amortised{"collate", "pre-batched slab, rebuilt per epoch, vs per-sample copies + stack",
+                    "collate/cpu/per_sample/b=64", "collate/cpu/prebatched/b=64"};
+  amortised.kind = "amortised";
+  amortised.ratio = RatioEstimate{0.487, 0.48, 0.49, 0.95};
+  amortised.baseline_ns = 0.106e6;
+  amortised.improved_ns = 11.9;
+  amortised.moved_out = MovedOut{"slab build", "slab_build_ms_per_batch", 0.218e6, 27.9e6, "epoch", "batch"};
+  PairRow gate{"cg", "gate vs warm start alone (host-checked)", "cg/cpu/host_checked_warm/d=1e-6",
+               "cg/cpu/host_checked_lazy/d=1e-6"};
+  gate.ratio = RatioEstimate{1.31, 1.2, 1.4, 0.95};
+  gate.baseline_ns = 60e6;
+  gate.improved_ns = 45.8e6;
+  gate.predicted = Prediction{"predicted_ns", 40e6, 1.5};
+  r.pairs.push_back(amortised);
+  r.pairs.push_back(gate);
+  return r;
+}
+
+TEST(Results, PairKindsSurviveJsonAndOldFilesStillLoad) {
+  const Results original = results_with_kinds_of_pairs();
+  const nlohmann::json doc = to_json(original);
+  EXPECT_EQ(doc["pairs"][0]["kind"], "timed");
+  EXPECT_EQ(doc["pairs"][1]["kind"], "amortised");
+  EXPECT_EQ(doc["pairs"][1]["moved_out"]["counter"], "slab_build_ms_per_batch");
+  EXPECT_EQ(doc["pairs"][2]["predicted"]["ratio"], 1.5);
+  const Results back = results_from_json(nlohmann::json::parse(doc.dump()));
+  EXPECT_EQ(to_json(back), doc);
+  ASSERT_EQ(back.pairs.size(), 3u);
+  ASSERT_TRUE(back.pairs[1].moved_out);
+  EXPECT_DOUBLE_EQ(back.pairs[1].moved_out->ns_each, 27.9e6);
+  EXPECT_DOUBLE_EQ(back.pairs[1].improved_ns, 11.9);
+  ASSERT_TRUE(back.pairs[2].predicted);
+  EXPECT_EQ(back.pairs[2].predicted->counter, "predicted_ns");
+
+  // A file written before pairs had kinds: a timed ratio, no medians, nothing else.
+  auto old = doc;
+  for (auto& p : old["pairs"])
+    for (const char* key : {"kind", "baseline_median_ns", "improved_median_ns", "moved_out", "predicted"}) p.erase(key);
+  const Results from_old = results_from_json(old);
+  ASSERT_EQ(from_old.pairs.size(), 3u);
+  for (const auto& p : from_old.pairs) {
+    EXPECT_EQ(p.kind, "timed");
+    EXPECT_FALSE(p.moved_out);
+    EXPECT_EQ(p.baseline_ns, 0.0);
+  }
+
+  // An amortised ratio that does not say what it amortises is not trusted; nor an unknown kind.
+  auto unexplained = doc;
+  unexplained["pairs"][1].erase("moved_out");
+  EXPECT_THROW(results_from_json(unexplained), std::runtime_error);
+  auto unknown = doc;
+  unknown["pairs"][0]["kind"] = "guessed";
+  EXPECT_THROW(results_from_json(unknown), std::runtime_error);
+}
+
+TEST(Results, AnAmortisedPairSaysWhatWasMovedOutOfTheLoop) {
+  const Results r = results_with_kinds_of_pairs();
+  for (Format format : {Format::console, Format::md}) {
+    const std::string text = render(r, format);
+    EXPECT_NE(text.find("slab build 27.9 ms per epoch (218.0 us per batch amortised) + 11.9 ns per batch timed vs "
+                        "per_sample 106.0 us per batch: 0.49x (95% CI 0.48-0.49) amortised"),
+              std::string::npos)
+        << text;
+    EXPECT_NE(text.find("1.31x (95% CI 1.20-1.40); the model (predicted_ns 40.0 ms) predicts 1.50x"), std::string::npos)
+        << text;
+    EXPECT_NE(text.find("1.90x (95% CI 1.80-2.00)"), std::string::npos) << text;  // a timed pair as before
+  }
+}
+
 }  // namespace
 }  // namespace tb

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <deque>
 
+#include "runtime/gpu_monitor.h"
 #include "runtime/stats.h"
 #include "runtime/timing.h"
 
@@ -121,6 +122,32 @@ TEST(Timing, BatchMakesASampleLongEnough) {
   EXPECT_EQ(batch_for(0.125, 6.25, 1 << 16), 50);  // exactly representable: 6.25 / 0.125 = 50
   EXPECT_EQ(batch_for(1e-9, 1.0, 1000), 1000);
   EXPECT_EQ(batch_for(0.0, 1.0, 77), 77);
+}
+
+
+TEST(GpuMonitor, ThermalViolationTimeIsTheThrottledShareOfTheWindow) {
+  const GpuThrottleState before{true, 1'000'000, 0, 1980, 0};
+  EXPECT_DOUBLE_EQ(throttled_share(before, GpuThrottleState{true, 1'000'000, 0, 1980, 5e6}), 0.0);
+  EXPECT_DOUBLE_EQ(throttled_share(before, GpuThrottleState{true, 2'000'000, 0, 1755, 5e6}), 0.2);
+  // the software power cap is how a heavy kernel always runs, not a disturbance
+  EXPECT_DOUBLE_EQ(throttled_share(before, GpuThrottleState{true, 1'000'000, 0x4, 1650, 5e6}), 0.0);
+  // a thermal or hardware slowdown active at either end: the whole window
+  EXPECT_DOUBLE_EQ(throttled_share(before, GpuThrottleState{true, 1'000'000, 0x20, 1410, 5e6}), 1.0);
+  EXPECT_DOUBLE_EQ(throttled_share(GpuThrottleState{true, 0, 0x80, 1980, 0}, GpuThrottleState{true, 0, 0, 1980, 5e6}), 1.0);
+  EXPECT_EQ(throttled_share(GpuThrottleState{}, GpuThrottleState{true, 0, 0, 1980, 5e6}), -1.0);  // NVML silent
+  EXPECT_EQ(throttled_share(before, GpuThrottleState{true, 0, 0, 1980, 0}), -1.0);                // no time passed
+}
+
+TEST(GpuMonitor, ReasonNames) {
+  EXPECT_EQ(clock_reason_names(0x1 | 0x4 | 0x20), (std::vector<std::string>{"sw_power_cap", "sw_thermal_slowdown"}));
+  EXPECT_TRUE(clock_reason_names(0).empty());
+}
+
+TEST(GpuMonitor, WithoutNvmlItSaysWhyAndReadsNothing) {
+  GpuMonitor& monitor = GpuMonitor::instance();
+  if (monitor.available()) GTEST_SKIP() << "NVML is here: the GPU node's tests read it through benchsuite";
+  EXPECT_FALSE(monitor.unavailable_reason().empty());
+  EXPECT_FALSE(monitor.read("GPU-00000000-0000-0000-0000-000000000000").valid);
 }
 
 }  // namespace

@@ -3,11 +3,13 @@
 //
 // Strategies: host-checked (the residual norm is read back every iteration: one sync each), and on
 // CUDA device-resident ones (the convergence flag is read every k iterations of a captured CUDA
-// graph, or never: one persistent cooperative kernel runs the whole solve). Each with or without
-// the lazy gate of the report: keep the previous solution as a cache, spend one matvec on its
-// residual for the new b, skip the solve when the relative residual is below lazy_cg_tol (1e-6),
-// else continue CG warm-started from it. Without the gate every solve starts from x = 0, as the
-// propagator does without lazy CG ("Without lazy CG: 5 CG iterations x 3 matvecs ... per forward").
+// graph, or never: one persistent cooperative kernel runs the whole solve). Each starts its solves
+// one of three ways (Start): cold, from x = 0, as the propagator does without lazy CG ("Without lazy
+// CG: 5 CG iterations x 3 matvecs ... per forward"); warm, from the previous solution kept as a
+// cache, its residual for the new b taken with one matvec, then CG to tol; lazy, the report's gate:
+// the warm start, but the solve is skipped when that relative residual is below lazy_cg_tol (1e-6).
+// The lazy gate of the report is both a warm start and a skip; the pairs take them apart: warm vs
+// cold is what the warm start buys, lazy vs warm what the gate alone buys.
 //
 // One timed call is one window: the cache is set back to the solution of b_0 and the S right-hand
 // sides b_1..b_S are solved in turn, so every call does the same work and the skip rate is a fact of
@@ -18,7 +20,9 @@
 // a row carries no GB/s; its FLOPs are the floor (one matvec per solve) and the row's counters say
 // what happened: skip rate, matvecs and iterations per solve, the worst final relative residual, and
 // the gate's prediction time(lazy) = S x (time(gate) + (1 - skip) x time(full solve)), its parts
-// timed separately after the samples, next to the measured time per call.
+// timed separately after the samples (predicted_ns). The pair "gate vs warm start alone" sets that
+// prediction against the warm variant: time(warm) / predicted time(lazy) is the speedup the model
+// predicts for the gate, shown beside the measured one.
 #pragma once
 
 #include <cstdint>
@@ -65,6 +69,13 @@ class RhsSequence {
   std::vector<double> drift_;
 };
 
+// How every solve of a window starts.
+enum class Start {
+  cold,  // x = 0: r = b, no matvec
+  warm,  // x from the cache (the previous solution): r = b - A x, one matvec; then CG to tol, never skipped
+  lazy,  // the warm start, and the gate: skip the solve when ||r|| < lazy_tol ||b||
+};
+
 // What the solves so far did, summed.
 struct Tally {
   int64_t solves = 0, skips = 0, iterations = 0, matvecs = 0, syncs = 0;
@@ -79,14 +90,14 @@ Verdict check_solve(const laplacian::Graph& graph, double alpha, const double* b
                     int step, bool skipped);
 
 // The window loop, the check and the counters, shared by every strategy. A strategy supplies its
-// parts: the cache reset, `start` (the gate, or the cold start x = 0) and `finish` (CG iterations to
-// the tolerance), and `step` (what run() times: start then finish, fused where the strategy fuses
-// them).
+// parts: the cache reset, `start` (the cold start x = 0, the warm start's residual, or that and the
+// gate) and `finish` (CG iterations to the tolerance), and `step` (what run() times: start then
+// finish, fused where the strategy fuses them).
 class WindowSolver : public Instance {
  public:
   void run() final;
   // Replays one window step by step and checks every solve's true residual: below lazy_tol for a
-  // skipped solve, below tol for a solved one.
+  // skipped solve, below tol for a solved one; only the lazy start may skip.
   Verdict check() final;
   std::vector<std::pair<std::string, double>> observed() const final;
   // x after the last step (synchronises).
@@ -95,23 +106,27 @@ class WindowSolver : public Instance {
   virtual Tally tally() = 0;
 
  protected:
-  WindowSolver(const Problem& p, bool lazy);
+  WindowSolver(const Problem& p, Start start);
+  // Warm and lazy solves start from the cache, set to b_0's solution when the solver is built and
+  // restored at the start of every window.
+  bool starts_from_cache() const { return start_ != Start::cold; }
   virtual void begin_window() = 0;
   virtual void step(int t) {
     start(t);
     if (!started_done()) finish(t);
   }
-  // The gate (lazy) or the cold start x = 0; a strategy whose pattern reads the gate's verdict back
-  // reads it here.
+  // The cold start x = 0, the warm start's residual, or that and the gate (lazy); a strategy whose
+  // pattern reads the gate's verdict back reads it here.
   virtual void start(int t) = 0;
-  // After start: whether the solve is already done (the gate skipped it, or b = 0). May synchronise.
+  // After start: whether the solve is already done (the gate skipped it, or b = 0, or a warm start
+  // already within tol). May synchronise.
   virtual bool started_done() = 0;
   virtual void finish(int t) = 0;
   // Seconds `part` takes on this backend's clock (CUDA: events on the stream, after a sync).
   virtual double time_part(const std::function<void()>& part) = 0;
 
   Settings settings_;
-  bool lazy_;
+  Start start_;
   laplacian::Graph graph_;
   RhsSequence rhs_;
   bool counts_syncs_ = false;  // CUDA strategies: report host syncs per solve
@@ -122,10 +137,10 @@ class WindowSolver : public Instance {
 };
 
 // ---- CPU variants (cg_cpu.cpp) --------------------------------------------------------------------
-std::unique_ptr<Instance> make_cpu_host_checked(const Problem&, const RunContext&, bool lazy);
+std::unique_ptr<Instance> make_cpu_host_checked(const Problem&, const RunContext&, Start start);
 
 // ---- CUDA variants (cg_cuda.cu) -------------------------------------------------------------------
 enum class Strategy { host_checked, graph, persistent };
-std::unique_ptr<Instance> make_cuda_solver(const Problem&, const RunContext&, Strategy strategy, bool lazy);
+std::unique_ptr<Instance> make_cuda_solver(const Problem&, const RunContext&, Strategy strategy, Start start);
 
 }  // namespace tb::cg

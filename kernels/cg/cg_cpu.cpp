@@ -1,4 +1,4 @@
-// CPU `cg`: host-checked CG with OpenMP, with and without the lazy gate. Each pass over the vectors
+// CPU `cg`: host-checked CG with OpenMP, started cold, warm or lazily (cg.h). Each pass over the vectors
 // fuses what it can (the matvec with its dot product, both axpys with the new residual norm), and
 // every reduction is summed per thread over a fixed range, then across threads in order, so a window
 // takes the same decisions every time it is replayed.
@@ -27,8 +27,8 @@ std::pair<int64_t, int64_t> thread_range(int64_t n) {
 
 class CpuCg final : public WindowSolver {
  public:
-  CpuCg(const Problem& p, bool lazy)
-      : WindowSolver(p, lazy), a_(laplacian::build_shifted_laplacian(graph_, settings_.alpha)), n_(settings_.rows),
+  CpuCg(const Problem& p, Start start)
+      : WindowSolver(p, start), a_(laplacian::build_shifted_laplacian(graph_, settings_.alpha)), n_(settings_.rows),
         x_(static_cast<std::size_t>(n_)), cache_(static_cast<std::size_t>(n_)), r_(static_cast<std::size_t>(n_)),
         p_(static_cast<std::size_t>(n_)), q_(static_cast<std::size_t>(n_)),
         partials_(static_cast<std::size_t>(2 * omp_get_max_threads())) {
@@ -38,7 +38,7 @@ class CpuCg final : public WindowSolver {
       const auto [lo, hi] = thread_range(n_);
       for (int64_t i = lo; i < hi; ++i) x[i] = c[i] = r[i] = pv[i] = q[i] = 0.0;
     }
-    if (lazy_) {  // the cache a window starts from: b_0 solved from zero
+    if (starts_from_cache()) {  // the cache a window starts from: b_0 solved from zero
       if (!start_cold(rhs_.b(0))) iterate();
       std::copy(x_.data(), x_.data() + n_, cache_.data());
       tally_ = Tally{};
@@ -50,7 +50,7 @@ class CpuCg final : public WindowSolver {
 
  protected:
   void begin_window() override {
-    if (!lazy_) return;
+    if (!starts_from_cache()) return;
     const double* c = cache_.data();
     double* x = x_.data();
 #pragma omp parallel
@@ -59,7 +59,16 @@ class CpuCg final : public WindowSolver {
       std::copy(c + lo, c + hi, x + lo);
     }
   }
-  void start(int t) override { done_ = lazy_ ? gate(rhs_.b(t)) : start_cold(rhs_.b(t)); }
+  void start(int t) override {
+    switch (start_) {
+      case Start::cold: done_ = start_cold(rhs_.b(t)); return;
+      case Start::warm:  // never skipped: iterate() takes it to tol (no iteration when already there)
+        start_warm(rhs_.b(t));
+        done_ = false;
+        return;
+      case Start::lazy: done_ = gate(rhs_.b(t)); return;
+    }
+  }
   bool started_done() override { return done_; }
   void finish(int) override { iterate(); }
   double time_part(const std::function<void()>& part) override {
@@ -93,8 +102,9 @@ class CpuCg final : public WindowSolver {
     return spmv::csr_row_dot(a_.row_ptr[i], a_.row_ptr[i + 1], a_.col.data(), a_.val.data(), v);
   }
 
-  // The gate: r = b - A x_cache (one matvec), p = r; skip when ||r|| < lazy_tol ||b||.
-  bool gate(const double* b) {
+  // The warm start: r = b - A x from the current x (the cache, or the previous step's solution),
+  // p = r; one matvec.
+  void start_warm(const double* b) {
     const double* x = x_.data();
     double *r = r_.data(), *p = p_.data();
     const auto [rr, bb] = reduce<2>([&](int64_t lo, int64_t hi, double* s) {
@@ -108,14 +118,19 @@ class CpuCg final : public WindowSolver {
     rr_ = rr;
     bb_ = bb;
     ++tally_.matvecs;
-    if (rr > settings_.lazy_tol * settings_.lazy_tol * bb) return false;
+  }
+
+  // The gate: the warm start, and a skip when ||r|| < lazy_tol ||b||.
+  bool gate(const double* b) {
+    start_warm(b);
+    if (rr_ > settings_.lazy_tol * settings_.lazy_tol * bb_) return false;
     ++tally_.solves;
     ++tally_.skips;
-    tally_.worst_residual = std::max(tally_.worst_residual, relative(rr));
+    tally_.worst_residual = std::max(tally_.worst_residual, relative(rr_));
     return true;
   }
 
-  // Without the gate: x = 0, r = p = b; no matvec.
+  // The cold start: x = 0, r = p = b; no matvec.
   bool start_cold(const double* b) {
     double *x = x_.data(), *r = r_.data(), *p = p_.data();
     const auto [bb] = reduce<1>([&](int64_t lo, int64_t hi, double* s) {
@@ -187,8 +202,8 @@ class CpuCg final : public WindowSolver {
 
 }  // namespace
 
-std::unique_ptr<Instance> make_cpu_host_checked(const Problem& p, const RunContext&, bool lazy) {
-  return std::make_unique<CpuCg>(p, lazy);
+std::unique_ptr<Instance> make_cpu_host_checked(const Problem& p, const RunContext&, Start start) {
+  return std::make_unique<CpuCg>(p, start);
 }
 
 }  // namespace tb::cg

@@ -1,4 +1,4 @@
-// CUDA `cg`: three ways to drive the same CG on the device, each with and without the lazy gate.
+// CUDA `cg`: three ways to drive the same CG on the device, each started cold, warm or lazily (cg.h).
 //   host_checked  one kernel per step of an iteration; the host reads the residual norm back after
 //                 every iteration (one sync each), the pattern of `if rs.sqrt() < tol: break`.
 //   graph         k iterations captured once in a CUDA graph and replayed; the convergence flag is
@@ -58,7 +58,9 @@ struct State {
   Totals* totals = nullptr;
 };
 
-enum StartMode : int { start_none = 0, start_cold = 1, start_gate = 2 };
+// How a launch starts a solve: not at all (it finishes one a start-only launch began), from x = 0,
+// from the cache with the gate, or from the cache without it.
+enum StartMode : int { start_none = 0, start_cold = 1, start_gate = 2, start_warm = 3 };
 
 // ---- reductions: fixed order, so deterministic -----------------------------------------------------
 
@@ -126,9 +128,10 @@ __device__ void for_elements(int64_t n, F&& f) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) f(i);
 }
 
-// The gate: r = b - A x (one matvec), p = r; block sums of r.r and b.b.
+// The warm start, which the gate decides on: r = b - A x (one matvec), p = r; block sums of r.r
+// and b.b.
 template <int G>
-__device__ double2 phase_gate(const CsrView& a, const double* __restrict__ b, const State& st) {
+__device__ double2 phase_residual(const CsrView& a, const double* __restrict__ b, const State& st) {
   double rr = 0, bb = 0;
   for_rows<G>(st.n, [&](int64_t row, int lane) {
     const double ax = csr_row<G>(a, st.x, row, lane);
@@ -204,6 +207,21 @@ __device__ void on_gate(Scalars& s, Totals* t, bool writer, const Control& c, do
   }
 }
 
+// Without the gate: never skipped; done at once only when the cache already meets tol (a solve of
+// no iterations, as the CPU's loop that tests before iterating).
+__device__ void on_warm(Scalars& s, Totals* t, bool writer, const Control& c, double rr, double bb) {
+  s = Scalars{};
+  s.rr = rr;
+  s.bb = bb;
+  s.done = rr <= c.tol2 * bb;
+  if (!writer) return;
+  t->matvecs += 1;
+  if (s.done) {
+    t->solves += 1;
+    t->worst = fmax(t->worst, relative(rr, bb));
+  }
+}
+
 __device__ void on_cold(Scalars& s, Totals* t, bool writer, double bb) {
   s = Scalars{};
   s.rr = s.bb = bb;
@@ -225,14 +243,16 @@ __device__ void on_iteration(Scalars& s, Totals* t, bool writer, const Control& 
 
 // ---- multi-kernel strategies (host_checked, graph): one kernel per phase, the last block decides ----
 
+// The warm start's residual, then the gate's verdict (start_gate) or none (start_warm).
 template <int G>
-__global__ void gate_kernel(CsrView a, const double* b, State st, Control c) {
-  const double2 sums = phase_gate<G>(a, b, st);
+__global__ void residual_kernel(CsrView a, const double* b, State st, Control c, int start) {
+  const double2 sums = phase_residual<G>(a, b, st);
   if (!arrive_last(st, st.partial_b, sums.x, st.partial_c, sums.y)) return;
   const double rr = sum_partials(st.partial_b, gridDim.x), bb = sum_partials(st.partial_c, gridDim.x);
   if (threadIdx.x == 0) {
     Scalars s;
-    on_gate(s, st.totals, true, c, rr, bb);
+    if (start == start_gate) on_gate(s, st.totals, true, c, rr, bb);
+    else on_warm(s, st.totals, true, c, rr, bb);
     *st.s = s;
     *st.arrivals = 0;
   }
@@ -291,14 +311,16 @@ __global__ void __launch_bounds__(block_size, 4)
   groups::grid_group grid = groups::this_grid();
   const bool writer = blockIdx.x == 0 && threadIdx.x == 0;
   Scalars s;
-  if (start == start_gate) {
-    const double2 sums = phase_gate<G>(a, b, st);
+  if (start == start_gate || start == start_warm) {
+    const double2 sums = phase_residual<G>(a, b, st);
     if (threadIdx.x == 0) {
       st.partial_b[blockIdx.x] = sums.x;
       st.partial_c[blockIdx.x] = sums.y;
     }
     grid.sync();
-    on_gate(s, st.totals, writer, c, sum_partials(st.partial_b, gridDim.x), sum_partials(st.partial_c, gridDim.x));
+    const double rr = sum_partials(st.partial_b, gridDim.x), bb = sum_partials(st.partial_c, gridDim.x);
+    if (start == start_gate) on_gate(s, st.totals, writer, c, rr, bb);
+    else on_warm(s, st.totals, writer, c, rr, bb);
   } else if (start == start_cold) {
     const double bb_part = phase_cold(b, st);
     if (threadIdx.x == 0) st.partial_b[blockIdx.x] = bb_part;
@@ -345,8 +367,8 @@ void with_lanes(int lanes, F&& f) { spmv::device::with_lanes(lanes, std::forward
 
 class CudaCg final : public WindowSolver {
  public:
-  CudaCg(const Problem& p, const RunContext& ctx, Strategy strategy, bool lazy)
-      : WindowSolver(p, lazy), strategy_(strategy), stream_(cuda::as_stream(ctx.cuda_stream)),
+  CudaCg(const Problem& p, const RunContext& ctx, Strategy strategy, Start start)
+      : WindowSolver(p, start), strategy_(strategy), stream_(cuda::as_stream(ctx.cuda_stream)),
         a_(spmv::device::upload(laplacian::build_shifted_laplacian(graph_, settings_.alpha))), n_(settings_.rows),
         x_(n_), cache_(n_), r_(n_), p_(n_), q_(n_),
         rhs_device_(static_cast<std::size_t>(n_) * static_cast<std::size_t>(settings_.window + 1)), scalars_(1),
@@ -390,7 +412,7 @@ class CudaCg final : public WindowSolver {
                    scalars_.data(),
                    totals_.data()};
     if (strategy_ == Strategy::graph) capture_iterations();
-    if (lazy_) {  // the cache a window starts from: b_0 solved from zero, by this strategy
+    if (starts_from_cache()) {  // the cache a window starts from: b_0 solved from zero, by this strategy
       if (strategy_ == Strategy::persistent) {
         launch_persistent(b_device(0), start_cold, true);
       } else {
@@ -423,29 +445,38 @@ class CudaCg final : public WindowSolver {
 
  protected:
   void begin_window() override {
-    if (lazy_) CUDA_CHECK(cudaMemcpyAsync(x_.data(), cache_.data(), x_.bytes(), cudaMemcpyDeviceToDevice, stream_));
+    if (starts_from_cache())
+      CUDA_CHECK(cudaMemcpyAsync(x_.data(), cache_.data(), x_.bytes(), cudaMemcpyDeviceToDevice, stream_));
   }
 
   void step(int t) override {
-    if (strategy_ == Strategy::persistent) launch_persistent(b_device(t), lazy_ ? start_gate : start_cold, true);
+    if (strategy_ == Strategy::persistent) launch_persistent(b_device(t), start_mode(), true);
     else WindowSolver::step(t);
   }
 
   void start(int t) override {
     if (strategy_ == Strategy::persistent) {  // the verdict is read by started_done(), outside the part
-      launch_persistent(b_device(t), lazy_ ? start_gate : start_cold, false);
+      launch_persistent(b_device(t), start_mode(), false);
       verdict_pending_ = true;
       return;
     }
     verdict_pending_ = false;
-    if (!lazy_) {  // nothing to decide: the iterations follow without a sync
+    if (start_ == Start::cold) {  // nothing to decide: the iterations follow without a sync
       launch_cold(b_device(t));
       done_ = false;
       return;
     }
+    const int mode = start_mode();
     with_lanes(a_.lanes_per_row, [&](auto lanes) {
-      gate_kernel<decltype(lanes)::value><<<grid_, block_size, 0, stream_>>>(a_.view(), b_device(t), state_, control_);
+      residual_kernel<decltype(lanes)::value><<<grid_, block_size, 0, stream_>>>(a_.view(), b_device(t), state_,
+                                                                                   control_, mode);
     });
+    // Warm: nothing to decide either; the iterations follow without a sync (and return at once when
+    // the start already meets tol).
+    if (start_ == Start::warm) {
+      done_ = false;
+      return;
+    }
     done_ = read_scalars().done;  // the gate's verdict, read back: the one sync a skipped solve costs
   }
 
@@ -493,6 +524,15 @@ class CudaCg final : public WindowSolver {
 
  private:
   static constexpr int defaults_check_every = defaults::cg_check_every;
+
+  int start_mode() const {
+    switch (start_) {
+      case Start::cold: return start_cold;
+      case Start::warm: return start_warm;
+      case Start::lazy: return start_gate;
+    }
+    return start_cold;
+  }
 
   const double* b_device(int t) const {
     return rhs_device_.data() + static_cast<std::size_t>(t) * static_cast<std::size_t>(n_);
@@ -554,8 +594,8 @@ class CudaCg final : public WindowSolver {
 
 }  // namespace
 
-std::unique_ptr<Instance> make_cuda_solver(const Problem& p, const RunContext& ctx, Strategy strategy, bool lazy) {
-  return std::make_unique<CudaCg>(p, ctx, strategy, lazy);
+std::unique_ptr<Instance> make_cuda_solver(const Problem& p, const RunContext& ctx, Strategy strategy, Start start) {
+  return std::make_unique<CudaCg>(p, ctx, strategy, start);
 }
 
 }  // namespace tb::cg

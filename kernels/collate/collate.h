@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/host_buffer.h"
@@ -127,6 +128,12 @@ void gather_batch(const Shape& shape, const HostDataset& data, const int64_t* in
 // Every batch of the epoch, back to back (batches_per_epoch() * batch_bytes() bytes): after this a
 // batch is a view. Returns the seconds it took, the cost of one reshuffle at the slab level.
 double build_slab(const Shape& shape, const HostDataset& data, const std::vector<int64_t>& order, unsigned char* slab);
+// What a pre-batched variant reports about its slab, built in `build_s` seconds into memory already
+// touched (a rebuild's cost, not the page faults of a first allocation). Shuffled, the slab is rebuilt
+// every epoch: slab_build_ms, and slab_build_ms_per_batch spread over the epoch's batches, the cost
+// its pairs add back to the timed view (Pair::moved_out). Sequential, it is built once, like the
+// dataset: slab_build_once_ms, and nothing per batch.
+std::vector<std::pair<std::string, double>> slab_counters(const Shape& shape, double build_s);
 
 // ---- CPU variants (collate_cpu.cpp) ----------------------------------------------------------
 std::unique_ptr<Instance> make_cpu_per_sample(const Problem&, const RunContext&);

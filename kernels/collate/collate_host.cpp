@@ -98,4 +98,10 @@ double build_slab(const Shape& shape, const HostDataset& data, const std::vector
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+std::vector<std::pair<std::string, double>> slab_counters(const Shape& shape, double build_s) {
+  if (shape.order == Order::sequential) return {{"slab_build_once_ms", 1e3 * build_s}, {"slab_build_ms_per_batch", 0.0}};
+  return {{"slab_build_ms", 1e3 * build_s},
+          {"slab_build_ms_per_batch", 1e3 * build_s / static_cast<double>(shape.batches_per_epoch())}};
+}
+
 }  // namespace tb::collate

@@ -13,6 +13,9 @@ inline constexpr int repetitions = 10;         // samples per benchmark (one per
 // cannot get clean samples says "disturbed" and gets no ratio.
 inline constexpr double disturbed_share = 0.25;
 inline constexpr int disturbed_retakes = 3;
+// A GPU sample during which the GPU spent more than this share of the time thermally throttled (NVML's
+// violation counter), or with a hardware slowdown active, measured the cooling: taken again the same way.
+inline constexpr double throttled_share = 0.02;
 inline constexpr int quick_repetitions = 3;
 inline constexpr double min_time_s = 0.2;      // per repetition
 inline constexpr double quick_min_time_s = 0.05;

@@ -54,7 +54,10 @@ struct Axis {
   std::string invalid_reason(const std::string& value) const;
 };
 
-// What one call moves and computes, for GB/s, TFLOP/s and % of the measured peak.
+// What one call moves and computes, for GB/s, TFLOP/s and % of the measured peak. Zero bytes and
+// zero FLOPs say that the timed region moves and computes nothing (a view into data prepared
+// outside it): its row then has no rate at all, not even one derived from a "_per_call" counter,
+// and a pair divides by its time only with the cost it moved out of the loop (Pair::moved_out).
 struct Work {
   enum class Bound { memory, compute };
   double bytes = 0;
@@ -66,6 +69,8 @@ struct Work {
   // The data one call touches (its working set), which decides whether back-to-back calls run from
   // a cache; 0: the same as `bytes`.
   double footprint_bytes = 0;
+
+  bool moves_nothing() const { return bytes == 0 && flops == 0; }
 };
 
 // The outcome of checking one variant's output against the stage's reference.
@@ -127,11 +132,30 @@ InstanceFactory cuda_factory(F&& make) {
 #define cuda_factory(...) ::tb::InstanceFactory(nullptr)
 #endif
 
+// A cost the improved variant of a pair pays outside its timed region (a slab rebuilt once per
+// epoch, then viewed batch by batch), named by the counters its row carries. The timed regions alone
+// would compare one copy with no copy at all.
+struct MovedOutCost {
+  std::string what;         // "slab build"
+  std::string ms_per_call;  // counter: the cost spread over the calls, in ms per call ("slab_build_ms_per_batch")
+  std::string ms_each;      // counter: the cost each time it is paid, in ms ("slab_build_ms"); may be empty
+  std::string paid_per;     // how often it is paid: "epoch"
+  std::string call;         // what one call delivers: "batch"
+
+  bool declared() const { return !ms_per_call.empty(); }
+};
+
 // baseline vs improved, both of one backend, compared at each problem they share.
 struct Pair {
   std::string baseline;
   std::string improved;
   std::string label;  // "fused vs per_tensor"
+  // Declared: the pair is reported amortised, baseline time per call / (improved time per call +
+  // moved-out cost per call), and never as the ratio of the timed regions.
+  MovedOutCost moved_out;
+  // The improved row's counter with a model's prediction of its time per call, in ns (the lazy
+  // gate's "predicted_ns"): the pair shows baseline time / prediction beside the measured ratio.
+  std::string predicted_ns;
 };
 
 struct Stage {

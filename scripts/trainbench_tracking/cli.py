@@ -397,6 +397,87 @@ def nightly_main(argv: Optional[List[str]] = None) -> int:
     return EXIT_OK
 
 
+AA_EPILOG = """\
+Runs one benchsuite build against itself and counts the false alarms of each comparison mode on this
+machine: COMPARISONS interleaved A/A comparisons of ROUNDS rounds (2 x ROUNDS x COMPARISONS runs in all,
+kept in --keep), judged as interleaved comparisons, as file-vs-file comparisons of back-to-back runs, and
+as a history (each run against the runs before it, as scripts/nightly; the runs before a noise band is
+possible get their own line). Arguments after -- go to every benchsuite run.
+
+examples:
+  scripts/aa-check --comparisons 5 -- --backend cpu --filter 'peak/cpu|spmv/cpu/csr|adamw/cpu/fused' --quick
+  scripts/aa-check --input /tmp/aa-runs --rounds 4 --format markdown     # judge kept runs again
+
+exit codes: 0 measured (whatever the rates; with --max-rate: 1 when the interleaved or history rate is above
+it), 2 bad usage or a benchsuite run that failed
+"""
+
+
+def aa_check_main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: List[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    p = argparse.ArgumentParser(prog="aa-check", description="False-alarm rates of trainbench's comparisons, "
+                                "measured by running one build against itself.",
+                                usage="aa-check [options] [-- benchsuite arguments]",
+                                epilog=AA_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--benchsuite", default=os.path.join(REPO_ROOT, "build", "benches", "benchsuite"),
+                   help="benchsuite binary (default build/benches/benchsuite in the repository)")
+    p.add_argument("--comparisons", type=_positive_int, default=5, help="interleaved A/A comparisons (default 5)")
+    p.add_argument("--rounds", type=_positive_int, default=DEFAULT_ROUNDS,
+                   help=f"rounds per comparison, two runs each (default {DEFAULT_ROUNDS}, at least 2)")
+    p.add_argument("--repetitions", type=_positive_int, default=7, help="benchsuite --repetitions (default 7)")
+    p.add_argument("--timeout", type=float, help="seconds one benchsuite run may take")
+    p.add_argument("--keep", metavar="DIR", help="keep the runs in DIR (default: a temporary folder, removed)")
+    p.add_argument("--input", metavar="DIR", help="judge the runs kept in DIR instead of running benchsuite")
+    p.add_argument("--max-rate", type=_percent, metavar="PCT",
+                   help="exit 1 when the interleaved or the history false-alarm rate is above PCT percent")
+    p.add_argument("--format", choices=FORMATS, default="table", help="stdout format (default table)")
+    _add_analysis_args(p)
+    args = p.parse_args(argv)
+    tmpdir = None
+    try:
+        settings = _settings(args)
+        if args.rounds < 2:
+            raise UsageError(f"--rounds must be at least 2 (a paired test needs two rounds), got {args.rounds}")
+        try:
+            from . import aa
+        except ImportError as e:
+            raise UsageError(f"{e}; {PACKAGES_HINT}") from None
+        if args.input:
+            if extra:
+                raise UsageError("benchsuite arguments after -- make no sense with --input")
+            runs = aa.load_folder(args.input)
+            shown = "(runs from " + args.input + ")"
+        else:
+            if "--out" in extra or any(e.startswith("--out=") or e.startswith("--repetitions") for e in extra):
+                raise UsageError("--out and --repetitions after --: aa-check sets them itself (use --repetitions)")
+            folder = args.keep or tempfile.mkdtemp(prefix="trainbench-aa-")
+            tmpdir = None if args.keep else folder
+            os.makedirs(folder, exist_ok=True)
+            runs = aa.collect(args.benchsuite, args.comparisons, args.rounds,
+                              ["--repetitions", str(args.repetitions)] + extra, folder, args.timeout,
+                              aa.progress_to_stderr)
+            shown = " ".join(["--repetitions", str(args.repetitions)] + extra)
+        rates = aa.analyse(runs, args.rounds, settings)
+        sys.stdout.write(aa.render(rates, len(runs), args.rounds, shown, args.format))
+    except (ResultFileError, UsageError) as e:
+        return _fail("aa-check", str(e))
+    except OSError as e:
+        return _fail("aa-check", f"{e.filename}: {e.strerror}")
+    finally:
+        if tmpdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+    if args.max_rate is not None:
+        over = [r for r in rates if r.mode in ("interleaved", "history") and r.rate is not None and r.rate > args.max_rate]
+        if over:
+            print("aa-check: above --max-rate: " + ", ".join(f"{r.mode} {r.rate:.1%}" for r in over), file=sys.stderr)
+            return EXIT_REGRESSION
+    return EXIT_OK
+
+
 def run_benchsuite_checked(args, out_path: str, extra: List[str]) -> int:
     from .nightly import run_benchsuite
     shown = f"{args.benchsuite} --repetitions {args.repetitions} {' '.join(extra)}".rstrip()

@@ -115,7 +115,9 @@ def compare_interleaved(rounds: Sequence[Tuple[Run, Run]], settings: Settings,
                         old_label: str = OLD, new_label: str = NEW) -> Analysis:
     """rounds[r] = (OLD's run, NEW's run) of round r. Each benchmark that passed on both sides in every round
     gets a verdict from `paired_rounds_test`; one that did not pass (or is absent) in some round is listed,
-    not judged. A SLOWER verdict is a confirmed regression."""
+    not judged. A round in which either side's row was disturbed (benchsuite saw other work on the machine
+    or a throttled GPU through its retakes) is left out of that benchmark's test; with fewer than two clean
+    rounds left it is listed as disturbed. A SLOWER verdict is a confirmed regression."""
     K = len(rounds)
     warnings: List[str] = []
     keys_seen = {r.machine_key for pair in rounds for r in pair}
@@ -148,13 +150,24 @@ def compare_interleaved(rounds: Sequence[Tuple[Run, Run]], settings: Settings,
             c.status = "missing"
             c.notes = [f"not in {', '.join(absent)}"]
         else:
-            c.test = paired_rounds_test([o.samples for o, _ in rows], [n.samples for _, n in rows],
-                                        threshold=c.threshold, alpha=settings.alpha,
-                                        min_samples=settings.min_samples)
-            c.verdict = c.test.verdict
-            c.confirmed = c.verdict == SLOWER
-            if c.test.reason:
-                c.notes.append(c.test.reason)
+            clean = [(o, n) for o, n in rows if not o.disturbed and not n.disturbed]
+            left_out = [f"round {r + 1} {side}" for r, pair in enumerate(rows)
+                        for side, row in zip((old_label, new_label), pair) if row.disturbed]
+            if len(clean) < MIN_ROUNDS:
+                first_bad = next(row for pair in rows for row in pair if row.disturbed)
+                c.status = "disturbed"
+                c.reason = f"{len(rows) - len(clean)} of {len(rows)} rounds {first_bad.disturbance}"
+            else:
+                c.test = paired_rounds_test([o.samples for o, _ in clean], [n.samples for _, n in clean],
+                                            threshold=c.threshold, alpha=settings.alpha,
+                                            min_samples=settings.min_samples)
+                c.verdict = c.test.verdict
+                c.confirmed = c.verdict == SLOWER
+                if left_out:
+                    c.notes.append(f"{len(rows) - len(clean)} disturbed round{'s' if len(rows) - len(clean) > 1 else ''}"
+                                   f" left out ({', '.join(left_out)})")
+                if c.test.reason:
+                    c.notes.append(c.test.reason)
         c.disposition = c.disposition or "passed"
         out.append(c)
     old0, new0 = rounds[0]

@@ -13,8 +13,8 @@ from typing import Dict, List
 import numpy as np
 
 from .render import counts_line, fmt_time, note_text, summary_title, verdict_text
-from .constants import BAND_SIGMAS
-from .stats import FASTER, SLOWER, robust_sigma
+from .constants import BAND_MIN_RUNS, BAND_TAIL
+from .stats import FASTER, SLOWER, NightSpread
 from .tracking import Analysis, Comparison
 
 PLOTS_PER_FIGURE = 12
@@ -51,9 +51,10 @@ def _plot_one(ax, a: Analysis, c: Comparison) -> None:
                 centre = float(np.median(np.log(seg)))
                 levels.append((a0, b0, centre))
                 resid += list(np.log(seg) - centre)
-        sigma = robust_sigma(resid) if len(resid) >= 3 else 0.0
+        spread = NightSpread.of(resid) if len(resid) >= BAND_MIN_RUNS else None
         for a0, b0, centre in levels:
-            lo_b, hi_b = math.exp(centre - BAND_SIGMAS * sigma), math.exp(centre + BAND_SIGMAS * sigma)
+            w = spread.half_width(b0 - a0) if spread else 0.0
+            lo_b, hi_b = math.exp(centre - w), math.exp(centre + w)
             ax.fill_between([a0 - 0.5, b0 - 0.5], lo_b / scale, hi_b / scale, color="tab:blue", alpha=0.12, lw=0)
             ax.hlines(math.exp(centre) / scale, a0 - 0.5, b0 - 0.5, colors="tab:blue", linestyles=":", lw=1)
     for i, cp in c.change_points:
@@ -149,7 +150,8 @@ tr.inconclusive td, tr.not-passed td {{ background: #eee; }} img {{ max-width: 1
 <p>machine <code>{e(a.new.machine_key)}</code>; latest run <code>{e(a.new.name)}</code> ({e(a.new.label)});
 {span}. {e(counts_line(a))}.</p>
 <p>Points: median time per call of each run, bars: its interval; dotted line and band: the level between
-change points and its noise band (&plusmn;{BAND_SIGMAS:g} robust &sigma;); dashed lines: change points
+change points and its noise band (an unchanged build's run leaves it with a chance of {BAND_TAIL:.2%} on either
+side: a Student t prediction interval on the night-to-night spread); dashed lines: change points
 (red slower, green faster); diamond: the latest run; crosses: runs where the row did not pass.</p>
 <table>
 <tr><th>benchmark</th><th>stage</th><th>baseline</th><th>latest</th><th>change</th><th>verdict</th><th>note</th></tr>

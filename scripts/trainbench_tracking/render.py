@@ -32,7 +32,7 @@ def _p(c: Comparison) -> str:
 def verdict_text(c: Comparison) -> str:
     if c.status == "compared":
         return c.verdict
-    return {"not-passed": "not compared", "new": "new", "missing": "missing"}[c.status]
+    return {"not-passed": "not compared", "disturbed": "disturbed", "new": "new", "missing": "missing"}[c.status]
 
 
 def note_text(a: Analysis, c: Comparison) -> str:
@@ -43,6 +43,8 @@ def note_text(a: Analysis, c: Comparison) -> str:
         parts.append(f"since {a.runs[c.start_index].label}")
     if c.status == "not-passed":
         parts.append(f"{c.disposition}" + (f": {c.reason}" if c.reason else "") + " (no timing)")
+    if c.status == "disturbed":
+        parts.append(f"{c.reason} (not judged: its timing measures the disturbance)")
     if c.test is not None and c.threshold != a.settings.threshold:
         parts.append(f"threshold {c.threshold:.0%}")
     parts.extend(c.notes)

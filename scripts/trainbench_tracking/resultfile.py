@@ -43,6 +43,29 @@ class Row:
         return self.disposition == "passed"
 
     @property
+    def disturbed(self) -> bool:
+        """benchsuite saw the machine busy with other work during the samples, or the GPU throttled, and
+        could not get clean samples by taking them again: the timing measures the disturbance."""
+        return self.raw.get("disturbed") is True
+
+    @property
+    def disturbance(self) -> str:
+        """What benchsuite saw, in words ("" for a clean row)."""
+        parts = []
+        share = self.raw.get("others_cpu_share")
+        if _is_number(share) and share >= 0:
+            parts.append(f"other processes used {share:.0%} of the CPUs")
+        reasons = self.raw.get("throttle_reasons")
+        if isinstance(reasons, list) and reasons:
+            parts.append(f"GPU throttled ({', '.join(str(r) for r in reasons)})")
+        clocks = [self.raw.get(k) for k in ("sm_clock_min_mhz", "sm_clock_max_mhz")]
+        if all(_is_number(c) for c in clocks) and clocks[0] != clocks[1]:
+            parts.append(f"SM clock {clocks[0]:.0f}-{clocks[1]:.0f} MHz")
+        if not self.disturbed:
+            return ""
+        return "disturbed: " + ("; ".join(parts) if parts else "the machine was busy")
+
+    @property
     def median(self) -> Optional[float]:
         if not self.samples:
             return None

@@ -9,8 +9,10 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 from scipy.stats import mannwhitneyu, norm
 
-from .constants import (BAND_MIN_RUNS, BAND_SIGMAS, DEFAULT_ALPHA, DEFAULT_MIN_SAMPLES, DEFAULT_THRESHOLD,
-                        MAD_TO_SIGMA)
+from scipy.stats import t as student_t
+
+from .constants import (BAND_MIN_RUNS, BAND_SIGMAS_BY_RUNS, BAND_TAIL, DEFAULT_ALPHA, DEFAULT_MIN_SAMPLES,
+                        DEFAULT_THRESHOLD, MAD_TO_SIGMA, ROBUST_MIN_RUNS)
 
 SAME, FASTER, SLOWER, INCONCLUSIVE = "SAME", "FASTER", "SLOWER", "INCONCLUSIVE"
 VERDICTS = (SAME, FASTER, SLOWER, INCONCLUSIVE)
@@ -39,18 +41,59 @@ def robust_sigma(values: Sequence[float]) -> float:
     return float(MAD_TO_SIGMA * np.median(np.abs(v - np.median(v))))
 
 
-def noise_band(run_medians: Sequence[float], night_sigma: Optional[float] = None,
-               sigmas: float = BAND_SIGMAS) -> Optional[Tuple[float, float]]:
+def band_sigmas(runs: int) -> float:
+    """How many robust sigmas wide (either side) the band is when the MAD came from `runs` >= ROBUST_MIN_RUNS
+    runs (constants.BAND_SIGMAS_BY_RUNS, interpolated in log n); tends to the normal 3 for a long history."""
+    ns = sorted(BAND_SIGMAS_BY_RUNS)
+    n = max(int(runs), ns[0])
+    if n >= ns[-1]:
+        return BAND_SIGMAS_BY_RUNS[ns[-1]]
+    return float(np.exp(np.interp(math.log(n), np.log(ns), np.log([BAND_SIGMAS_BY_RUNS[k] for k in ns]))))
+
+
+@dataclass
+class NightSpread:
+    """How far an unchanged build's per-run median strays from its level: the log medians' deviations from
+    their level's median (segments between change points), over `runs` runs."""
+    sd: float       # root mean square deviation
+    robust: float   # normal-consistent MAD
+    runs: int
+
+    @classmethod
+    def of(cls, residuals: Sequence[float]) -> "NightSpread":
+        r = np.asarray(residuals, dtype=float)
+        sd = float(math.sqrt(np.sum(r * r) / max(r.size - 1, 1))) if r.size else 0.0
+        return cls(sd, robust_sigma(r), int(r.size))
+
+    def half_width(self, level_runs: int) -> float:
+        """Half-width (log units) of the band around the median of a level of `level_runs` runs, so that a
+        run of an unchanged build leaves it with chance BAND_TAIL on either side. From ROBUST_MIN_RUNS runs
+        on, the calibrated width on the robust sigma: a shift inside a level, too young for a change point,
+        does not widen the band that should find it. Below, a Student t prediction interval on the standard
+        deviation (a MAD of a few runs is now and then near 0); one wild night widens it, never narrows it.
+        The centre's own uncertainty (variance about pi / 2n sigma^2) is taken for the level's run count."""
+        n = max(level_runs, 1)
+        if self.runs >= ROBUST_MIN_RUNS:
+            centre = math.sqrt((1.0 + math.pi / (2.0 * n)) / (1.0 + math.pi / (2.0 * self.runs)))
+            return band_sigmas(self.runs) * max(centre, 1.0) * self.robust
+        q = float(student_t.ppf(1.0 - BAND_TAIL, max(self.runs - 1, 1)))
+        return q * self.sd * math.sqrt(1.0 + math.pi / (2.0 * n))
+
+
+def noise_band(run_medians: Sequence[float], night: Optional[NightSpread] = None) -> Optional[Tuple[float, float]]:
     """Range in which a run's median is consistent with the night-to-night spread: that of these runs
-    (with at least BAND_MIN_RUNS of them) or `night_sigma` (of log medians, from a longer history),
-    whichever is wider; None when neither is known."""
+    (with at least BAND_MIN_RUNS of them) or `night` (from a longer history, all its levels), whichever
+    is wider; None when neither is known."""
     logs = np.log(np.asarray(run_medians, dtype=float))
-    known = [robust_sigma(logs)] if logs.size >= BAND_MIN_RUNS else []
-    known += [night_sigma] if night_sigma is not None else []
-    if not known or logs.size == 0:
+    if logs.size == 0:
         return None
-    centre, s = float(np.median(logs)), max(known)
-    return math.exp(centre - sigmas * s), math.exp(centre + sigmas * s)
+    widths = [NightSpread.of(logs - np.median(logs)).half_width(logs.size)] if logs.size >= BAND_MIN_RUNS else []
+    if night is not None and night.runs >= BAND_MIN_RUNS:
+        widths.append(night.half_width(logs.size))
+    if not widths:
+        return None
+    centre, w = float(np.median(logs)), max(widths)
+    return math.exp(centre - w), math.exp(centre + w)
 
 
 def ratio_interval(base: np.ndarray, new: np.ndarray, alpha: float) -> Tuple[float, float]:
@@ -66,16 +109,20 @@ def compare_samples(base_samples: Sequence[float], new_samples: Sequence[float],
                     threshold: float = DEFAULT_THRESHOLD, alpha: float = DEFAULT_ALPHA,
                     min_samples: int = DEFAULT_MIN_SAMPLES,
                     base_run_medians: Optional[Sequence[float]] = None,
-                    night_sigma: Optional[float] = None) -> SampleTest:
+                    night: Optional[NightSpread] = None, history: bool = False) -> SampleTest:
     """Verdict of `new` against `base`.
 
     base_samples: the baseline's repetitions (pooled over runs for a history); base_run_medians: the
     baseline runs' medians, when there are several: the effect is measured against their median and a
-    run inside their noise band is never FASTER or SLOWER. night_sigma: the night-to-night spread of the
-    log medians measured over the whole history, which widens the band of a short baseline.
+    run inside their noise band is never FASTER or SLOWER. night: the night-to-night spread of the log
+    medians measured over the whole history, which widens the band of a short baseline. history: the
+    baseline is earlier runs of a history, whose verdict needs a noise band: the samples of a few runs
+    show their own repetitions' noise, not how far a whole run drifts from night to night.
 
     SLOWER / FASTER: U test p < alpha, and median ratio >= 1 + threshold / <= 1 - threshold, and (with a
-    history of >= BAND_MIN_RUNS runs) the new median outside the history's noise band.
+    history of >= BAND_MIN_RUNS runs) the new median outside the history's noise band; a history with
+    fewer runs (no band yet) gives INCONCLUSIVE instead: a young history is never more easily alarmed
+    than an old one.
     SAME: ratio within +-threshold, and the evidence says so: the test is significant (a real but small
     change), or the ratio's interval lies within +-threshold, or the median is inside the noise band.
     INCONCLUSIVE: anything else (too few samples, too noisy to tell).
@@ -94,13 +141,18 @@ def compare_samples(base_samples: Sequence[float], new_samples: Sequence[float],
     if not math.isfinite(p):     # all samples identical
         p = 1.0
     ci = ratio_interval(base, new, alpha)
-    band = noise_band(meds, night_sigma) if meds else None
+    band = noise_band(meds or [base_med], night) if (meds or history) else None
     in_band = band is not None and band[0] <= new_med <= band[1]
     significant = p < alpha
     lo_t, hi_t = 1.0 - threshold, 1.0 + threshold
     reason = ""
     if significant and (ratio >= hi_t or ratio <= lo_t) and not in_band:
         verdict = SLOWER if ratio > 1 else FASTER
+        if history and band is None:
+            verdict = INCONCLUSIVE
+            reason = (f"{ratio - 1:+.1%}, but a history of {max(len(meds), 1)} run{'s' if len(meds) > 1 else ''} "
+                      f"cannot tell a change from night-to-night drift (a noise band needs {BAND_MIN_RUNS}; "
+                      "scripts/compare --interleave can)")
     elif lo_t < ratio < hi_t and (significant or (ci[0] >= lo_t and ci[1] <= hi_t) or in_band):
         verdict = SAME
     else:

@@ -19,10 +19,20 @@ A history (runs of the same machine key, oldest first, then the new run), per be
      slowdown does not disappear once the samples are normalised by the recorded clocks.
 A shift older than `settle_runs` runs (by change point or streak) is the machine's new level: the
 change point stays in the table and the plots, but no longer fails the nightly.
+
+Both modes:
+  - a row benchsuite marked disturbed (others held the CPUs, or the GPU throttled, through its retakes)
+    is listed, never judged, and a disturbed run of a history is left out of its baseline;
+  - whole-run drift: a SLOWER or FASTER row is judged again with its baseline scaled by how much the
+    rows of the other stages moved in the same run (their median ratio, from at least
+    RUN_DRIFT_MIN_ROWS rows of RUN_DRIFT_MIN_STAGES stages). A machine that is 15% slower tonight slows
+    every stage; a change of the code slows the stages it touches. What the drift explains is not a
+    regression (a change that slows every stage alike looks the same: compare --interleave tells).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -30,11 +40,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .changepoint import ChangePoint, detect_change_points, segments
-from .constants import (BAND_MIN_RUNS, CLOCK_TOLERANCE, DEFAULT_ALPHA, DEFAULT_CP_ALPHA, DEFAULT_MAX_HISTORY, DEFAULT_MIN_SAMPLES, DEFAULT_PERSIST,
-                        DEFAULT_SETTLE_RUNS, DEFAULT_THRESHOLD, MAX_BASELINE_RUNS)
+from .constants import (BAND_MIN_RUNS, CLOCK_TOLERANCE, DEFAULT_ALPHA, DEFAULT_CP_ALPHA, DEFAULT_MAX_HISTORY,
+                        DEFAULT_MIN_SAMPLES, DEFAULT_PERSIST, DEFAULT_SETTLE_RUNS, DEFAULT_THRESHOLD, MAX_BASELINE_RUNS,
+                        RUN_DRIFT_MIN_ROWS, RUN_DRIFT_MIN_STAGES)
 from .errors import UsageError
 from .resultfile import Row, Run
-from .stats import FASTER, SLOWER, SampleTest, compare_samples, robust_sigma
+from .stats import FASTER, INCONCLUSIVE, SAME, SLOWER, NightSpread, SampleTest, compare_samples
 
 
 @dataclass
@@ -68,7 +79,7 @@ class Comparison:
     key: str
     stage: str
     backend: str
-    status: str                         # compared | not-passed | new | missing
+    status: str                         # compared | not-passed | disturbed | new | missing
     threshold: float
     verdict: Optional[str] = None       # SAME FASTER SLOWER INCONCLUSIVE, when status is compared
     test: Optional[SampleTest] = None
@@ -81,6 +92,8 @@ class Comparison:
     notes: List[str] = field(default_factory=list)
     disposition: str = ""               # of the new row
     reason: str = ""
+    bench: Optional["_Bench"] = field(default=None, repr=False)      # what judged it, to judge it again
+    bench_baseline: List[int] = field(default_factory=list, repr=False)
 
 
 @dataclass
@@ -108,6 +121,8 @@ def _series_point(i: int, row: Optional[Row]) -> Point:
         return Point(i, "absent")
     if not row.passed:
         return Point(i, row.disposition)
+    if row.disturbed:
+        return Point(i, "disturbed")
     s = np.asarray(row.samples)
     raw = row.raw
     lo = raw.get("ci_low_ns") if isinstance(raw.get("ci_low_ns"), (int, float)) else float(np.min(s))
@@ -134,20 +149,30 @@ def _clock_text(row: Row, base_clock: float, new_clock: float) -> str:
 class _Bench:
     """One benchmark's passed runs, by position in its series."""
 
-    def __init__(self, runs: List[Run], rows: List[Row], settings: Settings, threshold: float):
+    def __init__(self, runs: List[Run], rows: List[Row], settings: Settings, threshold: float, history: bool):
         self.runs, self.rows, self.s, self.t = runs, rows, settings, threshold
+        self.history = history
         self.meds = [r.median for r in rows]
         self.samples = [np.asarray(r.samples) for r in rows]
-        self.night_sigma: Optional[float] = None
+        self.segs: List[range] = []
+        self.history_end = len(rows) - 1
 
     def set_levels(self, segs: Sequence[range], history_end: int) -> None:
-        """Night-to-night spread: robust sigma of the history's log medians around their level's median."""
-        resid = []
-        for seg in segs:
-            logs = np.log([self.meds[q] for q in seg if q < history_end])
+        """The levels (segments between change points) of the history's positions below `history_end`."""
+        self.segs, self.history_end = list(segs), history_end
+
+    def night_spread(self, base: Sequence[int]) -> Optional[NightSpread]:
+        """Night-to-night spread of the log medians around their level's median, over the earlier levels
+        and the baseline runs: never the runs after the baseline, whose shift is what is being tested."""
+        if not self.segs:
+            return None
+        keep = set(base) | {q for seg in self.segs[:-1] for q in seg}
+        resid: List[float] = []
+        for seg in self.segs:
+            logs = np.log([self.meds[q] for q in seg if q in keep and q < self.history_end])
             if logs.size:
                 resid.extend(logs - np.median(logs))
-        self.night_sigma = robust_sigma(resid) if len(resid) >= BAND_MIN_RUNS else None
+        return NightSpread.of(resid) if len(resid) >= BAND_MIN_RUNS else None
 
     def may_differ(self, j: int, base: Sequence[int]) -> bool:
         """Cheap pre-check: run j's median is at least the threshold away from the baseline's."""
@@ -157,11 +182,12 @@ class _Bench:
     def test(self, j: int, base: Sequence[int], scale: Optional[List[float]] = None) -> SampleTest:
         base = list(base)[-MAX_BASELINE_RUNS:]
         f = scale[-len(base):] if scale is not None else [1.0] * len(base)
+        night = self.night_spread(base)
         samples = np.concatenate([self.samples[q] * f[i] for i, q in enumerate(base)])
         meds = [self.meds[q] * f[i] for i, q in enumerate(base)] if len(base) > 1 else None
         return compare_samples(samples, self.samples[j], threshold=self.t, alpha=self.s.alpha,
                                min_samples=self.s.min_samples, base_run_medians=meds,
-                               night_sigma=self.night_sigma)
+                               night=night, history=self.history)
 
     def environment(self, j: int, base: Sequence[int]) -> str:
         """Non-empty when the slowdown of run j against `base` disappears at equal clocks."""
@@ -204,14 +230,19 @@ def compare_files(base: Run, new: Run, settings: Settings, allow_machine_mismatc
             c.status, c.notes = "missing", ["not in the new run"]
         elif not nr.passed:
             c.status, c.disposition, c.reason = "not-passed", nr.disposition, nr.reason
+        elif nr.disturbed:
+            c.status, c.reason = "disturbed", nr.disturbance
         elif br is None or not br.passed:
             c.status = "new"
             c.notes = ["not in the baseline" if br is None else f"baseline row {br.disposition}"]
+        elif br.disturbed:
+            c.status, c.reason = "disturbed", "baseline " + br.disturbance
         else:
-            bench = _Bench([base, new], [br, nr], settings, c.threshold)
+            bench = _Bench([base, new], [br, nr], settings, c.threshold, history=False)
             c.test = bench.test(1, [0])
             c.verdict = c.test.verdict
             c.baseline_indices = [0]
+            c.bench, c.bench_baseline = bench, [0]
             if c.verdict == SLOWER:
                 c.environment = bench.environment(1, [0])
                 c.confirmed = not c.environment and not mismatch
@@ -220,12 +251,18 @@ def compare_files(base: Run, new: Run, settings: Settings, allow_machine_mismatc
         if nr is not None:
             c.disposition = c.disposition or nr.disposition
         out.append(c)
+    _judge_run_drift(out, settings)
+    if any(c.status == "compared" for c in out):
+        warnings.append("two single runs cannot separate a change from the machine's run-to-run drift "
+                        "(on a shared machine 10-20%); the verdicts above allow for a drift of the whole run, "
+                        "not for one that hits some stages only: scripts/compare --interleave OLD NEW runs "
+                        "both builds alternately and can")
     return Analysis("files", new, [base, new], out, settings, warnings)
 
 
 def _analyse_history(c: Comparison, runs: List[Run], idx: List[int], rows: List[Row], settings: Settings):
     persist = max(int(settings.persist), 1)
-    bench = _Bench([runs[i] for i in idx], rows, settings, c.threshold)
+    bench = _Bench([runs[i] for i in idx], rows, settings, c.threshold, history=True)
     P = len(rows) - 1
     cps = detect_change_points(bench.meds, c.threshold, settings.cp_alpha, min_size=persist)
     c.change_points = [(idx[cp.index], cp) for cp in cps]
@@ -265,6 +302,7 @@ def _analyse_history(c: Comparison, runs: List[Run], idx: List[int], rows: List[
         test = bench.test(P, baseline)
 
     c.test, c.verdict = test, test.verdict
+    c.bench, c.bench_baseline = bench, list(baseline)
     c.baseline_indices = [idx[q] for q in baseline][-MAX_BASELINE_RUNS:]
     if start is not None:
         c.start_index = idx[start]
@@ -298,16 +336,66 @@ def compare_history(history: Sequence[Run], new: Run, settings: Settings) -> Ana
         c = Comparison(key=key, stage=row.stage, backend=row.backend, status="compared",
                        threshold=settings.threshold_for(row.stage),
                        series=[_series_point(i, r.rows.get(key)) for i, r in enumerate(runs)])
-        passed = [(i, r.rows[key]) for i, r in enumerate(runs[:N]) if key in r.rows and r.rows[key].passed]
+        passed = [(i, r.rows[key]) for i, r in enumerate(runs[:N])
+                  if key in r.rows and r.rows[key].passed and not r.rows[key].disturbed]
+        disturbed = sum(1 for r in runs[:N] if key in r.rows and r.rows[key].passed and r.rows[key].disturbed)
         if nr is None:
             c.status, c.notes = "missing", ["not in the new run"]
         elif not nr.passed:
             c.status, c.disposition, c.reason = "not-passed", nr.disposition, nr.reason
+        elif nr.disturbed:
+            c.status, c.reason = "disturbed", nr.disturbance
         elif not passed:
             c.status, c.notes = "new", ["no earlier passed run on this machine"]
         else:
             _analyse_history(c, runs, [i for i, _ in passed] + [N], [r for _, r in passed] + [nr], settings)
+            if disturbed:
+                c.notes.append(f"{disturbed} disturbed run{'s' if disturbed > 1 else ''} left out of the history")
         if nr is not None:
             c.disposition = nr.disposition
         out.append(c)
+    _judge_run_drift(out, settings)
     return Analysis("history", new, runs, out, settings)
+
+
+def run_drift(comparisons: Sequence[Comparison], c: Comparison) -> Optional[Tuple[float, int, int]]:
+    """How much the new run as a whole moved against its baselines, seen from the stages other than c's on its
+    backend: (the median over those stages of each stage's median ratio, rows, stages), or None when too few
+    rows tell. One vote a stage, so that a stage with many rows, changed by the code, does not make the drift."""
+    by_stage: Dict[str, List[float]] = {}
+    for o in comparisons:
+        if o is not c and o.status == "compared" and o.test is not None and o.backend == c.backend \
+                and o.stage != c.stage and np.isfinite(o.test.ratio):
+            by_stage.setdefault(o.stage, []).append(o.test.ratio)
+    rows = sum(len(v) for v in by_stage.values())
+    if rows < RUN_DRIFT_MIN_ROWS or len(by_stage) < RUN_DRIFT_MIN_STAGES:
+        return None
+    return float(np.median([np.median(v) for v in by_stage.values()])), rows, len(by_stage)
+
+
+def _judge_run_drift(comparisons: List[Comparison], settings: Settings) -> None:
+    """A SLOWER or FASTER row whose change the whole run's drift explains is judged again with its baseline
+    scaled by the drift: SAME when that says so, else INCONCLUSIVE (never the opposite verdict: the drift
+    is an estimate), never a confirmed regression; the note says so."""
+    moved = {}
+    for c in comparisons:
+        if c.status == "compared" and c.verdict in (SLOWER, FASTER) and c.environment == "":
+            drift = run_drift(comparisons, c)
+            if drift is not None and abs(math.log(drift[0])) >= math.log1p(c.threshold) / 2:
+                moved[id(c)] = drift
+    for c in comparisons:
+        if id(c) not in moved:
+            continue
+        factor, rows, stages = moved[id(c)]
+        bench, base = c.bench, c.bench_baseline
+        again = bench.test(len(bench.rows) - 1, base, [factor] * len(base))
+        seen = f"the whole run moved {factor - 1:+.1%} ({rows} rows of {stages} other stages)"
+        if again.verdict == c.verdict:
+            c.notes.append(f"{again.ratio - 1:+.1%} beyond the whole run's drift ({factor - 1:+.1%} over {rows} rows "
+                           f"of {stages} other stages)")
+            continue
+        c.environment = seen
+        c.notes = [n for n in c.notes if not n.startswith("not confirmed yet")]
+        c.verdict, c.confirmed = (SAME if again.verdict == SAME else INCONCLUSIVE), False
+        c.notes.append(f"{c.test.ratio - 1:+.1%} while {seen}: {c.verdict} once that is allowed for; a change that "
+                       "slows every stage alike looks the same (compare --interleave tells them apart)")

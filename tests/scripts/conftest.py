@@ -23,7 +23,7 @@ def cli(capsys):
 
     def run(name, *args):
         try:
-            rc = getattr(cli_module, f"{name}_main")([str(a) for a in args])
+            rc = getattr(cli_module, f"{name.replace('-', '_')}_main")([str(a) for a in args])
         except SystemExit as e:   # argparse
             rc = e.code
         out = capsys.readouterr()

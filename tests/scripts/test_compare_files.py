@@ -121,10 +121,13 @@ def test_a_slowdown_explained_by_the_clock_is_the_environment(cli, tmp_path):
     assert rc == 0
     for c in res.values():
         assert (c["verdict"], c["confirmed_regression"], c["environment"]) == ("SLOWER", False, "SM clock 1980 -> 1500 MHz")
-    worse = write_json(tmp_path / "c.json", scaled(doc, 1.6, clock_mhz=1500))
+    worse = write_json(tmp_path / "c.json", scaled(scaled(doc, 1980 / 1500, clock_mhz=1500), 1.3, ["adamw"]))
     rc, out, _ = cli("compare", a, worse, "--format", "json")
     assert rc == 1
-    assert all(c["confirmed_regression"] and c["environment"] is None for c in by_name(out).values())
+    res = by_name(out)
+    peak, fused, per_tensor, attn = synth.names("cuda")
+    assert all(res[k]["confirmed_regression"] and res[k]["environment"] is None for k in (fused, per_tensor))
+    assert {res[k]["environment"] for k in (peak, attn)} == {"SM clock 1980 -> 1500 MHz"}
 
 
 def test_cpu_clock_is_used_for_cpu_rows(cli, tmp_path):
@@ -137,14 +140,16 @@ def test_cpu_clock_is_used_for_cpu_rows(cli, tmp_path):
 
 def test_runs_of_different_machines_are_not_compared(cli, tmp_path):
     a = write_json(tmp_path / "a.json", synth.make_run(1))
-    b = write_json(tmp_path / "b.json", scaled(synth.make_run(1, cpu={"cpu_model": "Intel Xeon Platinum 8480+"}), 1.3))
+    b = write_json(tmp_path / "b.json", scaled(synth.make_run(1, cpu={"cpu_model": "Intel Xeon Platinum 8480+"}), 1.3,
+                                                 ["adamw"]))
     rc, out, err = cli("compare", a, b)
     assert rc == 2 and out == ""
     assert "the runs are from different machines (amd-epyc-7b13_2c vs intel-xeon-platinum-8480_2c)" in err
     rc, out, _ = cli("compare", a, b, "--allow-machine-mismatch", "--format", "json")
     doc = json.loads(out)
     assert rc == 0 and doc["confirmed_regressions"] == 0
-    assert {c["verdict"] for c in doc["comparisons"]} == {"SLOWER"}
+    assert {c["benchmark"]: c["verdict"] for c in doc["comparisons"]} == {PEAK: "SAME", FUSED: "SLOWER",
+                                                                          PER_TENSOR: "SLOWER", ATTN: "SAME"}
 
 
 def test_filter(cli, tmp_path):
