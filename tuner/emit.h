@@ -7,7 +7,7 @@
 // speedup_over_workload_config, speedup_significant, speedup_interval, speedup_note, search,
 // race, runners_up_within_noise, failed_trials, device, workload, version, git_commit} (chosen is
 // null, with a note, when nothing ran). `autotune --compare` writes trainbench_autotune_compare:
-// {within_noise, comparisons, configs, race, device, workload, version, git_commit}.
+// {within_noise, comparisons, configs, race, interrupted, device, workload, version, git_commit}.
 #pragma once
 
 #include <optional>
