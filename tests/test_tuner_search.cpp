@@ -1,6 +1,7 @@
 // The tuner's search against synthetic executors with known landscapes: the fast search against the
 // grid over many seeded landscapes (the target: within 2% of the grid optimum with at most
-// 25% of its trials), the memory probes, failures, resume, budget and ties. No GPU.
+// 25% of its trials), the memory probes, failures, resume, budget and ties; and the race of the
+// finalists on a synthetic machine whose speed drifts between rounds. No GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/stats.h"
+#include "tuner/race.h"
 #include "tuner/search.h"
 
 namespace tb::tune {
@@ -788,6 +791,364 @@ TEST(TunerSearch, TiesGoToLessMemory) {
   const SearchReport r = search(ex, space, unlimited(SearchOptions::Strategy::grid));
   EXPECT_EQ(r.best.candidate.micro_batch, 16);
   EXPECT_TRUE(r.runners_up.empty());
+}
+
+// ---- the race of the finalists (tuner/race.h) ---------------------------------------------------
+
+TEST(TunerRace, StudentTQuantileMatchesTheTables) {
+  EXPECT_NEAR(student_t_quantile(0.975, 1), 12.7062, 1e-3);
+  EXPECT_NEAR(student_t_quantile(0.975, 2), 4.3027, 1e-4);
+  EXPECT_NEAR(student_t_quantile(0.975, 5), 2.5706, 1e-4);
+  EXPECT_NEAR(student_t_quantile(0.975, 30), 2.0423, 1e-4);
+  EXPECT_NEAR(student_t_quantile(0.995, 3), 5.8409, 1e-4);
+  EXPECT_NEAR(student_t_quantile(0.025, 5), -2.5706, 1e-4);
+  EXPECT_NEAR(student_t_quantile(0.975, 1e7), 1.95996, 1e-4);
+  EXPECT_DOUBLE_EQ(student_t_quantile(0.5, 3), 0.0);
+  EXPECT_THROW(student_t_quantile(1.0, 3), std::invalid_argument);
+  EXPECT_THROW(student_t_quantile(0.9, 0), std::invalid_argument);
+}
+
+TEST(TunerRace, PairedRoundsOnKnownValues) {
+  // The same ratio every round, whatever the machine's level: exactly that ratio, no spread.
+  const PairedRounds same = paired_rounds({110, 220, 55}, {100, 200, 50});
+  EXPECT_EQ(same.rounds, 3);
+  EXPECT_NEAR(same.ratio, 1.1, 1e-12);
+  EXPECT_NEAR(same.ci_low, 1.1, 1e-9);
+  EXPECT_NEAR(same.ci_high, 1.1, 1e-9);
+  EXPECT_TRUE(same.faster_beyond(0.01));
+  EXPECT_FALSE(same.slower_beyond(0.01));
+  // Log ratios +-0.1 and +-0.05: mean 0, sd sqrt(0.025 / 3), t(0.975, 3) = 3.1824, half-width
+  // 3.1824 * 0.0912871 / 2 = 0.145255.
+  const double e = std::exp(1.0);
+  const PairedRounds spread = paired_rounds({std::pow(e, 0.1), std::pow(e, -0.1), std::pow(e, 0.05), std::pow(e, -0.05)},
+                                            {1, 1, 1, 1});
+  EXPECT_NEAR(spread.ratio, 1.0, 1e-12);
+  EXPECT_NEAR(std::log(spread.ci_low), -0.145255, 1e-5);
+  EXPECT_NEAR(std::log(spread.ci_high), 0.145255, 1e-5);
+  EXPECT_FALSE(spread.faster_beyond(0.01));
+  EXPECT_FALSE(spread.slower_beyond(0.01));
+  EXPECT_FALSE(spread.within(0.01));
+  EXPECT_TRUE(spread.within(0.2));
+  // One wild round (a tenth of the throughput for one slice) moves the estimate little and widens
+  // the interval: no verdict from it.
+  const PairedRounds wild = paired_rounds({101, 99, 100, 102, 10, 100}, {100, 100, 100, 100, 100, 100});
+  EXPECT_NEAR(wild.ratio, 1.0, 0.02);
+  EXPECT_FALSE(wild.faster_beyond(0.01));
+  EXPECT_FALSE(wild.slower_beyond(0.01));
+  // Two rounds that agree give a narrow interval, but no verdict: its spread rests on one difference.
+  const PairedRounds two = paired_rounds({104.8, 104.4}, {100, 100});
+  EXPECT_GT(two.ci_low, 1.01);
+  EXPECT_FALSE(two.faster_beyond(0.01));
+  // One round: a ratio, no interval, no verdict; the rounds pair as far as both go.
+  const PairedRounds one = paired_rounds({120}, {100, 90});
+  EXPECT_EQ(one.rounds, 1);
+  EXPECT_NEAR(one.ratio, 1.2, 1e-12);
+  EXPECT_FALSE(one.faster_beyond(0.01));
+  EXPECT_EQ(paired_rounds({}, {1}).rounds, 0);
+  EXPECT_THROW(paired_rounds({0, 1}, {1, 1}), std::invalid_argument);
+}
+
+TEST(TunerRace, RoundOrderRotatesAndReversesSoALinearDriftCancels) {
+  EXPECT_EQ(round_order(2, 0), (std::vector<std::size_t>{0, 1}));
+  EXPECT_EQ(round_order(2, 1), (std::vector<std::size_t>{1, 0}));
+  EXPECT_EQ(round_order(2, 2), (std::vector<std::size_t>{1, 0}));
+  EXPECT_EQ(round_order(2, 3), (std::vector<std::size_t>{0, 1}));  // ABBA
+  for (std::size_t n = 1; n <= 6; ++n) {
+    std::set<std::size_t> first;
+    for (int r = 0; r < 12; ++r) {
+      const auto order = round_order(n, r);
+      ASSERT_EQ(std::set<std::size_t>(order.begin(), order.end()).size(), n);
+      first.insert(order.front());
+      if (r % 2) {  // over a pair of rounds, every finalist's positions add up to n - 1
+        const auto before = round_order(n, r - 1);
+        for (std::size_t i = 0; i < n; ++i) {
+          const auto at = [&](const std::vector<std::size_t>& o) { return std::find(o.begin(), o.end(), i) - o.begin(); };
+          EXPECT_EQ(static_cast<std::size_t>(at(before) + at(order)), n - 1) << "n=" << n << " round " << r;
+        }
+      }
+    }
+    EXPECT_EQ(first.size(), std::min<std::size_t>(n, 6)) << "every finalist leads a round off, n=" << n;
+  }
+}
+
+// A machine whose speed drifts, as the shared CPU did: a trial measures the candidate's true
+// throughput times the machine's level, which moves to a new value in [low, high] between rounds
+// (the race's on_round says when) and by `trend` per trial within a round (a linear drift), times a
+// per-trial noise; each trial's own interval is tight (+-1%) all the same.
+class DriftingMachine : public Executor {
+ public:
+  DriftingMachine(std::map<std::string, double> truth, uint64_t seed) : truth(std::move(truth)), rng_(seed) { next_round(); }
+
+  std::map<std::string, double> truth;           // samples/s by Candidate::key()
+  std::map<std::string, int64_t> peak;           // bytes by Candidate::key() (default 1 GiB)
+  std::map<std::string, int> fail_in_round;      // by key: its trial in that round (1-based) fails
+  double low = 0.8, high = 1.2, trend = 0.01, noise = 0.01;
+  int round = 0;
+  int64_t runs = 0;
+
+  void next_round() {
+    level_ = std::uniform_real_distribution<double>(low, high)(rng_);
+    slot_ = 0;
+    ++round;
+  }
+
+  TrialResult run(const Candidate& c, const MeasurePolicy&) override {
+    ++runs;
+    TrialResult r;
+    const std::string key = c.key();
+    if (const auto f = fail_in_round.find(key); f != fail_in_round.end() && f->second == round - 1) {
+      r.cls = TrialClass::error;
+      r.message = "synthetic crash";
+      return r;
+    }
+    const double factor = level_ * (1 + trend * slot_++) * (1 + noise * std::normal_distribution<double>(0, 1)(rng_));
+    r.samples_per_s = truth.at(key) * factor;
+    r.ci_low = 0.99 * r.samples_per_s;
+    r.ci_high = 1.01 * r.samples_per_s;
+    r.peak_bytes = peak.count(key) ? peak.at(key) : kGiB;
+    r.steps = 10;
+    r.seconds = 1;
+    r.setup_seconds = 0.2;
+    return r;
+  }
+  int64_t memory_capacity() const override { return 100 * kGiB; }
+
+ private:
+  std::mt19937_64 rng_;
+  double level_ = 1;
+  int slot_ = 0;
+};
+
+// Five finalists of micro-batch 1..16 (global 32): the first is the workload's own configuration.
+std::vector<RaceEntrant> five_finalists() {
+  std::vector<RaceEntrant> out;
+  for (int64_t micro : {4, 1, 2, 8, 16}) out.push_back(RaceEntrant{Candidate{32, micro, {{kOptimizer, "fused"}}}, {}, true});
+  return out;
+}
+
+RaceOptions race_options_on(DriftingMachine& machine) {
+  RaceOptions o;
+  o.max_rounds = 6;
+  o.noise_margin = 0.01;
+  o.slice.max_seconds = 1;
+  o.on_round = [&machine](int, int, std::size_t) { machine.next_round(); };
+  return o;
+}
+
+// The whole machine drifting by 0.8-1.2 from round to round (and 1% a trial within a round) is no
+// difference: over many seeded races of five equally fast finalists, none claims a speedup over the
+// workload's own configuration, and (almost) none drops a finalist. Measured one after another, as
+// the search measures, the same machine shows differences far beyond noise: that is what the race is for.
+TEST(TunerRace, WholeMachineDriftIsNotADifference) {
+  constexpr int kRaces = 200;
+  int claimed = 0, dropped = 0, sequential_apart = 0;
+  for (int seed = 0; seed < kRaces; ++seed) {
+    const auto entrants = five_finalists();
+    std::map<std::string, double> truth;
+    for (const auto& e : entrants) truth[e.candidate.key()] = 100;
+    DriftingMachine machine(truth, 100 + seed);
+    for (std::size_t i = 0; i < entrants.size(); ++i) machine.peak[entrants[i].candidate.key()] = (1 + static_cast<int64_t>(i)) * kGiB;
+    const RaceReport r = race(machine, entrants, race_options_on(machine));
+    ASSERT_GE(r.rounds, 3);
+    ASSERT_LE(r.rounds, 6);
+    ASSERT_GE(r.choice, 0);
+    EXPECT_EQ(machine.runs, [&] {
+      int64_t slices = 0;
+      for (const auto& f : r.finalists) slices += static_cast<int64_t>(f.slices.size());
+      return slices;
+    }());
+    const PairedRounds vs_own = r.compare(static_cast<std::size_t>(r.choice), 0, 0.95);
+    claimed += r.choice != 0 && vs_own.faster_beyond(0.01);
+    for (const auto& f : r.finalists) dropped += f.dropped_after > 0;
+
+    // The control: one trial each, the machine's level moving between them.
+    DriftingMachine apart(truth, 100 + seed);
+    double fastest = 0, slowest = 1e300;
+    for (const auto& e : entrants) {
+      apart.next_round();
+      const double v = apart.run(e.candidate, MeasurePolicy{}).samples_per_s;
+      fastest = std::max(fastest, v);
+      slowest = std::min(slowest, v);
+    }
+    sequential_apart += fastest / slowest > 1.05;
+  }
+  std::printf("equal finalists under drift: %d of %d races claimed a speedup, %d finalists dropped; measured apart, "
+              "%d of %d races saw more than 5%% between them\n",
+              claimed, kRaces, dropped, sequential_apart, kRaces);
+  EXPECT_EQ(claimed, 0);
+  EXPECT_LE(dropped, kRaces / 100);
+  EXPECT_GE(sequential_apart, kRaces * 8 / 10) << "the drift is too weak to tell the race from measuring apart";
+}
+
+// A real 10% difference under the same drift is found: the faster finalist is chosen, the slower
+// ones are dropped, and the speedup over the workload's own configuration is claimed with an
+// interval that holds the truth. Measured apart, the same machine often picks a slower one.
+TEST(TunerRace, ARealTenPercentIsFoundUnderTheSameDrift) {
+  constexpr int kRaces = 100;
+  int chose_fast = 0, significant = 0, covered = 0, all_dropped = 0, apart_wrong = 0;
+  for (int seed = 0; seed < kRaces; ++seed) {
+    const auto entrants = five_finalists();
+    std::map<std::string, double> truth;
+    for (const auto& e : entrants) truth[e.candidate.key()] = 100;
+    const std::size_t fast = 1 + static_cast<std::size_t>(seed) % 4;  // never the workload's own
+    truth[entrants[fast].candidate.key()] = 110;
+    DriftingMachine machine(truth, 500 + seed);
+    const RaceReport r = race(machine, entrants, race_options_on(machine));
+    ASSERT_GE(r.choice, 0);
+    chose_fast += static_cast<std::size_t>(r.choice) == fast;
+    const PairedRounds vs_own = r.compare(fast, 0, 0.95);
+    significant += vs_own.faster_beyond(0.01);
+    covered += vs_own.ci_low <= 1.1 && 1.1 <= vs_own.ci_high;
+    bool others_dropped = true;
+    for (std::size_t i = 0; i < entrants.size(); ++i)
+      if (i != fast) others_dropped &= r.finalists[i].dropped_after > 0;
+    all_dropped += others_dropped;
+
+    DriftingMachine apart(truth, 500 + seed);
+    std::size_t best = 0;
+    double best_value = 0;
+    for (std::size_t i = 0; i < entrants.size(); ++i) {
+      apart.next_round();
+      const double v = apart.run(entrants[i].candidate, MeasurePolicy{}).samples_per_s;
+      if (v > best_value) best = i, best_value = v;
+    }
+    apart_wrong += best != fast;
+  }
+  std::printf("a 10%% faster finalist under drift: chosen in %d of %d races, its speedup significant in %d, the "
+              "interval held 1.10 in %d, the others all dropped in %d of %d; measured apart, a slower one won %d\n",
+              chose_fast, kRaces, significant, covered, all_dropped, kRaces, apart_wrong);
+  EXPECT_EQ(chose_fast, kRaces);
+  EXPECT_GE(significant, kRaces * 98 / 100);
+  EXPECT_GE(covered, kRaces * 85 / 100);
+  EXPECT_GE(all_dropped, kRaces * 90 / 100);
+  EXPECT_GE(apart_wrong, kRaces / 5) << "the drift is too weak to tell the race from measuring apart";
+}
+
+// Finalists within noise of each other go to the least memory (the search's tie-break); a finalist
+// clearly faster wins whatever its memory; once the finalists still in are shown within noise of
+// each other the race stops early.
+TEST(TunerRace, TiesGoToLessMemoryAndAClearWinnerBeatsThem) {
+  std::vector<RaceEntrant> entrants;
+  for (int64_t micro : {8, 4, 16}) entrants.push_back(RaceEntrant{Candidate{32, micro, {}}, {}, true});
+  std::map<std::string, double> truth{{entrants[0].candidate.key(), 100}, {entrants[1].candidate.key(), 100},
+                                      {entrants[2].candidate.key(), 100.5}};
+  DriftingMachine machine(truth, 1);
+  machine.noise = machine.trend = 0;  // exact ratios: the intervals collapse
+  for (const auto& e : entrants) machine.peak[e.candidate.key()] = e.candidate.micro_batch * kGiB;
+  const RaceReport ties = race(machine, entrants, race_options_on(machine));
+  EXPECT_EQ(ties.choice, 1) << "micro-batch 4: within noise of the fastest, the least memory";
+  EXPECT_EQ(ties.leader, 2);
+  EXPECT_EQ(ties.rounds, 3);
+  EXPECT_EQ(ties.ended, "the finalists still in are within noise of each other");
+  for (const auto& f : ties.finalists) EXPECT_EQ(f.dropped_after, 0);
+
+  // The workload's own configuration without the headroom may win the race but is not chosen.
+  auto ineligible = entrants;
+  ineligible[1].eligible = false;
+  DriftingMachine again(truth, 2);
+  again.noise = again.trend = 0;
+  for (const auto& e : entrants) again.peak[e.candidate.key()] = e.candidate.micro_batch * kGiB;
+  EXPECT_EQ(race(again, ineligible, race_options_on(again)).choice, 0);
+
+  truth[entrants[2].candidate.key()] = 120;
+  DriftingMachine clear(truth, 3);
+  clear.noise = clear.trend = 0;
+  for (const auto& e : entrants) clear.peak[e.candidate.key()] = e.candidate.micro_batch * kGiB;
+  const RaceReport won = race(clear, entrants, race_options_on(clear));
+  EXPECT_EQ(won.choice, 2);
+  EXPECT_EQ(won.rounds, 3) << "the others are dropped after round 3, and one finalist is left";
+  EXPECT_EQ(won.ended, "one finalist left");
+  EXPECT_EQ(won.finalists[0].dropped_after, 3);
+  EXPECT_NE(won.finalists[0].why_dropped.find("slower than the leader beyond noise"), std::string::npos);
+  EXPECT_NEAR(won.finalists[0].vs_leader.ratio, 100.0 / 120, 1e-9);
+  // What the race measured of a finalist: the median of its rounds, the largest peak.
+  const TrialResult m = won.finalists[2].measured(0.95);
+  EXPECT_TRUE(m.ok());
+  EXPECT_NEAR(m.samples_per_s, median_of(won.finalists[2].per_round()), 1e-9);
+  EXPECT_EQ(m.peak_bytes, 16 * kGiB);
+  EXPECT_EQ(m.steps, 30);
+}
+
+// A finalist the race cannot tell from the leader (its interval reaches 1) ties with it up to twice
+// the noise margin behind, as in the search, and wins on memory; one shown slower does not.
+TEST(TunerRace, AFinalistTheRaceCannotTellFromTheLeaderTiesWithIt) {
+  int untold = 0;
+  for (int seed = 0; seed < 50; ++seed) {
+    std::vector<RaceEntrant> entrants{RaceEntrant{Candidate{32, 16, {}}, {}, true}, RaceEntrant{Candidate{32, 4, {}}, {}, true}};
+    DriftingMachine machine({{entrants[0].candidate.key(), 101.5}, {entrants[1].candidate.key(), 100}}, 900 + seed);
+    machine.noise = 0.02;
+    machine.peak[entrants[0].candidate.key()] = 8 * kGiB;  // the faster one needs more memory
+    const RaceReport r = race(machine, entrants, race_options_on(machine));
+    ASSERT_GE(r.rounds, 3);
+    const int other = r.leader == 0 ? 1 : 0;
+    const PairedRounds& p = r.finalists[static_cast<std::size_t>(other)].vs_leader;
+    const bool tie = !r.finalists[static_cast<std::size_t>(other)].dropped_after &&
+                     (p.ratio >= 0.99 || (p.ci_high >= 1 && p.ratio >= 0.98));
+    EXPECT_EQ(r.choice, tie ? 1 : r.leader) << "seed " << seed << ": ratio " << p.ratio << " (" << p.ci_low << "-" << p.ci_high << ")";
+    untold += tie && p.ratio < 0.99;
+  }
+  EXPECT_GT(untold, 0) << "no race left the slower finalist between 1% and 2% behind and not shown slower";
+}
+
+// A slice that fails drops its finalist, and the race goes on with the others, their rounds paired.
+TEST(TunerRace, AFailedSliceDropsItsFinalist) {
+  const auto entrants = five_finalists();
+  std::map<std::string, double> truth;
+  for (const auto& e : entrants) truth[e.candidate.key()] = 100;
+  DriftingMachine machine(truth, 4);
+  machine.fail_in_round[entrants[3].candidate.key()] = 2;
+  const RaceReport r = race(machine, entrants, race_options_on(machine));
+  EXPECT_EQ(r.finalists[3].dropped_after, 2);
+  EXPECT_EQ(r.finalists[3].slices.size(), 1u);
+  EXPECT_NE(r.finalists[3].why_dropped.find("synthetic crash"), std::string::npos);
+  EXPECT_NE(r.choice, 3);
+  for (std::size_t i : {0u, 1u, 2u, 4u}) EXPECT_EQ(r.finalists[i].slices.size(), static_cast<std::size_t>(r.rounds));
+}
+
+// A wall-clock budget: a round starts only when all its slices are expected to fit, every slice is
+// told the time left, and a slice stopped at the budget's end (OutOfBudget) ends the race without
+// its round. The machine is the search's clock (ClockExecutor), with 1 s slices.
+
+TEST(TunerRace, ARoundStartsOnlyWithTimeForItAndAStoppedRoundDoesNotCount) {
+  std::vector<RaceEntrant> entrants;
+  for (int64_t micro : {1, 2, 4}) entrants.push_back(RaceEntrant{Candidate{4, micro, {}}, {}, true});
+  entrants[0].searched.setup_seconds = 0.4;  // with a 0.5 s slice: about 1 s each
+  ClockExecutor machine;
+  machine.trial_seconds = 1;
+  RaceOptions o;
+  o.max_rounds = 10;
+  o.min_rounds_to_drop = 11;  // all three run every round
+  o.slice.max_seconds = 0.5;
+  o.seconds_left = [&] { return 10 - machine.now; };
+  const RaceReport r = race(machine, entrants, o);
+  EXPECT_EQ(r.rounds, 3) << "3 s a round: with 1 s left, no fourth";
+  EXPECT_TRUE(r.budget_exhausted);
+  EXPECT_EQ(r.ended.rfind("no time left in the budget for round 4, about", 0), 0u) << r.ended;
+  ASSERT_EQ(machine.wall_limits.size(), 9u);
+  for (std::size_t k = 0; k < machine.wall_limits.size(); ++k) EXPECT_DOUBLE_EQ(machine.wall_limits[k], 10.0 - static_cast<double>(k));
+  EXPECT_EQ(r.choice, 2);
+
+  // Time for one round only: too few for a verdict, and the incumbent (the search's choice) stands,
+  // though another finalist measured faster in it.
+  ClockExecutor once;
+  once.trial_seconds = 1;
+  o.seconds_left = [&] { return 4 - once.now; };
+  const RaceReport single = race(once, entrants, o);
+  EXPECT_EQ(single.rounds, 1);
+  EXPECT_EQ(single.leader, 2);
+  EXPECT_EQ(single.choice, 0);
+
+  ClockExecutor stopped;
+  stopped.trial_seconds = 1;
+  stopped.stop_at = 7.5;  // the budget ends in the middle of round 3
+  o.seconds_left = [&] { return 100 - stopped.now; };
+  const RaceReport cut = race(stopped, entrants, o);
+  EXPECT_EQ(cut.rounds, 2);
+  EXPECT_EQ(cut.choice, 0) << "two rounds are no verdict either";
+  EXPECT_TRUE(cut.budget_exhausted);
+  EXPECT_EQ(cut.ended, "the budget ended during round 3, which does not count");
+  for (const auto& f : cut.finalists) EXPECT_EQ(f.slices.size(), 2u) << "a round the budget cut short counted";
+  EXPECT_GE(cut.choice, 0);
 }
 
 }  // namespace

@@ -1,9 +1,13 @@
 // autotune: the best batch / micro-batch / accumulation and switches for a workload on this GPU (or
 // CPU). The configuration goes to stdout (`autotune --gpu auto > tuned.yaml`), progress to stderr.
-// Exit codes: 0 a configuration was chosen, 1 none ran successfully, 2 bad usage, 130 interrupted
-// (the best so far and the journal are still written).
+// After the search, its finalists and the workload's own configuration are raced interleaved
+// (race.h), and a speedup is claimed only where that comparison holds it. `autotune --compare A B`
+// races the choices of tuned files against each other.
+// Exit codes: 0 a configuration was chosen (or compared), 1 none ran successfully, 2 bad usage, 130
+// interrupted (the best so far and the journal are still written).
 #include <CLI/CLI.hpp>
 #include <unistd.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,9 +19,11 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "results.h"
+#include "runtime/stats.h"
 #include "runtime/device_info.h"
 #include "runtime/error.h"
 #include "runtime/registry.h"
@@ -25,6 +31,7 @@
 #include "step/workload.h"
 #include "tuner/emit.h"
 #include "tuner/journal.h"
+#include "tuner/race.h"
 #include "tuner/trial.h"
 
 namespace {
@@ -44,9 +51,16 @@ Examples:
   autotune --workload small_gpt --format hf --out training_args.json   TrainingArguments(**json.load(f))
   autotune --workload t4_transformer --switches optimizer,sync --strategy grid
   autotune --workload tiny --gpu cpu --journal tune.jsonl --resume   go on where an interrupted tune stopped
+  autotune --compare a.yaml b.yaml --gpu cpu             two tunes' choices raced interleaved: within noise?
 
 Presets: tuner/workloads/*.yaml (the source reports' pipelines). Switches: optimizer, sync,
 activation_checkpointing, lazy_cg (with a propagator), bf16_matmuls and cuda_graphs (GPU only).
+
+After the search, its choice, the candidates within noise of it and the next fastest (four at most) and
+the workload's own configuration are raced: measured in rounds, one short trial of each a round in a
+rotating order, compared on their per-round ratios (which the machine's drift between rounds does not
+move), and the ones behind the leader beyond noise dropped. A speedup over the workload's own
+configuration is claimed only when that paired interval excludes 1 by the noise margin (1%).
 )";
 
 std::string human_seconds(double s) {
@@ -134,6 +148,293 @@ std::vector<int64_t> global_batches(const step::Workload& w, int64_t batch, cons
   return out;
 }
 
+// The race of the finalists after the search (race.h).
+constexpr int kDefaultRaceRounds = 6;
+// The search's choice and at most three more, the workload's own configuration besides: the race
+// drops the ones clearly behind after kMinRoundsToDrop rounds, so a round of five is paid three times.
+constexpr std::size_t kMaxSearchFinalists = 4;
+constexpr int kMinRoundsToDrop = PairedRounds::kMinRoundsForVerdict;
+constexpr double kSliceShare = 0.25;  // a slice measures this share of --trial-seconds, at least a second (or all of it)
+constexpr double kRaceShare = 0.3;  // at most this share of the time left after the workload's own trial is kept for the race
+constexpr double kLevel = 0.95;  // of every interval the race reports
+
+// The backend a run measures on, and what the output says about it.
+struct Machine {
+  bool use_cuda = false;
+  int device = 0;
+  std::string backend, name;
+  nlohmann::json description;
+};
+
+Machine pick_machine(const std::string& gpu) {
+  Machine m;
+  const auto& cuda = cuda_status();
+  if (gpu == "auto") {
+    m.use_cuda = cuda.available();
+    if (!m.use_cuda) std::cerr << "autotune: " << cuda.unavailable_reason << "; measuring on the CPU" << std::endl;
+  } else if (gpu != "cpu") {
+    double n = 0;
+    if (!parse_number(gpu, n) || n < 0 || n != std::floor(n)) throw UsageError("--gpu '" + gpu + "': expected auto, cpu or a device index");
+    m.device = static_cast<int>(n);
+    select_cuda_device(m.device);  // UsageError when it does not exist
+    m.use_cuda = true;
+  }
+  m.backend = m.use_cuda ? "cuda" : "cpu";
+  m.name = m.use_cuda ? cuda.devices.at(static_cast<std::size_t>(m.device)).name : host_info().cpu_model;
+  m.description = {{"backend", m.backend}, {"name", m.name}};
+  if (m.use_cuda) {
+    const auto& g = cuda.devices.at(static_cast<std::size_t>(m.device));
+    m.description.update({{"uuid", g.uuid}, {"compute_capability", g.compute_capability}, {"memory_bytes", g.memory_bytes},
+                          {"driver_version", g.driver_version}, {"runtime_version", g.runtime_version},
+                          {"cublas_version", g.cublas_version}});
+  } else {
+    const HostInfo h = host_info();
+    m.description.update({{"cores", h.cores}, {"compiler", h.compiler}, {"blas", h.blas}});
+  }
+  return m;
+}
+
+std::string file_text(const std::string& path) {
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+// Kept back from the trials: the output, and the exit of a trial stopped at the budget's end.
+double output_reserve(double budget) { return kill_grace_seconds + std::min(2.0, 0.05 * budget); }
+
+// Refused before anything runs: a budget too small for one trial of `c`.
+void refuse_budget_below_one_trial(const step::Workload& workload, const Candidate& c, const TrialEstimate& shortest,
+                                   const MeasurePolicy& measure, double budget, double elapsed) {
+  if (shortest.seconds <= budget - output_reserve(budget) - elapsed) return;
+  // The smallest B with B - grace - min(2, 0.05 B) >= the trial (and what this took so far).
+  const double t = shortest.seconds + elapsed + kill_grace_seconds;
+  const double smallest_budget = t / 0.95 <= 40 ? t / 0.95 : t + 2;
+  std::ostringstream why;
+  why << std::fixed << std::setprecision(1) << "--budget " << budget << " is below one trial of " << workload.name
+      << " on this machine: about " << std::ceil(smallest_budget) << " s at the least (" << shortest.step_flops / 1e9
+      << " GFLOP a step at " << shortest.flop_rate / 1e9 << " GFLOP/s, " << shortest.rate_source << "; set-up, the checked step, "
+      << warmup_steps(apply(workload, c)) << " warm-up and " << measure.min_steps << " measured steps); give at least that";
+  throw UsageError(why.str());
+}
+
+double slice_seconds_for(double trial_seconds) { return std::max(kSliceShare * trial_seconds, std::min(trial_seconds, 1.0)); }
+
+// The race's settings and its progress lines on stderr.
+RaceOptions race_options(const SearchOptions& search, int rounds, double trial_seconds, std::function<double()> seconds_left,
+                         double min_trial_seconds, std::function<double()> elapsed, double budget) {
+  RaceOptions o;
+  o.max_rounds = rounds;
+  o.min_rounds_to_drop = kMinRoundsToDrop;
+  o.noise_margin = search.noise_margin;
+  o.level = kLevel;
+  o.slice = search.measure;
+  o.slice.max_seconds = slice_seconds_for(trial_seconds);
+  o.slice.stop_below = 0;  // a slice measures fully: the race, not the slice, decides who is behind
+  o.seconds_left = std::move(seconds_left);
+  o.min_trial_seconds = min_trial_seconds;
+  o.on_round = [](int round, int max_rounds, std::size_t racing) {
+    std::cerr << "autotune: racing " << racing << " finalists interleaved, round " << round << "/" << max_rounds << std::endl;
+  };
+  o.on_slice = [elapsed, budget, rounds](int round, const Candidate& c, const TrialResult& r) {
+    if (stop_requested) throw Interrupted{};
+    std::cerr << "autotune: [race round " << round << "/" << rounds << ", " << human_seconds(elapsed()) << " of "
+              << human_seconds(budget) << " budget] " << describe(c) << " -> " << result_text(r) << std::endl;
+  };
+  o.on_drop = [](int round, const Candidate& c, const std::string& why) {
+    std::cerr << "autotune: dropped after round " << round << ": " << describe(c) << ": " << why << std::endl;
+  };
+  return o;
+}
+
+// The finalists: the search's choice, its ties (runners-up), then the next fastest candidates by their
+// best trial while there is room (kMaxSearchFinalists in all), then for each value of a switch that no
+// finalist has yet, the fastest candidate with it, and the workload's own configuration when its trial
+// ran (eligible to be chosen when it kept the memory headroom). The next fastest join however far
+// behind they measured: a trial's interval covers the noise within it, not the drift between trials
+// minutes apart (25% on the issue's machine, 20x for seconds at a time on a busy 2-core one), so the
+// search's best may be one lucky trial; the race drops whoever is behind. Each switch value races
+// because a slow spell of the machine during the few trials of one value (measured here: every
+// configuration 25% slower for a few seconds) would otherwise keep it out for good, and a second tune
+// without that spell would choose it.
+std::vector<RaceEntrant> finalists(const SearchReport& rep, const Ranked& own, double memory_limit) {
+  std::vector<RaceEntrant> out;
+  std::set<std::string> keys;
+  auto add = [&](const Ranked& r, bool eligible, const std::string& why) {
+    if (keys.insert(r.candidate.key()).second) out.push_back(RaceEntrant{r.candidate, r.result, eligible, why});
+  };
+  auto fits = [&](const TrialResult& r) { return r.ok() && static_cast<double>(r.peak_bytes) <= memory_limit; };
+  add(rep.best, true, "choice");
+  for (const auto& r : rep.runners_up)
+    if (out.size() < kMaxSearchFinalists) add(r, true, "tie");
+  std::map<std::string, Ranked> fastest;  // each candidate's fastest trial
+  for (const auto& t : rep.trials) {
+    if (!fits(t.result)) continue;
+    auto [it, fresh] = fastest.try_emplace(t.candidate.key(), t);
+    if (!fresh && t.result.samples_per_s > it->second.result.samples_per_s) it->second = t;
+  }
+  std::vector<Ranked> next;
+  for (const auto& [key, t] : fastest) next.push_back(t);
+  std::sort(next.begin(), next.end(), [](const Ranked& a, const Ranked& b) { return a.result.samples_per_s > b.result.samples_per_s; });
+  for (const auto& t : next)
+    if (out.size() < kMaxSearchFinalists) add(t, true, "next fastest");
+  for (const auto& t : next)  // fastest first: the first trial with a value missing is its best
+    for (const auto& [name, value] : t.candidate.switches) {
+      const bool present = std::any_of(out.begin(), out.end(), [&, &name = name, &value = value](const RaceEntrant& e) {
+        const auto it = e.candidate.switches.find(name);
+        return it != e.candidate.switches.end() && it->second == value;
+      });
+      if (!present) add(t, true, "best " + name + "=" + value);
+    }
+  if (own.result.ok()) add(own, fits(own.result), "own");
+  return out;
+}
+
+// The race's verdict in the output: the choice and the workload's own configuration as the race
+// measured them, the finalists still in as runners-up, and the speedup only where the paired rounds hold it.
+void take_race(TuneOutput& out, const RaceReport& race, double noise_margin) {
+  out.race = race;
+  const std::string own_key = out.baseline->candidate.key();
+  auto from_separate_trials = [&](const std::string& why) {
+    if (out.baseline->result.ok() && out.baseline->result.samples_per_s > 0)
+      out.speedup = speedup_from_separate_trials(out.report.best.result.samples_per_s / out.baseline->result.samples_per_s, why);
+  };
+  if (race.choice < 0) {
+    if (out.report.best.candidate == out.baseline->candidate) out.speedup = speedup_of_own_choice();
+    else from_separate_trials("the race measured no round: " + race.ended);
+    return;
+  }
+  const auto chosen = static_cast<std::size_t>(race.choice);
+  out.report.best = Ranked{race.finalists[chosen].candidate, race.finalists[chosen].measured(kLevel)};
+  out.report.runners_up.clear();
+  int own = -1;
+  for (std::size_t i = 0; i < race.finalists.size(); ++i) {
+    const Finalist& f = race.finalists[i];
+    if (f.candidate.key() == own_key) own = static_cast<int>(i);
+    else if (i != chosen && !f.dropped_after) out.report.runners_up.push_back(Ranked{f.candidate, f.measured(kLevel)});
+  }
+  std::sort(out.report.runners_up.begin(), out.report.runners_up.end(),
+            [](const Ranked& a, const Ranked& b) { return a.result.samples_per_s > b.result.samples_per_s; });
+  out.confirmed = true;
+  if (own == race.choice) {
+    out.baseline->result = out.report.best.result;
+    out.speedup = speedup_of_own_choice();
+  } else if (own >= 0 && !race.finalists[static_cast<std::size_t>(own)].slices.empty()) {
+    out.baseline->result = race.finalists[static_cast<std::size_t>(own)].measured(kLevel);
+    out.speedup = speedup_from_rounds(race.compare(chosen, static_cast<std::size_t>(own), kLevel), noise_margin);
+  } else {
+    from_separate_trials("the workload's own configuration did not run in the race");
+  }
+}
+
+// A tuned file's choice, for --compare.
+struct TunedFile {
+  std::string path;
+  Candidate chosen;
+  std::string workload_path, workload_digest;
+};
+
+TunedFile read_tuned_file(const std::string& path) {
+  TunedFile f;
+  f.path = path;
+  try {
+    const YAML::Node t = YAML::LoadFile(path)["trainbench_autotune"];
+    if (!t || !t["chosen"] || !t["chosen"].IsMap())
+      throw UsageError(path + ": no trainbench_autotune.chosen in it (autotune writes one with --format yaml or json)");
+    f.chosen.global_batch = t["chosen"]["global_batch"].as<int64_t>();
+    f.chosen.micro_batch = t["chosen"]["micro_batch"].as<int64_t>();
+    f.chosen.switches = t["chosen"]["switches"].as<std::map<std::string, std::string>>();
+    f.workload_path = t["workload"]["path"].as<std::string>();
+    f.workload_digest = t["workload"]["digest"].as<std::string>();
+  } catch (const YAML::Exception& e) {
+    throw UsageError(path + ": not a configuration autotune wrote (" + e.what() + ")");
+  }
+  if (f.chosen.global_batch <= 0 || f.chosen.micro_batch <= 0 || f.chosen.global_batch % f.chosen.micro_batch)
+    throw UsageError(path + ": its micro-batch does not divide its global batch");
+  return f;
+}
+
+// `autotune --compare A B ...`: the files' choices raced interleaved, each against the first's.
+int compare_tuned(const std::vector<std::string>& paths, const std::string& workload_option, const std::string& gpu,
+                  double budget, double trial_seconds, int rounds, OutFormat format, const std::string& out_path) {
+  const auto started = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
+  if (paths.size() < 2) throw UsageError("--compare: give two tuned files or more");
+  if (format != OutFormat::yaml && format != OutFormat::json) throw UsageError("--compare writes --format yaml or json");
+  std::vector<TunedFile> tuned;
+  for (const auto& p : paths) tuned.push_back(read_tuned_file(p));
+  // The workload the files were tuned for, unless --workload names it; either way the files'.
+  const step::Workload workload = step::load_workload(workload_option.empty() ? tuned.front().workload_path : workload_option);
+  const std::string workload_digest = digest(file_text(workload.path));
+  for (const auto& t : tuned)
+    if (t.workload_digest != workload_digest)
+      throw UsageError(t.path + " was tuned for another workload file (digest " + t.workload_digest + ", " + workload.path +
+                       " has " + workload_digest + ")");
+  const Machine machine = pick_machine(gpu);
+  const auto available = available_switches(workload, machine.use_cuda);
+  for (const auto& t : tuned)
+    for (const auto& [name, value] : t.chosen.switches)
+      if (!available.count(name))
+        throw UsageError(t.path + ": its configuration sets " + name + ", which " + workload.name + " does not have on " +
+                         machine.backend);
+
+  CompareOutput out;
+  out.device = machine.description;
+  out.workload_name = workload.name;
+  out.workload_path = workload.path;
+  out.workload_digest = workload_digest;
+  std::vector<RaceEntrant> entrants;
+  for (const auto& t : tuned) {
+    out.files.push_back(t.path);
+    out.configs.push_back(t.chosen);
+    std::size_t k = 0;
+    while (k < entrants.size() && !(entrants[k].candidate == t.chosen)) ++k;
+    if (k == entrants.size()) entrants.push_back(RaceEntrant{t.chosen, TrialResult{}, true});
+    out.raced.push_back(k);
+  }
+
+  if (entrants.size() >= 2) {
+    SearchOptions search;
+    search.measure.max_seconds = trial_seconds;
+    ProcessExecutor executor(std::filesystem::read_symlink("/proc/self/exe").string(), workload.path, machine.use_cuda,
+                             machine.device, &stop_requested);
+    const TrialEstimate shortest = shortest_trial(apply(workload, entrants.front().candidate), search.measure.min_steps,
+                                                  machine.use_cuda, machine.device);
+    refuse_budget_below_one_trial(workload, entrants.front().candidate, shortest, search.measure, budget, elapsed());
+    const double deadline = budget - output_reserve(budget);
+    std::signal(SIGINT, [](int) { stop_requested = true; });
+    std::cerr << "autotune: comparing " << entrants.size() << " configurations of " << workload.name << " on " << machine.name
+              << ", interleaved, " << budget << " s budget" << std::endl;
+    for (std::size_t f = 0; f < tuned.size(); ++f) std::cerr << "autotune:   " << tuned[f].path << ": " << describe(tuned[f].chosen) << std::endl;
+    RaceOptions ro = race_options(search, rounds, trial_seconds, [&] { return deadline - elapsed(); }, shortest.seconds,
+                                  elapsed, budget);
+    ro.on_drop = nullptr;  // every configuration is measured to the end: each is compared, none is chosen
+    ro.min_rounds_to_drop = rounds + 1;
+    try {
+      out.race = race(executor, entrants, ro);
+      std::cerr << "autotune: the race ended after " << out.race->rounds << " round" << (out.race->rounds == 1 ? "" : "s")
+                << ": " << out.race->ended << std::endl;
+    } catch (const Interrupted&) {
+      out.interrupted = true;
+      std::cerr << "autotune: interrupted; nothing was compared" << std::endl;
+    }
+  }
+  const std::string text = emit(out, format);
+  if (out_path.empty()) std::cout << text << std::flush;
+  else write_file_atomically(out_path, text);
+  const nlohmann::json doc = to_json(out);  // named: the loop below reads inside it
+  for (const auto& c : doc["trainbench_autotune_compare"]["comparisons"]) {
+    const std::string verdict = c["verdict"], of = c["of"], against = c["against"];
+    if (verdict == "same_configuration") std::cerr << "autotune: " << of << " holds the same configuration as " << against;
+    else std::cerr << "autotune: " << c["note"].get<std::string>() << ": " << (verdict == "within_noise" ? "within noise" : verdict == "too_few_rounds" ? "too few rounds to tell" : verdict + " beyond noise");
+    std::cerr << std::endl;
+  }
+  if (out.interrupted) return 130;
+  if (out.race && out.race->rounds == 0) return 1;
+  return 0;
+}
+
 int run(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--trial") {  // the child side of a trial
     const TrialResult r = run_trial_here(nlohmann::json::parse(argv[2]));
@@ -143,22 +444,30 @@ int run(int argc, char** argv) {
 
   std::string gpu = "auto", workload_name = "small_gpt", range, strategy = "auto", switch_list, format = "yaml";
   std::string journal_path, out_path;
+  std::vector<std::string> compare_files;
   int64_t batch = 0;
   double budget = 300, trial_seconds = 10;
+  int race_rounds = kDefaultRaceRounds;
   bool resume = false;
   CLI::App app{"trainbench autotune: the best batch / micro-batch / accumulation config for this machine"};
   app.footer(examples);
   app.add_option("--gpu", gpu, "auto (the first GPU, else the CPU), a device index, or cpu");
-  app.add_option("--workload", workload_name, "a preset name or a workload .yaml file");
+  auto* workload_opt = app.add_option("--workload", workload_name, "a preset name or a workload .yaml file");
   auto* batch_opt = app.add_option("--batch", batch, "the global batch (default: the workload's)")->check(CLI::PositiveNumber);
   app.add_option("--batch-range", range, "A:B: global batches A, 2A, 4A ... up to B")->excludes(batch_opt);
-  app.add_option("--budget", budget, "seconds for the whole run: probes, trials, confirmation, output (default 300)")
+  app.add_option("--budget", budget, "seconds for the whole run: probes, trials, the race, output (default 300)")
       ->check(CLI::Range(1.0, 1e7));
-  app.add_option("--trial-seconds", trial_seconds, "longest a trial measures before its interval is tight (default 10)")
+  app.add_option("--trial-seconds", trial_seconds,
+                 "longest a trial measures before its interval is tight (default 10; a race slice measures a quarter of it, "
+                 "at least a second)")
       ->check(CLI::Range(0.1, 3600.0));
   app.add_option("--strategy", strategy, "auto (fast search) or grid (every candidate)")
       ->check(CLI::IsMember({"auto", "grid"}));
   app.add_option("--switches", switch_list, "comma list of switches to tune (default: all the workload has), or none");
+  app.add_option("--race-rounds", race_rounds,
+                 "most rounds of the finalists' interleaved race after the search (default 6; 0: no race, and no speedup "
+                 "is claimed)")
+      ->check(CLI::Range(0, 100));
   app.add_option("--format", format, "yaml, json, deepspeed, lightning or hf (Hugging Face TrainingArguments)")
       ->check(CLI::IsMember({"yaml", "json", "deepspeed", "lightning", "hf"}));
   app.add_option("--journal", journal_path,
@@ -166,6 +475,13 @@ int run(int argc, char** argv) {
                  "${XDG_CACHE_HOME:-~/.cache}/trainbench/, keyed by workload and device)");
   app.add_flag("--resume", resume, "skip the trials already in the journal");
   app.add_option("--out", out_path, "write the config to this file (atomically) instead of stdout");
+  auto* compare_opt = app.add_option("--compare", compare_files,
+                                     "FILE FILE...: race the configurations these tuned files (--format yaml or json) chose, "
+                                     "interleaved, each against the first, instead of tuning; says whether they are "
+                                     "within noise (the workload is the files' unless --workload names it)")
+                          ->expected(2, 64);
+  for (const char* tuning_only : {"--batch", "--batch-range", "--strategy", "--switches", "--journal", "--resume"})
+    compare_opt->excludes(tuning_only);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -174,25 +490,17 @@ int run(int argc, char** argv) {
     std::cerr << "autotune: " << e.what() << "\nRun 'autotune --help' for the options." << std::endl;
     return 2;
   }
+  if (!compare_files.empty())
+    return compare_tuned(compare_files, workload_opt->count() ? workload_name : "", gpu, budget, trial_seconds,
+                         std::max(race_rounds, 2), out_format_from_string(format), out_path);
 
-  // The budget bounds the whole run from here: the estimate, probes, trials, the confirmation, output.
+  // The budget bounds the whole run from here: the estimate, probes, trials, the race, output.
   const auto started = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
   const step::Workload workload = step::load_workload(workload_name);  // a bad file: UsageError, nothing runs
   const OutFormat out_format = out_format_from_string(format);
-  const auto& cuda = cuda_status();
-  bool use_cuda = false;
-  int device = 0;
-  if (gpu == "auto") {
-    use_cuda = cuda.available();
-    if (!use_cuda) std::cerr << "autotune: " << cuda.unavailable_reason << "; tuning on the CPU" << std::endl;
-  } else if (gpu != "cpu") {
-    double n = 0;
-    if (!parse_number(gpu, n) || n < 0 || n != std::floor(n)) throw UsageError("--gpu '" + gpu + "': expected auto, cpu or a device index");
-    device = static_cast<int>(n);
-    select_cuda_device(device);  // UsageError when it does not exist
-    use_cuda = true;
-  }
+  const Machine machine = pick_machine(gpu);
+  const bool use_cuda = machine.use_cuda;
 
   SearchSpace space;
   space.global_batches = global_batches(workload, batch, range);
@@ -206,7 +514,7 @@ int run(int argc, char** argv) {
       if (!available.count(name)) {
         std::string names;
         for (const auto& kv : available) names += (names.empty() ? "" : ", ") + kv.first;
-        throw UsageError("--switches: '" + name + "' is not a switch of this workload on " + (use_cuda ? "cuda" : "cpu") +
+        throw UsageError("--switches: '" + name + "' is not a switch of this workload on " + machine.backend +
                          " (available: " + names + ")");
       }
       space.switches[name] = available.at(name);
@@ -217,18 +525,15 @@ int run(int argc, char** argv) {
   for (const auto& [name, values] : available)
     if (!space.switches.count(name)) space.switches[name] = {values.front()};
 
-  const std::string backend = use_cuda ? "cuda" : "cpu";
-  std::ifstream workload_file(workload.path);
-  std::stringstream workload_text;
-  workload_text << workload_file.rdbuf();
-  const std::string device_name = use_cuda ? cuda.devices.at(static_cast<std::size_t>(device)).name : host_info().cpu_model;
-  const std::string workload_digest = digest(workload_text.str());
+  const std::string backend = machine.backend;
+  const std::string device_name = machine.name;
+  const std::string workload_digest = digest(file_text(workload.path));
 
   SearchOptions options;
   options.strategy = strategy == "grid" ? SearchOptions::Strategy::grid : SearchOptions::Strategy::auto_;
   options.budget_seconds = budget;
   options.measure.max_seconds = trial_seconds;
-  ProcessExecutor executor(std::filesystem::read_symlink("/proc/self/exe").string(), workload.path, use_cuda, device,
+  ProcessExecutor executor(std::filesystem::read_symlink("/proc/self/exe").string(), workload.path, use_cuda, machine.device,
                            &stop_requested);
   const Candidate own = own_candidate(workload, space);
 
@@ -248,27 +553,27 @@ int run(int argc, char** argv) {
                        (with_ckpt ? " with activation checkpointing" : "") + "; this " +
                        (use_cuda ? "GPU has " + human_bytes(capacity) + " for a step" : "CPU has " + human_bytes(capacity) + " free"));
   }
-  // Kept back from the trials: the output, and the exit of a trial stopped at the budget's end.
-  const double reserve = kill_grace_seconds + std::min(2.0, 0.05 * budget);
-  const TrialEstimate shortest = shortest_trial(apply(workload, own), options.measure.min_steps, use_cuda, device);
-  if (shortest.seconds > budget - reserve - elapsed()) {
-    // The smallest B with B - grace - min(2, 0.05 B) >= the trial (and what this took so far).
-    const double t = shortest.seconds + elapsed() + kill_grace_seconds;
-    const double smallest_budget = t / 0.95 <= 40 ? t / 0.95 : t + 2;
-    std::ostringstream why;
-    why << std::fixed << std::setprecision(1) << "--budget " << budget << " is below one trial of " << workload.name
-        << " on this machine: about " << std::ceil(smallest_budget) << " s at the least (" << shortest.step_flops / 1e9
-        << " GFLOP a step at " << shortest.flop_rate / 1e9 << " GFLOP/s, " << shortest.rate_source << "; set-up, the checked step, "
-        << warmup_steps(apply(workload, own)) << " warm-up and " << options.measure.min_steps
-        << " measured steps); give at least that";
-    throw UsageError(why.str());
-  }
-  const double trial_deadline = budget - reserve;  // seconds after `started`
-  options.seconds_left = [&] { return trial_deadline - elapsed(); };
+  const TrialEstimate shortest = shortest_trial(apply(workload, own), options.measure.min_steps, use_cuda, machine.device);
+  refuse_budget_below_one_trial(workload, own, shortest, options.measure, budget, elapsed());
+  const double trial_deadline = budget - output_reserve(budget);  // seconds after `started`
+  auto seconds_left = [&] { return trial_deadline - elapsed(); };
+  // Kept from the search for the race: about kMinRoundsToDrop rounds of every finalist at the slice
+  // time the trials so far suggest (their median set-up plus a slice: a busy machine makes both
+  // longer), at most `race_share` (set once the workload's own trial ran), and nothing while that
+  // share cannot buy one round of the choice against the workload's own configuration.
+  std::vector<double> setups;  // of the ok trials so far, seconds
+  double race_share = 0;
+  auto race_reserve = [&] {
+    if (race_share <= 0 || setups.empty()) return 0.0;
+    const double slice = std::max(shortest.seconds, median_of(setups) + slice_seconds_for(trial_seconds));
+    const double rounds = std::min(race_rounds, kMinRoundsToDrop);
+    return race_share < 2 * slice ? 0.0 : std::min(race_share, rounds * static_cast<double>(kMaxSearchFinalists + 1) * slice);
+  };
+  options.seconds_left = [&] { return seconds_left() - race_reserve(); };
   options.min_trial_seconds = shortest.seconds;
-  // A trial outside the search (the workload's own, the confirmation) under the same deadline.
+  // The workload's own trial, outside the search, under the same deadline.
   auto within_budget = [&](MeasurePolicy policy) {
-    const double left = options.seconds_left();
+    const double left = seconds_left();
     if (left < shortest.seconds) throw OutOfBudget("no time left in the budget for another trial");
     policy.max_seconds = std::min(policy.max_seconds, left);
     policy.wall_seconds = left;
@@ -296,6 +601,7 @@ int run(int argc, char** argv) {
     if (stop_requested) throw Interrupted{};
     journal.append(c, r);
     seen.push_back(Ranked{c, r});
+    if (r.ok()) setups.push_back(r.setup_seconds);
     std::cerr << "autotune: [trial " << seen.size() << ", " << human_seconds(elapsed()) << " of " << human_seconds(budget)
               << " budget] " << describe(c) << " -> " << result_text(r) << std::endl;
   };
@@ -303,16 +609,7 @@ int run(int argc, char** argv) {
             << device_name << ", " << options.budget_seconds << " s budget, " << strategy << " search" << std::endl;
 
   TuneOutput out;
-  out.device = {{"backend", backend}, {"name", device_name}};
-  if (use_cuda) {
-    const auto& g = cuda.devices.at(static_cast<std::size_t>(device));
-    out.device.update({{"uuid", g.uuid}, {"compute_capability", g.compute_capability}, {"memory_bytes", g.memory_bytes},
-                       {"driver_version", g.driver_version}, {"runtime_version", g.runtime_version},
-                       {"cublas_version", g.cublas_version}});
-  } else {
-    const HostInfo h = host_info();
-    out.device.update({{"cores", h.cores}, {"compiler", h.compiler}, {"blas", h.blas}});
-  }
+  out.device = machine.description;
   out.workload_name = workload.name;
   out.workload_path = workload.path;
   out.workload_digest = workload_digest;
@@ -320,6 +617,7 @@ int run(int argc, char** argv) {
   out.strategy = strategy;
   out.budget_seconds = budget;
   out.grad_clip = workload.optimizer.grad_clip;
+  out.noise_margin = options.noise_margin;
 
   try {
     // The workload's own configuration first: what the speedup is measured against.
@@ -331,39 +629,47 @@ int run(int argc, char** argv) {
       own_known.push_back(own_result);  // the search takes it as the first measurement of `own`
     }
     out.baseline = Ranked{own, own_result};
+    if (resumed_own && own_result.ok()) setups.push_back(own_result.setup_seconds);
+    if (race_rounds >= 2 && own_result.ok()) race_share = kRaceShare * seconds_left();
     out.report = search(executor, space, options);
-    // The first trials run on a cold machine and the search may have spent little time on either
-    // end of the comparison: measure the choice and the workload's own configuration again, back
-    // to back, for the numbers and the speedup that are reported (not journaled: they repeat).
-    // Each takes its set-up again and a measurement: only when the budget still has room for both.
-    const double confirm_setup = out.report.best.result.setup_seconds + out.baseline->result.setup_seconds;
-    const double confirm_measure = (options.seconds_left() - confirm_setup) / 2;
-    const bool room = confirm_measure >= std::min(trial_seconds, std::max(1.0, 0.5 * trial_seconds));
-    if (out.report.found && !stop_requested && !room)
-      std::cerr << "autotune: no time left in the budget to measure the choice and the workload's own configuration "
-                   "again; reporting the search's own measurements" << std::endl;
-    if (out.report.found && !stop_requested && room) {
-      std::cerr << "autotune: confirming the choice against the workload's own configuration" << std::endl;
-      MeasurePolicy confirm = options.measure;
-      confirm.max_seconds = std::min(trial_seconds, confirm_measure);
-      TrialResult best_again, own_again;
-      try {
-        best_again = executor.run(out.report.best.candidate, within_budget(confirm));
-        own_again = executor.run(own, within_budget(confirm));
-      } catch (const OutOfBudget& e) {
-        best_again.cls = TrialClass::timeout;
-        std::cerr << "autotune: " << e.what() << ": reporting the search's own measurements" << std::endl;
+    race_share = 0;
+    // Trials run one after another compare the machine's drift as much as the candidates: the
+    // finalists and the workload's own configuration are measured again, interleaved, and the
+    // losers dropped. The race's slices are not journaled, as they repeat finished trials: a resumed
+    // tune replays the search from the journal and races afresh.
+    const double memory_limit = static_cast<double>(executor.memory_capacity()) * (1 - out.report.headroom);
+    const std::vector<RaceEntrant> entrants =
+        out.report.found ? finalists(out.report, *out.baseline, memory_limit) : std::vector<RaceEntrant>{};
+    if (out.report.found && !stop_requested) {
+      const bool own_chosen = out.report.best.candidate == own;
+      if (entrants.size() < 2) {
+        std::cerr << "autotune: one configuration ran within the memory headroom: nothing to race it against" << std::endl;
+        if (own_chosen) out.speedup = speedup_of_own_choice();
+      } else if (race_rounds < 1) {
+        if (own_result.ok())
+          out.speedup = speedup_from_separate_trials(out.report.best.result.samples_per_s / own_result.samples_per_s,
+                                                     "--race-rounds 0");
+      } else {
+        auto count = [&](const std::string& why) {
+          return std::count_if(entrants.begin(), entrants.end(), [&](const RaceEntrant& e) { return e.why == why; });
+        };
+        std::string values;
+        for (const auto& e : entrants)
+          if (e.why.rfind("best ", 0) == 0) values += (values.empty() ? "" : ", ") + e.why.substr(5);
+        std::cerr << "autotune: racing the finalists interleaved: the search's choice"
+                  << (own_chosen ? " (the workload's own configuration)" : "") << ", " << count("tie") << " within noise of it, "
+                  << count("next fastest") << " next fastest"
+                  << (values.empty() ? "" : ", the fastest with " + values)
+                  << (own_result.ok() && !own_chosen ? ", the workload's own configuration" : "")
+                  << "; up to " << race_rounds << " rounds of " << slice_seconds_for(trial_seconds) << " s slices" << std::endl;
+        const RaceReport raced = race(executor, entrants,
+                                      race_options(options, race_rounds, trial_seconds, seconds_left, shortest.seconds, elapsed, budget));
+        if (raced.rounds == 0) std::cerr << "autotune: the race measured no round: " << raced.ended << std::endl;
+        else std::cerr << "autotune: the race ended after " << raced.rounds << " round" << (raced.rounds == 1 ? "" : "s")
+                       << ": " << raced.ended << std::endl;
+        take_race(out, raced, options.noise_margin);
       }
-      if (best_again.ok() && own_again.ok()) {
-        out.report.best.result = best_again;
-        out.baseline->result = own_again;
-        out.confirmed = true;
-        if (own_again.samples_per_s >= best_again.samples_per_s)
-          std::cerr << "autotune: measured again, the workload's own configuration is as fast as the choice ("
-                    << own_again.samples_per_s << " vs " << best_again.samples_per_s
-                    << " samples/s): the difference is within this machine's noise; keeping the workload's "
-                       "configuration loses nothing" << std::endl;
-      }
+      if (out.speedup) std::cerr << "autotune: " << out.speedup->note << std::endl;
     }
   } catch (const OutOfBudget& e) {
     // The workload's own configuration ran into the budget's end: nothing to compare with.
@@ -374,6 +680,8 @@ int run(int argc, char** argv) {
               << (out.report.found ? ": reporting the best so far" : ": give a larger --budget") << std::endl;
   } catch (const Interrupted&) {
     out.interrupted = true;
+    out.race.reset();
+    out.speedup.reset();
     out.report = best_so_far(seen, options.noise_margin);
     out.report.seconds = elapsed();
     std::cerr << "autotune: interrupted after " << seen.size() << " trials; writing the best so far" << std::endl;
@@ -383,8 +691,10 @@ int run(int argc, char** argv) {
   if (out_path.empty()) std::cout << text << std::flush;
   else write_file_atomically(out_path, text);
   std::cerr << "autotune: " << (out.report.found ? "chose " + describe(out.report.best.candidate) : "no configuration ran")
-            << " after " << seen.size() << " trials in " << human_seconds(elapsed()) << "; journal "
-            << journal_path << (out_path.empty() ? "" : ", config " + out_path) << std::endl;
+            << " after " << seen.size() << " trials"
+            << (out.race ? " and " + std::to_string(out.race->rounds) + " race rounds" : "") << " in "
+            << human_seconds(elapsed()) << "; journal " << journal_path << (out_path.empty() ? "" : ", config " + out_path)
+            << std::endl;
   if (out.interrupted) return 130;
   return out.report.found ? 0 : 1;
 }

@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
+#include <iomanip>
 #include <sstream>
 
 #include "runtime/error.h"
@@ -22,10 +23,94 @@ OutFormat out_format_from_string(const std::string& name) {
   throw UsageError("unknown format '" + name + "' (yaml, json, deepspeed, lightning, hf)");
 }
 
+// "1.031x (95% CI 0.972-1.093 over 6 interleaved rounds)"; without an interval, "1.031x from 1
+// interleaved round".
+static std::string ratio_text(double ratio, double ci_low, double ci_high, double level, int rounds) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(3) << ratio << "x";
+  const std::string round_words = std::to_string(rounds) + " interleaved round" + (rounds == 1 ? "" : "s");
+  if (rounds >= 2)
+    out << " (" << std::lround(100 * level) << "% CI " << ci_low << "-" << ci_high << " over " << round_words << ")";
+  else
+    out << " from " << round_words;
+  return out.str();
+}
+
+static std::string percent(double fraction) {
+  std::ostringstream out;
+  out << std::setprecision(3) << 100 * fraction << "%";
+  return out.str();
+}
+
+Speedup speedup_from_rounds(const PairedRounds& p, double noise_margin) {
+  Speedup s;
+  s.ratio = p.ratio;
+  s.level = p.level;
+  s.rounds = p.rounds;
+  if (p.rounds >= 2) {
+    s.ci_low = p.ci_low;
+    s.ci_high = p.ci_high;
+  }
+  s.significant = p.faster_beyond(noise_margin);
+  const std::string measured = ratio_text(p.ratio, p.ci_low, p.ci_high, p.level, p.rounds);
+  if (s.significant)
+    s.note = "the choice runs at " + measured + " the workload's own configuration's throughput, measured interleaved";
+  else if (p.slower_beyond(noise_margin))
+    s.note = "the choice is slower than the workload's own configuration beyond noise: " + measured +
+             "; it won the tie-break on peak memory among the finalists within noise of the fastest, or the workload's "
+             "own configuration runs without the memory headroom";
+  else if (!p.decides())
+    s.note = "too few interleaved rounds to judge the choice against the workload's own configuration: " + measured +
+             "; no speedup is claimed";
+  else
+    s.note = "the choice is within noise of the workload's own configuration: " + measured + " does not exclude 1 by the " +
+             percent(noise_margin) + " noise margin; keeping the workload's configuration loses nothing measurable";
+  return s;
+}
+
+Speedup speedup_from_separate_trials(double ratio, const std::string& why) {
+  Speedup s;
+  s.ratio = ratio;
+  std::ostringstream note;
+  note << std::fixed << std::setprecision(3) << "not measured interleaved (" << why << "): " << ratio
+       << "x from trials run apart, which compare the machine's drift as much as the configurations; no speedup is claimed";
+  s.note = note.str();
+  return s;
+}
+
+Speedup speedup_of_own_choice() {
+  Speedup s;
+  s.note = "the choice is the workload's own configuration";
+  return s;
+}
+
 static json measured(const TrialResult& r) {
-  // Measured back to back with the workload's own configuration after the search, when confirmed.
+  // After a race: the median of the interleaved rounds with its distribution-free interval.
   return json{{"samples_per_s", r.samples_per_s}, {"ci_low", r.ci_low}, {"ci_high", r.ci_high},
               {"peak_memory_bytes", r.peak_bytes}, {"steps", r.steps}};
+}
+
+// Each finalist with its per-round throughput, its ratio to the leader and what became of it.
+static json race_json(const RaceReport& race, const std::string& own_key, double noise_margin) {
+  json finalists = json::array();
+  for (std::size_t i = 0; i < race.finalists.size(); ++i) {
+    const Finalist& f = race.finalists[i];
+    json j{{"config", f.candidate.key()}};
+    if (!f.why.empty()) j["raced_as"] = f.why;  // choice, tie, next fastest, best SWITCH=VALUE, own
+    if (f.candidate.key() == own_key) j["workload_config"] = true;
+    if (static_cast<int>(i) == race.choice) j["status"] = "chosen";
+    else if (f.dropped_after) j["status"] = "dropped after round " + std::to_string(f.dropped_after);
+    else j["status"] = "in";
+    if (f.dropped_after) j["why"] = f.why_dropped;
+    j["samples_per_s_per_round"] = f.per_round();
+    if (f.vs_leader.rounds >= 2)
+      j["vs_leader"] = {{"ratio", f.vs_leader.ratio}, {"ci_low", f.vs_leader.ci_low}, {"ci_high", f.vs_leader.ci_high}};
+    else if (f.vs_leader.rounds == 1)
+      j["vs_leader"] = {{"ratio", f.vs_leader.ratio}};
+    finalists.push_back(j);
+  }
+  return json{{"rounds", race.rounds},         {"max_rounds", race.max_rounds}, {"ended", race.ended},
+              {"noise_margin", noise_margin}, {"seconds", race.seconds},       {"finalists", finalists}};
 }
 
 static json ordered(const TuneOutput& o);
@@ -48,6 +133,7 @@ static json ordered(const TuneOutput& o) {
     t["measured"] = measured(rep.best.result);
     t["measured"]["headroom"] = rep.headroom;
     t["measured"]["confirmed"] = o.confirmed;
+    t["measured"]["interleaved_rounds"] = o.confirmed && o.race ? o.race->rounds : 0;
   } else {
     t["chosen"] = nullptr;
     t["note"] = "no configuration ran successfully; see failed_trials";
@@ -55,13 +141,24 @@ static json ordered(const TuneOutput& o) {
   if (o.baseline) {
     t["workload_config"] = {{"config", to_json(o.baseline->candidate)},
                             {"measured", o.baseline->result.ok() ? measured(o.baseline->result) : json(nullptr)}};
-    if (rep.found && o.baseline->result.ok() && o.baseline->result.samples_per_s > 0)
-      t["speedup_over_workload_config"] = rep.best.result.samples_per_s / o.baseline->result.samples_per_s;
+    std::optional<Speedup> speedup = o.speedup;
+    if (!speedup && rep.found && o.baseline->result.ok() && o.baseline->result.samples_per_s > 0)
+      speedup = speedup_from_separate_trials(rep.best.result.samples_per_s / o.baseline->result.samples_per_s,
+                                             "no race was run");
+    if (rep.found && speedup) {
+      t["speedup_over_workload_config"] = speedup->ratio;
+      t["speedup_significant"] = speedup->significant;
+      if (speedup->rounds >= 2)
+        t["speedup_interval"] = {{"ci_low", speedup->ci_low}, {"ci_high", speedup->ci_high}, {"level", speedup->level},
+                                 {"interleaved_rounds", speedup->rounds}};
+      t["speedup_note"] = speedup->note;
+    }
   }
   t["search"] = {{"strategy", o.strategy},       {"trials_run", rep.trials_run}, {"trials_total", rep.trials.size()},
                  {"seconds", rep.seconds},       {"budget_seconds", o.budget_seconds},
                  {"budget_exhausted", rep.budget_exhausted}, {"max_micro_batch", rep.max_micro_batch},
                  {"interrupted", o.interrupted}};
+  if (o.race) t["race"] = race_json(*o.race, o.baseline ? o.baseline->candidate.key() : "", o.noise_margin);
   t["runners_up_within_noise"] = runners;
   t["failed_trials"] = failed;
   t["device"] = json::parse(o.device.dump());
@@ -114,6 +211,8 @@ std::string emit(const TuneOutput& o, OutFormat format) {
   if (o.report.found)
     comment << ", " << o.report.best.result.samples_per_s << " samples/s";
   comment << "\n";
+  if (const json& t = doc["trainbench_autotune"]; t.contains("speedup_note"))
+    comment << "# " << t["speedup_note"].get<std::string>() << "\n";
   const Candidate* c = o.report.found ? &o.report.best.candidate : nullptr;
   switch (format) {
     case OutFormat::json: return doc.dump(2) + "\n";
@@ -157,6 +256,67 @@ std::string emit(const TuneOutput& o, OutFormat format) {
     }
   }
   return "";
+}
+
+bool CompareOutput::within_noise() const {
+  if (!race) return true;  // one configuration
+  for (std::size_t f = 1; f < files.size(); ++f) {
+    if (raced[f] == raced[0]) continue;
+    const PairedRounds p = race->compare(raced[f], raced[0], level);
+    if (!p.decides() || p.faster_beyond(noise_margin) || p.slower_beyond(noise_margin)) return false;
+  }
+  return true;
+}
+
+static json ordered(const CompareOutput& o) {
+  json configs = json::array(), comparisons = json::array();
+  for (std::size_t f = 0; f < o.files.size(); ++f) configs.push_back({{"file", o.files[f]}, {"config", to_json(o.configs[f])}});
+  for (std::size_t f = 1; f < o.files.size(); ++f) {
+    json c{{"of", o.files[f]}, {"against", o.files[0]}};
+    if (!o.race || o.raced[f] == o.raced[0]) {
+      c["verdict"] = "same_configuration";
+    } else {
+      const PairedRounds p = o.race->compare(o.raced[f], o.raced[0], o.level);
+      c["ratio"] = p.ratio;
+      if (p.rounds >= 2) {
+        c["ci_low"] = p.ci_low;
+        c["ci_high"] = p.ci_high;
+        c["level"] = p.level;
+      }
+      c["interleaved_rounds"] = p.rounds;
+      c["verdict"] = !p.decides()                          ? "too_few_rounds"
+                     : p.faster_beyond(o.noise_margin)     ? "faster"
+                     : p.slower_beyond(o.noise_margin)     ? "slower"
+                                                           : "within_noise";
+      c["note"] = o.files[f] + "'s configuration at " + ratio_text(p.ratio, p.ci_low, p.ci_high, p.level, p.rounds) +
+                  " the throughput of " + o.files[0] + "'s";
+    }
+    comparisons.push_back(c);
+  }
+  json doc{{"trainbench_autotune_compare", json::object()}};
+  json& t = doc["trainbench_autotune_compare"];
+  t["within_noise"] = o.within_noise();
+  t["comparisons"] = comparisons;
+  t["configs"] = configs;
+  if (o.race) t["race"] = race_json(*o.race, "", o.noise_margin);
+  t["interrupted"] = o.interrupted;
+  t["device"] = json::parse(o.device.dump());
+  t["workload"] = {{"name", o.workload_name}, {"path", o.workload_path}, {"digest", o.workload_digest}};
+  t["version"] = build::version;
+  t["git_commit"] = build::git_commit;
+  return doc;
+}
+
+nlohmann::json to_json(const CompareOutput& o) { return nlohmann::json::parse(ordered(o).dump()); }
+
+std::string emit(const CompareOutput& o, OutFormat format) {
+  const json doc = ordered(o);
+  switch (format) {
+    case OutFormat::json: return doc.dump(2) + "\n";
+    case OutFormat::yaml: return yaml_text(doc, "# autotune --compare: " + o.workload_name + " on " +
+                                                    o.device.value("name", std::string("?")) + "\n");
+    default: throw UsageError("--compare writes yaml or json");
+  }
 }
 
 }  // namespace tb::tune

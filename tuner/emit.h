@@ -1,23 +1,45 @@
 // What autotune writes: the chosen configuration with its provenance (device and versions, the
 // workload and its digest, the measured throughput with its interval, peak memory and headroom,
-// trials and time, runners-up within noise, the speedup over the workload's own configuration), as
-// YAML or JSON, or as the keys DeepSpeed, PyTorch Lightning or Hugging Face TrainingArguments read.
+// trials and time, runners-up within noise, the speedup over the workload's own configuration with
+// the interval of the interleaved comparison that holds it, the race of the finalists), as YAML or
+// JSON, or as the keys DeepSpeed, PyTorch Lightning or Hugging Face TrainingArguments read.
 // The YAML and JSON document: trainbench_autotune: {chosen, measured, workload_config,
-// speedup_over_workload_config, search, runners_up_within_noise, failed_trials, device, workload,
-// version, git_commit} (chosen is null, with a note, when nothing ran).
+// speedup_over_workload_config, speedup_significant, speedup_interval, speedup_note, search,
+// race, runners_up_within_noise, failed_trials, device, workload, version, git_commit} (chosen is
+// null, with a note, when nothing ran). `autotune --compare` writes trainbench_autotune_compare:
+// {within_noise, comparisons, configs, race, interrupted, device, workload, version, git_commit}.
 #pragma once
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "tuner/race.h"
 #include "tuner/search.h"
 
 namespace tb::tune {
 
 enum class OutFormat { yaml, json, deepspeed, lightning, hf };
 OutFormat out_format_from_string(const std::string& name);  // throws UsageError
+
+// The choice against the workload's own configuration, and whether that is a measured speedup.
+struct Speedup {
+  double ratio = 1;                // choice / own, samples per second
+  double ci_low = 0, ci_high = 0;  // the paired interval over the interleaved rounds (rounds >= 2)
+  double level = 0.95;
+  int rounds = 0;                  // interleaved rounds it rests on; 0: separate trials, or one configuration
+  bool significant = false;        // the interval excludes 1 by at least the noise margin
+  std::string note;                // the verdict, in a sentence
+};
+// From the race's paired rounds of the choice against the workload's own configuration.
+Speedup speedup_from_rounds(const PairedRounds& choice_vs_own, double noise_margin);
+// From two trials measured apart (the search's, when no round could be raced): never significant,
+// since such trials compare the machine's drift as much as the configurations. `why`: why not raced.
+Speedup speedup_from_separate_trials(double ratio, const std::string& why);
+// The choice is the workload's own configuration.
+Speedup speedup_of_own_choice();
 
 struct TuneOutput {
   nlohmann::json device;  // backend, name, versions
@@ -27,11 +49,32 @@ struct TuneOutput {
   double grad_clip = 0;
   SearchReport report;
   std::optional<Ranked> baseline;  // the workload's own configuration, measured
-  bool confirmed = false;          // best and baseline re-measured back to back after the search
+  bool confirmed = false;          // best and baseline measured again, interleaved, after the search
+  std::optional<Speedup> speedup;  // absent: from best and baseline as measured, in separate trials
+  std::optional<RaceReport> race;  // the finalists' race, when one was run
+  double noise_margin = 0.01;
   bool interrupted = false;
 };
 
 nlohmann::json to_json(const TuneOutput& out);
 std::string emit(const TuneOutput& out, OutFormat format);
+
+// `autotune --compare`: configurations from tuned files, measured interleaved, each against the first.
+struct CompareOutput {
+  nlohmann::json device;
+  std::string workload_name, workload_path, workload_digest;
+  std::vector<std::string> files;
+  std::vector<Candidate> configs;   // one per file
+  std::vector<std::size_t> raced;   // per file: its finalist in `race` (files holding one configuration share it)
+  std::optional<RaceReport> race;   // absent when every file holds the same configuration
+  double noise_margin = 0.01, level = 0.95;
+  bool interrupted = false;
+  // Every configuration is within noise of the first: over enough rounds for a verdict, no paired
+  // interval excludes 1 by the noise margin either way (or every file holds the same configuration).
+  bool within_noise() const;
+};
+
+nlohmann::json to_json(const CompareOutput& out);
+std::string emit(const CompareOutput& out, OutFormat format);  // yaml or json
 
 }  // namespace tb::tune

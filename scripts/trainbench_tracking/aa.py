@@ -8,7 +8,11 @@ keeps every run in the order it ran, and judges the same runs three ways:
   files         each pair of back-to-back runs (first run of a round against the second), as
                 `compare A.json B.json` would;
   history       each run against all the runs before it, as `scripts/nightly` would (the first runs form a
-                young history: its own line shows how they fare).
+                young history: its own line shows how they fare);
+  history, --confirm-with
+                where the history confirmed a regression, its rows are run again interleaved, the build
+                against itself, as `scripts/nightly --confirm-with` would (only when the runs are made, not
+                with --input): SLOWER counts the rows whose regression held.
 
 It prints, per mode, how many rows were judged and the share that came out SLOWER or FASTER, and how many
 comparisons would have failed (a confirmed regression: exit 1).
@@ -28,7 +32,7 @@ from .resultfile import Run, load_run
 from .stats import FASTER, SLOWER
 from .tracking import Analysis, Settings, compare_files, compare_history
 
-MODES = ("interleaved", "files", "history", "history (young)")
+MODES = ("interleaved", "files", "history", "history (young)", "history, --confirm-with")
 
 
 @dataclass
@@ -59,9 +63,22 @@ class ModeRate:
                     self.examples.append(f"{where}: {c.key} {c.verdict} {c.test.ratio - 1:+.1%}")
 
 
-def analyse(runs: Sequence[Run], rounds: int, settings: Settings) -> List[ModeRate]:
+    def add_confirmed(self, a: Analysis, where: str) -> None:
+        """A history checked by `nightly --confirm-with`: only the regressions that held count."""
+        self.comparisons += 1
+        self.failing += 1 if a.regressions else 0
+        self.rows += sum(1 for c in a.comparisons if c.status == "compared")
+        for c in a.regressions:
+            self.slower += 1
+            if len(self.examples) < 5:
+                self.examples.append(f"{where}: {c.key} SLOWER {c.test.ratio - 1:+.1%} held")
+
+
+def analyse(runs: Sequence[Run], rounds: int, settings: Settings,
+            confirm: Optional[Callable[[Analysis, str], None]] = None) -> List[ModeRate]:
     """The runs in the order they ran, 2 x `rounds` per interleaved comparison (ABBA: in round r, the
-    baseline side ran first when r is even)."""
+    baseline side ran first when r is even). `confirm(analysis, where)`, when given, checks a history's
+    confirmed regressions as `nightly --confirm-with` does (in place); without it that mode is left out."""
     from .interleave import compare_interleaved
     per = 2 * rounds
     if len(runs) < per or len(runs) % per:
@@ -77,8 +94,13 @@ def analyse(runs: Sequence[Run], rounds: int, settings: Settings) -> List[ModeRa
         out["interleaved"].add(compare_interleaved(pairs, settings), f"comparison {i // per + 1}")
     for j in range(1, len(runs)):
         mode = "history" if j >= BAND_MIN_RUNS else "history (young)"
-        out[mode].add(compare_history(runs[:j], runs[j], settings), f"run {j + 1}")
-    return [out[m] for m in MODES]
+        a = compare_history(runs[:j], runs[j], settings)
+        out[mode].add(a, f"run {j + 1}")
+        if confirm is not None and mode == "history":
+            if a.regressions:
+                confirm(a, f"run {j + 1}")
+            out["history, --confirm-with"].add_confirmed(a, f"run {j + 1}")
+    return [out[m] for m in MODES if confirm is not None or m != "history, --confirm-with"]
 
 
 def collect(benchsuite: str, comparisons: int, rounds: int, extra: List[str], folder: str,

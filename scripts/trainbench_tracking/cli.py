@@ -300,6 +300,8 @@ examples:
   scripts/nightly -- --backend cuda
   scripts/nightly --benchsuite build/benches/benchsuite --repetitions 15 -- --backend cpu --filter 'adamw|peak'
   scripts/nightly --input result.json --no-report      # store and judge a run made elsewhere
+  scripts/nightly --confirm-with prev/build/benches/benchsuite -- --backend cpu
+      # a regression the history confirms must hold run interleaved with the previous build too
 
 exit codes: 0 no confirmed regression, 1 confirmed regression, 2 bad usage, benchsuite could not run or
 its result is unreadable, 3 the run has an incorrect or failed benchmark (stored; no confirmed regression)
@@ -328,11 +330,24 @@ def nightly_main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--no-report", action="store_true", help="do not draw the report")
     p.add_argument("--format", choices=FORMATS, default="table", help="stdout format (default table)")
     p.add_argument("--markdown", metavar="FILE", help="also write the markdown summary to FILE")
+    p.add_argument("--confirm-with", metavar="OLD_BENCHSUITE",
+                   help="the previous build's benchsuite: a regression the history confirms is run again, its rows "
+                        "only, interleaved with this build (compare --interleave), and fails only if that agrees")
+    p.add_argument("--confirm-rounds", type=_positive_int, default=DEFAULT_ROUNDS,
+                   help=f"--confirm-with: rounds of the interleaved check (default {DEFAULT_ROUNDS}, at least 2)")
     _add_analysis_args(p)
     args = p.parse_args(argv)
     tmpdir = None
     try:
         settings = _settings(args)
+        if args.confirm_with is not None:
+            if args.confirm_rounds < 2:
+                raise UsageError(f"--confirm-rounds must be at least 2 (a paired test needs two rounds), "
+                                 f"got {args.confirm_rounds}")
+            for what, path in (("--confirm-with", args.confirm_with), ("--benchsuite", args.benchsuite)):
+                if not os.access(path, os.X_OK):
+                    raise UsageError(f"{what} {path}: not an executable benchsuite (--confirm-with runs the "
+                                     "previous build and this one interleaved)")
         if args.repetitions < settings.min_samples:
             print(f"nightly: warning: --repetitions {args.repetitions} < --min-samples {settings.min_samples}: "
                   "every verdict will be INCONCLUSIVE", file=sys.stderr)
@@ -363,6 +378,14 @@ def nightly_main(argv: Optional[List[str]] = None) -> int:
         tracking, render = _tracking()
         a = tracking.compare_history(history, run, settings)
         a.warnings = warnings + a.warnings
+        if args.confirm_with is not None and a.regressions:
+            from .interleave import confirm_regressions
+            print(f"nightly: {len(a.regressions)} regression(s) in the history: running them interleaved with "
+                  f"{args.confirm_with}", file=sys.stderr, flush=True)
+            confirm_regressions(a, args.confirm_with, args.benchsuite,
+                                ["--repetitions", str(args.repetitions)] + extra, settings, args.confirm_rounds,
+                                args.timeout, progress=lambda line: print("nightly: " + line, file=sys.stderr,
+                                                                          flush=True))
         _unknown_stages(a)
         _emit(a, args.format, args.markdown)
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
@@ -402,7 +425,9 @@ Runs one benchsuite build against itself and counts the false alarms of each com
 machine: COMPARISONS interleaved A/A comparisons of ROUNDS rounds (2 x ROUNDS x COMPARISONS runs in all,
 kept in --keep), judged as interleaved comparisons, as file-vs-file comparisons of back-to-back runs, and
 as a history (each run against the runs before it, as scripts/nightly; the runs before a noise band is
-possible get their own line). Arguments after -- go to every benchsuite run.
+possible get their own line), and, when it makes the runs, as a history whose confirmed regressions are
+run again interleaved, as scripts/nightly --confirm-with does. Arguments after -- go to every benchsuite
+run.
 
 examples:
   scripts/aa-check --comparisons 5 -- --backend cpu --filter 'peak/cpu|spmv/cpu/csr|adamw/cpu/fused' --quick
@@ -461,7 +486,16 @@ def aa_check_main(argv: Optional[List[str]] = None) -> int:
                               ["--repetitions", str(args.repetitions)] + extra, folder, args.timeout,
                               aa.progress_to_stderr)
             shown = " ".join(["--repetitions", str(args.repetitions)] + extra)
-        rates = aa.analyse(runs, args.rounds, settings)
+        confirm = None
+        if not args.input:
+            from .interleave import confirm_regressions
+
+            def confirm(a, where):
+                confirm_regressions(a, args.benchsuite, args.benchsuite,
+                                    ["--repetitions", str(args.repetitions)] + extra, settings, args.rounds,
+                                    args.timeout, progress=lambda line: aa.progress_to_stderr(
+                                        f"aa-check: {where} confirmed interleaved: {line}"))
+        rates = aa.analyse(runs, args.rounds, settings, confirm)
         sys.stdout.write(aa.render(rates, len(runs), args.rounds, shown, args.format))
     except (ResultFileError, UsageError) as e:
         return _fail("aa-check", str(e))

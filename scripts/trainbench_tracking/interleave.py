@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -208,3 +209,60 @@ def run_interleaved(old_bin: str, new_bin: str, rounds: int, extra: List[str], s
         shutil.rmtree(tmpdir, ignore_errors=True)
     a.builds = (old_bin, new_bin)
     return a, incorrect
+
+
+def _without_filter(extra: Sequence[str]) -> List[str]:
+    out, skip = [], False
+    for e in extra:
+        if skip:
+            skip = False
+        elif e == "--filter":
+            skip = True
+        elif not e.startswith("--filter="):
+            out.append(e)
+    return out
+
+
+def confirm_regressions(a: Analysis, old_bin: str, new_bin: str, extra: Sequence[str], settings: Settings,
+                        rounds: int, timeout: Optional[float] = None, progress: Callable[[str], None] = None,
+                        runner=None) -> Optional[Analysis]:
+    """A history's confirmed regressions, checked by an interleaved run of the previous build against this one.
+
+    A history compares tonight's run with runs of other nights, so a slowdown of the machine that lasts as
+    long as two runs (a neighbour on a shared host saturating the memory bus for minutes: invisible to
+    /proc/stat, and measured here at up to 2x on a memory-bound row) reads as a regression of the code.
+    Run alternately with the previous build, such a slowdown hits both builds and cancels. So each row the
+    history confirmed is run again, only those rows, both builds interleaved (`rounds` rounds, ABBA), and
+    stays a confirmed regression only when that comparison says SLOWER too; otherwise the history's
+    verdict is kept, unconfirmed, with what the interleaved run said. Changes `a` in place; returns the
+    interleaved analysis (None when there was nothing to check)."""
+    suspects = a.regressions
+    if not suspects:
+        return None
+    if rounds < MIN_ROUNDS:
+        raise UsageError(f"--confirm-rounds must be at least {MIN_ROUNDS}, got {rounds}")
+    names = "|".join(re.escape(c.key) for c in suspects)
+    args = _without_filter(extra) + ["--filter", f"^({names})$"]
+    check, incorrect = run_interleaved(old_bin, new_bin, rounds, args, settings, timeout, progress, runner)
+    seen = {c.key: c for c in check.comparisons}
+    for c in suspects:
+        o = seen.get(c.key)
+        if o is not None and o.status == "compared" and o.verdict == SLOWER:
+            c.notes.append(f"confirmed interleaved against the previous build: {o.test.ratio - 1:+.1%} over "
+                           f"{check.rounds} rounds (p={o.test.p_value:.2g})")
+            continue
+        if o is None:
+            said = "the row did not run"
+        elif o.status != "compared":
+            said = f"{o.status}" + (f" ({o.reason})" if o.reason else "")
+        else:
+            said = f"{o.verdict} {o.test.ratio - 1:+.1%}"
+        c.confirmed = False
+        c.environment = f"not confirmed interleaved against the previous build ({said})"
+        c.notes.append(f"not confirmed: run interleaved with the previous build ({check.rounds} rounds) it is "
+                       f"{said}; the history's slowdown was the machine's, not the code's")
+    held = sum(1 for c in suspects if c.confirmed)
+    a.warnings.append(f"{len(suspects)} regression{'s' if len(suspects) > 1 else ''} of the history checked by an "
+                      f"interleaved run against {old_bin} ({check.rounds} rounds): {held} held"
+                      + (f"; benchsuite exited 1 in {', '.join(incorrect)}" if incorrect else ""))
+    return check

@@ -63,6 +63,7 @@ def test_aa_check_runs_the_build_and_keeps_the_runs(tmp_path):
     assert proc.stdout.startswith("A/A: one build against itself, 4 runs (2 rounds per interleaved comparison); "
                                   "benchsuite --repetitions 7 --backend cpu --quick")
     assert "| interleaved | 1 | 4 | 0 | 0 | 0.0% | 0 |" in proc.stdout
+    assert "| history, --confirm-with | 0 | 0 | 0 | 0 | - | 0 |" in proc.stdout
 
 
 def test_aa_check_usage_errors(cli, tmp_path):
@@ -77,3 +78,32 @@ def test_aa_check_usage_errors(cli, tmp_path):
     assert rc == 2 and "3 runs do not make whole comparisons of 2 rounds" in err
     rc, _, err = cli("aa-check", "--benchsuite", FAKE_BENCHSUITE, "--", "--out", "x.json")
     assert rc == 2 and "aa-check sets them itself" in err
+
+
+def test_history_regressions_are_checked_again_as_nightly_confirm_with_would(tmp_path):
+    from trainbench_tracking import aa
+    from trainbench_tracking.tracking import Settings
+    folder = tmp_path / "runs"
+    drifting_runs(folder, 8, seed=6, drift=0.0)
+    for name in ("007.json", "008.json"):              # an episode of two slow runs of one stage
+        doc = json.loads((folder / name).read_text())
+        for row in doc["benchmarks"]:
+            if row["stage"] == "attention":
+                row["samples_ns"] = [s * 1.4 for s in row["samples_ns"]]
+                row["median_ns"] *= 1.4
+        (folder / name).write_text(json.dumps(doc))
+    runs = aa.load_folder(str(folder))
+    checked = []
+
+    def machine_not_code(a, where):                     # the interleaved check finds both builds alike
+        checked.append((where, [c.key for c in a.regressions]))
+        for c in a.regressions:
+            c.confirmed = False
+    rates = {r.mode: r for r in aa.analyse(runs, 2, Settings(), machine_not_code)}
+    attention = [n for n in synth.names() if n.startswith("attention/")]
+    assert checked == [("run 8", attention)]
+    assert rates["history"].failing == 1
+    confirmed = rates["history, --confirm-with"]
+    assert (confirmed.comparisons, confirmed.failing, confirmed.slower) == (3, 0, 0)
+    assert confirmed.rows == rates["history"].rows
+    assert "history, --confirm-with" not in {r.mode for r in aa.analyse(runs, 2, Settings())}

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import pytest
 
@@ -67,6 +68,57 @@ def test_a_machine_change_starts_a_new_history_and_is_no_regression(nightly):
     assert len(stored(nightly.results)) == 3
     assert stored(nightly.results, "intel-xeon-platinum-8480_2c") == ["20261004T030000Z_c000003.json"]
     assert out.count(" new ") >= 4            # every benchmark: no earlier passed run on this machine
+
+
+def slower_build(tmp_path, scale):
+    """A fake benchsuite whose times are scaled whatever the night: a build with a real change."""
+    path = tmp_path / "slower_benchsuite"
+    path.write_text(f"#!/bin/sh\nFAKE_BENCH_SCALE='{scale}' exec '{FAKE_BENCHSUITE}' \"$@\"\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_confirm_with_clears_a_slowdown_of_the_machine(nightly):
+    # Two slow nights of an unchanged build: the history confirms a regression; both builds run
+    # interleaved on the (still slow) machine agree, so it is the machine's and nothing fails.
+    for night in range(5):
+        assert nightly(night, "--no-report")[0] == 0
+    assert nightly(5, "--no-report", scale="peak=1.3")[0] == 0
+    before = len(nightly.argv_log.read_text().splitlines())
+    rc, out, err = nightly(6, "--no-report", "--confirm-with", FAKE_BENCHSUITE, "--confirm-rounds", "2",
+                           "--repetitions", "8", scale="peak=1.3")
+    assert rc == 0, out + err
+    line = next(line for line in out.splitlines() if line.startswith(PEAK))
+    assert "SLOWER" in line and "CONFIRMED REGRESSION" not in line
+    assert "not confirmed: run interleaved with the previous build (2 rounds) it is SAME +0.0%" in line
+    assert "1 regression of the history checked by an interleaved run against" in out + err
+    assert "nightly: compare: round 2/2: old" in err
+    runs = [json.loads(line) for line in nightly.argv_log.read_text().splitlines()][before:]
+    assert len(runs) == 1 + 4                                  # the night, then 2 rounds of both builds
+    assert all(r[r.index("--repetitions") + 1] == "8" for r in runs)
+    assert all(r[-4:] == ["--backend", "cpu", "--filter", "^(" + re.escape(PEAK) + ")$"] for r in runs[1:])
+    assert len(stored(nightly.results)) == 7                   # the checking runs are not stored
+
+
+def test_confirm_with_keeps_a_real_regression(nightly, tmp_path):
+    for night in range(5):
+        assert nightly(night, "--no-report")[0] == 0
+    new = slower_build(tmp_path, "peak=1.3")
+    assert nightly(5, "--no-report", benchsuite=new)[0] == 0
+    rc, out, err = nightly(6, "--no-report", "--confirm-with", FAKE_BENCHSUITE, "--confirm-rounds", "2",
+                           benchsuite=new)
+    assert rc == 1, out + err
+    line = next(line for line in out.splitlines() if line.startswith(PEAK))
+    assert "CONFIRMED REGRESSION" in line and "confirmed interleaved against the previous build: +30.0%" in line
+    assert "1 held" in out + err
+
+
+def test_confirm_with_usage_errors(nightly, tmp_path):
+    rc, _, err = nightly(0, "--no-report", "--confirm-with", tmp_path / "nope")
+    assert rc == 2 and f"--confirm-with {tmp_path / 'nope'}: not an executable benchsuite" in err
+    rc, _, err = nightly(0, "--no-report", "--confirm-with", FAKE_BENCHSUITE, "--confirm-rounds", "1")
+    assert rc == 2 and "--confirm-rounds must be at least 2" in err
+    assert stored(nightly.results) == []                       # refused before anything ran
 
 
 def test_an_incorrect_variant_is_stored_shown_and_exits_3(nightly):
