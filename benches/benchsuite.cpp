@@ -4,6 +4,7 @@
 #include <benchmark/benchmark.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <csignal>
 #include <iostream>
 #include <set>
@@ -25,10 +26,20 @@ Examples:
   benchsuite --filter 'peak/cpu/(copy|triad)' --repetitions 20
   benchsuite --backend cpu --axis peak.n=1e6,1e7 --out peak.json
   benchsuite --list                           stages, variants, axes, and why a variant cannot run here
+  benchsuite --list --format json --quick     the same for programs, with the benchmarks --quick would run
   benchsuite --filter peak --benchmark_min_warmup_time=0.1   Google Benchmark flags pass through
 
 Benchmarks are named stage/backend/variant/problem, e.g. peak/cpu/triad/n=33554432.
 )";
+
+// Why a variant cannot run on this machine, whatever the problem; empty when it can.
+std::string unavailable_here(const tb::Variant& v) {
+  const auto& cuda = tb::cuda_status();
+  if (v.backend == tb::Backend::cuda && !cuda.built) return "built without CUDA";
+  if (v.backend == tb::Backend::cuda && !cuda.available()) return "no usable CUDA device";
+  if (!v.make) return "not built";
+  return "";
+}
 
 void list_registry(const tb::Registry& registry, std::ostream& out) {
   const auto& cuda = tb::cuda_status();
@@ -53,15 +64,65 @@ void list_registry(const tb::Registry& registry, std::ostream& out) {
     }
     for (const auto& v : stage.variants) {
       out << "  " << tb::to_string(v.backend) << "/" << v.id << ": " << v.rationale;
-      std::string why;
-      if (v.backend == tb::Backend::cuda && !cuda.built) why = "built without CUDA";
-      else if (v.backend == tb::Backend::cuda && !cuda.available()) why = "no usable CUDA device";
-      else if (!v.make) why = "not built";
+      const std::string why = unavailable_here(v);
       if (!why.empty()) out << "  [unavailable here: " << why << "]";
       out << "\n";
     }
     for (const auto& p : stage.pairs) out << "  pair: " << p.label << " (" << p.baseline << " -> " << p.improved << ")\n";
   }
+}
+
+// The list for programs (`--list --format json`): every stage with its axes, variants and pairs, and
+// the benchmarks that the other flags select (--backend, --quick, --axis, --filter), each with its
+// problem's values and the work one call does. A runner outside this binary (the torch rows) then
+// measures exactly these problems and rates them by the same bytes and FLOPs: the sizes never drift.
+nlohmann::json list_json(const tb::Registry& registry, tb::Settings settings) {
+  using nlohmann::json;
+  const auto& cuda = tb::cuda_status();
+  json devices = json::array();
+  for (const auto& g : cuda.devices)
+    devices.push_back({{"index", g.index}, {"name", g.name}, {"compute_capability", g.compute_capability}, {"sms", g.sms}});
+  json stages = json::array();
+  for (const auto& stage : registry.stages()) {
+    json axes = json::array(), variants = json::array(), pairs = json::array();
+    for (const auto& a : stage.axes)
+      axes.push_back({{"name", a.name}, {"values", a.values},
+                      {"quick_values", a.quick_values.empty() ? a.values : a.quick_values}, {"help", a.help}});
+    for (const auto& v : stage.variants) {
+      json j{{"id", v.id}, {"backend", tb::to_string(v.backend)}, {"rationale", v.rationale}, {"axes", v.axes}};
+      const std::string why = unavailable_here(v);
+      j["available"] = why.empty();
+      if (!why.empty()) j["unavailable_reason"] = why;
+      if (!v.provides_peak.empty()) j["provides_peak"] = v.provides_peak;
+      variants.push_back(j);
+    }
+    for (const auto& p : stage.pairs) pairs.push_back({{"label", p.label}, {"baseline", p.baseline}, {"improved", p.improved}});
+    stages.push_back({{"name", stage.name}, {"question", stage.question}, {"source", stage.source}, {"axes", axes},
+                      {"variants", variants}, {"pairs", pairs}});
+  }
+  settings.peak_prepass = false;  // the rows asked for, not the peaks a run would add
+  json benchmarks = json::array();
+  for (const auto& e : tb::select_entries(registry, settings)) {
+    json problem = json::object();
+    for (const auto& [key, value] : e.problem.params()) problem[key] = value;
+    json b{{"name", e.name}, {"stage", e.stage->name}, {"backend", tb::to_string(e.variant->backend)},
+           {"variant", e.variant->id}, {"problem", problem}};
+    if (!e.unsupported.empty()) {
+      b["unsupported"] = e.unsupported;
+    } else {
+      const tb::Work w = e.variant->work(e.problem);
+      b["work"] = {{"bytes", w.bytes}, {"flops", w.flops}, {"bound", w.bound == tb::Work::Bound::memory ? "memory" : "compute"},
+                   {"peak_key", w.peak_key}, {"footprint_bytes", w.footprint_bytes > 0 ? w.footprint_bytes : w.bytes}};
+    }
+    benchmarks.push_back(b);
+  }
+  return {{"schema", "trainbench-list/1"},
+          {"version", tb::build::version},
+          {"quick", settings.quick},
+          {"cuda", {{"built", cuda.built}, {"available", cuda.available()}, {"unavailable_reason", cuda.unavailable_reason},
+                    {"devices", devices}}},
+          {"stages", stages},
+          {"benchmarks", benchmarks}};
 }
 
 tb::Format format_for_path(const std::string& path) {
@@ -112,7 +173,9 @@ int run(int argc, char** argv) {
                  "Flag a result as noisy when its CI half-width exceeds this fraction of the median")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--axis", axis_texts, "Problem sizes: STAGE.AXIS=V1[,V2...], repeatable (see --list)");
-  app.add_flag("--list", list, "List stages, axes, variants and pairs, and why a variant cannot run here");
+  app.add_flag("--list", list,
+               "List stages, axes, variants and pairs, and why a variant cannot run here (--format json: also the benchmarks "
+               "--backend, --quick, --axis and --filter select, with their problems and work, for programs)");
   app.add_option("--out", out_path, "Write the results to this file (format from --format or the extension)");
   app.add_option("--format", format_name, "console, json, csv or md (default: console on stdout, json for --out)")
       ->check(CLI::IsMember({"console", "json", "csv", "md"}));
@@ -131,7 +194,11 @@ int run(int argc, char** argv) {
   }
 
   const tb::Registry& registry = tb::builtin_registry();
-  if (list) {
+  const bool list_json_wanted =
+      format_name == "json" || (format_name.empty() && !out_path.empty() && format_for_path(out_path) == tb::Format::json);
+  if (list && !list_json_wanted) {
+    if (!out_path.empty() || (!format_name.empty() && format_name != "console"))
+      throw tb::UsageError("--list is written as text on stdout, or as JSON (--format json, or --out FILE.json)");
     list_registry(registry, std::cout);
     return 0;
   }
@@ -171,6 +238,13 @@ int run(int argc, char** argv) {
   if (device >= 0) {
     settings.cuda_device = device;
     tb::select_cuda_device(device);  // a device that does not exist is bad usage
+  }
+
+  if (list) {  // as JSON: after the flags that select benchmarks
+    const std::string text = list_json(registry, settings).dump(2) + "\n";
+    if (out_path.empty()) std::cout << text;
+    else tb::write_file_atomically(out_path, text);
+    return 0;
   }
 
   const tb::Format file_format =

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,43 @@ TEST(Cli, HelpAndListSucceed) {
   EXPECT_EQ(list.code, 0);
   for (const char* v : {"cpu/triad", "cpu/gemm_fp32", "cuda/copy", "cuda/h2d_pinned", "cuda/gemm_bf16", "pair: "})
     EXPECT_NE(list.output.find(v), std::string::npos) << v;
+}
+
+// --list as JSON is what programs read (the torch rows): every stage, and the benchmarks the other
+// flags select, each named as a run names it, with its problem's values and the work one call does.
+TEST(Cli, ListAsJsonGivesTheSelectedBenchmarksWithTheirProblems) {
+  const auto path = std::filesystem::temp_directory_path() / ("tb_list_" + std::to_string(::getpid()) + ".json");
+  const Outcome o = benchsuite("--list --backend cpu --quick --filter 'adamw/cpu/fused' --axis adamw.tensors=200,20 --out " +
+                               path.string());
+  ASSERT_EQ(o.code, 0) << o.output;
+  const auto doc = nlohmann::json::parse(std::ifstream(path));
+  std::filesystem::remove(path);
+  EXPECT_EQ(doc.at("schema"), "trainbench-list/1");
+  EXPECT_TRUE(doc.at("quick").get<bool>());
+  bool adamw_listed = false;
+  for (const auto& stage : doc.at("stages")) {
+    if (stage.at("name") != "adamw") continue;
+    adamw_listed = true;
+    EXPECT_FALSE(stage.at("pairs").empty());
+    for (const auto& axis : stage.at("axes"))
+      if (axis.at("name") == "params") {
+        EXPECT_EQ(axis.at("quick_values"), nlohmann::json::array({"10000000"}));
+      }
+  }
+  EXPECT_TRUE(adamw_listed);
+  std::set<std::string> names;
+  for (const auto& b : doc.at("benchmarks")) {
+    names.insert(b.at("name").get<std::string>());
+    EXPECT_EQ(b.at("stage"), "adamw");
+    EXPECT_EQ(b.at("backend"), "cpu");
+    EXPECT_EQ(b.at("variant"), "fused");
+    EXPECT_EQ(b.at("problem").at("params"), "10000000");
+    EXPECT_GT(b.at("work").at("bytes").get<double>(), 0);
+  }
+  EXPECT_EQ(names.count("adamw/cpu/fused/params=10000000,tensors=20,dtype=fp32"), 1u) << doc.at("benchmarks").dump(1);
+  EXPECT_EQ(names.count("adamw/cpu/fused/params=10000000,tensors=200,dtype=bf16"), 1u);
+  EXPECT_EQ(names.size(), 4u) << "2 tensor counts x 2 dtypes, and no peak rows";
+  expect_usage_error("--list --format csv", "--list is written as text on stdout, or as JSON");
 }
 
 TEST(Cli, QuickRunWritesAValidResultsFile) {

@@ -522,7 +522,10 @@ TEST(AutotuneBudget, ATrialStopsMeasuringAtItsWallLimit) {
   const TrialResult r = run_trial_here(request);
   ASSERT_TRUE(r.ok()) << r.message;
   EXPECT_EQ(r.message, "stopped at the budget's end");
-  EXPECT_LE(r.seconds, 1.5);
+  // It stops itself before the limit by forecasting its next sample; a sample that takes longer than
+  // forecast (another test on the other core) may end a little after it, which is why the parent
+  // process holds the hard limit. 10% over is a forecast gone wrong, not a slow sample.
+  EXPECT_LE(r.seconds, 1.5 * 1.1);
   EXPECT_GT(r.steps, 0);
   EXPECT_GT(r.setup_seconds, 0.0);
   EXPECT_LT(r.setup_seconds, r.seconds);

@@ -56,8 +56,9 @@ Examples:
 Presets: tuner/workloads/*.yaml (the source reports' pipelines). Switches: optimizer, sync,
 activation_checkpointing, lazy_cg (with a propagator), bf16_matmuls and cuda_graphs (GPU only).
 
-After the search, its choice, the candidates within noise of it and the next fastest (four at most) and
-the workload's own configuration are raced: measured in rounds, one short trial of each a round in a
+After the search, its choice, the candidates within noise of it and the next fastest (four at most), the
+fastest with each switch value not among those, the choice's switches at half and twice its micro-batch,
+and the workload's own configuration are raced: measured in rounds, one short trial of each a round in a
 rotating order, compared on their per-round ratios (which the machine's drift between rounds does not
 move), and the ones behind the leader beyond noise dropped. A speedup over the workload's own
 configuration is claimed only when that paired interval excludes 1 by the noise margin (1%).
@@ -149,7 +150,12 @@ std::vector<int64_t> global_batches(const step::Workload& w, int64_t batch, cons
 }
 
 // The race of the finalists after the search (race.h).
-constexpr int kDefaultRaceRounds = 6;
+// Finalists a few percent apart on a machine with slow spells: after 6 rounds their interval often
+// still spans both (a tie, settled by memory), and two tunes of one workload then chose micro-batches
+// whose interleaved comparison later differed by 7% (2 pairs of 6 here); with 12, 6 of 6 agreed. A
+// race ends as soon as one finalist is left, so the rounds are paid only where the call is close, and
+// the race never takes more than its share of the budget.
+constexpr int kDefaultRaceRounds = 12;
 // The search's choice and at most three more, the workload's own configuration besides: the race
 // drops the ones clearly behind after kMinRoundsToDrop rounds, so a round of five is paid three times.
 constexpr std::size_t kMaxSearchFinalists = 4;
@@ -258,7 +264,8 @@ RaceOptions race_options(const SearchOptions& search, int rounds, double trial_s
 // because a slow spell of the machine during the few trials of one value (measured here: every
 // configuration 25% slower for a few seconds) would otherwise keep it out for good, and a second tune
 // without that spell would choose it.
-std::vector<RaceEntrant> finalists(const SearchReport& rep, const Ranked& own, double memory_limit) {
+std::vector<RaceEntrant> finalists(const SearchReport& rep, const Ranked& own, double memory_limit,
+                                   const std::vector<std::string>& memory_switches) {
   std::vector<RaceEntrant> out;
   std::set<std::string> keys;
   auto add = [&](const Ranked& r, bool eligible, const std::string& why) {
@@ -287,6 +294,31 @@ std::vector<RaceEntrant> finalists(const SearchReport& rep, const Ranked& own, d
       });
       if (!present) add(t, true, "best " + name + "=" + value);
     }
+  // The choice's switches at half and twice its micro-batch. The search does not try again a
+  // micro-batch step that one trial under other switches measured worse, and one trial is one draw of
+  // the machine's drift: two tunes then settled on neighbouring micro-batches 10% apart. A neighbour
+  // joins where a trial at its micro-batch with the same memory switches kept the headroom, so that
+  // it fits too; never measured, it races on that trial's set-up time.
+  const Candidate& best = rep.best.candidate;
+  auto same_memory = [&](const Candidate& a, const Candidate& b) {
+    return std::all_of(memory_switches.begin(), memory_switches.end(), [&](const std::string& name) {
+      const auto x = a.switches.find(name), y = b.switches.find(name);
+      return (x == a.switches.end()) == (y == b.switches.end()) && (x == a.switches.end() || x->second == y->second);
+    });
+  };
+  for (const int64_t micro : {best.micro_batch / 2, best.micro_batch * 2}) {
+    if (micro < 1 || best.global_batch % micro != 0) continue;
+    Candidate neighbour = best;
+    neighbour.micro_batch = micro;
+    const auto fitted = std::find_if(rep.trials.begin(), rep.trials.end(), [&](const Ranked& t) {
+      return t.candidate.global_batch == best.global_batch && t.candidate.micro_batch == micro &&
+             fits(t.result) && same_memory(t.candidate, neighbour);
+    });
+    if (fitted == rep.trials.end()) continue;
+    const auto measured = fastest.find(neighbour.key());
+    add(measured != fastest.end() ? measured->second : Ranked{neighbour, fitted->result}, true,
+        "micro-batch " + std::to_string(micro) + " with the choice's switches");
+  }
   if (own.result.ok()) add(own, fits(own.result), "own");
   return out;
 }
@@ -465,7 +497,7 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "grid"}));
   app.add_option("--switches", switch_list, "comma list of switches to tune (default: all the workload has), or none");
   app.add_option("--race-rounds", race_rounds,
-                 "most rounds of the finalists' interleaved race after the search (default 6; 0: no race, and no speedup "
+                 "most rounds of the finalists' interleaved race after the search (default 12; 0: no race, and no speedup "
                  "is claimed)")
       ->check(CLI::Range(0, 100));
   app.add_option("--format", format, "yaml, json, deepspeed, lightning or hf (Hugging Face TrainingArguments)")
@@ -639,7 +671,7 @@ int run(int argc, char** argv) {
     // tune replays the search from the journal and races afresh.
     const double memory_limit = static_cast<double>(executor.memory_capacity()) * (1 - out.report.headroom);
     const std::vector<RaceEntrant> entrants =
-        out.report.found ? finalists(out.report, *out.baseline, memory_limit) : std::vector<RaceEntrant>{};
+        out.report.found ? finalists(out.report, *out.baseline, memory_limit, space.memory_switches) : std::vector<RaceEntrant>{};
     if (out.report.found && !stop_requested) {
       const bool own_chosen = out.report.best.candidate == own;
       if (entrants.size() < 2) {
@@ -653,13 +685,17 @@ int run(int argc, char** argv) {
         auto count = [&](const std::string& why) {
           return std::count_if(entrants.begin(), entrants.end(), [&](const RaceEntrant& e) { return e.why == why; });
         };
-        std::string values;
-        for (const auto& e : entrants)
+        std::string values, neighbours;
+        for (const auto& e : entrants) {
           if (e.why.rfind("best ", 0) == 0) values += (values.empty() ? "" : ", ") + e.why.substr(5);
+          if (e.why.rfind("micro-batch ", 0) == 0)
+            neighbours += (neighbours.empty() ? "" : " and ") + std::to_string(e.candidate.micro_batch);
+        }
         std::cerr << "autotune: racing the finalists interleaved: the search's choice"
                   << (own_chosen ? " (the workload's own configuration)" : "") << ", " << count("tie") << " within noise of it, "
                   << count("next fastest") << " next fastest"
                   << (values.empty() ? "" : ", the fastest with " + values)
+                  << (neighbours.empty() ? "" : ", its switches at micro-batch " + neighbours)
                   << (own_result.ok() && !own_chosen ? ", the workload's own configuration" : "")
                   << "; up to " << race_rounds << " rounds of " << slice_seconds_for(trial_seconds) << " s slices" << std::endl;
         const RaceReport raced = race(executor, entrants,

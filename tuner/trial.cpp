@@ -217,8 +217,9 @@ TrialResult run_trial_here(const json& request) {
       step_seconds.push_back(time_sample(timer, [&] { instance->run(); }, batch) / static_cast<double>(batch));
       steps += batch;
       // The budget's end: no sample that would finish after it (the parent stops the trial there),
-      // however few there are; the interval says how little they tell.
-      const double sample_s = step_seconds.back() * static_cast<double>(batch);
+      // however few there are; the interval says how little they tell. The slowest sample so far is
+      // the forecast: on a busy machine the next one can take longer than the last.
+      const double sample_s = *std::max_element(step_seconds.begin(), step_seconds.end()) * static_cast<double>(batch);
       if (policy.wall_seconds > 0 && seconds_since(started) + 1.5 * sample_s > policy.wall_seconds) {
         r.message = "stopped at the budget's end";
         break;
