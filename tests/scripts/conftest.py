@@ -38,6 +38,14 @@ def run_script(name, *args, env=None):
                           text=True, env=full_env, timeout=60)
 
 
+def slower_benchsuite(tmp_path, scale):
+    """A fake benchsuite whose times are scaled whatever its environment says: a build with a change."""
+    path = tmp_path / "slower_benchsuite"
+    path.write_text(f"#!/bin/sh\nFAKE_BENCH_SCALE='{scale}' exec '{FAKE_BENCHSUITE}' \"$@\"\n")
+    path.chmod(0o755)
+    return str(path)
+
+
 def scaled(doc, factor, names=None, clock_mhz=None):
     """A copy of a result document with the samples of `names` (default all) times `factor`."""
     doc = copy.deepcopy(doc)

@@ -2,7 +2,6 @@
 
 import json
 import os
-import stat
 import subprocess
 import tempfile
 
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 
 import synth
-from conftest import FAKE_BENCHSUITE, REPO, SCRIPTS, by_name
+from conftest import FAKE_BENCHSUITE, REPO, SCRIPTS, by_name, slower_benchsuite
 from trainbench_tracking.interleave import compare_interleaved, paired_rounds_test, walsh_interval
 from trainbench_tracking.resultfile import parse_run
 from trainbench_tracking.stats import FASTER, INCONCLUSIVE, SAME, SLOWER
@@ -114,14 +113,6 @@ def clean_env(monkeypatch, tmp_path):
     return tmp
 
 
-def slower_fake(tmp_path, scale):
-    """A fake benchsuite whose times are scaled: a 'new build' with a change."""
-    path = tmp_path / "slower_benchsuite"
-    path.write_text(f"#!/bin/sh\nFAKE_BENCH_SCALE='{scale}' exec '{FAKE_BENCHSUITE}' \"$@\"\n")
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return str(path)
-
-
 def test_a_build_against_itself_is_same_in_abba_order(cli, clean_env, tmp_path, monkeypatch):
     argv_log = tmp_path / "argv.jsonl"
     monkeypatch.setenv("FAKE_BENCH_ARGV", str(argv_log))
@@ -140,7 +131,7 @@ def test_a_build_against_itself_is_same_in_abba_order(cli, clean_env, tmp_path, 
 
 
 def test_a_slower_build_is_slower_and_exits_1(cli, clean_env, tmp_path):
-    new = slower_fake(tmp_path, "peak=1.3")
+    new = slower_benchsuite(tmp_path, "peak=1.3")
     rc, out, _ = cli("compare", "--interleave", FAKE_BENCHSUITE, new, "--rounds", "2", "--format", "json",
                      "--", "--backend", "cpu")
     doc = json.loads(out)

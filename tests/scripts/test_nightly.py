@@ -7,7 +7,7 @@ import re
 import pytest
 
 import synth
-from conftest import FAKE_BENCHSUITE, run_script, write_json
+from conftest import FAKE_BENCHSUITE, run_script, slower_benchsuite, write_json
 
 PEAK = synth.names()[0]
 
@@ -70,14 +70,6 @@ def test_a_machine_change_starts_a_new_history_and_is_no_regression(nightly):
     assert out.count(" new ") >= 4            # every benchmark: no earlier passed run on this machine
 
 
-def slower_build(tmp_path, scale):
-    """A fake benchsuite whose times are scaled whatever the night: a build with a real change."""
-    path = tmp_path / "slower_benchsuite"
-    path.write_text(f"#!/bin/sh\nFAKE_BENCH_SCALE='{scale}' exec '{FAKE_BENCHSUITE}' \"$@\"\n")
-    path.chmod(0o755)
-    return path
-
-
 def test_confirm_with_clears_a_slowdown_of_the_machine(nightly):
     # Two slow nights of an unchanged build: the history confirms a regression; both builds run
     # interleaved on the (still slow) machine agree, so it is the machine's and nothing fails.
@@ -103,7 +95,7 @@ def test_confirm_with_clears_a_slowdown_of_the_machine(nightly):
 def test_confirm_with_keeps_a_real_regression(nightly, tmp_path):
     for night in range(5):
         assert nightly(night, "--no-report")[0] == 0
-    new = slower_build(tmp_path, "peak=1.3")
+    new = slower_benchsuite(tmp_path, "peak=1.3")
     assert nightly(5, "--no-report", benchsuite=new)[0] == 0
     rc, out, err = nightly(6, "--no-report", "--confirm-with", FAKE_BENCHSUITE, "--confirm-rounds", "2",
                            benchsuite=new)
