@@ -27,12 +27,6 @@ int cuda_device_count() {
   return n;
 }
 
-int64_t cuda_free_bytes() {
-  std::size_t free_bytes = 0, total = 0;
-  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
-  return static_cast<int64_t>(free_bytes);
-}
-
 void stall_legacy_stream(double seconds) {
   stall_kernel<<<1, 1, 0, cudaStreamLegacy>>>(static_cast<uint64_t>(seconds * 1e9));
   CUDA_CHECK(cudaGetLastError());

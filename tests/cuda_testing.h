@@ -1,6 +1,6 @@
-// Probes for the CUDA tests that no stage needs: free device memory, a stalled legacy stream, the
-// device a stream belongs to, whether a stream is capturing. Built with CUDA only; the tests that
-// call them skip first where there is no device.
+// Probes for the CUDA tests that no stage needs: a stalled legacy stream, the device a stream belongs
+// to, whether a stream is capturing. Built with CUDA only; the tests that call them skip first where
+// there is no device.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +8,6 @@
 namespace tb::testing {
 
 int cuda_device_count();
-int64_t cuda_free_bytes();              // on the current device
 // Occupies the legacy default stream for `seconds` (a kernel that waits on the global timer).
 void stall_legacy_stream(double seconds);
 bool legacy_stream_idle();              // the legacy stream has nothing queued or running

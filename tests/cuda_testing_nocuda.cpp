@@ -10,7 +10,6 @@ namespace {
 }  // namespace
 
 int cuda_device_count() { return 0; }
-int64_t cuda_free_bytes() { no_cuda(); }
 void stall_legacy_stream(double) { no_cuda(); }
 bool legacy_stream_idle() { no_cuda(); }
 void wait_legacy_stream() { no_cuda(); }

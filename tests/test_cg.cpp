@@ -23,11 +23,22 @@ Problem problem(const char* graph, const char* rows, const char* drift, const ch
   return Problem({{"graph", graph}, {"rows", rows}, {"alpha", alpha}, {"drift", drift}});
 }
 
-std::unique_ptr<Instance> make(const char* id, Backend backend, const Problem& p) {
+// An instance and the session it runs in, which must outlive it: a CUDA instance runs on the
+// session's stream. (Declared first, the session is destroyed last.)
+struct Made {
+  std::unique_ptr<BackendSession> session;
+  std::unique_ptr<Instance> instance;
+  Instance* operator->() const { return instance.get(); }
+  Instance& operator*() const { return *instance; }
+  Instance* get() const { return instance.get(); }
+};
+
+Made make(const char* id, Backend backend, const Problem& p) {
   const Variant* v = cg_stage().find_variant(id, backend);
   EXPECT_NE(v, nullptr) << id;
-  auto session = make_session(backend, 0);
-  return v->make(p, session->context());
+  Made made{make_session(backend, 0), nullptr};
+  made.instance = v->make(p, made.session->context());
+  return made;
 }
 
 std::map<std::string, double> counters(const Instance& instance) {

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <unistd.h>
 
 #include "runtime/error.h"
 #include "runtime/tolerance.h"
@@ -264,7 +265,7 @@ TEST(StepVariant, CudaSwitchesMatchTheDoubleReference) {
                             "switches: {bf16_matmuls: true}\n", "optimizer: {variant: per_tensor}\n",
                             "optimizer: {variant: foreach}\n", "data: {location: host_pageable, per_sample_copy: true}\n",
                             "logging: {sync: async}\n"}) {
-    const std::string path = ::testing::TempDir() + "/switch.yaml";
+    const std::string path = ::testing::TempDir() + "/tb_" + std::to_string(::getpid()) + "_switch.yaml";
     std::ofstream(path) << "name: switch\nmodel: {layers: 2, d_model: 64, heads: 4, seq_len: 32, vocab: 50}\n"
                         << "batch: {global: 8, micro: 4}\n" << extra;
     auto session = make_session(Backend::cuda, 0);
@@ -297,8 +298,9 @@ MadeStep make_step(Backend backend, const std::string& path) {
   return m;
 }
 
+// Named by the process too: ctest -j runs this binary's cases side by side, each writing its files.
 std::string write_workload(const std::string& file, const std::string& yaml) {
-  const std::string path = ::testing::TempDir() + "/" + file;
+  const std::string path = ::testing::TempDir() + "/tb_" + std::to_string(::getpid()) + "_" + file;
   std::ofstream(path) << yaml;
   return path;
 }

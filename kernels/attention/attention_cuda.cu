@@ -450,6 +450,11 @@ class Naive final : public Instance {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     return check_output(s_, causal_, x_.type, x_.output(s_.elements(), stream_));
   }
+  // Rebuilt: what the mask pool holds mapped, which stays put from the first forward on.
+  std::vector<std::pair<std::string, double>> observed() const override {
+    if (mask_ != Mask::rebuilt) return {};
+    return {{"mask_pool_reserved_bytes", static_cast<double>(mask_pool_.reserved_bytes())}};
+  }
 
  private:
   Shape s_;

@@ -92,6 +92,13 @@ class MemPool {
   MemPool(const MemPool&) = delete;
   MemPool& operator=(const MemPool&) = delete;
   cudaMemPool_t get() const { return pool_; }
+  // Bytes the pool holds mapped from the driver now, in use or kept for reuse (this process's own
+  // figure: the device's free memory also moves with every other process on the GPU).
+  uint64_t reserved_bytes() const {
+    uint64_t bytes = 0;
+    if (pool_) CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &bytes));
+    return bytes;
+  }
 
  private:
   cudaMemPool_t pool_ = nullptr;
