@@ -253,7 +253,9 @@ int run(int argc, char** argv) {
       !out_path.empty() || format_name.empty() ? tb::Format::console : tb::format_from_string(format_name);
 
   const auto entries = tb::select_entries(registry, settings);
+  // Ctrl-C, or a job's time limit (SIGTERM): finish the row in hand and write what was measured.
   std::signal(SIGINT, [](int) { tb::request_stop(); });
+  std::signal(SIGTERM, [](int) { tb::request_stop(); });
   tb::Results results = tb::run_entries(registry, entries, settings, std::cerr);
 
   if (!out_path.empty()) {

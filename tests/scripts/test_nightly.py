@@ -3,11 +3,14 @@
 import json
 import os
 import re
+import signal
+import subprocess
+import time
 
 import pytest
 
 import synth
-from conftest import FAKE_BENCHSUITE, run_script, slower_benchsuite, write_json
+from conftest import FAKE_BENCHSUITE, SCRIPTS, run_script, slower_benchsuite, write_json
 
 PEAK = synth.names()[0]
 
@@ -188,3 +191,52 @@ def test_report_draws_a_history(cli, tmp_path):
     (tmp_path / "empty").mkdir()
     rc, _, err = cli("report", tmp_path / "empty")
     assert rc == 2 and "no readable result files" in err
+
+
+def _kept_file(error_line):
+    m = re.search(r"kept at (\S+) \(not stored in the history", error_line)
+    return m.group(1) if m else None
+
+
+def test_a_timeout_stops_benchsuite_gently_and_keeps_what_it_measured(nightly):
+    rc, _, err = nightly(0, "--no-report", "--timeout", "1", hang=1)
+    assert rc == 2
+    errors = [line for line in err.splitlines() if line.startswith("nightly: error: ")]
+    assert len(errors) == 1 and errors[0].startswith("nightly: error: benchsuite ran past --timeout 1 s: ")
+    kept = _kept_file(errors[0])
+    assert kept and os.path.isfile(kept), errors[0]
+    with open(kept) as f:
+        assert len(json.load(f)["benchmarks"]) == len(synth.names())
+    os.remove(kept)
+    assert stored(nightly.results) == []   # a partial run is no point of the history
+
+
+def test_a_benchsuite_that_ignores_the_interrupt_is_killed_after_the_grace(nightly, monkeypatch):
+    from trainbench_tracking import nightly as nightly_module
+    monkeypatch.setattr(nightly_module, "STOP_GRACE_S", 0.5)
+    rc, _, err = nightly(0, "--no-report", "--timeout", "1", hang="ignore")
+    assert rc == 2
+    assert "benchsuite ran past --timeout 1 s: " in err and "kept at" not in err
+    assert stored(nightly.results) == []
+
+
+def test_sigterm_to_nightly_keeps_what_benchsuite_measured(tmp_path):
+    """A CI job's time limit: SIGTERM to nightly stops benchsuite as Ctrl-C does; nothing measured is lost."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_BENCH_")}
+    env["FAKE_BENCH_HANG"] = "1"
+    proc = subprocess.Popen([os.path.join(SCRIPTS, "nightly"), "--benchsuite", FAKE_BENCHSUITE, "--results-dir",
+                             str(tmp_path / "results"), "--no-report", "--", "--backend", "cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 30
+    line = ""
+    while "fake benchsuite:" not in line and time.monotonic() < deadline:   # benchsuite is running
+        line = proc.stderr.readline()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    errors = [ln for ln in err.splitlines() if ln.startswith("nightly: error: ")]
+    assert len(errors) == 1 and errors[0].startswith("nightly: error: interrupted while benchsuite ran: "), err
+    kept = _kept_file(errors[0])
+    assert kept and os.path.isfile(kept), errors[0]
+    os.remove(kept)
+    assert stored(tmp_path / "results") == []
