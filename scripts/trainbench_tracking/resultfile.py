@@ -14,8 +14,8 @@ from .errors import ResultFileError
 
 SCHEMA = "trainbench-results/1"
 DISPOSITIONS = ("passed", "incorrect", "unsupported", "failed")
-# Backends whose rows ran on a GPU: benchsuite's cuda, and scripts/torch-peers' torch.
-GPU_BACKENDS = ("cuda", "torch")
+# Backends whose rows ran on a GPU: benchsuite's cuda, and scripts/torch-peers' torch_cuda (its --device cpu rows, torch, ran on the CPU).
+GPU_BACKENDS = ("cuda", "torch_cuda")
 # "<UTC timestamp>_<commit>.json", the name nightly stores a run under.
 STORED_NAME = re.compile(r"^(\d{8}T\d{6}Z)(?:-\d+)?_([a-z0-9]+)\.json$")
 TIMESTAMP_FORMAT = "%Y%m%dT%H%M%SZ"

@@ -12,6 +12,7 @@ import ctypes
 import gc
 import math
 import re
+import time
 import warnings
 from typing import Callable, Dict, List, Tuple
 
@@ -24,7 +25,7 @@ from .torch_peers import (MAX_BATCH, SPMV_FP64_RTOL, TOL_ATTENTION, TOL_FP32, WA
                           Outcome, Tolerance, Verdict, _median, alloc_probe_value, collate_fields, epoch_order,
                           laplacian_csr, laplacian_nnz, launch_window, param_set_sizes, parse_shape)
 
-DEVICE = torch.device("cuda")
+DEVICE = torch.device("cuda")   # use_device() sets it before any case is made
 
 # torch.optim.AdamW's defaults, which the stage's are (kernels/runtime/defaults.h adamw_*)
 ADAMW = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2}
@@ -45,7 +46,30 @@ def require_cuda() -> None:
     if not torch.cuda.is_available():
         built = "built without CUDA" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
         raise UsageError(f"PyTorch {torch.__version__} ({built}) sees no CUDA device: "
-                         "torch.cuda.is_available() is False")
+                         "torch.cuda.is_available() is False (--device cpu runs the CPU peers)")
+
+
+def use_device(kind: str) -> None:
+    """cuda (checked to be there) or cpu: where every case puts its tensors and how it is timed."""
+    global DEVICE
+    if kind == "cuda":
+        require_cuda()
+    DEVICE = torch.device(kind)
+
+
+def on_gpu() -> bool:
+    return DEVICE.type == "cuda"
+
+
+def synchronize() -> None:
+    """Waits for the device's queued work (nothing to wait for on the CPU)."""
+    if on_gpu():
+        torch.cuda.synchronize()
+
+
+def release_cached_memory() -> None:
+    if on_gpu():
+        torch.cuda.empty_cache()
 
 
 def _first_line(e: BaseException) -> str:
@@ -102,7 +126,7 @@ class Env:
         if stage != self.stage:
             self.cache.clear()
             gc.collect()
-            torch.cuda.empty_cache()
+            release_cached_memory()
             self.stage = stage
 
     def get(self, key: tuple, build: Callable[[], object]):
@@ -184,7 +208,7 @@ class AttentionCase(Case):
             try:
                 with self.scope():
                     self.call()
-                torch.cuda.synchronize()
+                synchronize()
             except RuntimeError as e:
                 raise Unsupported(f"the FlashAttention backend refused it: {_first_line(e)}") from None
 
@@ -229,7 +253,7 @@ def _device_laplacian(graph: str, n: int) -> dict:
         matrix = torch.sparse_csr_tensor(crow_t, col_t, val_t, size=(n, n))
     try:
         torch.mv(matrix, torch.ones(n, dtype=torch.float64, device=DEVICE))
-        torch.cuda.synchronize()
+        synchronize()
     except RuntimeError as e:
         matrix = torch.sparse_csr_tensor(crow_t.long(), col_t.long(), val_t, size=(n, n))
         notes.append(f"int64 indices (torch refused int32: {_first_line(e)}); the work model counts 4-byte ones")
@@ -460,7 +484,13 @@ CASES = {"adamw": AdamWCase, "attention": AttentionCase, "spmv": SpmvCase, "laun
 
 # ---- timing -----------------------------------------------------------------------------------------------
 def _time_calls(case: Case, n: int) -> float:
-    """ns per call of n back-to-back calls, between two CUDA events on the current stream."""
+    """ns per call of n back-to-back calls, between two CUDA events on the current stream (on the CPU,
+    the steady clock around them)."""
+    if not on_gpu():
+        begin = time.perf_counter_ns()
+        for _ in range(n):
+            case.call()
+        return (time.perf_counter_ns() - begin) / n
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
@@ -507,7 +537,7 @@ def run_bench(bench: Bench, repetitions: int, min_sample_s: float) -> Outcome:
     finally:
         del case
         gc.collect()
-        torch.cuda.empty_cache()
+        release_cached_memory()
 
 
 # ---- context -----------------------------------------------------------------------------------------------
@@ -546,7 +576,12 @@ def _nvml_clocks(uuid: str) -> Dict[str, int]:
 
 
 def device_context() -> Tuple[List[dict], dict]:
-    """context.devices (the GPU the peers ran on, as benchsuite describes one) and context.torch."""
+    """context.devices (the GPU the peers ran on, as benchsuite describes one; none on the CPU) and
+    context.torch."""
+    if not on_gpu():
+        return [], {"version": torch.__version__, "cuda": torch.version.cuda or "", "numpy": np.__version__,
+                    "git_version": getattr(torch.version, "git_version", ""), "threads": torch.get_num_threads(),
+                    "float32_matmul_precision": torch.get_float32_matmul_precision()}
     index = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
     uuid = str(getattr(props, "uuid", "") or "")

@@ -34,7 +34,15 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from .errors import UsageError
 from .resultfile import SCHEMA
 
-BACKEND = "torch"
+# The rows' backend: PyTorch on the GPU (`--device cuda`, the default) or on the CPU (`--device cpu`),
+# named as `stage/torch_cuda/...` and `stage/torch/...`. main() sets it before any row is made.
+BACKENDS = {"cuda": "torch_cuda", "cpu": "torch"}
+BACKEND = BACKENDS["cuda"]
+
+
+def use_device(device: str) -> None:
+    global BACKEND
+    BACKEND = BACKENDS[device]
 PROG = "torch-peers"
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
@@ -130,6 +138,7 @@ class Peer:
     mirrors: str          # the CUDA variant whose problems it takes
     rationale: str
     only: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()   # axis values it runs (others are left out)
+    needs_cuda: bool = False   # a GPU pattern (graphs, the caching allocator, pinned copies): no CPU row
 
     def accepts(self, problem: Dict[str, str]) -> bool:
         return all(problem.get(axis) in values for axis, values in self.only)
@@ -146,24 +155,29 @@ PEERS: Tuple[Peer, ...] = (
          "torch.optim.AdamW(foreach=False): the for-loop path, several kernels per tensor", FP32),
     # FlashAttention takes fp16 and bf16 only.
     Peer("attention", "sdpa_flash", "fused",
-         "F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.FLASH_ATTENTION)", (("dtype", ("bf16",)),)),
+         "F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.FLASH_ATTENTION)", (("dtype", ("bf16",)),),
+         needs_cuda=True),
     Peer("attention", "sdpa", "fused", "F.scaled_dot_product_attention, the backend PyTorch picks"),
     Peer("attention", "naive", "naive",
          "nanoGPT's slow path: q @ k^T * scale, masked_fill with a cached causal mask, softmax, @ v"),
     Peer("spmv", "csr", "cusparse_csr", "torch.sparse_csr_tensor (int32 indices, fp64) times a vector: torch.mv"),
     Peer("spmv", "spmm_csr", "cusparse_spmm", "torch.sparse_csr_tensor times a row-major block: torch.mm"),
-    Peer("launch", "eager", "eager", "the window's 768 in-place lerp_ kernels launched one by one"),
-    Peer("launch", "graph", "graph", "the same window captured once in a torch.cuda.CUDAGraph, then replay()"),
+    Peer("launch", "eager", "eager", "the window's 768 in-place lerp_ kernels launched one by one", needs_cuda=True),
+    Peer("launch", "graph", "graph", "the same window captured once in a torch.cuda.CUDAGraph, then replay()",
+         needs_cuda=True),
     Peer("alloc", "caching_allocator", "pool",
-         "torch.empty per buffer per step and del after: PyTorch's caching allocator", ()),
-    Peer("alloc", "empty_cache", "empty_cache", "the same, with torch.cuda.empty_cache() after every step"),
-    Peer("alloc", "reuse", "reuse", "the same kernels on buffers allocated once: the floor"),
+         "torch.empty per buffer per step and del after: PyTorch's caching allocator", (), needs_cuda=True),
+    Peer("alloc", "empty_cache", "empty_cache", "the same, with torch.cuda.empty_cache() after every step",
+         needs_cuda=True),
+    Peer("alloc", "reuse", "reuse", "the same kernels on buffers allocated once: the floor", needs_cuda=True),
     Peer("collate", "per_sample", "per_sample",
          "__getitem__ clones, torch.stack per field, .to('cuda') from pageable memory", NO_COMPUTE),
     Peer("collate", "pin_memory", "per_sample",
-         "the same + .pin_memory() + .to('cuda', non_blocking=True): DataLoader(pin_memory=True)", NO_COMPUTE),
+         "the same + .pin_memory() + .to('cuda', non_blocking=True): DataLoader(pin_memory=True)", NO_COMPUTE,
+         needs_cuda=True),
     Peer("collate", "pinned", "pinned",
-         "index_select straight into a pinned batch (double-buffered), one non_blocking copy", NO_COMPUTE),
+         "index_select straight into a pinned batch (double-buffered), one non_blocking copy", NO_COMPUTE,
+         needs_cuda=True),
 )
 
 # Declared pairs: (stage, baseline variant, improved variant, label), judged per problem.
@@ -251,13 +265,16 @@ def benchsuite_list(benchsuite: str, quick: bool, timeout: float = 120.0) -> dic
 
 
 def select_benches(quick: bool, pattern: Optional[str], listing: Optional[dict] = None) -> List[Bench]:
-    """Every peer on its problems (from `listing` when given, else AXES), those whose name matches."""
+    """Every peer on its problems (from `listing` when given, else AXES), those whose name matches; on the
+    CPU (BACKEND torch) the GPU-only peers are left out."""
     try:
         rx = re.compile(pattern) if pattern else None
     except re.error as e:
         raise UsageError(f"--filter is not a valid regular expression: {e}") from None
     benches = []
     for peer in PEERS:
+        if peer.needs_cuda and BACKEND == BACKENDS["cpu"]:
+            continue
         problems = builtin_problems(peer, quick) if listing is None else problems_from_list(listing, peer)
         if listing is not None and not problems:
             raise UsageError(f"benchsuite lists no {peer.stage}/cuda/{peer.mirrors} problems for "
@@ -658,7 +675,8 @@ def make_row(bench: Bench, outcome: Outcome, noise_target: float = NOISE_TARGET)
            "problem": dict(bench.problem), "disposition": outcome.disposition, "reason": outcome.reason,
            "max_error": max_error if max_error is not None and math.isfinite(max_error) else None,
            "mode": "hot", "batch": outcome.batch, "bytes": work.bytes, "flops": work.flops, "bound": work.bound,
-           "peak_key": work.peak_key, "footprint_bytes": work.footprint if work.footprint is not None else work.bytes,
+           "peak_key": work.peak_key if BACKEND == BACKENDS["cuda"] else "",   # the GPU's ceilings only
+           "footprint_bytes": work.footprint if work.footprint is not None else work.bytes,
            "counters": dict(work.counters, **outcome.counters), "rationale": bench.peer.rationale}
     if outcome.note:
         row["note"] = outcome.note
@@ -877,6 +895,9 @@ def parser() -> argparse.ArgumentParser:
                    help="take the problems from PATH --list --format json --backend cuda (default: the copy of "
                         "the stages' axes in this script)")
     p.add_argument("--list", action="store_true", help="print the rows that would be measured and exit")
+    p.add_argument("--device", choices=tuple(BACKENDS), default="cuda",
+                   help="cuda (default; rows torch_cuda) or cpu (rows torch: the peers that are no GPU pattern, "
+                        "on the CUDA problems; with --quick, a check of the peers anywhere)")
     return p
 
 
@@ -887,6 +908,7 @@ def _fail(message: str) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parser().parse_args(argv)
+    use_device(args.device)
     try:
         listing = benchsuite_list(args.benchsuite, args.quick) if args.benchsuite else None
         benches = select_benches(args.quick, args.filter, listing)
@@ -900,16 +922,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     try:
         from . import torch_peer_cases as cases
-        cases.require_cuda()
+        cases.use_device(args.device)
     except (ImportError, OSError) as e:
-        return _fail(f"PyTorch is not importable ({e}); the peers need PyTorch with CUDA and numpy "
-                     "(the GPU node's python3 has them)")
+        return _fail(f"PyTorch is not importable ({e}); the peers need PyTorch and numpy "
+                     "(the GPU node's python3 has them; elsewhere: python3 -m pip install torch numpy)")
     except UsageError as e:
         return _fail(str(e))
 
     min_sample_s = max(args.min_time or (QUICK_MIN_SAMPLE_S if args.quick else MIN_SAMPLE_S), CUDA_MIN_SAMPLE_S)
+    index = 0 if args.device == "cuda" else None
     settings = {"mode": "hot", "repetitions": args.repetitions, "min_time_s": min_sample_s, "quick": args.quick,
-                "noise_target": NOISE_TARGET, "backend": BACKEND, "filter": args.filter or "", "device": 0,
+                "noise_target": NOISE_TARGET, "backend": BACKEND, "filter": args.filter or "", "device": index,
                 "problems_from": args.benchsuite or "built-in copy of benchsuite's axes"}
     devices, torch_info = cases.device_context()
     context = make_context(devices, torch_info, settings)

@@ -69,22 +69,22 @@ def test_rows_line_up_with_the_cuda_rows_they_mirror():
     benches = tp.select_benches(False, None)
     for b in benches:
         stage, backend, variant, label = b.name.split("/", 3)
-        assert (stage, backend, variant) == (b.peer.stage, "torch", b.peer.variant)
+        assert (stage, backend, variant) == (b.peer.stage, "torch_cuda", b.peer.variant)
         assert f"{stage}/cuda/{b.peer.mirrors}/{label}" in cuda_names
     names = [b.name for b in benches]
     assert len(names) == len(set(names)) == 71
-    assert "adamw/torch/fused/params=29900000,tensors=200,dtype=fp32" in names
-    assert "attention/torch/sdpa_flash/shape=4x16x4096x128,causal=causal,dtype=bf16" in names
-    assert "attention/torch/sdpa_flash/shape=4x16x4096x128,causal=causal,dtype=fp32" not in names
-    assert "launch/torch/graph/steps=64,kernels_per_step=12,elements=4096" in names
+    assert "adamw/torch_cuda/fused/params=29900000,tensors=200,dtype=fp32" in names
+    assert "attention/torch_cuda/sdpa_flash/shape=4x16x4096x128,causal=causal,dtype=bf16" in names
+    assert "attention/torch_cuda/sdpa_flash/shape=4x16x4096x128,causal=causal,dtype=fp32" not in names
+    assert "launch/torch_cuda/graph/steps=64,kernels_per_step=12,elements=4096" in names
     assert not [n for n in names if n.startswith("collate/") and not n.endswith("compute_us=0")]
     assert len(tp.select_benches(True, None)) == 29
 
 
 def test_filter_selects_by_name_and_a_filter_matching_nothing_says_what_exists():
-    assert [b.name for b in tp.select_benches(False, "launch/torch/graph")] == \
-        ["launch/torch/graph/steps=64,kernels_per_step=12,elements=4096"]
-    with pytest.raises(tp.UsageError, match="matches no benchmark; there are: adamw/torch/foreach, "):
+    assert [b.name for b in tp.select_benches(False, "launch/torch_cuda/graph")] == \
+        ["launch/torch_cuda/graph/steps=64,kernels_per_step=12,elements=4096"]
+    with pytest.raises(tp.UsageError, match="matches no benchmark; there are: adamw/torch_cuda/foreach, "):
         tp.select_benches(False, "nothing-like-this")
     with pytest.raises(tp.UsageError, match="not a valid regular expression"):
         tp.select_benches(False, "(")
@@ -243,28 +243,28 @@ def fake_document(scale=1.0, incorrect=(), failed=()):
                                  "a note" if b.peer.stage == "spmv" else "")
         rows.append(tp.make_row(b, outcome))
     settings = {"mode": "hot", "repetitions": 10, "min_time_s": 0.05, "quick": False, "noise_target": 0.05,
-                "backend": "torch", "filter": "", "device": 0}
+                "backend": "torch_cuda", "filter": "", "device": 0}
     return tp.results_document(tp.make_context([dict(GPU)], dict(TORCH), settings), rows)
 
 
 def test_the_result_file_reads_back_with_a_gpu_machine_key(tmp_path):
-    broken = "adamw/torch/per_tensor/params=29900000,tensors=200,dtype=fp32"
-    oom = "attention/torch/naive/shape=4x16x4096x128,causal=full,dtype=fp32"
+    broken = "adamw/torch_cuda/per_tensor/params=29900000,tensors=200,dtype=fp32"
+    oom = "attention/torch_cuda/naive/shape=4x16x4096x128,causal=full,dtype=fp32"
     doc = fake_document(incorrect=[broken], failed=[oom])
     out = tmp_path / "torch.json"
     tp.write_atomically(str(out), json.dumps(doc))
     run = load_run(str(out))
     assert run.machine_key == GPU_KEY
     assert len(run.rows) == 71
-    assert all(r.backend == "torch" for r in run.rows.values())
+    assert all(r.backend == "torch_cuda" for r in run.rows.values())
     assert run.rows[broken].disposition == "incorrect" and run.rows[broken].samples is None
     assert "median_ns" not in run.rows[broken].raw and "samples_ns" not in run.rows[oom].raw
-    fused = run.rows["adamw/torch/fused/params=29900000,tensors=200,dtype=fp32"]
+    fused = run.rows["adamw/torch_cuda/fused/params=29900000,tensors=200,dtype=fp32"]
     assert fused.raw["bytes"] == 28 * 29900000 and fused.raw["gb_per_s"] == pytest.approx(28 * 29.9e6 / fused.median)
     assert run.clock_mhz(fused) == 1980.0
     assert run.data["context"]["torch"]["version"] == "2.11.0+cu130"
-    assert run.data["context"]["settings"]["backend"] == "torch"
-    graph = run.rows["launch/torch/graph/steps=64,kernels_per_step=12,elements=4096"].raw
+    assert run.data["context"]["settings"]["backend"] == "torch_cuda"
+    graph = run.rows["launch/torch_cuda/graph/steps=64,kernels_per_step=12,elements=4096"].raw
     assert graph["counters"] == {"steps": 64.0, "kernels": 768.0, "us_per_kernel": 1.5}
     labels = {p["label"] for p in doc["pairs"]}
     assert "torch AdamW: fused vs foreach" in labels and "torch AdamW: fused vs per-tensor" not in labels
@@ -287,7 +287,7 @@ def test_compare_and_nightly_read_torch_files(tmp_path, cli):
     rc, out, err = cli("compare", a, b, "--format", "json")
     assert rc in (0, 1), err
     comparisons = {c["benchmark"]: c for c in json.loads(out)["comparisons"]}
-    assert comparisons["launch/torch/eager/steps=64,kernels_per_step=12,elements=4096"]["backend"] == "torch"
+    assert comparisons["launch/torch_cuda/eager/steps=64,kernels_per_step=12,elements=4096"]["backend"] == "torch_cuda"
     rc, out, err = cli("nightly", "--input", a, "--results-dir", tmp_path / "results", "--no-report")
     assert rc == 0, err
     assert os.listdir(tmp_path / "results") == [GPU_KEY]
@@ -345,3 +345,23 @@ def test_quick_run_on_the_gpu_passes_and_reads_back(tmp_path):
     assert {r.disposition for r in run.rows.values()} <= {"passed", "unsupported"}, \
         [(r.name, r.reason) for r in run.rows.values() if r.disposition != "passed"]
     assert run.machine_key.startswith(slug(torch.cuda.get_device_properties(0).name) + "_drv")
+
+
+# ---- on the CPU with torch ------------------------------------------------------------------------------------
+def test_cpu_peers_pass_their_checks_and_read_back(tmp_path):
+    """--device cpu: the peers that are no GPU pattern, on the quick problems small enough for a CPU, each
+    checked against its reference (a wrong one would be `incorrect`, and the run would exit 1)."""
+    torch = pytest.importorskip("torch")
+    out = tmp_path / "torch-cpu.json"
+    p = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "torch-peers"), "--device", "cpu", "--quick",
+                        "--repetitions", "2", "--min-time", "0.002", "--filter", "adamw|shape=4x6x256|spmv|batch=64,",
+                        "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    run = load_run(str(out))
+    assert {r.backend for r in run.rows.values()} == {"torch"}
+    assert {r.name.split("/")[0] for r in run.rows.values()} == {"adamw", "attention", "spmv", "collate"}
+    assert all(r.disposition == "passed" for r in run.rows.values()), \
+        [(r.name, r.reason) for r in run.rows.values() if r.disposition != "passed"]
+    assert not any(n.startswith(("launch/", "alloc/")) or "sdpa_flash" in n or "pin" in n for n in run.rows)
+    assert run.data["context"]["devices"] == [] and run.data["context"]["torch"]["version"] == torch.__version__
+    assert run.machine_key.endswith("c")   # a CPU machine key, "<cpu model>_<cores>c"
