@@ -14,6 +14,8 @@ from .errors import ResultFileError
 
 SCHEMA = "trainbench-results/1"
 DISPOSITIONS = ("passed", "incorrect", "unsupported", "failed")
+# Backends whose rows ran on a GPU: benchsuite's cuda, and scripts/torch-peers' torch_cuda (its --device cpu rows, torch, ran on the CPU).
+GPU_BACKENDS = ("cuda", "torch_cuda")
 # "<UTC timestamp>_<commit>.json", the name nightly stores a run under.
 STORED_NAME = re.compile(r"^(\d{8}T\d{6}Z)(?:-\d+)?_([a-z0-9]+)\.json$")
 TIMESTAMP_FORMAT = "%Y%m%dT%H%M%SZ"
@@ -96,9 +98,9 @@ class Run:
         return f"{when} {self.commit}" if self.commit else when
 
     def clock_mhz(self, row: Row) -> Optional[float]:
-        """The clock that bounds this row's speed: the GPU's SM clock for cuda rows, the CPU clock otherwise."""
+        """The clock that bounds this row's speed: the GPU's SM clock for GPU rows, the CPU clock otherwise."""
         ctx = self.data.get("context", {})
-        if row.backend == "cuda":
+        if row.backend in GPU_BACKENDS:
             devices = ctx.get("devices") or []
             want = (ctx.get("settings") or {}).get("device")
             dev = next((d for d in devices if isinstance(d, dict) and d.get("index") == want), None)
@@ -123,11 +125,12 @@ def machine_key(data: dict, where: str = "result") -> str:
     ctx = data.get("context") if isinstance(data, dict) else None
     if not isinstance(ctx, dict):
         raise ResultFileError(f"{where}: no 'context' object")
-    rows = [r for r in (data.get("benchmarks") or []) if isinstance(r, dict) and r.get("backend") == "cuda"]
+    rows = [r for r in (data.get("benchmarks") or []) if isinstance(r, dict) and r.get("backend") in GPU_BACKENDS]
     devices = ctx.get("devices")
     has_device = isinstance(devices, list) and bool(devices) and isinstance(devices[0], dict)
-    if rows and not has_device and any(r.get("disposition") == "passed" for r in rows):
-        raise ResultFileError(f"{where}: has passed cuda rows but context.devices is empty, "
+    passed = [r.get("backend") for r in rows if r.get("disposition") == "passed"]
+    if passed and not has_device:
+        raise ResultFileError(f"{where}: has passed {passed[0]} rows but context.devices is empty, "
                               "so there is no machine key")
     # cuda rows on a machine without a usable GPU are all unavailable: that is a CPU run
     if rows and has_device:

@@ -44,7 +44,7 @@ from .constants import (BAND_MIN_RUNS, CLOCK_TOLERANCE, DEFAULT_ALPHA, DEFAULT_C
                         DEFAULT_MIN_SAMPLES, DEFAULT_PERSIST, DEFAULT_SETTLE_RUNS, DEFAULT_THRESHOLD, MAX_BASELINE_RUNS,
                         RUN_DRIFT_MIN_ROWS, RUN_DRIFT_MIN_STAGES)
 from .errors import UsageError
-from .resultfile import Row, Run
+from .resultfile import GPU_BACKENDS, Row, Run
 from .stats import FASTER, INCONCLUSIVE, SAME, SLOWER, NightSpread, SampleTest, compare_samples
 
 
@@ -142,7 +142,7 @@ def _clock_scale(runs: Sequence[Run], rows: Sequence[Row], new: Run, new_row: Ro
 
 
 def _clock_text(row: Row, base_clock: float, new_clock: float) -> str:
-    what = "SM clock" if row.backend == "cuda" else "CPU clock"
+    what = "SM clock" if row.backend in GPU_BACKENDS else "CPU clock"
     return f"{what} {base_clock:.0f} -> {new_clock:.0f} MHz"
 
 

@@ -1,0 +1,609 @@
+"""The torch side of scripts/torch-peers: one case per peer (set-up, a check against a plain reference, one
+call), the timing (CUDA events, as benchsuite's), and the device's context. Imported only to measure.
+
+A case's check() makes its first call(s) itself and compares them with a reference computed another way,
+in fp64 where there is arithmetic: the result of a peer that fails it is `incorrect` and never timed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import math
+import re
+import time
+import warnings
+from typing import Callable, Dict, List, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .errors import UsageError
+from .torch_peers import (MAX_BATCH, SPMV_FP64_RTOL, TOL_ATTENTION, TOL_FP32, WARMUP_CALLS, WARMUP_S, Bench,
+                          Outcome, Tolerance, Verdict, _median, alloc_probe_value, collate_fields, epoch_order,
+                          laplacian_csr, laplacian_nnz, launch_window, param_set_sizes, parse_shape)
+
+DEVICE = torch.device("cuda")   # use_device() sets it before any case is made
+
+# torch.optim.AdamW's defaults, which the stage's are (kernels/runtime/defaults.h adamw_*)
+ADAMW = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2}
+ADAMW_SEEDS = (41, 42)                    # parameters, gradients (adamw::seed_param, seed_grad)
+ATTENTION_SEEDS = (21, 22, 23)            # q, k, v (attention::seed_q, seed_k, seed_v)
+ATTENTION_CHECKED_ROWS = 48               # query rows checked against fp64 (defaults::attention_checked_rows)
+LAUNCH_STATE_BUFFERS = 4                  # launch::state_buffers
+COLLATE_VOCAB = 50257                     # collate::vocab
+COLLATE_SEEDS = {"input_embedding": 21, "target_embedding": 22, "tokens": 23}   # collate::seed_*
+ALLOC_CHECK_STEPS = 3
+
+
+class Unsupported(Exception):
+    """The peer cannot run this problem here; the message says why."""
+
+
+def require_cuda() -> None:
+    if not torch.cuda.is_available():
+        built = "built without CUDA" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise UsageError(f"PyTorch {torch.__version__} ({built}) sees no CUDA device: "
+                         "torch.cuda.is_available() is False (--device cpu runs the CPU peers)")
+
+
+def use_device(kind: str) -> None:
+    """cuda (checked to be there) or cpu: where every case puts its tensors and how it is timed."""
+    global DEVICE
+    if kind == "cuda":
+        require_cuda()
+    DEVICE = torch.device(kind)
+
+
+def on_gpu() -> bool:
+    return DEVICE.type == "cuda"
+
+
+def synchronize() -> None:
+    """Waits for the device's queued work (nothing to wait for on the CPU)."""
+    if on_gpu():
+        torch.cuda.synchronize()
+
+
+def release_cached_memory() -> None:
+    if on_gpu():
+        torch.cuda.empty_cache()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _generator(seed: int) -> torch.Generator:
+    g = torch.Generator(device=DEVICE)
+    g.manual_seed(seed)
+    return g
+
+
+def uniform(shape, seed: int, dtype=torch.float32) -> torch.Tensor:
+    """Uniform in [-1, 1) on the device, drawn in fp32 (fp64 for fp64) and rounded to `dtype`."""
+    draw = torch.float64 if dtype == torch.float64 else torch.float32
+    return (torch.rand(shape, generator=_generator(seed), device=DEVICE, dtype=draw) * 2 - 1).to(dtype)
+
+
+def compare(got: torch.Tensor, ref: torch.Tensor, tol: Tolerance, what: str, scale=None) -> Verdict:
+    """Elementwise |got - ref| <= atol + rtol * (scale, else |ref|), in fp64; NaN fails."""
+    got = got.detach().reshape(-1).double()
+    ref = ref.reshape(-1).double().to(got.device)
+    if got.numel() != ref.numel():
+        return Verdict(False, math.inf, f"{what} has {got.numel()} values, the reference {ref.numel()}")
+    if got.numel() == 0:
+        return Verdict(True, 0.0)
+    diff = (got - ref).abs()
+    bound = tol.atol + tol.rtol * (ref.abs() if scale is None else scale.reshape(-1).double())
+    bad = ~(diff <= bound)
+    worst = torch.nan_to_num(diff, nan=math.inf).max().item()
+    if not bool(bad.any()):
+        return Verdict(True, worst)
+    i = int(bad.nonzero()[0, 0])
+    return Verdict(False, worst, f"{what}[{i}] = {got[i].item():.9g}, reference {ref[i].item():.9g} "
+                                 f"(|error| {diff[i].item():.3g} > {bound[i].item():.3g}); "
+                                 f"{int(bad.sum())} of {got.numel()} values off")
+
+
+def merge(verdicts: List[Verdict]) -> Verdict:
+    worst = max((v.max_error for v in verdicts), default=0.0)
+    failed = next((v for v in verdicts if not v.ok), None)
+    return Verdict(failed is None, worst, failed.detail if failed else "")
+
+
+class Env:
+    """What the rows of one stage share (a sparse matrix, a dataset), dropped when the stage changes."""
+
+    def __init__(self):
+        self.stage = None
+        self.cache: Dict[tuple, object] = {}
+
+    def enter(self, stage: str) -> None:
+        if stage != self.stage:
+            self.cache.clear()
+            gc.collect()
+            release_cached_memory()
+            self.stage = stage
+
+    def get(self, key: tuple, build: Callable[[], object]):
+        if key not in self.cache:
+            self.cache[key] = build()
+        return self.cache[key]
+
+
+class Case:
+    """One peer on one problem: set up in __init__, check() (which makes the first calls), call()."""
+
+    note = ""
+
+    def scope(self):
+        """Entered around the check and the timing (a backend choice, for one)."""
+        return contextlib.nullcontext()
+
+    def call(self):
+        raise NotImplementedError
+
+    def check(self) -> Verdict:
+        raise NotImplementedError
+
+    def counters(self, median_ns: float) -> Dict[str, float]:
+        return {}
+
+
+# ---- adamw -----------------------------------------------------------------------------------------------
+class AdamWCase(Case):
+    """torch.optim.AdamW over the stage's parameter set (param_set.cpp's sizes), one step() per call."""
+
+    KINDS = {"fused": {"fused": True}, "foreach": {"foreach": True, "fused": False},
+             "per_tensor": {"foreach": False, "fused": False}}
+
+    def __init__(self, bench: Bench, env: Env):
+        p = bench.problem
+        if p["dtype"] != "fp32":
+            raise Unsupported("torch keeps AdamW's moments in the parameters' dtype; the stage's bf16 keeps them fp32")
+        gp, gg = (_generator(s) for s in ADAMW_SEEDS)
+        self.params = []
+        for n in param_set_sizes(int(p["params"]), int(p["tensors"])):
+            param = torch.nn.Parameter(torch.rand(n, generator=gp, device=DEVICE) * 2 - 1)
+            param.grad = torch.rand(n, generator=gg, device=DEVICE) * 2 - 1   # fixed across steps, as the stage's
+            self.params.append(param)
+        self.opt = torch.optim.AdamW(self.params, **ADAMW, **self.KINDS[bench.peer.variant])
+
+    def call(self):
+        self.opt.step()
+
+    def check(self) -> Verdict:
+        """The first step from zero moments against the update written out in fp64."""
+        before = [q.detach().double() for q in self.params]
+        self.opt.step()
+        lr, (b1, b2), eps, wd = ADAMW["lr"], ADAMW["betas"], ADAMW["eps"], ADAMW["weight_decay"]
+        verdicts = []
+        for i, (q, p0) in enumerate(zip(self.params, before)):
+            g = q.grad.double()
+            m, v = (1 - b1) * g, (1 - b2) * g * g
+            ref = p0 * (1 - lr * wd) - (lr / (1 - b1)) * m / (v.sqrt() / math.sqrt(1 - b2) + eps)
+            verdicts.append(compare(q, ref, TOL_FP32, f"parameter tensor {i}"))
+        return merge(verdicts)
+
+
+# ---- attention ---------------------------------------------------------------------------------------------
+class AttentionCase(Case):
+    def __init__(self, bench: Bench, env: Env):
+        p = bench.problem
+        self.variant = bench.peer.variant
+        self.batch, self.heads, self.seq, self.dim = parse_shape(p["shape"])
+        self.dtype_name = p["dtype"]
+        dtype = torch.bfloat16 if p["dtype"] == "bf16" else torch.float32
+        self.causal = p["causal"] == "causal"
+        shape = (self.batch, self.heads, self.seq, self.dim)
+        self.q, self.k, self.v = (uniform(shape, s, dtype) for s in ATTENTION_SEEDS)
+        self.scale = 1.0 / math.sqrt(self.dim)
+        if self.variant == "naive":   # the causal mask built once at the sequence length (register_buffer)
+            self.mask = torch.ones(self.seq, self.seq, dtype=torch.bool, device=DEVICE).triu_(1)
+        if self.variant == "sdpa_flash":
+            try:
+                with self.scope():
+                    self.call()
+                synchronize()
+            except RuntimeError as e:
+                raise Unsupported(f"the FlashAttention backend refused it: {_first_line(e)}") from None
+
+    def scope(self):
+        if self.variant != "sdpa_flash":
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+
+    def call(self):
+        if self.variant == "naive":
+            att = (self.q @ self.k.transpose(-2, -1)) * self.scale
+            if self.causal:
+                att = att.masked_fill(self.mask, float("-inf"))
+            att = F.softmax(att, dim=-1)
+            return att @ self.v
+        return F.scaled_dot_product_attention(self.q, self.k, self.v, is_causal=self.causal)
+
+    def check(self) -> Verdict:
+        """48 query rows of every (batch, head) against softmax(q K^T / sqrt(D)) V in fp64."""
+        out = self.call()
+        rows = torch.linspace(0, self.seq - 1, min(ATTENTION_CHECKED_ROWS, self.seq), device=DEVICE)
+        rows = rows.round().long().unique()
+        q = self.q[:, :, rows, :].double()
+        scores = (q @ self.k.double().transpose(-2, -1)) * self.scale
+        if self.causal:
+            later = torch.arange(self.seq, device=DEVICE)[None, :] > rows[:, None]
+            scores = scores.masked_fill(later, float("-inf"))
+        ref = torch.softmax(scores, dim=-1) @ self.v.double()
+        return compare(out[:, :, rows, :], ref, TOL_ATTENTION[self.dtype_name], "output (checked rows)")
+
+
+# ---- spmv --------------------------------------------------------------------------------------------------
+def _device_laplacian(graph: str, n: int) -> dict:
+    """The stage's A = I + alpha L (laplacian_csr) as a torch CSR tensor, int32 indices where torch takes them."""
+    row_ptr, col, val = laplacian_csr(graph, n)
+    crow_t, col_t = torch.from_numpy(row_ptr).to(DEVICE), torch.from_numpy(col).to(DEVICE)
+    val_t = torch.from_numpy(val).to(DEVICE)
+    notes = []
+    with warnings.catch_warnings():   # "sparse CSR tensor support is in beta state"
+        warnings.simplefilter("ignore", UserWarning)
+        matrix = torch.sparse_csr_tensor(crow_t, col_t, val_t, size=(n, n))
+    try:
+        torch.mv(matrix, torch.ones(n, dtype=torch.float64, device=DEVICE))
+        synchronize()
+    except RuntimeError as e:
+        matrix = torch.sparse_csr_tensor(crow_t.long(), col_t.long(), val_t, size=(n, n))
+        notes.append(f"int64 indices (torch refused int32: {_first_line(e)}); the work model counts 4-byte ones")
+    model = laplacian_nnz(graph, n)
+    if val.size != model:
+        notes.append(f"{val.size} stored nonzeros (cycles that share an edge store it once); the work model "
+                     f"counts {model}, as the stage's does")
+    rows = torch.repeat_interleave(torch.arange(n, device=DEVICE), crow_t.long().diff())
+    return {"matrix": matrix, "rows": rows, "col": col_t.long(), "val": val_t, "note": "; ".join(notes)}
+
+
+class SpmvCase(Case):
+    def __init__(self, bench: Bench, env: Env):
+        p = bench.problem
+        self.n = int(p["rows"])
+        self.rhs = int(p["rhs"]) if bench.peer.variant == "spmm_csr" else 0
+        self.a = env.get(("laplacian", p["graph"], self.n), lambda: _device_laplacian(p["graph"], self.n))
+        self.note = self.a["note"]
+        self.x = uniform((self.n, self.rhs) if self.rhs else (self.n,), 31, torch.float64)   # x, or a row-major block
+
+    def call(self):
+        return torch.mm(self.a["matrix"], self.x) if self.rhs else torch.mv(self.a["matrix"], self.x)
+
+    def check(self) -> Verdict:
+        """Against a gather and scatter-add of the same nonzeros in fp64, relative to sum_j |a_ij x_j|."""
+        y = self.call()
+        columns = [0, self.rhs - 1] if self.rhs else [None]
+        verdicts = []
+        for c in columns:
+            x = self.x if c is None else self.x[:, c]
+            terms = self.a["val"] * x[self.a["col"]]
+            ref = torch.zeros(self.n, dtype=torch.float64, device=DEVICE).index_add_(0, self.a["rows"], terms)
+            scale = torch.zeros_like(ref).index_add_(0, self.a["rows"], terms.abs())
+            got = y if c is None else y[:, c]
+            verdicts.append(compare(got, ref, Tolerance(0.0, SPMV_FP64_RTOL), "y" if c is None else f"y[:, {c}]",
+                                    scale=scale))
+        return merge(verdicts)
+
+
+# ---- launch -------------------------------------------------------------------------------------------------
+class LaunchCase(Case):
+    """The stage's window of steps x kernels_per_step small kernels, each one in-place lerp_ over
+    `elements` floats: eager, or captured once in a CUDA graph and replayed."""
+
+    def __init__(self, bench: Bench, env: Env):
+        p = bench.problem
+        self.window = launch_window(int(p["steps"]), int(p["kernels_per_step"]), LAUNCH_STATE_BUFFERS)
+        self.initial = uniform((LAUNCH_STATE_BUFFERS, int(p["elements"])), 41)   # launch::seed_state
+        self.state = self.initial.clone()
+        self.buffers = [self.state[b] for b in range(LAUNCH_STATE_BUFFERS)]
+        self.graph = None
+        if bench.peer.variant == "graph":
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):   # warm-up on a side stream before capturing, as the docs ask
+                for _ in range(3):
+                    self._eager()
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self._eager()
+
+    def _eager(self):
+        for dst, src, weight in self.window:
+            self.buffers[dst].lerp_(self.buffers[src], weight)
+
+    def call(self):
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._eager()
+
+    def check(self) -> Verdict:
+        """One window from the initial state against the same lerps in fp64. Each is a convex combination of
+        values in [-1, 1] (which it keeps there), rounded three times (difference, product, sum): at most
+        2^-22 more error per kernel, so a window is within kernels x 2^-22 (1.8e-4 for 768)."""
+        self.state.copy_(self.initial)
+        self.call()
+        ref = self.initial.cpu().double().numpy()
+        for dst, src, weight in self.window:
+            ref[dst] = (1.0 - weight) * ref[dst] + weight * ref[src]
+        return compare(self.state, torch.from_numpy(ref), Tolerance(len(self.window) * 2.0 ** -22, 0.0), "state")
+
+    def counters(self, median_ns: float) -> Dict[str, float]:
+        return {"us_per_kernel": median_ns / 1e3 / len(self.window)}
+
+
+# ---- alloc ---------------------------------------------------------------------------------------------------
+class AllocCase(Case):
+    """A step's activations: `buffers` buffers of `buffer_bytes`, a fill of three probe words in each, one
+    stack of all probes and their sum into a checksum; allocated per step with torch.empty (the caching
+    allocator), the same with torch.cuda.empty_cache() after the step, or allocated once (reuse)."""
+
+    def __init__(self, bench: Bench, env: Env):
+        p = bench.problem
+        self.variant = bench.peer.variant
+        self.count = int(p["buffers"])
+        self.words = int(p["buffer_bytes"]) // 4
+        if self.words < 3:
+            raise Unsupported("a buffer needs three 4-byte probe words")
+        self.stride = (self.words - 1) // 2   # probes at the first, the middle and the last (or last but one) word
+        self.probes = torch.empty((self.count, 3), dtype=torch.int32, device=DEVICE)
+        self.checksum = torch.zeros((), dtype=torch.int64, device=DEVICE)
+        self.step = 0
+        self.kept = [self._buffer() for _ in range(self.count)] if self.variant == "reuse" else None
+
+    def _buffer(self) -> torch.Tensor:
+        return torch.empty(self.words, dtype=torch.int32, device=DEVICE)
+
+    def call(self):
+        self._step(self.kept if self.kept is not None else [self._buffer() for _ in range(self.count)])
+        if self.variant == "empty_cache":   # the step's buffers died with _step: their blocks go back
+            torch.cuda.empty_cache()
+
+    def _step(self, buffers: List[torch.Tensor]) -> None:
+        views = [b.as_strided((3,), (self.stride,)) for b in buffers]
+        for b, view in enumerate(views):
+            view.fill_(alloc_probe_value(self.step, b))
+        torch.stack(views, out=self.probes)
+        self.checksum += self.probes.sum()
+        self.step += 1
+
+    def check(self) -> Verdict:
+        for _ in range(ALLOC_CHECK_STEPS):
+            self.call()
+        want = sum(3 * alloc_probe_value(s, b) for s in range(ALLOC_CHECK_STEPS) for b in range(self.count))
+        got = int(self.checksum.item())
+        if got != want:
+            return Verdict(False, float(abs(got - want)), f"checksum after {ALLOC_CHECK_STEPS} steps is {got}, "
+                                                         f"expected {want}: a probe word was lost or overwritten")
+        return Verdict(True, 0.0)
+
+
+# ---- collate ---------------------------------------------------------------------------------------------------
+_TORCH_DTYPES = {"float32": torch.float32, "int64": torch.int64}
+
+
+def _dataset(problem: Dict[str, str], env: Env) -> List[torch.Tensor]:
+    """The dataset in pageable host memory, one tensor per field as a loaded dataset dict holds them. Its
+    values are random, not the stage's generator's: a copy does not depend on them."""
+    samples = int(problem["samples"])
+    out = []
+    for name, n, dtype in collate_fields(problem):
+        def build(name=name, n=n, dtype=dtype):
+            g = torch.Generator().manual_seed(COLLATE_SEEDS[name])
+            if dtype == "int64":
+                return torch.randint(0, COLLATE_VOCAB, (samples, n), generator=g, dtype=torch.int64)
+            return torch.rand((samples, n), generator=g, dtype=torch.float32) * 2 - 1
+        out.append(env.get(("field", name, samples, n), build))
+    return out
+
+
+class CollateCase(Case):
+    """A batch from a host dataset to the device, the epoch's shuffled order (the stage's permutation), one
+    batch per call cycling through the epoch."""
+
+    def __init__(self, bench: Bench, env: Env):
+        p = bench.problem
+        self.variant = bench.peer.variant
+        self.batch = int(p["batch"])
+        samples = int(p["samples"])
+        if samples < self.batch:
+            raise Unsupported(f"{samples} samples hold no batch of {self.batch}")
+        self.fields = collate_fields(p)
+        self.data = _dataset(p, env)
+        self.order = env.get(("order", samples, p["order"]), lambda: epoch_order(samples, p["order"] == "shuffled"))
+        self.order_t = torch.tensor(self.order, dtype=torch.int64)
+        self.batches = samples // self.batch
+        self.k = 0
+        self.calls = 0
+        self.out: List[torch.Tensor] = []
+        if self.variant == "pinned":   # two pinned batches and two device batches, field by field in each
+            nbytes = sum(self.batch * n * (4 if d == "float32" else 8) for _, n, d in self.fields)
+            self.host = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+            self.device = [torch.empty(nbytes, dtype=torch.uint8, device=DEVICE) for _ in range(2)]
+            self.host_views = [self._views(s) for s in self.host]
+            self.device_views = [self._views(s) for s in self.device]
+            self.copied = [torch.cuda.Event(), torch.cuda.Event()]
+
+    def _views(self, slab: torch.Tensor) -> List[torch.Tensor]:
+        views, at = [], 0
+        for _, n, dtype in self.fields:
+            size = self.batch * n * (4 if dtype == "float32" else 8)
+            views.append(slab[at:at + size].view(_TORCH_DTYPES[dtype]).view(self.batch, n))
+            at += size
+        return views
+
+    def call(self):
+        k = self.k
+        self.k = (k + 1) % self.batches
+        if self.variant == "pinned":
+            slot = self.calls % 2
+            self.calls += 1
+            self.copied[slot].synchronize()   # this slot's previous copy has left its pinned batch
+            idx = self.order_t[k * self.batch:(k + 1) * self.batch]
+            for field, view in zip(self.data, self.host_views[slot]):
+                torch.index_select(field, 0, idx, out=view)
+            self.device[slot].copy_(self.host[slot], non_blocking=True)
+            self.copied[slot].record()
+            self.out = self.device_views[slot]
+            return
+        idx = self.order[k * self.batch:(k + 1) * self.batch]
+        samples = [tuple(field[i].clone() for field in self.data) for i in idx]       # __getitem__
+        stacked = [torch.stack([s[f] for s in samples]) for f in range(len(self.data))]   # default_collate
+        if self.variant == "pin_memory":
+            self.out = [t.pin_memory().to(DEVICE, non_blocking=True) for t in stacked]
+        else:
+            self.out = [t.to(DEVICE) for t in stacked]
+
+    def check(self) -> Verdict:
+        """The epoch's first batch, byte for byte, against index_select on the host."""
+        self.k = 0
+        self.call()
+        idx = self.order_t[:self.batch]
+        for (name, _, _), field, got in zip(self.fields, self.data, self.out):
+            want = field.index_select(0, idx).to(DEVICE)
+            if not torch.equal(got, want):
+                bad = (got != want).reshape(-1)
+                i = int(bad.nonzero()[0, 0])
+                return Verdict(False, float(bad.sum()), f"{name}: {int(bad.sum())} elements differ, the first at "
+                                                        f"sample {i // got.shape[1]} element {i % got.shape[1]}")
+        return Verdict(True, 0.0)
+
+
+CASES = {"adamw": AdamWCase, "attention": AttentionCase, "spmv": SpmvCase, "launch": LaunchCase,
+         "alloc": AllocCase, "collate": CollateCase}
+
+
+# ---- timing -----------------------------------------------------------------------------------------------
+def _time_calls(case: Case, n: int) -> float:
+    """ns per call of n back-to-back calls, between two CUDA events on the current stream (on the CPU,
+    the steady clock around them)."""
+    if not on_gpu():
+        begin = time.perf_counter_ns()
+        for _ in range(n):
+            case.call()
+        return (time.perf_counter_ns() - begin) / n
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(n):
+        case.call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e6 / n
+
+
+def measure(case: Case, repetitions: int, min_sample_s: float) -> Tuple[List[float], int]:
+    """Warm-up, then `repetitions` samples of `batch` calls each, a sample lasting at least min_sample_s."""
+    with case.scope():
+        for _ in range(WARMUP_CALLS):
+            case.call()
+        per_call = max(_time_calls(case, 1), 1.0)
+        per_call = max(_time_calls(case, min(max(math.ceil(WARMUP_S * 1e9 / per_call), 1), MAX_BATCH)), 1.0)
+        batch = min(max(math.ceil(min_sample_s * 1e9 / per_call), 1), MAX_BATCH)
+        return [_time_calls(case, batch) for _ in range(repetitions)], batch
+
+
+_ENV = Env()
+
+
+def run_bench(bench: Bench, repetitions: int, min_sample_s: float) -> Outcome:
+    """Set up, check, then time one row; whatever a peer throws makes its row failed, never ends the run."""
+    _ENV.enter(bench.peer.stage)
+    case = None
+    try:
+        try:
+            case = CASES[bench.peer.stage](bench, _ENV)
+            with case.scope():
+                verdict = case.check()
+        except Unsupported as e:
+            return Outcome("unsupported", str(e))
+        if not verdict.ok:
+            return Outcome("incorrect", verdict.detail, verdict.max_error, note=case.note)
+        samples, batch = measure(case, repetitions, min_sample_s)
+        return Outcome("passed", "", verdict.max_error, samples, batch, case.counters(_median(samples)), case.note)
+    except torch.cuda.OutOfMemoryError as e:
+        return Outcome("failed", f"out of memory: {_first_line(e)}")
+    except Exception as e:   # noqa: BLE001 - the row says what it was
+        return Outcome("failed", f"{type(e).__name__}: {_first_line(e)}")
+    finally:
+        del case
+        gc.collect()
+        release_cached_memory()
+
+
+# ---- context -----------------------------------------------------------------------------------------------
+def _driver_version() -> int:
+    """cuDriverGetVersion (13000 for CUDA 13.0), what benchsuite records as driver_version; 0 if unknown."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        v = ctypes.c_int(0)
+        return v.value if lib.cuDriverGetVersion(ctypes.byref(v)) == 0 else 0
+    except (OSError, AttributeError):
+        return 0
+
+
+def _runtime_version() -> int:
+    """torch's CUDA runtime as cudaRuntimeGetVersion has it: "13.0" -> 13000."""
+    parts = (torch.version.cuda or "0.0").split(".")
+    try:
+        return int(parts[0]) * 1000 + int(parts[1]) * 10
+    except (IndexError, ValueError):
+        return 0
+
+
+def _nvml_clocks(uuid: str) -> Dict[str, int]:
+    """The SM and memory clocks' maxima from NVML (nvidia-ml-py), where it answers."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        try:
+            h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            return {"sm_clock_mhz": int(pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)),
+                    "memory_clock_mhz": int(pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM))}
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:   # noqa: BLE001 - NVML is optional
+        return {}
+
+
+def device_context() -> Tuple[List[dict], dict]:
+    """context.devices (the GPU the peers ran on, as benchsuite describes one; none on the CPU) and
+    context.torch."""
+    if not on_gpu():
+        return [], {"version": torch.__version__, "cuda": torch.version.cuda or "", "numpy": np.__version__,
+                    "git_version": getattr(torch.version, "git_version", ""), "threads": torch.get_num_threads(),
+                    "float32_matmul_precision": torch.get_float32_matmul_precision()}
+    index = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    uuid = str(getattr(props, "uuid", "") or "")
+    if re.fullmatch(r"[0-9a-fA-F-]{32,36}", uuid):   # torch prints it without NVML's "GPU-"
+        uuid = "GPU-" + uuid
+    elif not re.fullmatch(r"GPU-[0-9a-fA-F-]{32,36}", uuid):
+        uuid = ""
+    device = {"index": index, "name": props.name, "uuid": uuid, "compute_capability": f"{props.major}.{props.minor}",
+              "sms": props.multi_processor_count, "memory_bytes": props.total_memory,
+              "l2_bytes": int(getattr(props, "L2_cache_size", 0) or 0),
+              "driver_version": _driver_version(), "runtime_version": _runtime_version()}
+    if getattr(props, "clock_rate", 0):
+        device["sm_clock_mhz"] = int(props.clock_rate) // 1000
+    if getattr(props, "memory_clock_rate", 0):
+        device["memory_clock_mhz"] = int(props.memory_clock_rate) // 1000
+    if getattr(props, "memory_bus_width", 0):
+        device["memory_bus_bits"] = int(props.memory_bus_width)
+    for key, value in _nvml_clocks(uuid).items():
+        device.setdefault(key, value)
+    info = {"version": torch.__version__, "cuda": torch.version.cuda or "", "cudnn": torch.backends.cudnn.version(),
+            "git_version": getattr(torch.version, "git_version", ""), "gpu_name": props.name,
+            "numpy": np.__version__, "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+            "float32_matmul_precision": torch.get_float32_matmul_precision()}
+    return [device], info

@@ -1,0 +1,963 @@
+"""scripts/torch-peers: the PyTorch way of doing trainbench's stages, timed on the problems benchsuite uses.
+
+Each peer mirrors one CUDA variant of a stage: `adamw/torch/fused/<label>` is timed on the problem of
+`adamw/cuda/fused/<label>`, with benchsuite's own label, so the two rows line up. The problems come from
+benchsuite's list (`--benchsuite PATH` runs `PATH --list --format json --backend cuda`) or, by default, from
+AXES below: a copy of the stages' axes (kernels/<stage>/<stage>_registry.cpp, sizes from
+kernels/runtime/defaults.h) that tests/scripts/test_torch_peers.py holds equal to benchsuite's list. The
+bytes and FLOPs per call are the stages' own work models, ported, so GB/s and TFLOP/s compare.
+
+The rows are `trainbench-results/1` (results/README.md) with backend "torch". This module needs neither
+torch nor numpy to list, name, summarise and write rows; the torch code is in torch_peer_cases.py, imported
+when something is measured (numpy only where a matrix or a reference is built).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import platform
+import re
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from statistics import NormalDist
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .errors import UsageError
+from .resultfile import SCHEMA
+
+# The rows' backend: PyTorch on the GPU (`--device cuda`, the default) or on the CPU (`--device cpu`),
+# named as `stage/torch_cuda/...` and `stage/torch/...`. main() sets it before any row is made.
+BACKENDS = {"cuda": "torch_cuda", "cpu": "torch"}
+BACKEND = BACKENDS["cuda"]
+
+
+def use_device(device: str) -> None:
+    global BACKEND
+    BACKEND = BACKENDS[device]
+PROG = "torch-peers"
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+
+# ---- measuring (kernels/runtime/defaults.h, except where said) ---------------------------------------
+REPETITIONS = 10               # samples per row (one per repetition)
+NOISE_TARGET = 0.05            # CI half-width / median above this: "noisy"
+WARMUP_S = 0.02                # warm-up before the first sample
+WARMUP_CALLS = 2
+CUDA_MIN_SAMPLE_S = 100e-6     # a sample is never shorter (CUDA events resolve ~0.5 us)
+MAX_BATCH = 1 << 16
+# Calls are batched so that one sample lasts at least this long. benchsuite's samples last 0.2 s each
+# (Google Benchmark's min_time); 0.05 s, its --quick figure, keeps the whole run near a minute and a half
+# on an H100. --min-time sets it.
+MIN_SAMPLE_S = 0.05
+QUICK_MIN_SAMPLE_S = 0.01
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """|got - ref| <= atol + rtol * |ref| (kernels/runtime/tolerance.h)."""
+
+    atol: float
+    rtol: float
+
+
+TOL_FP32 = Tolerance(1e-6, 1e-5)
+TOL_ATTENTION = {"fp32": Tolerance(2e-5, 2e-4), "bf16": Tolerance(2e-2, 2e-2)}
+SPMV_FP64_RTOL = 1e-13         # relative to sum_j |a_ij x_j|, the rounding scale of a row
+
+
+# ---- problems -------------------------------------------------------------------------------------------
+# Each stage's axes as benchsuite lists them: (values, quick values). From the registries, with the
+# constants of kernels/runtime/defaults.h they use.
+AXES: Dict[str, Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...]]]] = {
+    "adamw": {   # adamw_registry.cpp: adamw_params 29.9M (quick 10M), adamw_tensors 200
+        "params": (("29900000",), ("10000000",)),
+        "tensors": (("200",), ("200",)),
+        "dtype": (("fp32", "bf16"), ("fp32", "bf16")),
+    },
+    "attention": {   # attention_registry.cpp: attention_small_gpt, attention_t4, attention_llm (CUDA shapes)
+        "shape": (("4x6x256x64", "32x8x128x64", "4x16x4096x128"), ("4x6x256x64", "4x16x4096x128")),
+        "causal": (("causal", "full"), ("causal",)),
+        "dtype": (("fp32", "bf16"), ("fp32", "bf16")),
+    },
+    "spmv": {   # spmv_registry.cpp: laplacian_sparsity 8, spmv_rows 2^20 and 2^22 (quick 2^20), spmm_rhs 32 (8)
+        "graph": (("ring8", "random8", "grid3d"), ("ring8",)),
+        "rows": (("1048576", "4194304"), ("1048576",)),
+        "rhs": (("32",), ("8",)),
+    },
+    "launch": {   # launch_registry.cpp: launch_window_steps 64, launch_kernels_per_step 12, launch_elements 4096
+        "steps": (("64",), ("64",)),
+        "kernels_per_step": (("12",), ("12",)),
+        "elements": (("4096",), ("4096",)),
+    },
+    "alloc": {   # alloc_registry.cpp: alloc_buffers 12, 128 x 768 x 4 B and 4096 x 768 x 4 B buffers
+        "buffers": (("12",), ("12",)),
+        "buffer_bytes": (("393216", "12582912"), ("393216", "12582912")),
+    },
+    "collate": {   # collate_registry.cpp: collate_samples 32768 (quick 8192), batches 16, 64, 4096 (quick 64, 4096)
+        "layout": (("text_pair", "tokens"), ("text_pair",)),
+        "order": (("shuffled",), ("shuffled",)),
+        "samples": (("32768",), ("8192",)),
+        "batch": (("16", "64", "4096"), ("64", "4096")),
+        "embed_dim": (("768",), ("768",)),
+        "seq_len": (("128",), ("128",)),
+        "compute_us": (("0", "1000"), ("0", "1000")),
+    },
+}
+
+# The axes of the CUDA variants the peers mirror, in the order of benchsuite's labels.
+VARIANT_AXES: Dict[Tuple[str, str], Tuple[str, ...]] = {
+    ("adamw", "per_tensor"): ("params", "tensors", "dtype"),
+    ("adamw", "foreach"): ("params", "tensors", "dtype"),
+    ("adamw", "fused"): ("params", "tensors", "dtype"),
+    ("attention", "naive"): ("shape", "causal", "dtype"),
+    ("attention", "fused"): ("shape", "causal", "dtype"),
+    ("spmv", "cusparse_csr"): ("graph", "rows"),
+    ("spmv", "cusparse_spmm"): ("graph", "rows", "rhs"),
+    ("launch", "eager"): ("steps", "kernels_per_step", "elements"),
+    ("launch", "graph"): ("steps", "kernels_per_step", "elements"),
+    ("alloc", "pool"): ("buffers", "buffer_bytes"),
+    ("alloc", "reuse"): ("buffers", "buffer_bytes"),
+    ("alloc", "empty_cache"): ("buffers", "buffer_bytes"),
+    ("collate", "per_sample"): ("layout", "order", "samples", "batch", "embed_dim", "seq_len", "compute_us"),
+    ("collate", "pinned"): ("layout", "order", "samples", "batch", "embed_dim", "seq_len", "compute_us"),
+}
+
+
+@dataclass(frozen=True)
+class Peer:
+    stage: str
+    variant: str          # the torch row's variant
+    mirrors: str          # the CUDA variant whose problems it takes
+    rationale: str
+    only: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()   # axis values it runs (others are left out)
+    needs_cuda: bool = False   # a GPU pattern (graphs, the caching allocator, pinned copies): no CPU row
+
+    def accepts(self, problem: Dict[str, str]) -> bool:
+        return all(problem.get(axis) in values for axis, values in self.only)
+
+
+FP32 = (("dtype", ("fp32",)),)
+NO_COMPUTE = (("compute_us", ("0",)),)   # the data path alone: no stand-in compute kernel to overlap
+
+PEERS: Tuple[Peer, ...] = (
+    # AdamW: torch keeps the moments in the parameters' dtype, the stage in fp32: fp32 problems only.
+    Peer("adamw", "fused", "fused", "torch.optim.AdamW(fused=True): one fused multi-tensor kernel per step", FP32),
+    Peer("adamw", "foreach", "foreach", "torch.optim.AdamW(foreach=True): _foreach_ ops over the tensor lists", FP32),
+    Peer("adamw", "per_tensor", "per_tensor",
+         "torch.optim.AdamW(foreach=False): the for-loop path, several kernels per tensor", FP32),
+    # FlashAttention takes fp16 and bf16 only.
+    Peer("attention", "sdpa_flash", "fused",
+         "F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.FLASH_ATTENTION)", (("dtype", ("bf16",)),),
+         needs_cuda=True),
+    Peer("attention", "sdpa", "fused", "F.scaled_dot_product_attention, the backend PyTorch picks"),
+    Peer("attention", "naive", "naive",
+         "nanoGPT's slow path: q @ k^T * scale, masked_fill with a cached causal mask, softmax, @ v"),
+    Peer("spmv", "csr", "cusparse_csr", "torch.sparse_csr_tensor (int32 indices, fp64) times a vector: torch.mv"),
+    Peer("spmv", "spmm_csr", "cusparse_spmm", "torch.sparse_csr_tensor times a row-major block: torch.mm"),
+    Peer("launch", "eager", "eager", "the window's 768 in-place lerp_ kernels launched one by one", needs_cuda=True),
+    Peer("launch", "graph", "graph", "the same window captured once in a torch.cuda.CUDAGraph, then replay()",
+         needs_cuda=True),
+    Peer("alloc", "caching_allocator", "pool",
+         "torch.empty per buffer per step and del after: PyTorch's caching allocator", (), needs_cuda=True),
+    Peer("alloc", "empty_cache", "empty_cache", "the same, with torch.cuda.empty_cache() after every step",
+         needs_cuda=True),
+    Peer("alloc", "reuse", "reuse", "the same kernels on buffers allocated once: the floor", needs_cuda=True),
+    Peer("collate", "per_sample", "per_sample",
+         "__getitem__ clones, torch.stack per field, .to('cuda') from pageable memory", NO_COMPUTE),
+    Peer("collate", "pin_memory", "per_sample",
+         "the same + .pin_memory() + .to('cuda', non_blocking=True): DataLoader(pin_memory=True)", NO_COMPUTE,
+         needs_cuda=True),
+    Peer("collate", "pinned", "pinned",
+         "index_select straight into a pinned batch (double-buffered), one non_blocking copy", NO_COMPUTE,
+         needs_cuda=True),
+)
+
+# Declared pairs: (stage, baseline variant, improved variant, label), judged per problem.
+PAIRS = (
+    ("adamw", "per_tensor", "fused", "torch AdamW: fused vs per-tensor"),
+    ("adamw", "foreach", "fused", "torch AdamW: fused vs foreach"),
+    ("adamw", "per_tensor", "foreach", "torch AdamW: foreach vs per-tensor"),
+    ("attention", "naive", "sdpa_flash", "torch attention: SDPA flash vs naive"),
+    ("attention", "naive", "sdpa", "torch attention: SDPA vs naive"),
+    ("launch", "eager", "graph", "torch launch: CUDA graph replay vs eager"),
+    ("alloc", "caching_allocator", "reuse", "torch alloc: reuse vs caching allocator"),
+    ("alloc", "empty_cache", "caching_allocator", "torch alloc: cache kept vs emptied every step"),
+    ("collate", "per_sample", "pinned", "torch collate: pinned gather + async copy vs per-sample + stack"),
+    ("collate", "per_sample", "pin_memory", "torch collate: pin_memory vs per-sample + stack"),
+)
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One row to measure: a peer on one problem."""
+
+    peer: Peer
+    label: str                  # benchsuite's problem label, "params=29900000,tensors=200,dtype=fp32"
+    problem: Dict[str, str]
+
+    @property
+    def name(self) -> str:
+        return row_name(self.peer.stage, self.peer.variant, self.label)
+
+
+def row_name(stage: str, variant: str, label: str) -> str:
+    return f"{stage}/{BACKEND}/{variant}/{label}" if label else f"{stage}/{BACKEND}/{variant}"
+
+
+def problem_label(problem: Dict[str, str], axes: Sequence[str]) -> str:
+    return ",".join(f"{a}={problem[a]}" for a in axes)
+
+
+def builtin_problems(peer: Peer, quick: bool) -> List[Tuple[str, Dict[str, str]]]:
+    """The problems of the mirrored CUDA variant as benchsuite enumerates them (the last axis fastest)."""
+    axes = VARIANT_AXES[(peer.stage, peer.mirrors)]
+    values = [AXES[peer.stage][a][1 if quick else 0] for a in axes]
+    out = []
+    for combo in itertools.product(*values):
+        problem = dict(zip(axes, combo))
+        if peer.accepts(problem):
+            out.append((problem_label(problem, axes), problem))
+    return out
+
+
+def problems_from_list(doc: dict, peer: Peer) -> List[Tuple[str, Dict[str, str]]]:
+    """The problems of the mirrored variant's rows in a `trainbench-list/1` document (benchsuite --list
+    --format json --backend cuda), in its order."""
+    out = []
+    for row in doc.get("benchmarks") or []:
+        if not isinstance(row, dict) or (row.get("stage"), row.get("backend"), row.get("variant")) != \
+                (peer.stage, "cuda", peer.mirrors):
+            continue
+        parts = str(row.get("name", "")).split("/", 3)
+        problem = {str(k): str(v) for k, v in (row.get("problem") or {}).items()}
+        if len(parts) == 4 and peer.accepts(problem):
+            out.append((parts[3], problem))
+    return out
+
+
+def benchsuite_list(benchsuite: str, quick: bool, timeout: float = 120.0) -> dict:
+    """Runs `benchsuite --list --format json --backend cuda [--quick]` and returns the document."""
+    cmd = [benchsuite, "--list", "--format", "json", "--backend", "cuda"] + (["--quick"] if quick else [])
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+    except OSError as e:
+        raise UsageError(f"cannot run {benchsuite}: {e.strerror or e}") from None
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"{' '.join(cmd)} ran past {timeout:g} s") from None
+    if proc.returncode != 0:
+        said = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+        raise UsageError(f"{' '.join(cmd)} exited {proc.returncode}: {said[0]}")
+    try:
+        doc = json.loads(proc.stdout.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"{' '.join(cmd)} did not print a JSON list: {e}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != "trainbench-list/1":
+        raise UsageError(f"{' '.join(cmd)} printed no trainbench-list/1 document")
+    return doc
+
+
+def select_benches(quick: bool, pattern: Optional[str], listing: Optional[dict] = None) -> List[Bench]:
+    """Every peer on its problems (from `listing` when given, else AXES), those whose name matches; on the
+    CPU (BACKEND torch) the GPU-only peers are left out."""
+    try:
+        rx = re.compile(pattern) if pattern else None
+    except re.error as e:
+        raise UsageError(f"--filter is not a valid regular expression: {e}") from None
+    benches = []
+    for peer in PEERS:
+        if peer.needs_cuda and BACKEND == BACKENDS["cpu"]:
+            continue
+        problems = builtin_problems(peer, quick) if listing is None else problems_from_list(listing, peer)
+        if listing is not None and not problems:
+            raise UsageError(f"benchsuite lists no {peer.stage}/cuda/{peer.mirrors} problems for "
+                             f"{row_name(peer.stage, peer.variant, '')}")
+        benches += [Bench(peer, label, problem) for label, problem in problems]
+    chosen = [b for b in benches if rx is None or rx.search(b.name)]
+    if not chosen:
+        stages = sorted({f"{b.peer.stage}/{BACKEND}/{b.peer.variant}" for b in benches})
+        raise UsageError(f"--filter {pattern!r} matches no benchmark; there are: {', '.join(stages)}")
+    return chosen
+
+
+# ---- work models (bytes and FLOPs per call), the stages' own -------------------------------------------
+@dataclass
+class Work:
+    bytes: float
+    flops: float
+    bound: str                       # memory | compute: which rate a peak would be of
+    peak_key: str
+    footprint: Optional[float] = None   # the data a call touches; None: bytes
+    counters: Dict[str, float] = field(default_factory=dict)
+
+
+def param_set_sizes(total: int, tensors: int) -> List[int]:
+    """adamw::make_param_set's tensor sizes (kernels/adamw/param_set.cpp): a token embedding first and an
+    untied head last (between them at least 1/8 of the total), and in between a transformer layer's 12
+    tensors repeated, with the largest width d that fits."""
+    if total < 1 or tensors < 1:
+        raise UsageError(f"params and tensors must be at least 1 (got {total}, {tensors})")
+    # per layer tensor: multiples of d*d and of d (GPT-2 order: ln_1 w/b, c_attn w/b, c_proj w/b, ln_2 w/b,
+    # c_fc w/b, mlp c_proj w/b)
+    roles = [(0, 1), (0, 1), (3, 0), (0, 3), (1, 0), (0, 1), (0, 1), (0, 1), (4, 0), (0, 4), (4, 0), (0, 1)]
+    layer_tensors = max(tensors - 2, 0)
+    a = sum(roles[k % 12][0] for k in range(layer_tensors))
+    b = sum(roles[k % 12][1] for k in range(layer_tensors))
+    budget = total - (total + 7) // 8
+
+    def layers_size(d: int) -> int:
+        return a * d * d + b * d
+
+    d = 0
+    if a > 0:
+        d = int((math.sqrt(float(b) * b + 4.0 * a * budget) - b) / (2.0 * a))
+    elif b > 0:
+        d = budget // b
+    while d > 0 and layers_size(d) > budget:
+        d -= 1
+    while (a > 0 or b > 0) and layers_size(d + 1) <= budget:
+        d += 1
+    embedding = total - layers_size(d)
+    sizes = [total if tensors == 1 else embedding // 2]
+    sizes += [roles[k % 12][0] * d * d + roles[k % 12][1] * d for k in range(layer_tensors)]
+    if tensors > 1:
+        sizes.append(embedding - embedding // 2)
+    return sizes
+
+
+def parse_shape(text: str) -> Tuple[int, int, int, int]:
+    """BATCHxHEADSxSEQxHEAD_DIM."""
+    parts = text.split("x")
+    if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise UsageError(f"attention shape {text!r} is not BATCHxHEADSxSEQxHEAD_DIM")
+    return tuple(int(p) for p in parts)  # type: ignore[return-value]
+
+
+def graph_spec(name: str) -> Tuple[str, int]:
+    """laplacian::parse_graph: ('ring' | 'random', k 4..8), ('grid2d', 4) or ('grid3d', 6)."""
+    if name == "grid2d":
+        return "grid2d", 4
+    if name == "grid3d":
+        return "grid3d", 6
+    m = re.fullmatch(r"(ring|random)([4-8])", name)
+    if not m:
+        raise UsageError(f"unknown graph {name!r} (ring4..ring8, random4..random8, grid2d, grid3d)")
+    return m.group(1), int(m.group(2))
+
+
+def _round_half_away(x: float) -> int:
+    return int(math.floor(x + 0.5)) if x >= 0 else -int(math.floor(-x + 0.5))
+
+
+def grid_width(family: str, n: int) -> int:
+    """nx of a grid: round(sqrt(n)) (2D) or round(cbrt(n)) (3D), halves away from zero, at least 1."""
+    cbrt = getattr(math, "cbrt", lambda v: v ** (1.0 / 3.0))   # math.cbrt: Python 3.11
+    return max(1, _round_half_away(math.sqrt(n) if family == "grid2d" else cbrt(n)))
+
+
+def laplacian_nnz(graph: str, n: int) -> int:
+    """laplacian::nnz for the closed forms (n >= 4096): stored nonzeros of A = I + alpha L."""
+    family, k = graph_spec(graph)
+    if family == "ring":
+        return n * (1 + 2 * (k // 2)) + (2 * (n // 2) if k % 2 else 0)
+    if family == "random":
+        return n * (k + 1)
+
+    def line_edges(nx: int) -> int:
+        return (n // nx) * (nx - 1) + max(n % nx - 1, 0)
+
+    nx = grid_width(family, n)
+    if family == "grid2d":
+        return n + 2 * (line_edges(nx) + max(n - nx, 0))
+    ny, lines = nx, (n + nx - 1) // nx
+    y_edges = sum(min(nx, n - (line + 1) * nx) for line in range(lines - 1) if line % ny != ny - 1)
+    return n + 2 * (line_edges(nx) + y_edges + max(n - nx * ny, 0))
+
+
+def collate_fields(problem: Dict[str, str]) -> List[Tuple[str, int, str]]:
+    """(name, elements per sample, dtype) per field, in batch order (collate::Shape::fields)."""
+    seq = int(problem["seq_len"])
+    fields = []
+    if problem["layout"] == "text_pair":
+        embed = int(problem["embed_dim"])
+        fields += [("input_embedding", embed, "float32"), ("target_embedding", embed, "float32")]
+    return fields + [("tokens", seq, "int64")]
+
+
+def collate_sample_bytes(problem: Dict[str, str]) -> int:
+    return sum(n * (4 if dtype == "float32" else 8) for _, n, dtype in collate_fields(problem))
+
+
+# collate: (peak key, H2D copies per field, fixed H2D copies, host copies of the batch, touched epochs,
+# touched batch-sized buffers), as collate_registry.cpp's work() has them for its per_sample and pinned
+_COLLATE_WORK = {
+    "per_sample": ("cuda.h2d_pageable", 1, 0, 2, 1, 3),
+    "pin_memory": ("cuda.h2d_pinned", 1, 0, 3, 1, 4),    # + the copy into pinned memory, + the pinned batch
+    "pinned": ("cuda.h2d_pinned", 0, 1, 1, 1, 3),
+}
+
+
+def work_model(bench: Bench) -> Work:
+    """Bytes and FLOPs per call of the stage's work model (kernels/<stage>/<stage>_registry.cpp)."""
+    stage, variant, p = bench.peer.stage, bench.peer.variant, bench.problem
+    if stage == "adamw":
+        # credited with one fused pass's traffic: read p, g, m, v, write p, m, v: 28 B per fp32 parameter
+        eb = 4.0 if p["dtype"] == "fp32" else 2.0
+        n = float(p["params"])
+        return Work((3 * eb + 16) * n, 15 * n, "memory", "cuda.copy", (2 * eb + 8) * n,
+                    {"tensors": float(p["tensors"])})
+    if stage == "attention":
+        # the two products, halved when causal (the masked half is no useful work, as FlashAttention
+        # counts it); the bytes: Q, K, V read once and O written once
+        batch, heads, seq, dim = parse_shape(p["shape"])
+        eb = 2.0 if p["dtype"] == "bf16" else 4.0
+        flops = 4.0 * batch * heads * seq * seq * dim / (2 if p["causal"] == "causal" else 1)
+        scores_mib = 4.0 * batch * heads * seq * seq / (1 << 20) if variant == "naive" else 0.0
+        return Work(4.0 * batch * heads * seq * dim * eb, flops, "compute",
+                    "cuda.gemm_bf16" if p["dtype"] == "bf16" else "cuda.gemm_fp32", None, {"scores_mib": scores_mib})
+    if stage == "spmv":
+        # CSR: 12 B per nonzero, 4 B per row pointer, x read and y written once per right-hand side
+        n, nnz = float(p["rows"]), float(laplacian_nnz(p["graph"], int(p["rows"])))
+        rhs = float(p.get("rhs", 1))
+        return Work(12.0 * nnz + 4.0 * (n + 1) + 16.0 * n * rhs, 2.0 * nnz * rhs, "memory", "cuda.copy", None,
+                    {"nnz": nnz})
+    if stage == "launch":
+        steps, per_step, elements = (int(p[a]) for a in ("steps", "kernels_per_step", "elements"))
+        return Work(steps * per_step * 3.0 * 4 * elements, 0.0, "memory", "cuda.copy", None,
+                    {"steps": float(steps), "kernels": float(steps * per_step)})
+    if stage == "alloc":
+        # the kernels' few bytes (3 probe words per buffer written, read, summed); the counters say what a
+        # step asks of the allocator
+        buffers = int(p["buffers"])
+        allocations = 0 if variant == "reuse" else buffers
+        counters = {"buffers": float(buffers), "allocations": float(allocations),
+                    "kernels": float(buffers + 3),   # a fill per buffer, stack, sum, add to the checksum
+                    "bytes_allocated": float(allocations * int(p["buffer_bytes"]))}
+        if variant == "empty_cache":
+            counters["releases"] = 1.0
+        return Work(buffers * 3 * 24.0, 0.0, "memory", "", None, counters)
+    if stage == "collate":
+        peak_key, per_field, fixed, host_copies, epochs, batches = _COLLATE_WORK[variant]
+        batch = int(p["batch"]) * collate_sample_bytes(p)
+        epoch = (int(p["samples"]) // int(p["batch"])) * batch
+        return Work(float(batch), 0.0, "memory", peak_key, float(epochs * epoch + batches * batch),
+                    {"samples_per_call": float(p["batch"]),
+                     "h2d_copies": float(per_field * len(collate_fields(p)) + fixed), "kernels": 0.0,
+                     "host_bytes": float(host_copies * batch)})
+    raise UsageError(f"no work model for stage {stage!r}")
+
+
+# ---- deterministic generators shared with the C++ stages (kernels/runtime/random.h) ------------------
+_M64 = (1 << 64) - 1
+
+
+def splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def uniform_at(seed: int, i: int, lo: float = -1.0, hi: float = 1.0) -> float:
+    """Uniform in [lo, hi) from 24 random bits, rounded to fp32 as the C++ computes it."""
+    bits = splitmix64((seed * 0x632BE59BD9B4E019 + i) & _M64) >> 40
+    return struct.unpack("f", struct.pack("f", lo + (hi - lo) * bits / 16777216.0))[0]
+
+
+def _splitmix64_np(x):
+    import numpy as np
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _fisher_yates(n: int, draws) -> List[int]:
+    """0..n-1 shuffled from the top: slot j swaps with draws[j] % (j + 1), j = n-1 .. 1."""
+    order = list(range(n))
+    picks = [0] * n
+    if n > 1:
+        import numpy as np
+        j = np.arange(n, dtype=np.uint64)
+        picks = (draws % (j + np.uint64(1))).tolist()
+    for j in range(n - 1, 0, -1):
+        k = picks[j]
+        order[j], order[k] = order[k], order[j]
+    return order
+
+
+def epoch_order(samples: int, shuffled: bool, seed: int = 5) -> List[int]:
+    """collate::epoch_order: the epoch's sample order (defaults::collate_shuffle_seed 5)."""
+    if not shuffled or samples < 2:
+        return list(range(samples))
+    import numpy as np
+    j = np.arange(samples, dtype=np.uint64)
+    return _fisher_yates(samples, _splitmix64_np(np.uint64((seed * 0x9E3779B97F4A7C15) & _M64) + j))
+
+
+def graph_permutation(n: int, seed: int, stream: int) -> List[int]:
+    """laplacian.cpp's permutation(n, seed, stream): one random Hamiltonian cycle's node order."""
+    import numpy as np
+    j = np.arange(n, dtype=np.uint64)
+    base = np.uint64(((seed * 0x9E3779B97F4A7C15) & _M64) ^ ((stream << 40) & _M64))
+    return _fisher_yates(n, _splitmix64_np(base ^ j))
+
+
+GRAPH_SEED = 21          # laplacian::graph_seed
+LAPLACIAN_ALPHA = 0.5    # defaults::laplacian_alpha
+
+
+def laplacian_csr(graph: str, n: int, alpha: float = LAPLACIAN_ALPHA, seed: int = GRAPH_SEED):
+    """laplacian::build_shifted_laplacian: A = I + alpha L in CSR (int32 row_ptr and columns, fp64 values),
+    columns sorted within a row, the diagonal among them: the stages' matrix, element for element (numpy)."""
+    import numpy as np
+    family, k = graph_spec(graph)
+    if not 1 <= n <= 2**31 - 1:
+        raise UsageError(f"a graph needs 1 to 2^31 - 1 nodes, not {n}")
+    index = np.int32 if 2 * n < 2**31 else np.int64   # every sum below stays under 2n
+    i = np.arange(n, dtype=index)
+    cand = []   # neighbour candidates per node, -1 where there is none
+    if family == "ring":
+        for d in range(1, k // 2 + 1):
+            cand += [(i + d) % n, (i + (n - d % n)) % n]
+        m = n // 2
+        if k % 2 and m > 0:
+            cand.append(np.where(i < m, i + m, np.where(i < 2 * m, i - m, -1)))
+    elif family == "random":
+        cycles = k // 2
+        for c in range(cycles + k % 2):
+            order = np.asarray(graph_permutation(n, seed, c), dtype=index)
+            pos = np.empty(n, dtype=index)
+            pos[order] = i
+            if c < cycles:
+                cand += [order[(pos + 1) % n], order[(pos + (n - 1)) % n]]
+            else:   # odd k: a perfect matching of consecutive positions
+                partner = pos ^ 1
+                cand.append(np.where(partner < n, order[np.minimum(partner, n - 1)], -1))
+    else:
+        nx = grid_width(family, n)
+        x = i % nx
+        cand += [np.where(x > 0, i - 1, -1), np.where((x < nx - 1) & (i + 1 < n), i + 1, -1)]
+        if family == "grid2d":
+            cand += [np.where(i >= nx, i - nx, -1), np.where(i < n - nx, i + nx, -1)]
+        else:
+            ny, plane = nx, nx * nx
+            y = (i // nx) % ny
+            cand += [np.where(y > 0, i - nx, -1), np.where((y < ny - 1) & (i < n - nx), i + nx, -1),
+                     np.where(i >= plane, i - plane, -1), np.where(i < n - plane, i + plane, -1)]
+    cols = np.stack(cand + [i], axis=1).astype(index, copy=False)   # the diagonal last, sorted in below
+    diagonal = cols == i[:, None]
+    diagonal[:, -1] = False
+    cols[(cols < 0) | diagonal] = n                           # absent and self links sort to the end
+    cols.sort(axis=1)
+    repeat = np.zeros(cols.shape, dtype=bool)
+    repeat[:, 1:] = cols[:, 1:] == cols[:, :-1]
+    cols[repeat] = n                                          # a neighbour reached twice is one link
+    cols.sort(axis=1)
+    keep = cols < n
+    counts = keep.sum(axis=1)
+    row_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=row_ptr[1:])
+    if row_ptr[-1] > 2**31 - 1:
+        raise UsageError(f"{graph} with {n} rows has more than 2^31 - 1 nonzeros")
+    diagonal_value = 1.0 + alpha * (counts - 1).astype(np.float64)
+    val = np.where(cols == i[:, None], diagonal_value[:, None], -alpha)[keep]
+    col = cols[keep]
+    return row_ptr.astype(np.int32), col.astype(np.int32), val
+
+
+def launch_window(steps: int, kernels_per_step: int, buffers: int = 4) -> List[Tuple[int, int, float]]:
+    """The launch stage's window (launch_reference.cpp build_window) as (dst, src, weight) of one lerp_
+    each: dst = (1 - w) dst + w src, w = 1 - a with the stage's coefficient a in [0.5, 0.75). One kernel
+    per node, like the stage's dst = a dst + b src + c, and a convex combination, so the state stays bounded."""
+    window = []
+    for s in range(steps):
+        for k in range(kernels_per_step):
+            dst = k % buffers
+            src = (dst + 1 + s % (buffers - 1)) % buffers
+            a = uniform_at(42, 3 * (s * kernels_per_step + k), 0.5, 0.75)
+            window.append((dst, src, 1.0 - a))
+    return window
+
+
+def alloc_probe_value(step: int, buffer: int) -> int:
+    """The word a step writes into a buffer's probes (any value a wrong buffer would not hold)."""
+    return (step * 1009 + buffer * 17 + 1) % 1000003
+
+
+# ---- statistics (kernels/runtime/stats.cpp) ---------------------------------------------------------------
+@dataclass
+class Summary:
+    median: float
+    ci_low: float
+    ci_high: float
+    ci_level: float
+    noisy: bool
+
+
+def _median(values: Sequence[float]) -> float:
+    s = sorted(values)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def _binomial_half_cdf(n: int, k: int) -> float:
+    return sum(math.comb(n, i) for i in range(k + 1)) / 2.0 ** n
+
+
+def summarize(samples: Sequence[float], noise_target: float = NOISE_TARGET, level: float = 0.95) -> Summary:
+    """Median and the order-statistic interval [x_(k), x_(n+1-k)] with the largest k whose coverage is at
+    least `level`; with too few samples, [min, max] and its (lower) coverage."""
+    if not samples:
+        raise ValueError("summary of no samples")
+    x = sorted(samples)
+    n = len(x)
+    k = next((c for c in range(n // 2, 0, -1) if 1.0 - 2.0 * _binomial_half_cdf(n, c - 1) >= level), 0)
+    if k == 0:
+        low, high, cover = x[0], x[-1], (1.0 - 2.0 * 0.5 ** n if n > 1 else 0.0)
+    else:
+        low, high, cover = x[k - 1], x[n - k], 1.0 - 2.0 * _binomial_half_cdf(n, k - 1)
+    med = _median(x)
+    noisy = med > 0 and (high - low) / (2.0 * med) > noise_target
+    return Summary(med, low, high, cover, bool(noisy))
+
+
+def ratio_estimate(baseline: Sequence[float], improved: Sequence[float], level: float = 0.95
+                   ) -> Tuple[float, float, float, float]:
+    """Hodges-Lehmann baseline / improved (median of all pairwise ratios) with the Mann-Whitney interval
+    on the log scale (normal approximation): (ratio, low, high, coverage)."""
+    d = sorted(math.log(b) - math.log(a) for b in baseline for a in improved)
+    m, n = float(len(baseline)), float(len(improved))
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    k = math.floor(m * n / 2 - z * math.sqrt(m * n * (m + n + 1) / 12))
+    if k >= 1:
+        return math.exp(_median(d)), math.exp(d[k - 1]), math.exp(d[len(d) - k]), level
+    return math.exp(_median(d)), math.exp(d[0]), math.exp(d[-1]), 1.0 - 2.0 / math.comb(int(m + n), int(m))
+
+
+# ---- rows and the result file -------------------------------------------------------------------------
+@dataclass
+class Verdict:
+    """A check against the reference: ok, the worst error seen, and where it failed."""
+
+    ok: bool
+    max_error: float
+    detail: str = ""
+
+
+@dataclass
+class Outcome:
+    """What measuring one bench gave."""
+
+    disposition: str                 # passed | incorrect | unsupported | failed
+    reason: str = ""
+    max_error: Optional[float] = None
+    samples_ns: List[float] = field(default_factory=list)
+    batch: int = 1
+    counters: Dict[str, float] = field(default_factory=dict)   # measured, beside the work model's
+    note: str = ""
+
+
+def make_row(bench: Bench, outcome: Outcome, noise_target: float = NOISE_TARGET) -> dict:
+    """The `trainbench-results/1` row (benches/results.cpp row_to_json's keys); timings only when passed."""
+    work = work_model(bench)
+    name = bench.name
+    max_error = outcome.max_error
+    row = {"name": name, "run_name": name, "run_type": "aggregate", "aggregate_name": "median", "threads": 1,
+           "stage": bench.peer.stage, "variant": bench.peer.variant, "backend": BACKEND,
+           "problem": dict(bench.problem), "disposition": outcome.disposition, "reason": outcome.reason,
+           "max_error": max_error if max_error is not None and math.isfinite(max_error) else None,
+           "mode": "hot", "batch": outcome.batch, "bytes": work.bytes, "flops": work.flops, "bound": work.bound,
+           "peak_key": work.peak_key if BACKEND == BACKENDS["cuda"] else "",   # the GPU's ceilings only
+           "footprint_bytes": work.footprint if work.footprint is not None else work.bytes,
+           "counters": dict(work.counters, **outcome.counters), "rationale": bench.peer.rationale}
+    if outcome.note:
+        row["note"] = outcome.note
+    if outcome.disposition == "passed":
+        s = summarize(outcome.samples_ns, noise_target)
+        row.update({"iterations": outcome.batch, "repetitions": len(outcome.samples_ns), "real_time": s.median,
+                    "cpu_time": s.median, "time_unit": "ns", "samples_ns": list(outcome.samples_ns),
+                    "median_ns": s.median, "ci_low_ns": s.ci_low, "ci_high_ns": s.ci_high, "ci_level": s.ci_level,
+                    "noisy": s.noisy, "gb_per_s": work.bytes / s.median, "tflop_per_s": work.flops / s.median * 1e-3,
+                    "disturbed": False, "retaken_samples": 0})
+    return row
+
+
+def make_pairs(rows: List[dict]) -> List[dict]:
+    """The declared pairs whose two rows both passed, per problem."""
+    by_name = {r["name"]: r for r in rows if r.get("disposition") == "passed"}
+    labels = []
+    for r in rows:
+        label = r["name"].split("/", 3)[3] if r["name"].count("/") >= 3 else ""
+        if label not in labels:
+            labels.append(label)
+    pairs = []
+    for stage, base, improved, text in PAIRS:
+        for label in labels:
+            b, i = by_name.get(row_name(stage, base, label)), by_name.get(row_name(stage, improved, label))
+            if not b or not i:
+                continue
+            ratio, low, high, level = ratio_estimate(b["samples_ns"], i["samples_ns"])
+            pairs.append({"stage": stage, "label": text, "baseline": b["name"], "improved": i["name"], "kind": "timed",
+                          "ratio": ratio, "ci_low": low, "ci_high": high, "ci_level": level,
+                          "baseline_median_ns": b["median_ns"], "improved_median_ns": i["median_ns"]})
+    return pairs
+
+
+def _cpu_info() -> Tuple[str, float]:
+    model, mhz = "", 0.0
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not model:
+                    model = value.strip()
+                elif key.strip() == "cpu MHz" and not mhz:
+                    try:
+                        mhz = float(value)
+                    except ValueError:
+                        pass
+    except OSError:
+        pass
+    return model or platform.processor() or "unknown CPU", mhz
+
+
+def _git_commit() -> str:
+    try:
+        proc = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "--short", "HEAD"], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, timeout=10)
+        return proc.stdout.decode().strip() if proc.returncode == 0 else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def _trainbench_version() -> str:
+    try:
+        with open(os.path.join(REPO_ROOT, "CMakeLists.txt"), encoding="utf-8") as f:
+            m = re.search(r"project\(\s*trainbench\s+VERSION\s+([0-9.]+)", f.read())
+        return m.group(1) if m else "unknown"
+    except OSError:
+        return "unknown"
+
+
+def make_context(devices: List[dict], torch_info: dict, settings: dict, now: Optional[datetime] = None) -> dict:
+    """The run's context: Google Benchmark's keys, trainbench's (host, devices, settings) and `torch`.
+    `devices` and `torch_info` come from torch_peer_cases.device_context()."""
+    model, mhz = _cpu_info()
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        load = list(os.getloadavg())
+    except OSError:
+        load = []
+    return {
+        "date": (now or datetime.now(timezone.utc)).isoformat(timespec="seconds"),
+        "host_name": socket.gethostname(), "executable": "scripts/torch-peers",
+        "num_cpus": os.cpu_count() or cores, "mhz_per_cpu": int(round(mhz)), "cpu_scaling_enabled": False,
+        "caches": [], "load_avg": load, "library_build_type": "release",
+        "trainbench": {"version": _trainbench_version(), "git_commit": _git_commit(), "tool": "torch-peers"},
+        "host": {"cpu_model": model, "cores": cores, "threads": os.cpu_count() or cores,
+                 "python": platform.python_version()},
+        "devices": devices,
+        "cuda_unavailable_reason": "",
+        "settings": dict(settings),
+        "peaks": {},
+        "torch": torch_info,
+    }
+
+
+def results_document(context: dict, rows: List[dict]) -> dict:
+    return {"schema": SCHEMA, "context": context, "benchmarks": rows, "pairs": make_pairs(rows), "pairs_withheld": []}
+
+
+def write_atomically(path: str, text: str) -> None:
+    """A temporary file beside `path`, flushed, then renamed over it: a reader never sees half a file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# ---- console -----------------------------------------------------------------------------------------------
+def human_time(ns: float) -> str:
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.3g} {unit}" if ns / scale < 100 else f"{ns / scale:.1f} {unit}"
+    return f"{ns:.1f} ns"
+
+
+def rate_text(row: dict) -> str:
+    if row.get("disposition") != "passed":
+        return ""
+    if row.get("bound") == "compute" and row.get("flops"):
+        return f"{row['tflop_per_s']:.2f} TFLOP/s"
+    if row.get("bytes"):
+        return f"{row['gb_per_s']:.2f} GB/s"
+    return ""
+
+
+def result_text(row: dict) -> str:
+    disp = row["disposition"]
+    if disp == "passed":
+        return "passed (noisy)" if row.get("noisy") else "passed"
+    return disp
+
+
+def render_console(rows: List[dict], pairs: List[dict]) -> str:
+    width = max([len("benchmark")] + [len(r["name"]) for r in rows])
+    lines = [f"{'benchmark':<{width}}  {'result':<15} {'median':>10} {'+-CI':>7} {'rate':>16}  counters"]
+    for r in rows:
+        if r["disposition"] == "passed":
+            half = (r["ci_high_ns"] - r["ci_low_ns"]) / (2 * r["median_ns"]) if r["median_ns"] > 0 else 0.0
+            counters = "  ".join(f"{k}={v:g}" for k, v in r.get("counters", {}).items())
+            lines.append(f"{r['name']:<{width}}  {result_text(r):<15} {human_time(r['median_ns']):>10} "
+                         f"{half:>6.1%} {rate_text(r):>16}  {counters}")
+        else:
+            lines.append(f"{r['name']:<{width}}  {result_text(r):<15} {r.get('reason', '')}")
+    if pairs:
+        lines += ["", "Pairs: baseline time / improved time (> 1: the improved variant is faster)"]
+        for p in pairs:
+            label = p["improved"].split("/", 3)[3] if p["improved"].count("/") >= 3 else ""
+            lines.append(f"  {p['label']} [{label}]: {p['ratio']:.2f}x (95% CI {p['ci_low']:.2f}-{p['ci_high']:.2f})")
+    return "\n".join(lines) + "\n"
+
+
+# ---- command line ----------------------------------------------------------------------------------------
+EPILOG = """\
+Each row is named stage/torch/variant/problem, the problem label benchsuite's (`adamw/torch/fused/...`
+lines up with `adamw/cuda/fused/...`); each is checked against a plain reference before it is timed
+(a wrong result is `incorrect` and never timed). Timing: CUDA events, warm-up, calls batched so a
+sample lasts at least --min-time, the median of --repetitions samples with its interval.
+
+examples:
+  scripts/torch-peers --out torch.json
+  scripts/torch-peers --quick --filter 'adamw|attention'
+  scripts/torch-peers --benchsuite build/benches/benchsuite --out torch.json   # benchsuite's problems
+  scripts/torch-peers --list
+
+exit codes: 0 done, 1 a peer was incorrect or failed, 2 bad usage or no PyTorch with CUDA,
+130 interrupted (what was measured is still written)
+"""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
+    return v
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < v <= 60:
+        raise argparse.ArgumentTypeError(f"must be in (0, 60] seconds: {text!r}")
+    return v
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Time the PyTorch way of trainbench's stages on the "
+                                "problems benchsuite uses; write trainbench-results/1 rows (backend torch).",
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--filter", metavar="REGEX", help="only the rows whose name matches (searched)")
+    p.add_argument("--quick", action="store_true", help="benchsuite's --quick problems and shorter samples")
+    p.add_argument("--repetitions", type=_positive_int, default=REPETITIONS,
+                   help=f"samples per row (default {REPETITIONS})")
+    p.add_argument("--min-time", type=_seconds, metavar="S",
+                   help=f"each sample lasts at least S seconds (default {MIN_SAMPLE_S:g}, "
+                        f"--quick {QUICK_MIN_SAMPLE_S:g})")
+    p.add_argument("--out", metavar="FILE", help="write the results (JSON, trainbench-results/1) atomically")
+    p.add_argument("--benchsuite", metavar="PATH",
+                   help="take the problems from PATH --list --format json --backend cuda (default: the copy of "
+                        "the stages' axes in this script)")
+    p.add_argument("--list", action="store_true", help="print the rows that would be measured and exit")
+    p.add_argument("--device", choices=tuple(BACKENDS), default="cuda",
+                   help="cuda (default; rows torch_cuda) or cpu (rows torch: the peers that are no GPU pattern, "
+                        "on the CUDA problems; with --quick, a check of the peers anywhere)")
+    return p
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parser().parse_args(argv)
+    use_device(args.device)
+    try:
+        listing = benchsuite_list(args.benchsuite, args.quick) if args.benchsuite else None
+        benches = select_benches(args.quick, args.filter, listing)
+        if args.out and os.path.isdir(args.out):
+            raise UsageError(f"--out {args.out} is a directory")
+    except UsageError as e:
+        return _fail(str(e))
+    if args.list:
+        for b in benches:
+            print(b.name)
+        return 0
+    try:
+        from . import torch_peer_cases as cases
+        cases.use_device(args.device)
+    except (ImportError, OSError) as e:
+        return _fail(f"PyTorch is not importable ({e}); the peers need PyTorch and numpy "
+                     "(the GPU node's python3 has them; elsewhere: python3 -m pip install torch numpy)")
+    except UsageError as e:
+        return _fail(str(e))
+
+    min_sample_s = max(args.min_time or (QUICK_MIN_SAMPLE_S if args.quick else MIN_SAMPLE_S), CUDA_MIN_SAMPLE_S)
+    index = 0 if args.device == "cuda" else None
+    settings = {"mode": "hot", "repetitions": args.repetitions, "min_time_s": min_sample_s, "quick": args.quick,
+                "noise_target": NOISE_TARGET, "backend": BACKEND, "filter": args.filter or "", "device": index,
+                "problems_from": args.benchsuite or "built-in copy of benchsuite's axes"}
+    devices, torch_info = cases.device_context()
+    context = make_context(devices, torch_info, settings)
+    rows: List[dict] = []
+    interrupted = False
+    try:
+        for i, bench in enumerate(benches):
+            outcome = cases.run_bench(bench, args.repetitions, min_sample_s)
+            row = make_row(bench, outcome)
+            rows.append(row)
+            shown = human_time(row["median_ns"]) if outcome.disposition == "passed" else outcome.reason
+            print(f"{PROG}: [{i + 1}/{len(benches)}] {bench.name}: {result_text(row)} {shown}", file=sys.stderr,
+                  flush=True)
+    except KeyboardInterrupt:
+        interrupted = True
+        print(f"{PROG}: interrupted after {len(rows)} of {len(benches)} rows", file=sys.stderr)
+    doc = results_document(context, rows)
+    sys.stdout.write(render_console(rows, doc["pairs"]))
+    sys.stdout.flush()
+    if args.out:
+        try:
+            write_atomically(args.out, json.dumps(doc, indent=1) + "\n")
+        except OSError as e:
+            return _fail(f"cannot write {args.out}: {e.strerror or e}")
+        print(f"{PROG}: wrote {len(rows)} rows to {args.out}", file=sys.stderr)
+    if interrupted:
+        return 130
+    return 1 if any(r["disposition"] in ("incorrect", "failed") for r in rows) else 0
