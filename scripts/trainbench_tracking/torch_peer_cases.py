@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from .errors import UsageError
 from .torch_peers import (MAX_BATCH, SPMV_FP64_RTOL, TOL_ATTENTION, TOL_FP32, WARMUP_CALLS, WARMUP_S, Bench,
-                          Outcome, Tolerance, Verdict, _median, alloc_probe_value, collate_fields, epoch_order,
-                          laplacian_csr, laplacian_nnz, launch_window, param_set_sizes, parse_shape)
+                          Outcome, Tolerance, Verdict, _median, alloc_probe_value, attention_shape, collate_fields,
+                          epoch_order, laplacian_csr, laplacian_nnz, launch_window, param_set_sizes, parse_shape)
 
 DEVICE = torch.device("cuda")   # use_device() sets it before any case is made
 
@@ -32,6 +32,9 @@ ADAMW = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2}
 ADAMW_SEEDS = (41, 42)                    # parameters, gradients (adamw::seed_param, seed_grad)
 ATTENTION_SEEDS = (21, 22, 23)            # q, k, v (attention::seed_q, seed_k, seed_v)
 ATTENTION_CHECKED_ROWS = 48               # query rows checked against fp64 (defaults::attention_checked_rows)
+# The naive path holds about three B x H x S x S fp32 tensors at once (scores, masked, softmax): on the CPU a
+# problem whose scores pass this is unsupported (the CUDA problem 4x16x4096x128 has 4 GiB of them), not swapped.
+NAIVE_CPU_SCORES_BYTES = 1 << 30
 LAUNCH_STATE_BUFFERS = 4                  # launch::state_buffers
 COLLATE_VOCAB = 50257                     # collate::vocab
 COLLATE_SEEDS = {"input_embedding": 21, "target_embedding": 22, "tokens": 23}   # collate::seed_*
@@ -195,8 +198,12 @@ class AttentionCase(Case):
     def __init__(self, bench: Bench, env: Env):
         p = bench.problem
         self.variant = bench.peer.variant
-        self.batch, self.heads, self.seq, self.dim = parse_shape(p["shape"])
+        self.batch, self.heads, self.seq, self.dim = parse_shape(attention_shape(p))
         self.dtype_name = p["dtype"]
+        scores = self.batch * self.heads * self.seq * self.seq * (2 if p["dtype"] == "bf16" else 4)
+        if self.variant == "naive" and not on_gpu() and scores > NAIVE_CPU_SCORES_BYTES:
+            raise Unsupported(f"the naive path's scores take {scores / 2**30:.3g} GiB (three such tensors at "
+                              f"once); on the CPU it runs up to {NAIVE_CPU_SCORES_BYTES / 2**30:g} GiB")
         dtype = torch.bfloat16 if p["dtype"] == "bf16" else torch.float32
         self.causal = p["causal"] == "causal"
         shape = (self.batch, self.heads, self.seq, self.dim)

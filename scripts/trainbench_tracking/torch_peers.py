@@ -1,15 +1,21 @@
 """scripts/torch-peers: the PyTorch way of doing trainbench's stages, timed on the problems benchsuite uses.
 
-Each peer mirrors one CUDA variant of a stage: `adamw/torch/fused/<label>` is timed on the problem of
+Each peer mirrors one CUDA variant of a stage: `adamw/torch_cuda/fused/<label>` is timed on the problem of
 `adamw/cuda/fused/<label>`, with benchsuite's own label, so the two rows line up. The problems come from
 benchsuite's list (`--benchsuite PATH` runs `PATH --list --format json --backend cuda`) or, by default, from
 AXES below: a copy of the stages' axes (kernels/<stage>/<stage>_registry.cpp, sizes from
 kernels/runtime/defaults.h) that tests/scripts/test_torch_peers.py holds equal to benchsuite's list. The
 bytes and FLOPs per call are the stages' own work models, ported, so GB/s and TFLOP/s compare.
 
-The rows are `trainbench-results/1` (results/README.md) with backend "torch". This module needs neither
-torch nor numpy to list, name, summarise and write rows; the torch code is in torch_peer_cases.py, imported
-when something is measured (numpy only where a matrix or a reference is built).
+On the CPU with a benchsuite (`--device cpu --benchsuite PATH`, what `benchsuite --backend cpu,torch` runs)
+the peers that are no GPU pattern mirror the CPU variants instead (Peer.mirrors_cpu): the problems and
+labels of `PATH --list --format json --backend cpu`, so `adamw/torch/fused/<label>` lines up with
+`adamw/cpu/fused/<label>`. Without --benchsuite, `--device cpu` runs them on the CUDA variants' problems.
+Every row says which benchsuite row it stands beside: `"mirrors": "cpu/fused"` (or "cuda/fused").
+
+The rows are `trainbench-results/1` (results/README.md) with backend "torch_cuda" (GPU) or "torch" (CPU).
+This module needs neither torch nor numpy to list, name, summarise and write rows; the torch code is in
+torch_peer_cases.py, imported when something is measured (numpy only where a matrix or a reference is built).
 """
 
 from __future__ import annotations
@@ -137,31 +143,50 @@ class Peer:
     variant: str          # the torch row's variant
     mirrors: str          # the CUDA variant whose problems it takes
     rationale: str
-    only: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()   # axis values it runs (others are left out)
+    only: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()   # axis values it runs (others are left out); an axis
+    #                                                      the problem does not have restricts nothing
     needs_cuda: bool = False   # a GPU pattern (graphs, the caching allocator, pinned copies): no CPU row
+    mirrors_cpu: str = ""      # the CPU variant it mirrors with --device cpu --benchsuite ("": none)
+    cpu_implied: Tuple[Tuple[str, str], ...] = ()   # what that CPU variant runs without an axis for it
+    #                                                 (attention's CPU variants: fp32; naive_mask_*: causal)
 
     def accepts(self, problem: Dict[str, str]) -> bool:
-        return all(problem.get(axis) in values for axis, values in self.only)
+        return all(problem[axis] in values for axis, values in self.only if axis in problem)
+
+    def mirrored(self, backend: str) -> str:
+        """The variant of benchsuite's `backend` (cuda | cpu) whose problems it takes; "" for none."""
+        return self.mirrors if backend == "cuda" else self.mirrors_cpu
 
 
 FP32 = (("dtype", ("fp32",)),)
 NO_COMPUTE = (("compute_us", ("0",)),)   # the data path alone: no stand-in compute kernel to overlap
 
+CPU_FP32 = (("dtype", "fp32"),)   # attention's CPU variants have no dtype axis: fp32
+
 PEERS: Tuple[Peer, ...] = (
     # AdamW: torch keeps the moments in the parameters' dtype, the stage in fp32: fp32 problems only.
-    Peer("adamw", "fused", "fused", "torch.optim.AdamW(fused=True): one fused multi-tensor kernel per step", FP32),
-    Peer("adamw", "foreach", "foreach", "torch.optim.AdamW(foreach=True): _foreach_ ops over the tensor lists", FP32),
+    Peer("adamw", "fused", "fused", "torch.optim.AdamW(fused=True): one fused multi-tensor kernel per step", FP32,
+         mirrors_cpu="fused"),
+    Peer("adamw", "foreach", "foreach", "torch.optim.AdamW(foreach=True): _foreach_ ops over the tensor lists", FP32,
+         mirrors_cpu="foreach"),
     Peer("adamw", "per_tensor", "per_tensor",
-         "torch.optim.AdamW(foreach=False): the for-loop path, several kernels per tensor", FP32),
+         "torch.optim.AdamW(foreach=False): the for-loop path, several kernels per tensor", FP32,
+         mirrors_cpu="per_tensor"),
     # FlashAttention takes fp16 and bf16 only.
     Peer("attention", "sdpa_flash", "fused",
          "F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.FLASH_ATTENTION)", (("dtype", ("bf16",)),),
          needs_cuda=True),
-    Peer("attention", "sdpa", "fused", "F.scaled_dot_product_attention, the backend PyTorch picks"),
+    Peer("attention", "sdpa", "fused", "F.scaled_dot_product_attention, the backend PyTorch picks",
+         mirrors_cpu="fused", cpu_implied=CPU_FP32),
+    # The CPU stage's `naive` applies causality inside its softmax; its cached-mask variant is nanoGPT's path
+    # (always causal: it has no causal axis).
     Peer("attention", "naive", "naive",
-         "nanoGPT's slow path: q @ k^T * scale, masked_fill with a cached causal mask, softmax, @ v"),
-    Peer("spmv", "csr", "cusparse_csr", "torch.sparse_csr_tensor (int32 indices, fp64) times a vector: torch.mv"),
-    Peer("spmv", "spmm_csr", "cusparse_spmm", "torch.sparse_csr_tensor times a row-major block: torch.mm"),
+         "nanoGPT's slow path: q @ k^T * scale, masked_fill with a cached causal mask, softmax, @ v",
+         mirrors_cpu="naive_mask_cached", cpu_implied=CPU_FP32 + (("causal", "causal"),)),
+    Peer("spmv", "csr", "cusparse_csr", "torch.sparse_csr_tensor (int32 indices, fp64) times a vector: torch.mv",
+         mirrors_cpu="csr"),
+    Peer("spmv", "spmm_csr", "cusparse_spmm", "torch.sparse_csr_tensor times a row-major block: torch.mm",
+         mirrors_cpu="spmm_csr"),
     Peer("launch", "eager", "eager", "the window's 768 in-place lerp_ kernels launched one by one", needs_cuda=True),
     Peer("launch", "graph", "graph", "the same window captured once in a torch.cuda.CUDAGraph, then replay()",
          needs_cuda=True),
@@ -170,8 +195,10 @@ PEERS: Tuple[Peer, ...] = (
     Peer("alloc", "empty_cache", "empty_cache", "the same, with torch.cuda.empty_cache() after every step",
          needs_cuda=True),
     Peer("alloc", "reuse", "reuse", "the same kernels on buffers allocated once: the floor", needs_cuda=True),
+    # On the CPU the .to(device) is a no-op: __getitem__ clones and the stack, as the CPU stage's per_sample.
     Peer("collate", "per_sample", "per_sample",
-         "__getitem__ clones, torch.stack per field, .to('cuda') from pageable memory", NO_COMPUTE),
+         "__getitem__ clones, torch.stack per field, .to('cuda') from pageable memory", NO_COMPUTE,
+         mirrors_cpu="per_sample"),
     Peer("collate", "pin_memory", "per_sample",
          "the same + .pin_memory() + .to('cuda', non_blocking=True): DataLoader(pin_memory=True)", NO_COMPUTE,
          needs_cuda=True),
@@ -201,7 +228,9 @@ class Bench:
 
     peer: Peer
     label: str                  # benchsuite's problem label, "params=29900000,tensors=200,dtype=fp32"
-    problem: Dict[str, str]
+    problem: Dict[str, str]     # its axes, and on a CPU variant's problem what the variant implies
+    mirrors: str = ""           # the benchsuite row's backend/variant it stands beside: "cuda/fused", "cpu/fused"
+    listed_peak_key: str = ""   # that row's peak key where a listing gave it (a CPU variant's)
 
     @property
     def name(self) -> str:
@@ -216,6 +245,11 @@ def problem_label(problem: Dict[str, str], axes: Sequence[str]) -> str:
     return ",".join(f"{a}={problem[a]}" for a in axes)
 
 
+def attention_shape(problem: Dict[str, str]) -> str:
+    """BATCHxHEADSxSEQxHEAD_DIM: the CUDA variants' `shape` axis, the CPU variants' `cpu_shape`."""
+    return problem["shape"] if "shape" in problem else problem["cpu_shape"]
+
+
 def builtin_problems(peer: Peer, quick: bool) -> List[Tuple[str, Dict[str, str]]]:
     """The problems of the mirrored CUDA variant as benchsuite enumerates them (the last axis fastest)."""
     axes = VARIANT_AXES[(peer.stage, peer.mirrors)]
@@ -228,24 +262,34 @@ def builtin_problems(peer: Peer, quick: bool) -> List[Tuple[str, Dict[str, str]]
     return out
 
 
-def problems_from_list(doc: dict, peer: Peer) -> List[Tuple[str, Dict[str, str]]]:
-    """The problems of the mirrored variant's rows in a `trainbench-list/1` document (benchsuite --list
-    --format json --backend cuda), in its order."""
+def listed_rows(doc: dict, peer: Peer, backend: str = "cuda") -> List[Tuple[str, Dict[str, str], dict]]:
+    """(label, problem, work) of the rows of the variant of `backend` the peer mirrors in a `trainbench-list/1`
+    document (benchsuite --list --format json --backend ...), in its order, those the peer accepts. On a CPU
+    variant the problem also holds what the variant implies (Peer.cpu_implied)."""
+    variant = peer.mirrored(backend)
     out = []
     for row in doc.get("benchmarks") or []:
-        if not isinstance(row, dict) or (row.get("stage"), row.get("backend"), row.get("variant")) != \
-                (peer.stage, "cuda", peer.mirrors):
+        if not variant or not isinstance(row, dict) or \
+                (row.get("stage"), row.get("backend"), row.get("variant")) != (peer.stage, backend, variant):
             continue
         parts = str(row.get("name", "")).split("/", 3)
         problem = {str(k): str(v) for k, v in (row.get("problem") or {}).items()}
+        if backend == "cpu":
+            problem.update((axis, value) for axis, value in peer.cpu_implied if axis not in problem)
         if len(parts) == 4 and peer.accepts(problem):
-            out.append((parts[3], problem))
+            work = row.get("work") if isinstance(row.get("work"), dict) else {}
+            out.append((parts[3], problem, work))
     return out
 
 
-def benchsuite_list(benchsuite: str, quick: bool, timeout: float = 120.0) -> dict:
-    """Runs `benchsuite --list --format json --backend cuda [--quick]` and returns the document."""
-    cmd = [benchsuite, "--list", "--format", "json", "--backend", "cuda"] + (["--quick"] if quick else [])
+def problems_from_list(doc: dict, peer: Peer, backend: str = "cuda") -> List[Tuple[str, Dict[str, str]]]:
+    """listed_rows' (label, problem) pairs."""
+    return [(label, problem) for label, problem, _ in listed_rows(doc, peer, backend)]
+
+
+def benchsuite_list(benchsuite: str, quick: bool, timeout: float = 120.0, backend: str = "cuda") -> dict:
+    """Runs `benchsuite --list --format json --backend <backend> [--quick]` and returns the document."""
+    cmd = [benchsuite, "--list", "--format", "json", "--backend", backend] + (["--quick"] if quick else [])
     try:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
     except OSError as e:
@@ -264,22 +308,36 @@ def benchsuite_list(benchsuite: str, quick: bool, timeout: float = 120.0) -> dic
     return doc
 
 
-def select_benches(quick: bool, pattern: Optional[str], listing: Optional[dict] = None) -> List[Bench]:
-    """Every peer on its problems (from `listing` when given, else AXES), those whose name matches; on the
-    CPU (BACKEND torch) the GPU-only peers are left out."""
+def select_benches(quick: bool, pattern: Optional[str], listing: Optional[dict] = None,
+                   mirror: str = "cuda") -> List[Bench]:
+    """Every peer on its problems, those whose name matches. `mirror` is the backend of the benchsuite
+    variants mirrored: cuda (the problems from `listing` when given, else AXES) or cpu (from `listing`, a
+    `--backend cpu` list; the peers without a CPU variant are left out). On the CPU (BACKEND torch) the
+    GPU-only peers are left out."""
+    if mirror not in ("cuda", "cpu"):
+        raise ValueError(f"mirror is cuda or cpu, not {mirror!r}")
+    if mirror == "cpu" and listing is None:
+        raise ValueError("mirroring the CPU variants needs benchsuite's --backend cpu list")
     try:
         rx = re.compile(pattern) if pattern else None
     except re.error as e:
         raise UsageError(f"--filter is not a valid regular expression: {e}") from None
     benches = []
     for peer in PEERS:
-        if peer.needs_cuda and BACKEND == BACKENDS["cpu"]:
+        variant = peer.mirrored(mirror)
+        if (peer.needs_cuda and BACKEND == BACKENDS["cpu"]) or not variant:
             continue
-        problems = builtin_problems(peer, quick) if listing is None else problems_from_list(listing, peer)
-        if listing is not None and not problems:
-            raise UsageError(f"benchsuite lists no {peer.stage}/cuda/{peer.mirrors} problems for "
+        mirrors = f"{mirror}/{variant}"
+        if listing is None:
+            benches += [Bench(peer, label, problem, mirrors) for label, problem in builtin_problems(peer, quick)]
+            continue
+        rows = listed_rows(listing, peer, mirror)
+        if not rows:
+            raise UsageError(f"benchsuite lists no {peer.stage}/{mirrors} problems for "
                              f"{row_name(peer.stage, peer.variant, '')}")
-        benches += [Bench(peer, label, problem) for label, problem in problems]
+        for label, problem, work in rows:   # a CPU row's peak key (the CUDA ones come from work_model)
+            peak_key = str(work.get("peak_key") or "") if mirror == "cpu" else ""
+            benches.append(Bench(peer, label, problem, mirrors, peak_key))
     chosen = [b for b in benches if rx is None or rx.search(b.name)]
     if not chosen:
         stages = sorted({f"{b.peer.stage}/{BACKEND}/{b.peer.variant}" for b in benches})
@@ -402,6 +460,12 @@ _COLLATE_WORK = {
     "pin_memory": ("cuda.h2d_pinned", 1, 0, 3, 1, 4),    # + the copy into pinned memory, + the pinned batch
     "pinned": ("cuda.h2d_pinned", 0, 1, 1, 1, 3),
 }
+# On a CPU variant's problem (no compute_us axis): (bytes per batch byte, host copies of the batch, touched
+# epochs, touched batch-sized buffers), as collate_registry.cpp's CPU per_sample has them: the batch read
+# and written once (2 B per batch byte), no transfer.
+_COLLATE_CPU_WORK = {
+    "per_sample": (2, 2, 1, 2),
+}
 
 
 def work_model(bench: Bench) -> Work:
@@ -416,7 +480,7 @@ def work_model(bench: Bench) -> Work:
     if stage == "attention":
         # the two products, halved when causal (the masked half is no useful work, as FlashAttention
         # counts it); the bytes: Q, K, V read once and O written once
-        batch, heads, seq, dim = parse_shape(p["shape"])
+        batch, heads, seq, dim = parse_shape(attention_shape(p))
         eb = 2.0 if p["dtype"] == "bf16" else 4.0
         flops = 4.0 * batch * heads * seq * seq * dim / (2 if p["causal"] == "causal" else 1)
         scores_mib = 4.0 * batch * heads * seq * seq / (1 << 20) if variant == "naive" else 0.0
@@ -444,9 +508,13 @@ def work_model(bench: Bench) -> Work:
             counters["releases"] = 1.0
         return Work(buffers * 3 * 24.0, 0.0, "memory", "", None, counters)
     if stage == "collate":
-        peak_key, per_field, fixed, host_copies, epochs, batches = _COLLATE_WORK[variant]
         batch = int(p["batch"]) * collate_sample_bytes(p)
         epoch = (int(p["samples"]) // int(p["batch"])) * batch
+        if "compute_us" not in p:   # a CPU variant's problem: a copy in host memory
+            per_byte, host_copies, epochs, batches = _COLLATE_CPU_WORK[variant]
+            return Work(float(per_byte * batch), 0.0, "memory", "cpu.copy", float(epochs * epoch + batches * batch),
+                        {"samples_per_call": float(p["batch"]), "host_bytes": float(host_copies * batch)})
+        peak_key, per_field, fixed, host_copies, epochs, batches = _COLLATE_WORK[variant]
         return Work(float(batch), 0.0, "memory", peak_key, float(epochs * epoch + batches * batch),
                     {"samples_per_call": float(p["batch"]),
                      "h2d_copies": float(per_field * len(collate_fields(p)) + fixed), "kernels": 0.0,
@@ -672,10 +740,12 @@ def make_row(bench: Bench, outcome: Outcome, noise_target: float = NOISE_TARGET)
     max_error = outcome.max_error
     row = {"name": name, "run_name": name, "run_type": "aggregate", "aggregate_name": "median", "threads": 1,
            "stage": bench.peer.stage, "variant": bench.peer.variant, "backend": BACKEND,
+           "mirrors": bench.mirrors or f"cuda/{bench.peer.mirrors}",   # the benchsuite row it stands beside
            "problem": dict(bench.problem), "disposition": outcome.disposition, "reason": outcome.reason,
            "max_error": max_error if max_error is not None and math.isfinite(max_error) else None,
            "mode": "hot", "batch": outcome.batch, "bytes": work.bytes, "flops": work.flops, "bound": work.bound,
-           "peak_key": work.peak_key if BACKEND == BACKENDS["cuda"] else "",   # the GPU's ceilings only
+           # the GPU's ceilings on the GPU; on the CPU the mirrored CPU row's, where the listing gave it
+           "peak_key": work.peak_key if BACKEND == BACKENDS["cuda"] else bench.listed_peak_key,
            "footprint_bytes": work.footprint if work.footprint is not None else work.bytes,
            "counters": dict(work.counters, **outcome.counters), "rationale": bench.peer.rationale}
     if outcome.note:
@@ -843,15 +913,18 @@ def render_console(rows: List[dict], pairs: List[dict]) -> str:
 
 # ---- command line ----------------------------------------------------------------------------------------
 EPILOG = """\
-Each row is named stage/torch/variant/problem, the problem label benchsuite's (`adamw/torch/fused/...`
-lines up with `adamw/cuda/fused/...`); each is checked against a plain reference before it is timed
-(a wrong result is `incorrect` and never timed). Timing: CUDA events, warm-up, calls batched so a
-sample lasts at least --min-time, the median of --repetitions samples with its interval.
+Each row is named stage/torch_cuda/variant/problem (--device cpu: stage/torch/...), the problem label
+benchsuite's (`adamw/torch_cuda/fused/...` lines up with `adamw/cuda/fused/...`; with --device cpu
+--benchsuite, `adamw/torch/fused/...` with `adamw/cpu/fused/...`), and says which row it stands beside
+("mirrors": "cuda/fused"). Each is checked against a plain reference before it is timed (a wrong result
+is `incorrect` and never timed). Timing: CUDA events (on the CPU a steady clock), warm-up, calls batched
+so a sample lasts at least --min-time, the median of --repetitions samples with its interval.
 
 examples:
   scripts/torch-peers --out torch.json
   scripts/torch-peers --quick --filter 'adamw|attention'
   scripts/torch-peers --benchsuite build/benches/benchsuite --out torch.json   # benchsuite's problems
+  scripts/torch-peers --device cpu --benchsuite build/benches/benchsuite --quick   # beside its CPU rows
   scripts/torch-peers --list
 
 exit codes: 0 done, 1 a peer was incorrect or failed, 2 bad usage or no PyTorch with CUDA,
@@ -893,11 +966,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="FILE", help="write the results (JSON, trainbench-results/1) atomically")
     p.add_argument("--benchsuite", metavar="PATH",
                    help="take the problems from PATH --list --format json --backend cuda (default: the copy of "
-                        "the stages' axes in this script)")
+                        "the stages' axes in this script); with --device cpu, --backend cpu: mirror the CPU "
+                        "variants, on their problems and labels")
     p.add_argument("--list", action="store_true", help="print the rows that would be measured and exit")
     p.add_argument("--device", choices=tuple(BACKENDS), default="cuda",
                    help="cuda (default; rows torch_cuda) or cpu (rows torch: the peers that are no GPU pattern, "
-                        "on the CUDA problems; with --quick, a check of the peers anywhere)")
+                        "on the CUDA problems, or with --benchsuite the CPU variants'; with --quick, a check of "
+                        "the peers anywhere)")
     return p
 
 
@@ -909,9 +984,10 @@ def _fail(message: str) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     args = parser().parse_args(argv)
     use_device(args.device)
+    mirror = "cpu" if args.device == "cpu" and args.benchsuite else "cuda"   # whose variants the rows mirror
     try:
-        listing = benchsuite_list(args.benchsuite, args.quick) if args.benchsuite else None
-        benches = select_benches(args.quick, args.filter, listing)
+        listing = benchsuite_list(args.benchsuite, args.quick, backend=mirror) if args.benchsuite else None
+        benches = select_benches(args.quick, args.filter, listing, mirror)
         if args.out and os.path.isdir(args.out):
             raise UsageError(f"--out {args.out} is a directory")
     except UsageError as e:
@@ -933,7 +1009,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     index = 0 if args.device == "cuda" else None
     settings = {"mode": "hot", "repetitions": args.repetitions, "min_time_s": min_sample_s, "quick": args.quick,
                 "noise_target": NOISE_TARGET, "backend": BACKEND, "filter": args.filter or "", "device": index,
-                "problems_from": args.benchsuite or "built-in copy of benchsuite's axes"}
+                "mirrors": mirror,
+                "problems_from": f"{args.benchsuite} --list --backend {mirror}" if args.benchsuite
+                else "built-in copy of benchsuite's axes"}
     devices, torch_info = cases.device_context()
     context = make_context(devices, torch_info, settings)
     rows: List[dict] = []

@@ -2,7 +2,9 @@
 against the loaders, the command line without torch; the measured path where torch sees a GPU.
 
 fixtures/benchsuite_list*.json are `benchsuite --list --format json --backend all [--quick]` trimmed to the
-peers' stages (rows without their `unsupported` text, stages with their axes only). The C++ figures below
+peers' stages (rows without their `unsupported` text, stages with their axes only);
+fixtures/benchsuite_list_cpu_quick.json is `benchsuite --list --format json --backend cpu --quick` trimmed
+to adamw, attention, spmv and collate (stages with their axes and CPU variants' ids and axes). The C++ figures below
 (parameter-set and CSR digests, orders, coefficients) were printed by kernels/adamw/param_set.cpp,
 kernels/spmv/laplacian.cpp and kernels/runtime/random.h compiled into a small program.
 """
@@ -28,6 +30,17 @@ GPU_KEY = "nvidia-h100-80gb-hbm3_drv13000_cuda13000"
 def listing(quick=False):
     with open(os.path.join(FIXTURES, "benchsuite_list_quick.json" if quick else "benchsuite_list.json")) as f:
         return json.load(f)
+
+
+def cpu_listing():
+    with open(os.path.join(FIXTURES, "benchsuite_list_cpu_quick.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    """Rows named as --device cpu names them (backend torch), for one test."""
+    monkeypatch.setattr(tp, "BACKEND", tp.BACKENDS["cpu"])
 
 
 def live_tool(env_name, *relative):
@@ -70,7 +83,7 @@ def test_rows_line_up_with_the_cuda_rows_they_mirror():
     for b in benches:
         stage, backend, variant, label = b.name.split("/", 3)
         assert (stage, backend, variant) == (b.peer.stage, "torch_cuda", b.peer.variant)
-        assert f"{stage}/cuda/{b.peer.mirrors}/{label}" in cuda_names
+        assert b.mirrors == f"cuda/{b.peer.mirrors}" and f"{stage}/{b.mirrors}/{label}" in cuda_names
     names = [b.name for b in benches]
     assert len(names) == len(set(names)) == 71
     assert "adamw/torch_cuda/fused/params=29900000,tensors=200,dtype=fp32" in names
@@ -79,6 +92,133 @@ def test_rows_line_up_with_the_cuda_rows_they_mirror():
     assert "launch/torch_cuda/graph/steps=64,kernels_per_step=12,elements=4096" in names
     assert not [n for n in names if n.startswith("collate/") and not n.endswith("compute_us=0")]
     assert len(tp.select_benches(True, None)) == 29
+
+
+# ---- mirroring the CPU variants (--device cpu --benchsuite) ---------------------------------------------------
+CPU_QUICK_ROWS = [
+    "adamw/torch/fused/params=10000000,tensors=200,dtype=fp32",
+    "adamw/torch/foreach/params=10000000,tensors=200,dtype=fp32",
+    "adamw/torch/per_tensor/params=10000000,tensors=200,dtype=fp32",
+    "attention/torch/sdpa/cpu_shape=4x6x256x64,causal=causal",
+    "attention/torch/sdpa/cpu_shape=1x8x1024x64,causal=causal",
+    "attention/torch/naive/cpu_shape=4x6x256x64",
+    "attention/torch/naive/cpu_shape=1x8x1024x64",
+    "spmv/torch/csr/graph=ring8,rows=1048576",
+    "spmv/torch/spmm_csr/graph=ring8,rows=1048576,rhs=8",
+    "collate/torch/per_sample/layout=text_pair,order=shuffled,samples=8192,batch=64,embed_dim=768,seq_len=128",
+    "collate/torch/per_sample/layout=text_pair,order=shuffled,samples=8192,batch=4096,embed_dim=768,seq_len=128",
+]
+
+
+def test_cpu_mirror_takes_the_cpu_variants_problems_and_labels(on_cpu):
+    doc = cpu_listing()
+    cpu_names = {r["name"] for r in doc["benchmarks"]}
+    benches = tp.select_benches(True, None, doc, "cpu")
+    assert [b.name for b in benches] == CPU_QUICK_ROWS
+    for b in benches:
+        stage, backend, variant, label = b.name.split("/", 3)
+        assert backend == "torch" and b.mirrors.startswith("cpu/")
+        assert f"{stage}/{b.mirrors}/{label}" in cpu_names, b.name   # the benchsuite row it stands beside
+    assert {(b.peer.stage, b.peer.variant): b.mirrors for b in benches} == {
+        ("adamw", "fused"): "cpu/fused", ("adamw", "foreach"): "cpu/foreach", ("adamw", "per_tensor"): "cpu/per_tensor",
+        ("attention", "sdpa"): "cpu/fused", ("attention", "naive"): "cpu/naive_mask_cached",
+        ("spmv", "csr"): "cpu/csr", ("spmv", "spmm_csr"): "cpu/spmm_csr", ("collate", "per_sample"): "cpu/per_sample"}
+    # the GPU patterns have no CPU row: flash attention, CUDA graphs, the caching allocator, pinned copies
+    assert not [b for b in benches if b.peer.needs_cuda]
+    assert not [b for b in benches if b.peer.stage in ("launch", "alloc") or "pin" in b.peer.variant]
+    # fp32 AdamW only; the CPU attention variants run fp32, and naive_mask_cached (no causal axis) is causal
+    assert "adamw/cpu/fused/params=10000000,tensors=200,dtype=bf16" in cpu_names
+    naive = next(b for b in benches if b.name == "attention/torch/naive/cpu_shape=1x8x1024x64")
+    assert naive.problem == {"cpu_shape": "1x8x1024x64", "dtype": "fp32", "causal": "causal"}
+    sdpa = next(b for b in benches if b.peer.variant == "sdpa")
+    assert sdpa.problem == {"causal": "causal", "cpu_shape": "4x6x256x64", "dtype": "fp32"}
+    collate = next(b for b in benches if b.peer.stage == "collate")
+    assert "compute_us" not in collate.problem   # the CPU variants have no compute to overlap
+
+
+def test_cpu_mirror_work_models_and_peak_keys_are_the_cpu_rows(on_cpu):
+    doc = cpu_listing()
+    listed = {r["name"]: r["work"] for r in doc["benchmarks"]}
+    for b in tp.select_benches(True, None, doc, "cpu"):
+        stage, _, _, label = b.name.split("/", 3)
+        want = listed[f"{stage}/{b.mirrors}/{label}"]
+        w = tp.work_model(b)
+        footprint = w.footprint if w.footprint is not None else w.bytes
+        assert (w.bytes, w.flops, w.bound, footprint) == \
+            (want["bytes"], want["flops"], want["bound"], want["footprint_bytes"]), b.name
+        row = tp.make_row(b, tp.Outcome("passed", "", 0.0, [1e6, 1.1e6, 1.05e6], 1))
+        assert (row["mirrors"], row["peak_key"], row["backend"]) == (b.mirrors, want["peak_key"], "torch")
+
+
+def test_cpu_mirror_needs_a_listing_and_filters_by_name(on_cpu):
+    with pytest.raises(ValueError):
+        tp.select_benches(True, None, None, "cpu")
+    doc = cpu_listing()
+    assert [b.name for b in tp.select_benches(True, "attention/torch/naive", doc, "cpu")] == \
+        ["attention/torch/naive/cpu_shape=4x6x256x64", "attention/torch/naive/cpu_shape=1x8x1024x64"]
+    doc["benchmarks"] = [r for r in doc["benchmarks"] if r["variant"] != "naive_mask_cached"]
+    with pytest.raises(tp.UsageError, match="benchsuite lists no attention/cpu/naive_mask_cached problems"):
+        tp.select_benches(True, None, doc, "cpu")
+
+
+def test_without_benchsuite_the_cpu_rows_mirror_the_cuda_problems(on_cpu):
+    benches = tp.select_benches(True, None)
+    assert len(benches) == 15 and all(b.name.split("/")[1] == "torch" for b in benches)
+    assert all(b.mirrors == f"cuda/{b.peer.mirrors}" for b in benches)
+    assert "attention/torch/naive/shape=4x6x256x64,causal=causal,dtype=fp32" in [b.name for b in benches]
+
+
+def fake_cpu_benchsuite(tmp_path):
+    """A benchsuite whose `--list --format json --backend cpu --quick` prints the CPU fixture (else: exit 2)."""
+    path = tmp_path / "benchsuite"
+    path.write_text("#!/bin/sh\n"
+                    f"[ \"$*\" = '--list --format json --backend cpu --quick' ] || exit 2\n"
+                    f"exec cat '{os.path.join(FIXTURES, 'benchsuite_list_cpu_quick.json')}'\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_cpu_list_through_benchsuite_runs_without_torch(tmp_path):
+    bench = fake_cpu_benchsuite(tmp_path)
+    p = run_script("torch-peers", "--device", "cpu", "--quick", "--benchsuite", bench, "--list")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == CPU_QUICK_ROWS
+    p = run_script("torch-peers", "--device", "cpu", "--benchsuite", bench, "--list")   # not --quick: exit 2
+    assert p.returncode == 2 and "exited 2" in p.stderr
+
+
+def cpu_mirror_document():
+    """Every CPU-mirroring quick row with made-up timings, one of them incorrect."""
+    tp.BACKEND = tp.BACKENDS["cpu"]
+    try:
+        rows = []
+        for i, b in enumerate(tp.select_benches(True, None, cpu_listing(), "cpu")):
+            if b.peer.variant == "per_tensor":
+                outcome = tp.Outcome("incorrect", "parameter tensor 3[0] = 1, reference 2", 1.0)
+            else:
+                outcome = tp.Outcome("passed", "", 1e-7, [(1000.0 + 37 * i) * (1 + 0.002 * k) for k in range(10)], 4)
+            rows.append(tp.make_row(b, outcome))
+        settings = {"mode": "hot", "repetitions": 10, "min_time_s": 0.01, "quick": True, "noise_target": 0.05,
+                    "backend": "torch", "filter": "", "device": None, "mirrors": "cpu"}
+        return tp.results_document(tp.make_context([], {"version": "2.15.0"}, settings), rows)
+    finally:
+        tp.BACKEND = tp.BACKENDS["cuda"]
+
+
+def test_the_cpu_mirror_file_reads_back_and_validates(tmp_path):
+    path = write_json(tmp_path / "torch-cpu.json", cpu_mirror_document())
+    run = load_run(path)
+    assert sorted(run.rows) == sorted(CPU_QUICK_ROWS)
+    assert {r.raw["mirrors"] for r in run.rows.values()} == {
+        "cpu/fused", "cpu/foreach", "cpu/per_tensor", "cpu/naive_mask_cached", "cpu/csr", "cpu/spmm_csr",
+        "cpu/per_sample"}
+    assert run.machine_key.endswith("c")   # a CPU machine key
+    validator = live_tool("TRAINBENCH_VALIDATE_RESULTS", "build", "tests", "validate_results")
+    if validator is None:
+        pytest.skip("no built validate_results (set TRAINBENCH_VALIDATE_RESULTS or build build/tests)")
+    p = subprocess.run([validator, path], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert f"valid, {len(CPU_QUICK_ROWS)} benchmarks" in p.stdout
 
 
 def test_filter_selects_by_name_and_a_filter_matching_nothing_says_what_exists():
@@ -258,6 +398,7 @@ def test_the_result_file_reads_back_with_a_gpu_machine_key(tmp_path):
     assert len(run.rows) == 71
     assert all(r.backend == "torch_cuda" for r in run.rows.values())
     assert run.rows[broken].disposition == "incorrect" and run.rows[broken].samples is None
+    assert run.rows[broken].raw["mirrors"] == "cuda/per_tensor" and run.rows[oom].raw["mirrors"] == "cuda/naive"
     assert "median_ns" not in run.rows[broken].raw and "samples_ns" not in run.rows[oom].raw
     fused = run.rows["adamw/torch_cuda/fused/params=29900000,tensors=200,dtype=fp32"]
     assert fused.raw["bytes"] == 28 * 29900000 and fused.raw["gb_per_s"] == pytest.approx(28 * 29.9e6 / fused.median)
@@ -365,3 +506,52 @@ def test_cpu_peers_pass_their_checks_and_read_back(tmp_path):
     assert not any(n.startswith(("launch/", "alloc/")) or "sdpa_flash" in n or "pin" in n for n in run.rows)
     assert run.data["context"]["devices"] == [] and run.data["context"]["torch"]["version"] == torch.__version__
     assert run.machine_key.endswith("c")   # a CPU machine key, "<cpu model>_<cores>c"
+
+
+def test_cpu_run_through_benchsuite_lines_up_with_its_cpu_rows(tmp_path):
+    """--device cpu --benchsuite, as `benchsuite --backend cpu,torch` runs it: the CPU variants' quick problems,
+    each row passed and named as the benchsuite row of the same label it mirrors. AdamW is left out here for
+    time (its check on 10M parameters takes 10-40 s on two busy cores; the test above runs it on the same
+    problem)."""
+    pytest.importorskip("torch")
+    benchsuite = live_tool("TRAINBENCH_BENCHSUITE", "build", "benches", "benchsuite")
+    if benchsuite is None:
+        pytest.skip("no built benchsuite (set TRAINBENCH_BENCHSUITE or build build/benches/benchsuite)")
+    listed = subprocess.run([benchsuite, "--list", "--format", "json", "--backend", "cpu", "--quick"],
+                            capture_output=True, text=True, timeout=120, check=True)
+    cpu_names = {r["name"] for r in json.loads(listed.stdout)["benchmarks"] if r["backend"] == "cpu"}
+    out = tmp_path / "torch-cpu.json"
+    p = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "torch-peers"), "--device", "cpu", "--quick",
+                        "--benchsuite", benchsuite, "--repetitions", "2", "--min-time", "0.002",
+                        "--filter", "cpu_shape=4x6x256|spmv/torch/csr|batch=64,", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    run = load_run(str(out))
+    assert sorted(run.rows) == sorted([
+        "attention/torch/sdpa/cpu_shape=4x6x256x64,causal=causal", "attention/torch/naive/cpu_shape=4x6x256x64",
+        "spmv/torch/csr/graph=ring8,rows=1048576",
+        "collate/torch/per_sample/layout=text_pair,order=shuffled,samples=8192,batch=64,embed_dim=768,seq_len=128"])
+    assert all(r.disposition == "passed" for r in run.rows.values()), \
+        [(r.name, r.reason) for r in run.rows.values() if r.disposition != "passed"]
+    for r in run.rows.values():
+        stage, backend, _, label = r.name.split("/", 3)
+        assert backend == "torch" and r.raw["mirrors"].startswith("cpu/")
+        assert f"{stage}/{r.raw['mirrors']}/{label}" in cpu_names, r.name
+    assert run.data["context"]["settings"]["mirrors"] == "cpu"
+
+
+def test_naive_attention_on_the_cpu_declines_what_would_not_fit(monkeypatch, on_cpu):
+    """The CUDA problem 4x16x4096x128 holds 4 GiB of fp32 scores: on the CPU the naive peer is unsupported
+    there, before anything is allocated; the CPU variants' largest quick problem runs."""
+    torch = pytest.importorskip("torch")
+    from trainbench_tracking import torch_peer_cases as cases
+    monkeypatch.setattr(cases, "DEVICE", torch.device("cpu"))
+    naive = next(p for p in tp.PEERS if p.variant == "naive")
+    big = tp.Bench(naive, "", {"shape": "4x16x4096x128", "causal": "causal", "dtype": "fp32"}, "cuda/naive")
+    outcome = cases.run_bench(big, 1, 0.001)
+    assert outcome.disposition == "unsupported" and "4 GiB" in outcome.reason
+    cpu = next(b for b in tp.select_benches(True, "naive/cpu_shape=1x8x1024x64", cpu_listing(), "cpu"))
+    case = cases.AttentionCase(cpu, cases.Env())
+    assert case.q.shape == (1, 8, 1024, 64) and case.q.dtype == torch.float32 and case.causal
+    verdict = case.check()
+    assert verdict.ok, verdict.detail
