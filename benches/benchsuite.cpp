@@ -5,13 +5,18 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <csignal>
+#include <filesystem>
 #include <iostream>
 #include <set>
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "harness.h"
+#include "torch_rows.h"
 #include "runtime/defaults.h"
 #include "runtime/device_info.h"
 #include "runtime/error.h"
@@ -28,6 +33,7 @@ Examples:
   benchsuite --list                           stages, variants, axes, and why a variant cannot run here
   benchsuite --list --format json --quick     the same for programs, with the benchmarks --quick would run
   benchsuite --filter peak --benchmark_min_warmup_time=0.1   Google Benchmark flags pass through
+  benchsuite --backend cpu,torch --quick --filter adamw   beside each row, PyTorch's own way of it
 
 Benchmarks are named stage/backend/variant/problem, e.g. peak/cpu/triad/n=33554432.
 )";
@@ -160,8 +166,27 @@ int run(int argc, char** argv) {
   app.footer(examples);
   app.set_version_flag("--version", std::string(tb::build::version) + " (" + tb::build::git_commit + ")");
   app.add_option("--filter", settings.filter, "Run benchmarks whose name matches this regular expression");
-  app.add_option("--backend", backend, "cpu, cuda, auto (cuda when a GPU is usable, else cpu) or all")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto", "all"}));
+  app.add_option("--backend", backend,
+                 "cpu, cuda, auto (cuda when a GPU is usable, else cpu) or all; with ,torch (cpu,torch, cuda,torch) "
+                 "also the stages done the PyTorch way (scripts/torch-peers), with PyTorch -> PyTorch and "
+                 "PyTorch -> trainbench pairs")
+      ->check([](const std::string& text) -> std::string {
+        std::string native;
+        std::size_t start = 0;
+        while (start <= text.size()) {
+          const std::size_t comma = text.find(',', start);
+          const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+          if (item != "cpu" && item != "cuda" && item != "auto" && item != "all" && item != "torch")
+            return "'" + item + "' is not a backend: cpu, cuda, auto, all, torch";
+          if (item != "torch") {
+            if (!native.empty()) return "one of cpu, cuda, auto, all (and torch), not " + native + " and " + item;
+            native = item;
+          }
+          if (comma == std::string::npos) break;
+          start = comma + 1;
+        }
+        return "";
+      });
   app.add_option("--device", device, "CUDA device index")->check(CLI::NonNegativeNumber);
   app.add_flag("--quick", settings.quick, "Small sizes, 3 repetitions, short samples");
   app.add_option("--repetitions", repetitions, "Samples per benchmark (default 10, 3 with --quick)")
@@ -226,6 +251,15 @@ int run(int argc, char** argv) {
   settings.peak_prepass = !no_prepass;
   for (const auto& text : axis_texts) settings.overrides.push_back(tb::parse_axis_override(registry, text));
 
+  // ",torch": the PyTorch rows too, on the native backend's device (torch alone: auto's).
+  bool with_torch = false;
+  if (const auto at = backend.find("torch"); at != std::string::npos) {
+    with_torch = true;
+    backend.erase(at, 5);
+    if (!backend.empty() && backend.front() == ',') backend.erase(0, 1);
+    if (!backend.empty() && backend.back() == ',') backend.pop_back();
+    if (backend.empty()) backend = "auto";
+  }
   const auto& cuda = tb::cuda_status();
   if (backend == "auto") {
     settings.backends = {cuda.available() ? tb::Backend::cuda : tb::Backend::cpu};
@@ -252,11 +286,40 @@ int run(int argc, char** argv) {
   const tb::Format stdout_format =
       !out_path.empty() || format_name.empty() ? tb::Format::console : tb::format_from_string(format_name);
 
+  if (with_torch && !list) tb::require_torch();  // before anything is measured
   const auto entries = tb::select_entries(registry, settings);
   // Ctrl-C, or a job's time limit (SIGTERM): finish the row in hand and write what was measured.
   std::signal(SIGINT, [](int) { tb::request_stop(); });
   std::signal(SIGTERM, [](int) { tb::request_stop(); });
   tb::Results results = tb::run_entries(registry, entries, settings, std::cerr);
+  std::string torch_error;
+  bool torch_usage_error = false;
+  if (with_torch && !tb::stop_requested()) {
+    namespace fs = std::filesystem;
+    tb::TorchRun torch;
+    const bool on_gpu = std::find(settings.backends.begin(), settings.backends.end(), tb::Backend::cuda) !=
+                        settings.backends.end() && cuda.available();
+    torch.device = on_gpu ? "cuda" : "cpu";
+    std::error_code ec;
+    torch.benchsuite = fs::read_symlink("/proc/self/exe", ec).string();
+    if (ec) torch.benchsuite = argv[0];
+    torch.quick = settings.quick;
+    torch.filter = settings.filter;
+    torch.repetitions = settings.repetitions;
+    torch.min_time_s = settings.min_time_s;
+    torch.out_path = (fs::temp_directory_path() / ("trainbench-torch-" + std::to_string(::getpid()) + ".json")).string();
+    std::cerr << "benchsuite: the PyTorch rows (" << tb::torch_peers_script() << " --device " << torch.device << ")"
+              << std::endl;
+    try {
+      tb::merge_torch_rows(results, tb::run_torch_peers(torch));
+    } catch (const tb::UsageError& e) {
+      torch_error = e.what();
+      torch_usage_error = true;
+    } catch (const std::exception& e) {
+      torch_error = e.what();
+    }
+    fs::remove(torch.out_path, ec);
+  }
 
   if (!out_path.empty()) {
     tb::write_file_atomically(out_path, tb::render(results, file_format));
@@ -266,6 +329,10 @@ int run(int argc, char** argv) {
   if (tb::stop_requested()) {
     std::cerr << "benchsuite: interrupted; the results above are what was measured before" << std::endl;
     return 130;
+  }
+  if (!torch_error.empty()) {  // the native rows above are kept
+    std::cerr << "benchsuite: the PyTorch rows are missing: " << torch_error << std::endl;
+    return torch_usage_error ? 2 : 1;
   }
   const int code = tb::exit_code_for(results);
   if (code != 0) std::cerr << "benchsuite: a variant was incorrect or a benchmark failed (see the rows above)" << std::endl;

@@ -23,8 +23,8 @@ struct Outcome {
   std::string output;  // stdout and stderr together
 };
 
-Outcome benchsuite(const std::string& args) {
-  const std::string command = tb::testing::tool_path("benchsuite", BENCHSUITE_PATH) + " " + args + " 2>&1";
+Outcome benchsuite_command(const std::string& line) {
+  const std::string command = line + " 2>&1";
   Outcome o;
   FILE* pipe = popen(command.c_str(), "r");
   if (!pipe) return o;
@@ -33,6 +33,15 @@ Outcome benchsuite(const std::string& args) {
   const int status = pclose(pipe);
   o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return o;
+}
+
+Outcome benchsuite(const std::string& args) {
+  return benchsuite_command(tb::testing::tool_path("benchsuite", BENCHSUITE_PATH) + " " + args);
+}
+
+// The same with environment assignments ("A=1 B=2") before it.
+Outcome benchsuite_with(const std::string& env, const std::string& args) {
+  return benchsuite_command(env + " " + tb::testing::tool_path("benchsuite", BENCHSUITE_PATH) + " " + args);
 }
 
 void expect_usage_error(const std::string& args, const std::string& says) {
@@ -172,6 +181,83 @@ TEST(Cli, CudaBackendWithoutADeviceSaysWhyInsteadOfFailing) {
   EXPECT_EQ(o.code, 0) << o.output;
   EXPECT_NE(o.output.find("unsupported"), std::string::npos) << o.output;
   expect_usage_error("--device 3", "--device 3");
+}
+
+// --backend cpu,torch without PyTorch: one message that says how to get it, before anything is
+// measured (no progress line).
+TEST(Cli, TorchBackendWithoutPyTorchSaysHowToGetItAndMeasuresNothing) {
+  const Outcome without = benchsuite_with("TRAINBENCH_PYTHON=/bin/false",
+                                          "--backend cpu,torch --quick --filter peak/cpu/triad");
+  EXPECT_EQ(without.code, 2) << without.output;
+  EXPECT_NE(without.output.find("--backend torch needs PyTorch and numpy in /bin/false: install them with "
+                                "scripts/install-deps --torch"), std::string::npos) << without.output;
+  EXPECT_EQ(without.output.find("[  1/"), std::string::npos) << "measured before saying so:\n" << without.output;
+}
+
+// The torch rows merged: a stand-in for scripts/torch-peers lists the problems through this benchsuite
+// and writes a row per cpu/triad problem that mirrors it; benchsuite adds the rows, PyTorch's context
+// and the cross pair (PyTorch -> trainbench) to its own results.
+TEST(Cli, TorchRowsAreMergedWithACrossPairToTheRowTheyMirror) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("tb_torch_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path python = dir / "python", peers = dir / "torch-peers", out = dir / "merged.json";
+  // An interpreter that has "torch" (the import check passes) and runs the stand-in with python3.
+  std::ofstream(python) << "#!/bin/sh\n[ \"$1\" = -c ] && exit 0\nexec python3 \"$@\"\n";
+  std::ofstream(peers) << R"PY(import json, subprocess, sys
+args = sys.argv[1:]
+opt = lambda k: args[args.index(k) + 1]
+assert opt("--device") == "cpu", args
+listing = json.loads(subprocess.run([opt("--benchsuite"), "--list", "--format", "json", "--backend", "cpu",
+                                     "--quick", "--filter", opt("--filter")], capture_output=True, check=True).stdout)
+rows = []
+for b in listing["benchmarks"]:
+    if b["variant"] != "triad":
+        continue
+    label = b["name"].split("/", 3)[3]
+    samples = [4e6, 4.1e6, 3.9e6, 4e6, 4.05e6]
+    rows.append({"name": "peak/torch/add/" + label, "stage": "peak", "variant": "add", "backend": "torch",
+                 "problem": b["problem"], "disposition": "passed", "mirrors": "cpu/triad", "iterations": 1,
+                 "samples_ns": samples, "median_ns": 4e6, "ci_low_ns": 3.9e6, "ci_high_ns": 4.1e6,
+                 "ci_level": 0.95, "noisy": False, "bytes": b["work"]["bytes"]})
+with open(opt("--out"), "w") as f:
+    json.dump({"schema": "trainbench-results/1", "context": {"torch": {"version": "stand-in"}}, "benchmarks": rows,
+               "pairs": [], "pairs_withheld": []}, f)
+)PY";
+  fs::permissions(python, fs::perms::owner_all);
+  const Outcome o = benchsuite_with("TRAINBENCH_PYTHON=" + python.string() + " TRAINBENCH_TORCH_PEERS=" + peers.string(),
+                                    "--backend cpu,torch --quick --filter peak/cpu/triad --repetitions 3 --out " +
+                                        out.string());
+  ASSERT_EQ(o.code, 0) << o.output;
+  std::ifstream in(out);
+  const auto doc = nlohmann::json::parse(in);
+  const tb::Results r = tb::results_from_json(doc);
+  EXPECT_EQ(doc.at("context").at("torch").at("version"), "stand-in");
+  std::string native, torch;
+  for (const auto& row : r.rows) {
+    if (row.name.rfind("peak/cpu/triad/", 0) == 0) native = row.name;
+    if (row.name.rfind("peak/torch/add/", 0) == 0) torch = row.name;
+  }
+  ASSERT_FALSE(native.empty()) << o.output;
+  ASSERT_EQ(torch, "peak/torch/add/" + native.substr(std::string("peak/cpu/triad/").size()));
+  // The cross pair has a ratio, or, where other processes disturbed the native row, is withheld as
+  // every pair with a disturbed row is.
+  const tb::PairRow* cross = nullptr;
+  for (const auto& p : r.pairs)
+    if (p.baseline == torch && p.improved == native) cross = &p;
+  const tb::WithheldPair* withheld = nullptr;
+  for (const auto& p : r.withheld_pairs)
+    if (p.baseline == torch && p.improved == native) withheld = &p;
+  ASSERT_TRUE(cross || withheld) << o.output;
+  if (cross) {
+    EXPECT_EQ(cross->label, "PyTorch add -> trainbench cpu/triad");
+    EXPECT_GT(cross->ratio.ratio, 0);
+  } else {
+    EXPECT_EQ(withheld->label, "PyTorch add -> trainbench cpu/triad");
+    EXPECT_NE(withheld->why.find("was disturbed"), std::string::npos) << withheld->why;
+  }
+  EXPECT_NE(o.output.find("PyTorch add -> trainbench cpu/triad"), std::string::npos) << o.output;
+  fs::remove_all(dir);
 }
 
 }  // namespace

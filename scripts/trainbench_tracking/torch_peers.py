@@ -309,8 +309,9 @@ def benchsuite_list(benchsuite: str, quick: bool, timeout: float = 120.0, backen
 
 
 def select_benches(quick: bool, pattern: Optional[str], listing: Optional[dict] = None,
-                   mirror: str = "cuda") -> List[Bench]:
-    """Every peer on its problems, those whose name matches. `mirror` is the backend of the benchsuite
+                   mirror: str = "cuda", empty_ok: bool = False) -> List[Bench]:
+    """Every peer on its problems, those whose name or mirrored row's name matches (so benchsuite's
+    `--filter adamw/cpu` keeps the torch rows beside adamw/cpu's; empty_ok: none is no error). `mirror` is the backend of the benchsuite
     variants mirrored: cuda (the problems from `listing` when given, else AXES) or cpu (from `listing`, a
     `--backend cpu` list; the peers without a CPU variant are left out). On the CPU (BACKEND torch) the
     GPU-only peers are left out."""
@@ -338,8 +339,10 @@ def select_benches(quick: bool, pattern: Optional[str], listing: Optional[dict] 
         for label, problem, work in rows:   # a CPU row's peak key (the CUDA ones come from work_model)
             peak_key = str(work.get("peak_key") or "") if mirror == "cpu" else ""
             benches.append(Bench(peer, label, problem, mirrors, peak_key))
-    chosen = [b for b in benches if rx is None or rx.search(b.name)]
-    if not chosen:
+    chosen = [b for b in benches if rx is None or rx.search(b.name) or
+              (b.mirrors and rx.search(f"{b.peer.stage}/{b.mirrors}/{b.label}" if b.label else
+                                       f"{b.peer.stage}/{b.mirrors}"))]
+    if not chosen and not empty_ok:
         stages = sorted({f"{b.peer.stage}/{BACKEND}/{b.peer.variant}" for b in benches})
         raise UsageError(f"--filter {pattern!r} matches no benchmark; there are: {', '.join(stages)}")
     return chosen
@@ -973,6 +976,9 @@ def parser() -> argparse.ArgumentParser:
                    help="cuda (default; rows torch_cuda) or cpu (rows torch: the peers that are no GPU pattern, "
                         "on the CUDA problems, or with --benchsuite the CPU variants'; with --quick, a check of "
                         "the peers anywhere)")
+    p.add_argument("--empty-ok", action="store_true",
+                   help="a --filter that selects no row is no error: write an empty result (benchsuite "
+                        "--backend cpu,torch passes its own filter, which may select only its rows)")
     return p
 
 
@@ -987,7 +993,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     mirror = "cpu" if args.device == "cpu" and args.benchsuite else "cuda"   # whose variants the rows mirror
     try:
         listing = benchsuite_list(args.benchsuite, args.quick, backend=mirror) if args.benchsuite else None
-        benches = select_benches(args.quick, args.filter, listing, mirror)
+        benches = select_benches(args.quick, args.filter, listing, mirror, args.empty_ok)
         if args.out and os.path.isdir(args.out):
             raise UsageError(f"--out {args.out} is a directory")
     except UsageError as e:
