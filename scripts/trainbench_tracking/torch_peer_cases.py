@@ -30,6 +30,8 @@ DEVICE = torch.device("cuda")   # use_device() sets it before any case is made
 # torch.optim.AdamW's defaults, which the stage's are (kernels/runtime/defaults.h adamw_*)
 ADAMW = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2}
 ADAMW_SEEDS = (41, 42)                    # parameters, gradients (adamw::seed_param, seed_grad)
+CLIP_MAX_NORM = 1.0                       # defaults::clip_max_norm (clip_grad_norm_(max_norm=1.0), seeds/003)
+CLIP_NORM_EPS = 1e-6                      # defaults::clip_norm_eps, torch.nn.utils' max_norm / (norm + 1e-6)
 ATTENTION_SEEDS = (21, 22, 23)            # q, k, v (attention::seed_q, seed_k, seed_v)
 ATTENTION_CHECKED_ROWS = 48               # query rows checked against fp64 (defaults::attention_checked_rows)
 # The naive path holds about three B x H x S x S fp32 tensors at once (scores, masked, softmax): on the CPU a
@@ -190,6 +192,63 @@ class AdamWCase(Case):
             m, v = (1 - b1) * g, (1 - b2) * g * g
             ref = p0 * (1 - lr * wd) - (lr / (1 - b1)) * m / (v.sqrt() / math.sqrt(1 - b2) + eps)
             verdicts.append(compare(q, ref, TOL_FP32, f"parameter tensor {i}"))
+        return merge(verdicts)
+
+
+# ---- gradnorm ----------------------------------------------------------------------------------------------
+def adamw_grads(params: int, tensors: int) -> List[torch.Tensor]:
+    """The adamw peer's gradients: param_set_sizes' tensors drawn in order from the gradient seed."""
+    gg = _generator(ADAMW_SEEDS[1])
+    return [torch.rand(n, generator=gg, device=DEVICE) * 2 - 1 for n in param_set_sizes(params, tensors)]
+
+
+class GradNormCase(Case):
+    """torch.nn.utils.clip_grad_norm_(max_norm=1.0) over the adamw peer's gradients, in place, one call per
+    call as the stage's: no copy is restored between calls (the stage clips its gradients again each call),
+    and every call does the same work, because clip_grad_norm_ multiplies by the clamped factor even when it
+    is 1 (no branch, no sync). The timed region is the clip_grad_norm_ call (and the .item() of foreach_item)."""
+
+    def __init__(self, bench: Bench, env: Env):
+        p = bench.problem
+        if p["dtype"] != "fp32":
+            raise Unsupported("torch keeps the gradients in the parameters' dtype and returns a bf16 norm of bf16 "
+                              "ones; the stage's bf16 rows take the norm in fp32")
+        self.variant = bench.peer.variant
+        self.params = []
+        for g in adamw_grads(int(p["params"]), int(p["tensors"])):
+            param = torch.nn.Parameter(torch.empty_like(g))   # its values are never read
+            param.grad = g
+            self.params.append(param)
+
+    def call(self):
+        norm = torch.nn.utils.clip_grad_norm_(self.params, CLIP_MAX_NORM, foreach=self.variant != "per_tensor")
+        return norm.item() if self.variant == "foreach_item" else norm
+
+    def check(self) -> Verdict:
+        """The first call from the seeded gradients against the norm and the clip written out in fp64: the norm
+        with fp32's tolerance, the gradients with fp32's, its absolute part relative to the largest clipped
+        gradient (gradnorm::check_grads)."""
+        before = [q.grad.detach().clone() for q in self.params]
+        norm = self.call()
+        norm = float(norm) if isinstance(norm, float) else norm.item()
+        sum_sq = 0.0
+        for g in before:
+            sum_sq += float(g.double().square().sum())
+        ref_norm = math.sqrt(sum_sq)
+        coef = min(CLIP_MAX_NORM / (ref_norm + CLIP_NORM_EPS), 1.0)
+        verdicts = [compare(torch.tensor([norm], dtype=torch.float64), torch.tensor([ref_norm], dtype=torch.float64),
+                            TOL_FP32, "total norm")]
+        scale = max(float(g.abs().max()) for g in before if g.numel()) * coef
+        tol = Tolerance(TOL_FP32.atol * scale, TOL_FP32.rtol)
+        worst = 0.0
+        for i, (q, g) in enumerate(zip(self.params, before)):
+            ref = g.double().mul_(coef)
+            diff = q.grad.double().sub_(ref).abs_()
+            if g.numel() and not bool((diff <= ref.abs_().mul_(tol.rtol).add_(tol.atol)).all()):
+                verdicts.append(compare(q.grad, g.double() * coef, tol, f"grad of tensor {i}"))   # says where
+            elif g.numel():
+                worst = max(worst, float(diff.max()))
+        verdicts.append(Verdict(True, worst))
         return merge(verdicts)
 
 
@@ -485,7 +544,7 @@ class CollateCase(Case):
         return Verdict(True, 0.0)
 
 
-CASES = {"adamw": AdamWCase, "attention": AttentionCase, "spmv": SpmvCase, "launch": LaunchCase,
+CASES = {"adamw": AdamWCase, "gradnorm": GradNormCase, "attention": AttentionCase, "spmv": SpmvCase, "launch": LaunchCase,
          "alloc": AllocCase, "collate": CollateCase}
 
 

@@ -88,6 +88,11 @@ AXES: Dict[str, Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...]]]] = {
         "tensors": (("200",), ("200",)),
         "dtype": (("fp32", "bf16"), ("fp32", "bf16")),
     },
+    "gradnorm": {   # gradnorm_registry.cpp: adamw_params 29.9M (quick: quick_gradnorm_params, also 29.9M), 200 tensors
+        "params": (("29900000",), ("29900000",)),
+        "tensors": (("200",), ("200",)),
+        "dtype": (("fp32", "bf16"), ("fp32", "bf16")),
+    },
     "attention": {   # attention_registry.cpp: attention_small_gpt, attention_t4, attention_llm (CUDA shapes)
         "shape": (("4x6x256x64", "32x8x128x64", "4x16x4096x128"), ("4x6x256x64", "4x16x4096x128")),
         "causal": (("causal", "full"), ("causal",)),
@@ -123,6 +128,8 @@ VARIANT_AXES: Dict[Tuple[str, str], Tuple[str, ...]] = {
     ("adamw", "per_tensor"): ("params", "tensors", "dtype"),
     ("adamw", "foreach"): ("params", "tensors", "dtype"),
     ("adamw", "fused"): ("params", "tensors", "dtype"),
+    ("gradnorm", "per_tensor"): ("params", "tensors", "dtype"),
+    ("gradnorm", "multi_tensor"): ("params", "tensors", "dtype"),
     ("attention", "naive"): ("shape", "causal", "dtype"),
     ("attention", "fused"): ("shape", "causal", "dtype"),
     ("spmv", "cusparse_csr"): ("graph", "rows"),
@@ -172,6 +179,20 @@ PEERS: Tuple[Peer, ...] = (
     Peer("adamw", "per_tensor", "per_tensor",
          "torch.optim.AdamW(foreach=False): the for-loop path, several kernels per tensor", FP32,
          mirrors_cpu="per_tensor"),
+    # Gradient clipping over adamw's parameter set, in place as the stage's calls are (every call scales: torch
+    # multiplies by the clamped factor even where it is 1). fp32 only: torch keeps the gradients in the
+    # parameters' dtype and returns the norm of bf16 gradients as bf16; the stage's bf16 rows take an fp32 norm.
+    Peer("gradnorm", "per_tensor", "per_tensor",
+         "clip_grad_norm_(max_norm=1.0, foreach=False): a vector_norm per tensor, stack, norm, then mul_ per "
+         "tensor; no host read (the stage's CUDA per_tensor reads each norm with .item())", FP32,
+         mirrors_cpu="per_tensor"),
+    Peer("gradnorm", "foreach", "multi_tensor",
+         "clip_grad_norm_(max_norm=1.0, foreach=True): _foreach_norm, stack, norm, _foreach_mul_; no host read",
+         FP32, mirrors_cpu="multi_tensor"),
+    Peer("gradnorm", "foreach_item", "multi_tensor",
+         "the same + .item() of the returned total norm (the logging pattern): one multi-tensor norm, one host "
+         "read, one multi-tensor scale, as the stage's multi_tensor (whose read comes before the scale)", FP32,
+         mirrors_cpu="multi_tensor"),
     # FlashAttention takes fp16 and bf16 only.
     Peer("attention", "sdpa_flash", "fused",
          "F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.FLASH_ATTENTION)", (("dtype", ("bf16",)),),
@@ -212,6 +233,9 @@ PAIRS = (
     ("adamw", "per_tensor", "fused", "torch AdamW: fused vs per-tensor"),
     ("adamw", "foreach", "fused", "torch AdamW: fused vs foreach"),
     ("adamw", "per_tensor", "foreach", "torch AdamW: foreach vs per-tensor"),
+    ("gradnorm", "per_tensor", "foreach", "torch clip_grad_norm_: foreach vs for-loop"),
+    ("gradnorm", "foreach_item", "foreach", "torch clip_grad_norm_: no host read vs .item() of the norm"),
+    ("gradnorm", "per_tensor", "foreach_item", "torch clip_grad_norm_: foreach + .item() vs for-loop"),
     ("attention", "naive", "sdpa_flash", "torch attention: SDPA flash vs naive"),
     ("attention", "naive", "sdpa", "torch attention: SDPA vs naive"),
     ("launch", "eager", "graph", "torch launch: CUDA graph replay vs eager"),
@@ -480,6 +504,12 @@ def work_model(bench: Bench) -> Work:
         n = float(p["params"])
         return Work((3 * eb + 16) * n, 15 * n, "memory", "cuda.copy", (2 * eb + 8) * n,
                     {"tensors": float(p["tensors"])})
+    if stage == "gradnorm":
+        # the minimal traffic of a norm and a clip: one read of every gradient for the norm, one read and one
+        # write for the scale, whatever the variant does on top; the footprint is the gradients
+        eb = 4.0 if p["dtype"] == "fp32" else 2.0
+        n = float(p["params"])
+        return Work(3 * eb * n, 3 * n, "memory", "cuda.copy", eb * n, {"tensors": float(p["tensors"])})
     if stage == "attention":
         # the two products, halved when causal (the masked half is no useful work, as FlashAttention
         # counts it); the bytes: Q, K, V read once and O written once

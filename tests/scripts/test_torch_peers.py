@@ -4,7 +4,7 @@ against the loaders, the command line without torch; the measured path where tor
 fixtures/benchsuite_list*.json are `benchsuite --list --format json --backend all [--quick]` trimmed to the
 peers' stages (rows without their `unsupported` text, stages with their axes only);
 fixtures/benchsuite_list_cpu_quick.json is `benchsuite --list --format json --backend cpu --quick` trimmed
-to adamw, attention, spmv and collate (stages with their axes and CPU variants' ids and axes). The C++ figures below
+to adamw, gradnorm, attention, spmv and collate (stages with their axes and CPU variants' ids and axes). The C++ figures below
 (parameter-set and CSR digests, orders, coefficients) were printed by kernels/adamw/param_set.cpp,
 kernels/spmv/laplacian.cpp and kernels/runtime/random.h compiled into a small program.
 """
@@ -85,13 +85,15 @@ def test_rows_line_up_with_the_cuda_rows_they_mirror():
         assert (stage, backend, variant) == (b.peer.stage, "torch_cuda", b.peer.variant)
         assert b.mirrors == f"cuda/{b.peer.mirrors}" and f"{stage}/{b.mirrors}/{label}" in cuda_names
     names = [b.name for b in benches]
-    assert len(names) == len(set(names)) == 71
+    assert len(names) == len(set(names)) == 74
     assert "adamw/torch_cuda/fused/params=29900000,tensors=200,dtype=fp32" in names
     assert "attention/torch_cuda/sdpa_flash/shape=4x16x4096x128,causal=causal,dtype=bf16" in names
     assert "attention/torch_cuda/sdpa_flash/shape=4x16x4096x128,causal=causal,dtype=fp32" not in names
     assert "launch/torch_cuda/graph/steps=64,kernels_per_step=12,elements=4096" in names
     assert not [n for n in names if n.startswith("collate/") and not n.endswith("compute_us=0")]
-    assert len(tp.select_benches(True, None)) == 29
+    assert "gradnorm/torch_cuda/foreach_item/params=29900000,tensors=200,dtype=fp32" in names
+    assert not [n for n in names if n.startswith("gradnorm/") and n.endswith("bf16")]
+    assert len(tp.select_benches(True, None)) == 32
 
 
 # ---- mirroring the CPU variants (--device cpu --benchsuite) ---------------------------------------------------
@@ -99,6 +101,9 @@ CPU_QUICK_ROWS = [
     "adamw/torch/fused/params=10000000,tensors=200,dtype=fp32",
     "adamw/torch/foreach/params=10000000,tensors=200,dtype=fp32",
     "adamw/torch/per_tensor/params=10000000,tensors=200,dtype=fp32",
+    "gradnorm/torch/per_tensor/params=29900000,tensors=200,dtype=fp32",
+    "gradnorm/torch/foreach/params=29900000,tensors=200,dtype=fp32",
+    "gradnorm/torch/foreach_item/params=29900000,tensors=200,dtype=fp32",
     "attention/torch/sdpa/cpu_shape=4x6x256x64,causal=causal",
     "attention/torch/sdpa/cpu_shape=1x8x1024x64,causal=causal",
     "attention/torch/naive/cpu_shape=4x6x256x64",
@@ -121,6 +126,8 @@ def test_cpu_mirror_takes_the_cpu_variants_problems_and_labels(on_cpu):
         assert f"{stage}/{b.mirrors}/{label}" in cpu_names, b.name   # the benchsuite row it stands beside
     assert {(b.peer.stage, b.peer.variant): b.mirrors for b in benches} == {
         ("adamw", "fused"): "cpu/fused", ("adamw", "foreach"): "cpu/foreach", ("adamw", "per_tensor"): "cpu/per_tensor",
+        ("gradnorm", "per_tensor"): "cpu/per_tensor", ("gradnorm", "foreach"): "cpu/multi_tensor",
+        ("gradnorm", "foreach_item"): "cpu/multi_tensor",
         ("attention", "sdpa"): "cpu/fused", ("attention", "naive"): "cpu/naive_mask_cached",
         ("spmv", "csr"): "cpu/csr", ("spmv", "spmm_csr"): "cpu/spmm_csr", ("collate", "per_sample"): "cpu/per_sample"}
     # the GPU patterns have no CPU row: flash attention, CUDA graphs, the caching allocator, pinned copies
@@ -163,7 +170,7 @@ def test_cpu_mirror_needs_a_listing_and_filters_by_name(on_cpu):
 
 def test_without_benchsuite_the_cpu_rows_mirror_the_cuda_problems(on_cpu):
     benches = tp.select_benches(True, None)
-    assert len(benches) == 15 and all(b.name.split("/")[1] == "torch" for b in benches)
+    assert len(benches) == 18 and all(b.name.split("/")[1] == "torch" for b in benches)
     assert all(b.mirrors == f"cuda/{b.peer.mirrors}" for b in benches)
     assert "attention/torch/naive/shape=4x6x256x64,causal=causal,dtype=fp32" in [b.name for b in benches]
 
@@ -210,8 +217,8 @@ def test_the_cpu_mirror_file_reads_back_and_validates(tmp_path):
     run = load_run(path)
     assert sorted(run.rows) == sorted(CPU_QUICK_ROWS)
     assert {r.raw["mirrors"] for r in run.rows.values()} == {
-        "cpu/fused", "cpu/foreach", "cpu/per_tensor", "cpu/naive_mask_cached", "cpu/csr", "cpu/spmm_csr",
-        "cpu/per_sample"}
+        "cpu/fused", "cpu/foreach", "cpu/per_tensor", "cpu/multi_tensor", "cpu/naive_mask_cached", "cpu/csr",
+        "cpu/spmm_csr", "cpu/per_sample"}
     assert run.machine_key.endswith("c")   # a CPU machine key
     validator = live_tool("TRAINBENCH_VALIDATE_RESULTS", "build", "tests", "validate_results")
     if validator is None:
@@ -249,6 +256,27 @@ def test_adamw_and_spmv_work_models_are_the_stages():
     assert checked == 15
     bf16 = tp.Bench(tp.PEERS[0], "", {"params": "29900000", "tensors": "200", "dtype": "bf16"})
     assert tp.work_model(bf16).bytes == work["adamw/cpu/fused/params=29900000,tensors=200,dtype=bf16"]["bytes"]
+
+
+def test_gradnorm_work_model_is_the_stages():
+    """3 B-per-element passes (a read for the norm, a read and a write for the scale) of the gradients, for every
+    variant; fp32 and bf16 as the CPU rows list them (the CUDA rows have the same formula)."""
+    work = _listed_work()
+    peers = [p for p in tp.PEERS if p.stage == "gradnorm"]
+    assert [(p.variant, p.mirrors, p.mirrors_cpu) for p in peers] == [
+        ("per_tensor", "per_tensor", "per_tensor"), ("foreach", "multi_tensor", "multi_tensor"),
+        ("foreach_item", "multi_tensor", "multi_tensor")]
+    for dtype in ("fp32", "bf16"):
+        label = f"params=29900000,tensors=200,dtype={dtype}"
+        problem = {"params": "29900000", "tensors": "200", "dtype": dtype}
+        for peer in peers:
+            listed = work[f"gradnorm/cpu/{peer.mirrors_cpu}/{label}"]
+            w = tp.work_model(tp.Bench(peer, label, problem))
+            assert (w.bytes, w.flops, w.bound, w.footprint) == \
+                (listed["bytes"], listed["flops"], listed["bound"], listed["footprint_bytes"]), (peer, dtype)
+    assert {(s, b, i) for s, b, i, _ in tp.PAIRS if s == "gradnorm"} == {
+        ("gradnorm", "per_tensor", "foreach"), ("gradnorm", "foreach_item", "foreach"),
+        ("gradnorm", "per_tensor", "foreach_item")}
 
 
 def test_attention_work_model_is_the_stages():
@@ -395,7 +423,7 @@ def test_the_result_file_reads_back_with_a_gpu_machine_key(tmp_path):
     tp.write_atomically(str(out), json.dumps(doc))
     run = load_run(str(out))
     assert run.machine_key == GPU_KEY
-    assert len(run.rows) == 71
+    assert len(run.rows) == 74
     assert all(r.backend == "torch_cuda" for r in run.rows.values())
     assert run.rows[broken].disposition == "incorrect" and run.rows[broken].samples is None
     assert run.rows[broken].raw["mirrors"] == "cuda/per_tensor" and run.rows[oom].raw["mirrors"] == "cuda/naive"
@@ -409,6 +437,7 @@ def test_the_result_file_reads_back_with_a_gpu_machine_key(tmp_path):
     assert graph["counters"] == {"steps": 64.0, "kernels": 768.0, "us_per_kernel": 1.5}
     labels = {p["label"] for p in doc["pairs"]}
     assert "torch AdamW: fused vs foreach" in labels and "torch AdamW: fused vs per-tensor" not in labels
+    assert "torch clip_grad_norm_: foreach vs for-loop" in labels
     assert os.listdir(tmp_path) == ["torch.json"]   # no temporary file left beside it
 
 
@@ -419,7 +448,7 @@ def test_cpp_validator_accepts_the_file(tmp_path):
     path = write_json(tmp_path / "torch.json", fake_document())
     p = subprocess.run([validator, path, "--all-passed"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    assert "valid, 71 benchmarks, 0 peaks" in p.stdout
+    assert "valid, 74 benchmarks, 0 peaks" in p.stdout
 
 
 def test_compare_and_nightly_read_torch_files(tmp_path, cli):
@@ -482,7 +511,7 @@ def test_quick_run_on_the_gpu_passes_and_reads_back(tmp_path):
                         "0.002", "--out", str(out)], capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     run = load_run(str(out))
-    assert len(run.rows) == 29
+    assert len(run.rows) == 32
     assert {r.disposition for r in run.rows.values()} <= {"passed", "unsupported"}, \
         [(r.name, r.reason) for r in run.rows.values() if r.disposition != "passed"]
     assert run.machine_key.startswith(slug(torch.cuda.get_device_properties(0).name) + "_drv")
@@ -555,3 +584,40 @@ def test_naive_attention_on_the_cpu_declines_what_would_not_fit(monkeypatch, on_
     assert case.q.shape == (1, 8, 1024, 64) and case.q.dtype == torch.float32 and case.causal
     verdict = case.check()
     assert verdict.ok, verdict.detail
+
+
+def test_gradnorm_peers_on_the_cpu_match_the_fp64_reference(monkeypatch, on_cpu):
+    """clip_grad_norm_ (foreach=False, foreach=True, and with .item()) against the norm and clip written out in
+    fp64, on a 2M-parameter set of the stage's shape (the 29.9M quick problem's check takes ~10 s per peer on two
+    busy cores); a wrong max_norm is caught; repeated calls keep clipping in place, as the stage's do; bf16 is
+    unsupported. Then one peer on the CPU listing's quick problem, checked and timed through run_bench."""
+    torch = pytest.importorskip("torch")
+    from trainbench_tracking import torch_peer_cases as cases
+    monkeypatch.setattr(cases, "DEVICE", torch.device("cpu"))
+    peers = [p for p in tp.PEERS if p.stage == "gradnorm"]
+    small = {"params": "2000000", "tensors": "200", "dtype": "fp32"}
+    for peer in peers:
+        case = cases.GradNormCase(tp.Bench(peer, "", small, "cpu/" + peer.mirrors_cpu), cases.Env())
+        assert len(case.params) == 200 and sum(q.grad.numel() for q in case.params) == 2000000
+        verdict = case.check()
+        assert verdict.ok, (peer.variant, verdict.detail)
+        norm = case.call()
+        assert abs(float(norm) - tp_clip_norm(case)) < 1e-3   # about max_norm after the first clip
+        assert abs(float(norm) - 1.0) < 1e-4
+    wrong = cases.GradNormCase(tp.Bench(peers[1], "", small, "cpu/multi_tensor"), cases.Env())
+    wrong.call = lambda: torch.nn.utils.clip_grad_norm_(wrong.params, 2.0, foreach=True)
+    verdict = wrong.check()
+    assert not verdict.ok and "grad of tensor" in verdict.detail
+    bf16 = cases.run_bench(tp.Bench(peers[0], "", dict(small, dtype="bf16"), "cpu/per_tensor"), 1, 0.001)
+    assert bf16.disposition == "unsupported" and "bf16" in bf16.reason
+    quick = tp.select_benches(True, "gradnorm/torch/foreach_item", cpu_listing(), "cpu")
+    assert [b.name for b in quick] == ["gradnorm/torch/foreach_item/params=29900000,tensors=200,dtype=fp32"]
+    outcome = cases.run_bench(quick[0], 2, 0.001)
+    assert outcome.disposition == "passed", outcome.reason
+    row = tp.make_row(quick[0], outcome)
+    assert (row["mirrors"], row["peak_key"], row["bytes"]) == ("cpu/multi_tensor", "cpu.triad", 3 * 4 * 29900000.0)
+
+
+def tp_clip_norm(case):
+    """The gradients' 2-norm now, in fp64."""
+    return sum(float(q.grad.double().square().sum()) for q in case.params) ** 0.5
