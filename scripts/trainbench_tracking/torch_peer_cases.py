@@ -22,7 +22,10 @@ import torch.nn.functional as F
 
 from .errors import UsageError
 from .torch_peers import (MAX_BATCH, SPMV_FP64_RTOL, TOL_ATTENTION, TOL_FP32, WARMUP_CALLS, WARMUP_S, Bench,
-                          Outcome, Tolerance, Verdict, _median, alloc_probe_value, attention_shape, collate_fields,
+                          Outcome, Tolerance, Verdict, _median, alloc_probe_value,
+                          CG_CHECK_EVERY, CG_MAX_ITERATIONS, CG_RESIDUAL_ATOL, CG_TOL, CG_WINDOW, LAZY_CG_TOL,
+                          HOSTSYNC_ASYNC_SLOTS, LAPLACIAN_ALPHA, cg_rhs_sequence, hostsync_metric_sums,
+                          hostsync_predictions, uniform_array, attention_shape, collate_fields,
                           epoch_order, laplacian_csr, laplacian_nnz, launch_window, param_set_sizes, parse_shape)
 
 DEVICE = torch.device("cuda")   # use_device() sets it before any case is made
@@ -308,9 +311,9 @@ class AttentionCase(Case):
 
 
 # ---- spmv --------------------------------------------------------------------------------------------------
-def _device_laplacian(graph: str, n: int) -> dict:
+def _device_laplacian(graph: str, n: int, alpha: float = LAPLACIAN_ALPHA) -> dict:
     """The stage's A = I + alpha L (laplacian_csr) as a torch CSR tensor, int32 indices where torch takes them."""
-    row_ptr, col, val = laplacian_csr(graph, n)
+    row_ptr, col, val = laplacian_csr(graph, n, alpha)
     crow_t, col_t = torch.from_numpy(row_ptr).to(DEVICE), torch.from_numpy(col).to(DEVICE)
     val_t = torch.from_numpy(val).to(DEVICE)
     notes = []
@@ -357,6 +360,248 @@ class SpmvCase(Case):
             verdicts.append(compare(got, ref, Tolerance(0.0, SPMV_FP64_RTOL), "y" if c is None else f"y[:, {c}]",
                                     scale=scale))
         return merge(verdicts)
+
+
+# ---- cg --------------------------------------------------------------------------------------------------
+class CgCase(Case):
+    """CG on A = I + alpha L over the stage's window: one call solves b_1..b_16 in turn, the cache set back to
+    b_0's solution first (warm and lazy starts), so every call does the same work (cg.h). fp64 throughout.
+
+    host_checked*: the loop as PyTorch code writes it, `while rr.item() > limit`: one host read per iteration
+    (and one of ||b||^2 per solve, the limit being a Python float). device_loop*: blocks of cg_check_every
+    iterations queued without a read, a solve that converged inside a block kept where it was by
+    torch.where(active, ..., 0), and one .item() of the flag per block; its ||b||^2 stays on the device."""
+
+    def __init__(self, bench: Bench, env: Env):
+        p = bench.problem
+        variant = bench.peer.variant
+        self.loop = variant.startswith("device_loop")
+        self.start = "lazy" if variant.endswith("_lazy") else "warm" if variant.endswith("_warm") else "cold"
+        self.n = int(p["rows"])
+        alpha = float(p["alpha"])
+        self.a = env.get(("laplacian", p["graph"], self.n, alpha), lambda: _device_laplacian(p["graph"], self.n, alpha))
+        self.note = self.a["note"]
+        self.rhs = env.get(("cg_rhs", self.n, p["drift"]), lambda: cg_rhs_sequence(self.n, float(p["drift"]))[0])
+        self.b = torch.from_numpy(self.rhs).to(DEVICE, copy=True)   # what the solver reads; the check, self.rhs
+        self.x = torch.zeros(self.n, dtype=torch.float64, device=DEVICE)
+        self.r, self.p = torch.zeros_like(self.x), torch.zeros_like(self.x)
+        self.rr = self.bb = None
+        self.tally = {"solves": 0, "skips": 0, "iterations": 0, "matvecs": 0, "reads": 0}
+        self.device_iterations = torch.zeros((), dtype=torch.int64, device=DEVICE)   # the device loop's count
+        self.cache = None
+        if self.start != "cold":   # the cache a window starts from: b_0 solved from zero
+            self._start_cold(0)
+            self._finish()
+            self.cache = self.x.clone()
+        self._reset_tally()
+
+    def _reset_tally(self):
+        self.tally = dict.fromkeys(self.tally, 0)
+        self.device_iterations.zero_()
+
+    def _read(self, t: torch.Tensor):
+        self.tally["reads"] += 1
+        return t.item()
+
+    def _mv(self, v: torch.Tensor) -> torch.Tensor:
+        self.tally["matvecs"] += 1
+        return torch.mv(self.a["matrix"], v)
+
+    def _start_cold(self, t: int) -> None:
+        b = self.b[t]
+        self.x.zero_()
+        self.r.copy_(b)
+        self.p.copy_(b)
+        self.bb = b.dot(b)
+        self.rr = self.bb.clone()
+
+    def _start_warm(self, t: int) -> None:
+        b = self.b[t]
+        torch.sub(b, self._mv(self.x), out=self.r)
+        self.p.copy_(self.r)
+        self.rr, self.bb = self.r.dot(self.r), b.dot(b)
+
+    def _step(self, t: int) -> bool:
+        """Starts solve t and finishes it unless the gate skips it; True when skipped."""
+        if self.start == "cold":
+            self._start_cold(t)
+        else:
+            self._start_warm(t)
+            if self.start == "lazy" and self._read(self.rr <= LAZY_CG_TOL ** 2 * self.bb):
+                self.tally["solves"] += 1
+                self.tally["skips"] += 1
+                return True
+        self._finish()
+        return False
+
+    def _iteration(self, limit) -> None:
+        q = self._mv(self.p)
+        step = self.rr / self.p.dot(q)
+        if self.loop:   # a converged solve takes no step (its NaN-free branch is the zero)
+            active = self.rr > limit
+            step = torch.where(active, step, 0.0)
+            self.device_iterations += active
+        self.x.add_(self.p * step)
+        self.r.sub_(q * step)
+        rr = self.r.dot(self.r)
+        beta = rr / self.rr
+        if self.loop:
+            beta = torch.where(active, beta, 0.0)
+        self.rr = rr
+        self.p.mul_(beta).add_(self.r)
+
+    def _finish(self) -> None:
+        self.tally["solves"] += 1
+        if self.loop:
+            limit = CG_TOL ** 2 * self.bb
+            for _ in range(0, CG_MAX_ITERATIONS + 1, CG_CHECK_EVERY):
+                for _ in range(CG_CHECK_EVERY):
+                    self._iteration(limit)
+                if not self._read(self.rr > limit):
+                    return
+            raise RuntimeError("CG did not converge within the iteration limit")
+        limit = CG_TOL ** 2 * self._read(self.bb)
+        for _ in range(CG_MAX_ITERATIONS + 1):
+            if self._read(self.rr) <= limit:
+                return
+            self._iteration(limit)
+            self.tally["iterations"] += 1
+        raise RuntimeError("CG did not converge within the iteration limit")
+
+    def call(self):
+        if self.cache is not None:
+            self.x.copy_(self.cache)
+        for t in range(1, CG_WINDOW + 1):
+            self._step(t)
+
+    def check(self) -> Verdict:
+        """One window replayed solve by solve: each solution's true relative residual ||b - A x|| / ||b||,
+        from a gather and scatter-add of the matrix's nonzeros, below the gate's tolerance for a skipped solve
+        and the solver's for a solved one (cg::check_solve); only the lazy start may skip."""
+        if self.cache is not None:
+            self.x.copy_(self.cache)
+        self._reset_tally()
+        worst = 0.0
+        for t in range(1, CG_WINDOW + 1):
+            skipped = self._step(t)
+            if skipped and self.start != "lazy":
+                return Verdict(False, worst, f"step {t} was skipped by a solver without the gate")
+            b = torch.from_numpy(self.rhs[t]).to(DEVICE)
+            terms = self.a["val"] * self.x[self.a["col"]]
+            ax = torch.zeros_like(b).index_add_(0, self.a["rows"], terms)
+            residual = float((b - ax).norm() / b.norm())
+            limit = (LAZY_CG_TOL if skipped else CG_TOL) + CG_RESIDUAL_ATOL
+            worst = max(worst, residual if math.isfinite(residual) else math.inf)
+            if not residual <= limit:
+                return Verdict(False, worst, f"step {t} ({'skipped by the gate' if skipped else 'solved'}): true "
+                                             f"relative residual {residual:.3g} above {limit:.3g}")
+        if self.loop:
+            self.tally["iterations"] = int(self.device_iterations.item())
+        self.checked = dict(self.tally)
+        return Verdict(True, worst)
+
+    def counters(self, median_ns: float) -> Dict[str, float]:
+        """What the checked window did (every call repeats it): skips, iterations, matvecs and host reads per
+        solve."""
+        t = getattr(self, "checked", None)
+        if not t or not t["solves"]:
+            return {}
+        solves = float(t["solves"])
+        return {"skip_rate": t["skips"] / solves, "iterations_per_solve": t["iterations"] / solves,
+                "matvecs_per_solve": t["matvecs"] / solves, "reads_per_solve": t["reads"] / solves}
+
+
+# ---- hostsync ----------------------------------------------------------------------------------------------
+class HostsyncCase(Case):
+    """`steps` steps of a training loop per call, each a copy of the step's predictions (the forward's
+    stand-in: the stage regenerates them in a kernel), the loss and two metrics as torch ops, and their
+    accumulation into fp64 running sums on the device; the variants differ only in how the host reads. The
+    predictions of steps 0..steps-1 are precomputed (the stage's prediction(step, i)); every call runs those
+    steps, while the running sums go on growing across calls as the stage's do."""
+
+    def __init__(self, bench: Bench, env: Env):
+        p = bench.problem
+        self.variant = bench.peer.variant
+        self.steps, self.elements = int(p["steps"]), int(p["elements"])
+        self.predictions = torch.from_numpy(hostsync_predictions(self.steps, self.elements)).to(DEVICE)
+        self.targets = torch.from_numpy(uniform_array(32, self.elements)).to(DEVICE)   # hostsync::seed_target
+        self.prediction = torch.empty(self.elements, dtype=torch.float32, device=DEVICE)
+        self.sums = torch.zeros(3, dtype=torch.float64, device=DEVICE)
+        self.host = [0.0, 0.0, 0.0]          # what the host has read: the loss summed, or the last running sums
+        self.steps_run = 0
+        if self.variant == "async_pinned":
+            if not on_gpu():
+                raise Unsupported("async_pinned copies into pinned memory behind CUDA events: a GPU pattern")
+            self.slots = torch.empty(HOSTSYNC_ASYNC_SLOTS, dtype=torch.float32, pin_memory=True)
+            self.events = [torch.cuda.Event() for _ in range(HOSTSYNC_ASYNC_SLOTS)]
+            self.ring: List[int] = []          # slots in flight, oldest first
+            self.pushed = 0                     # slots are claimed in turn: the ring is first in, first out
+            self.stalls = 0
+
+    def _step(self, s: int) -> torch.Tensor:
+        pred = self.prediction
+        pred.copy_(self.predictions[s])                                 # forward
+        error = pred - self.targets
+        metrics = torch.stack([(error * error).mean(), error.abs().mean(), (pred * pred).mean()])   # loss
+        self.sums += metrics                                            # total_loss += loss.detach()
+        return metrics
+
+    def _harvest(self, wait_for_oldest: bool) -> None:
+        while self.ring and (wait_for_oldest or self.events[self.ring[0]].query()):
+            slot = self.ring.pop(0)
+            if wait_for_oldest:
+                self.events[slot].synchronize()
+                self.stalls += 1
+                wait_for_oldest = False
+            self.host[0] += float(self.slots[slot])
+
+    def call(self):
+        for s in range(self.steps):
+            metrics = self._step(s)
+            if self.variant == "item_every_step":
+                self.host[0] += metrics[0].item()
+            elif self.variant == "async_pinned":
+                self._harvest(False)
+                if len(self.ring) == HOSTSYNC_ASYNC_SLOTS:
+                    self._harvest(True)
+                slot = self.pushed % HOSTSYNC_ASYNC_SLOTS
+                self.pushed += 1
+                self.slots[slot].copy_(metrics[0], non_blocking=True)
+                self.events[slot].record()
+                self.ring.append(slot)
+        self.steps_run += self.steps
+        if self.variant == "sync_every_n":
+            self.host[0] = self.sums[0].item()
+        elif self.variant == "metrics_separate":
+            self.host = [self.sums[m].item() for m in range(3)]
+        elif self.variant == "metrics_batched":
+            self.host = self.sums.tolist()
+
+    def check(self) -> Verdict:
+        """The first call's N steps: the device's running sums, and what the host read of them (the loss
+        summed step by step, or the last read of the sums), against hostsync::metric_sums in fp64 within fp32's
+        tolerance (hostsync::check_sums)."""
+        self.call()
+        if self.variant == "async_pinned":
+            torch.cuda.synchronize()
+            self._harvest(False)
+            self.stalls = self.steps_run = 0   # the counters describe the timed calls
+        want = hostsync_metric_sums(self.steps, self.elements)
+        names = ("loss", "mean |error|", "mean prediction^2")
+        verdicts = [compare(self.sums, torch.tensor(want, dtype=torch.float64), TOL_FP32,
+                            f"device running sums after {self.steps} steps")]
+        read = {"no_reads": 0, "metrics_separate": 3, "metrics_batched": 3}.get(self.variant, 1)
+        if read:
+            verdicts.append(compare(torch.tensor(self.host[:read], dtype=torch.float64),
+                                    torch.tensor(want[:read], dtype=torch.float64), TOL_FP32,
+                                    "what the host read (" + ", ".join(names[:read]) + ")"))
+        return merge(verdicts)
+
+    def counters(self, median_ns: float) -> Dict[str, float]:
+        out = {"us_per_step": median_ns / 1e3 / self.steps}
+        if self.variant == "async_pinned" and self.steps_run:
+            out["stalls_per_step"] = self.stalls / self.steps_run
+        return out
 
 
 # ---- launch -------------------------------------------------------------------------------------------------
@@ -544,7 +789,8 @@ class CollateCase(Case):
         return Verdict(True, 0.0)
 
 
-CASES = {"adamw": AdamWCase, "gradnorm": GradNormCase, "attention": AttentionCase, "spmv": SpmvCase, "launch": LaunchCase,
+CASES = {"adamw": AdamWCase, "gradnorm": GradNormCase, "attention": AttentionCase, "spmv": SpmvCase, "cg": CgCase,
+         "hostsync": HostsyncCase, "launch": LaunchCase,
          "alloc": AllocCase, "collate": CollateCase}
 
 

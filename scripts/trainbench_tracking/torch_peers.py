@@ -103,6 +103,16 @@ AXES: Dict[str, Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...]]]] = {
         "rows": (("1048576", "4194304"), ("1048576",)),
         "rhs": (("32",), ("8",)),
     },
+    "cg": {   # cg_registry.cpp: cg_rows 2^16 and cg_rows_large 2^18 (quick 2^16), laplacian_alpha 0.5, cg_drifts
+        "graph": (("ring8",), ("ring8",)),
+        "rows": (("65536", "262144"), ("65536",)),
+        "alpha": (("0.5",), ("0.5",)),
+        "drift": (("2e-6", "1e-6", "5e-7"), ("2e-6", "1e-6", "5e-7")),
+    },
+    "hostsync": {   # hostsync_registry.cpp: hostsync_intervals 1, 5, 50, 500, hostsync_elements 4096
+        "steps": (("1", "5", "50", "500"), ("1", "5", "50", "500")),
+        "elements": (("4096",), ("4096",)),
+    },
     "launch": {   # launch_registry.cpp: launch_window_steps 64, launch_kernels_per_step 12, launch_elements 4096
         "steps": (("64",), ("64",)),
         "kernels_per_step": (("12",), ("12",)),
@@ -134,6 +144,18 @@ VARIANT_AXES: Dict[Tuple[str, str], Tuple[str, ...]] = {
     ("attention", "fused"): ("shape", "causal", "dtype"),
     ("spmv", "cusparse_csr"): ("graph", "rows"),
     ("spmv", "cusparse_spmm"): ("graph", "rows", "rhs"),
+    ("cg", "host_checked"): ("graph", "rows", "alpha", "drift"),
+    ("cg", "host_checked_warm"): ("graph", "rows", "alpha", "drift"),
+    ("cg", "host_checked_lazy"): ("graph", "rows", "alpha", "drift"),
+    ("cg", "graph"): ("graph", "rows", "alpha", "drift"),
+    ("cg", "graph_warm"): ("graph", "rows", "alpha", "drift"),
+    ("cg", "graph_lazy"): ("graph", "rows", "alpha", "drift"),
+    ("hostsync", "no_reads"): ("steps", "elements"),
+    ("hostsync", "item_every_step"): ("steps", "elements"),
+    ("hostsync", "sync_every_n"): ("steps", "elements"),
+    ("hostsync", "metrics_separate"): ("steps", "elements"),
+    ("hostsync", "metrics_batched"): ("steps", "elements"),
+    ("hostsync", "async_pinned"): ("steps", "elements"),
     ("launch", "eager"): ("steps", "kernels_per_step", "elements"),
     ("launch", "graph"): ("steps", "kernels_per_step", "elements"),
     ("alloc", "pool"): ("buffers", "buffer_bytes"),
@@ -208,6 +230,38 @@ PEERS: Tuple[Peer, ...] = (
          mirrors_cpu="csr"),
     Peer("spmv", "spmm_csr", "cusparse_spmm", "torch.sparse_csr_tensor times a row-major block: torch.mm",
          mirrors_cpu="spmm_csr"),
+    # CG over the stage's window of drifting right-hand sides, fp64, torch.mv on a CSR tensor. The host-checked
+    # loop is the one a PyTorch propagator writes (`while rr.item() > limit`); the device loop queues
+    # cg_check_every iterations with no read (a converged solve's updates masked by torch.where) and reads the
+    # flag once per block, as the stage's graph variant replays its captured block.
+    Peer("cg", "host_checked", "host_checked",
+         "torch CG from x = 0, the residual norm read with .item() every iteration", mirrors_cpu="host_checked"),
+    Peer("cg", "host_checked_warm", "host_checked_warm",
+         "the same warm-started from the cached solution (one torch.mv for its residual), never skipped",
+         mirrors_cpu="host_checked_warm"),
+    Peer("cg", "host_checked_lazy", "host_checked_lazy",
+         "the lazy gate: warm start, the solve skipped when (rr <= tol^2 bb).item() says the cache is within 1e-6",
+         mirrors_cpu="host_checked_lazy"),
+    Peer("cg", "device_loop", "graph",
+         "8 CG iterations queued with no read (converged updates masked by torch.where), one .item() per 8",
+         needs_cuda=True),
+    Peer("cg", "device_loop_warm", "graph_warm", "the device loop warm-started from the cache, never skipped",
+         needs_cuda=True),
+    Peer("cg", "device_loop_lazy", "graph_lazy", "the device loop with the lazy gate (its verdict read with .item())",
+         needs_cuda=True),
+    # The loss of a training loop read on the host: the step is a copy standing for the forward, the loss and
+    # two metrics (torch ops) and their accumulation into fp64 running sums on the device. GPU-only, as the stage.
+    Peer("hostsync", "no_reads", "no_reads", "the same steps with no host read: the floor", needs_cuda=True),
+    Peer("hostsync", "item_every_step", "item_every_step", "total += loss.item() every step", needs_cuda=True),
+    Peer("hostsync", "sync_every_n", "sync_every_n",
+         "running_loss += loss.detach() on the device, running_loss.item() once per N steps", needs_cuda=True),
+    Peer("hostsync", "metrics_separate", "metrics_separate", "three running metrics read with three .item() per N steps",
+         needs_cuda=True),
+    Peer("hostsync", "metrics_batched", "metrics_batched", "the three running metrics in one .tolist() per N steps",
+         needs_cuda=True),
+    Peer("hostsync", "async_pinned", "async_pinned",
+         "each step's loss copied non_blocking into a pinned slot behind a torch.cuda.Event, read once query() says "
+         "done (8 slots)", needs_cuda=True),
     Peer("launch", "eager", "eager", "the window's 768 in-place lerp_ kernels launched one by one", needs_cuda=True),
     Peer("launch", "graph", "graph", "the same window captured once in a torch.cuda.CUDAGraph, then replay()",
          needs_cuda=True),
@@ -238,6 +292,15 @@ PAIRS = (
     ("gradnorm", "per_tensor", "foreach_item", "torch clip_grad_norm_: foreach + .item() vs for-loop"),
     ("attention", "naive", "sdpa_flash", "torch attention: SDPA flash vs naive"),
     ("attention", "naive", "sdpa", "torch attention: SDPA vs naive"),
+    ("cg", "host_checked", "host_checked_warm", "torch CG: warm start vs cold start (.item() per iteration)"),
+    ("cg", "host_checked_warm", "host_checked_lazy", "torch CG: gate vs warm start alone (.item() per iteration)"),
+    ("cg", "device_loop_warm", "device_loop_lazy", "torch CG: gate vs warm start alone (device loop)"),
+    ("cg", "host_checked", "device_loop", "torch CG: one read per 8 iterations vs .item() per iteration"),
+    ("cg", "host_checked_lazy", "device_loop_lazy", "torch CG: one read per 8 iterations vs .item() per iteration, lazy"),
+    ("hostsync", "item_every_step", "sync_every_n", "torch hostsync: loss.item() every N vs every step"),
+    ("hostsync", "item_every_step", "async_pinned", "torch hostsync: async pinned copy vs loss.item() every step"),
+    ("hostsync", "metrics_separate", "metrics_batched", "torch hostsync: metrics in one .tolist() vs three .item()"),
+    ("hostsync", "item_every_step", "no_reads", "torch hostsync: no reads vs loss.item() every step"),
     ("launch", "eager", "graph", "torch launch: CUDA graph replay vs eager"),
     ("alloc", "caching_allocator", "reuse", "torch alloc: reuse vs caching allocator"),
     ("alloc", "empty_cache", "caching_allocator", "torch alloc: cache kept vs emptied every step"),
@@ -525,6 +588,17 @@ def work_model(bench: Bench) -> Work:
         rhs = float(p.get("rhs", 1))
         return Work(12.0 * nnz + 4.0 * (n + 1) + 16.0 * n * rhs, 2.0 * nnz * rhs, "memory", "cuda.copy", None,
                     {"nnz": nnz})
+    if stage == "cg":
+        # cg_registry.cpp's cg_work: no bytes (a solve's traffic is known only once it ran), one matvec per
+        # solve as the FLOP floor; the counters say what happened
+        n = int(p["rows"])
+        return Work(0.0, 2.0 * laplacian_nnz(p["graph"], n) * CG_WINDOW, "memory", "", None,
+                    {"solves": float(CG_WINDOW)})
+    if stage == "hostsync":
+        steps, elements = int(p["steps"]), int(p["elements"])
+        return Work(hostsync_bytes_per_call(variant, steps, elements), 0.0, "memory", "cuda.copy", None,
+                    {"steps": float(steps), "syncs": float(HOSTSYNC_READS[variant](steps)[0]),
+                     "transfers": float(HOSTSYNC_READS[variant](steps)[1])})
     if stage == "launch":
         steps, per_step, elements = (int(p[a]) for a in ("steps", "kernels_per_step", "elements"))
         return Work(steps * per_step * 3.0 * 4 * elements, 0.0, "memory", "cuda.copy", None,
@@ -672,6 +746,83 @@ def laplacian_csr(graph: str, n: int, alpha: float = LAPLACIAN_ALPHA, seed: int 
     val = np.where(cols == i[:, None], diagonal_value[:, None], -alpha)[keep]
     col = cols[keep]
     return row_ptr.astype(np.int32), col.astype(np.int32), val
+
+
+def uniform_array(seed: int, count: int, lo: float = -1.0, hi: float = 1.0):
+    """uniform_at(seed, i) for i = 0..count-1 as a float32 numpy array (for [-1, 1) the float arithmetic of
+    the C++ is exact: lo + 2 * bits / 2^24 needs no rounding)."""
+    import numpy as np
+    base = np.uint64((seed * 0x632BE59BD9B4E019) & _M64)
+    bits = (_splitmix64_np(base + np.arange(count, dtype=np.uint64)) >> np.uint64(40)).astype(np.float64)
+    return (lo + (hi - lo) * bits / 16777216.0).astype(np.float32)
+
+
+# cg (kernels/cg/cg.h, defaults.h): the window, the tolerances, the right-hand sides' seed
+CG_WINDOW = 16              # defaults::cg_window: solves per call
+CG_TOL = 1e-7               # defaults::cg_tol
+LAZY_CG_TOL = 1e-6          # defaults::lazy_cg_tol
+CG_MAX_ITERATIONS = 1000    # defaults::cg_max_iterations
+CG_CHECK_EVERY = 8          # defaults::cg_check_every
+CG_RESIDUAL_ATOL = 1e-12    # tolerance::cg_residual_atol
+CG_SEED_RHS = 41            # cg::seed_rhs
+
+
+def cg_rhs_sequence(n: int, drift: float, steps: int = CG_WINDOW):
+    """cg::RhsSequence: b_0 .. b_steps as a (steps + 1) x n float64 array, and each step's drawn drift. b_0 is
+    uniform_at(41, i); step t moves b_{t-1} by drift x (0.5 + (j + 1/2) / steps) of its norm (j a seeded
+    permutation of 0..steps-1) along the direction uniform_at(41 + 1000 + t, i)."""
+    import numpy as np
+    order = list(range(steps))
+    for j in range(steps - 1, 0, -1):
+        k = splitmix64((CG_SEED_RHS * 0x9E3779B97F4A7C15 + j) & _M64) % (j + 1)
+        order[j], order[k] = order[k], order[j]
+    b = np.empty((steps + 1, n), dtype=np.float64)
+    b[0] = uniform_array(CG_SEED_RHS, n)
+    drifts = [0.0] * (steps + 1)
+    for t in range(1, steps + 1):
+        drifts[t] = drift * (0.5 + (order[t - 1] + 0.5) / steps)
+        direction = uniform_array(CG_SEED_RHS + 1000 + t, n).astype(np.float64)
+        u = float(np.sqrt(np.dot(direction, direction)))
+        scale = drifts[t] * float(np.sqrt(np.dot(b[t - 1], b[t - 1]))) / u if u > 0 else 0.0
+        b[t] = b[t - 1] + scale * direction
+    return b, drifts
+
+
+# hostsync (kernels/hostsync/hostsync.h): a step's inputs and its three metrics
+HOSTSYNC_SEEDS = (31, 32)    # hostsync::seed_prediction, seed_target
+HOSTSYNC_METRICS = 3
+HOSTSYNC_ASYNC_SLOTS = 8     # defaults::hostsync_async_slots
+# read_plan(pattern, steps): (host waits, device-to-host copies, bytes) per call of `steps` steps
+HOSTSYNC_READS = {
+    "no_reads": lambda s: (0, 0, 0),
+    "item_every_step": lambda s: (s, s, 4 * s),
+    "sync_every_n": lambda s: (1, 1, 8),
+    "metrics_separate": lambda s: (HOSTSYNC_METRICS, HOSTSYNC_METRICS, 8 * HOSTSYNC_METRICS),
+    "metrics_batched": lambda s: (1, 1, 8 * HOSTSYNC_METRICS),
+    "async_pinned": lambda s: (0, s, 4 * s),
+}
+
+
+def hostsync_bytes_per_call(variant: str, steps: int, elements: int) -> float:
+    """hostsync::bytes_per_call: the step kernels' device traffic and the reads to the host."""
+    forward, loss = 4.0 * elements, 8.0 * elements + 4 * HOSTSYNC_METRICS
+    accumulate = 4 * HOSTSYNC_METRICS + 16 * HOSTSYNC_METRICS
+    return steps * (forward + loss + accumulate) + HOSTSYNC_READS[variant](steps)[2]
+
+
+def hostsync_predictions(steps: int, elements: int):
+    """prediction(step, i) for steps 0..steps-1: a steps x elements float32 array (uniform_at(31, step x
+    elements + i))."""
+    return uniform_array(HOSTSYNC_SEEDS[0], steps * elements).reshape(steps, elements)
+
+
+def hostsync_metric_sums(steps: int, elements: int) -> List[float]:
+    """hostsync::metric_sums: the loss (mean squared error), mean |error| and mean prediction^2 of steps
+    0..steps-1 summed, in fp64."""
+    import numpy as np
+    p = hostsync_predictions(steps, elements).astype(np.float64)
+    e = p - uniform_array(HOSTSYNC_SEEDS[1], elements).astype(np.float64)[None, :]
+    return [float((e * e).mean(axis=1).sum()), float(np.abs(e).mean(axis=1).sum()), float((p * p).mean(axis=1).sum())]
 
 
 def launch_window(steps: int, kernels_per_step: int, buffers: int = 4) -> List[Tuple[int, int, float]]:

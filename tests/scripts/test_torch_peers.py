@@ -4,7 +4,7 @@ against the loaders, the command line without torch; the measured path where tor
 fixtures/benchsuite_list*.json are `benchsuite --list --format json --backend all [--quick]` trimmed to the
 peers' stages (rows without their `unsupported` text, stages with their axes only);
 fixtures/benchsuite_list_cpu_quick.json is `benchsuite --list --format json --backend cpu --quick` trimmed
-to adamw, gradnorm, attention, spmv and collate (stages with their axes and CPU variants' ids and axes). The C++ figures below
+to adamw, gradnorm, attention, spmv, cg and collate (stages with their axes and CPU variants' ids and axes). The C++ figures below
 (parameter-set and CSR digests, orders, coefficients) were printed by kernels/adamw/param_set.cpp,
 kernels/spmv/laplacian.cpp and kernels/runtime/random.h compiled into a small program.
 """
@@ -85,7 +85,7 @@ def test_rows_line_up_with_the_cuda_rows_they_mirror():
         assert (stage, backend, variant) == (b.peer.stage, "torch_cuda", b.peer.variant)
         assert b.mirrors == f"cuda/{b.peer.mirrors}" and f"{stage}/{b.mirrors}/{label}" in cuda_names
     names = [b.name for b in benches]
-    assert len(names) == len(set(names)) == 74
+    assert len(names) == len(set(names)) == 134
     assert "adamw/torch_cuda/fused/params=29900000,tensors=200,dtype=fp32" in names
     assert "attention/torch_cuda/sdpa_flash/shape=4x16x4096x128,causal=causal,dtype=bf16" in names
     assert "attention/torch_cuda/sdpa_flash/shape=4x16x4096x128,causal=causal,dtype=fp32" not in names
@@ -93,7 +93,9 @@ def test_rows_line_up_with_the_cuda_rows_they_mirror():
     assert not [n for n in names if n.startswith("collate/") and not n.endswith("compute_us=0")]
     assert "gradnorm/torch_cuda/foreach_item/params=29900000,tensors=200,dtype=fp32" in names
     assert not [n for n in names if n.startswith("gradnorm/") and n.endswith("bf16")]
-    assert len(tp.select_benches(True, None)) == 32
+    assert "cg/torch_cuda/device_loop_lazy/graph=ring8,rows=262144,alpha=0.5,drift=5e-7" in names
+    assert "hostsync/torch_cuda/async_pinned/steps=500,elements=4096" in names
+    assert len(tp.select_benches(True, None)) == 74
 
 
 # ---- mirroring the CPU variants (--device cpu --benchsuite) ---------------------------------------------------
@@ -110,6 +112,8 @@ CPU_QUICK_ROWS = [
     "attention/torch/naive/cpu_shape=1x8x1024x64",
     "spmv/torch/csr/graph=ring8,rows=1048576",
     "spmv/torch/spmm_csr/graph=ring8,rows=1048576,rhs=8",
+] + [f"cg/torch/{v}/graph=ring8,rows=65536,alpha=0.5,drift={d}"
+     for v in ("host_checked", "host_checked_warm", "host_checked_lazy") for d in ("2e-6", "1e-6", "5e-7")] + [
     "collate/torch/per_sample/layout=text_pair,order=shuffled,samples=8192,batch=64,embed_dim=768,seq_len=128",
     "collate/torch/per_sample/layout=text_pair,order=shuffled,samples=8192,batch=4096,embed_dim=768,seq_len=128",
 ]
@@ -129,10 +133,13 @@ def test_cpu_mirror_takes_the_cpu_variants_problems_and_labels(on_cpu):
         ("gradnorm", "per_tensor"): "cpu/per_tensor", ("gradnorm", "foreach"): "cpu/multi_tensor",
         ("gradnorm", "foreach_item"): "cpu/multi_tensor",
         ("attention", "sdpa"): "cpu/fused", ("attention", "naive"): "cpu/naive_mask_cached",
-        ("spmv", "csr"): "cpu/csr", ("spmv", "spmm_csr"): "cpu/spmm_csr", ("collate", "per_sample"): "cpu/per_sample"}
+        ("spmv", "csr"): "cpu/csr", ("spmv", "spmm_csr"): "cpu/spmm_csr", ("collate", "per_sample"): "cpu/per_sample",
+        ("cg", "host_checked"): "cpu/host_checked", ("cg", "host_checked_warm"): "cpu/host_checked_warm",
+        ("cg", "host_checked_lazy"): "cpu/host_checked_lazy"}
     # the GPU patterns have no CPU row: flash attention, CUDA graphs, the caching allocator, pinned copies
     assert not [b for b in benches if b.peer.needs_cuda]
-    assert not [b for b in benches if b.peer.stage in ("launch", "alloc") or "pin" in b.peer.variant]
+    assert not [b for b in benches if b.peer.stage in ("launch", "alloc", "hostsync") or "pin" in b.peer.variant]
+    assert not [b for b in benches if "device_loop" in b.peer.variant]   # no CPU graph variant to stand beside
     # fp32 AdamW only; the CPU attention variants run fp32, and naive_mask_cached (no causal axis) is causal
     assert "adamw/cpu/fused/params=10000000,tensors=200,dtype=bf16" in cpu_names
     naive = next(b for b in benches if b.name == "attention/torch/naive/cpu_shape=1x8x1024x64")
@@ -170,7 +177,7 @@ def test_cpu_mirror_needs_a_listing_and_filters_by_name(on_cpu):
 
 def test_without_benchsuite_the_cpu_rows_mirror_the_cuda_problems(on_cpu):
     benches = tp.select_benches(True, None)
-    assert len(benches) == 18 and all(b.name.split("/")[1] == "torch" for b in benches)
+    assert len(benches) == 27 and all(b.name.split("/")[1] == "torch" for b in benches)
     assert all(b.mirrors == f"cuda/{b.peer.mirrors}" for b in benches)
     assert "attention/torch/naive/shape=4x6x256x64,causal=causal,dtype=fp32" in [b.name for b in benches]
 
@@ -218,7 +225,7 @@ def test_the_cpu_mirror_file_reads_back_and_validates(tmp_path):
     assert sorted(run.rows) == sorted(CPU_QUICK_ROWS)
     assert {r.raw["mirrors"] for r in run.rows.values()} == {
         "cpu/fused", "cpu/foreach", "cpu/per_tensor", "cpu/multi_tensor", "cpu/naive_mask_cached", "cpu/csr",
-        "cpu/spmm_csr", "cpu/per_sample"}
+        "cpu/spmm_csr", "cpu/per_sample", "cpu/host_checked", "cpu/host_checked_warm", "cpu/host_checked_lazy"}
     assert run.machine_key.endswith("c")   # a CPU machine key
     validator = live_tool("TRAINBENCH_VALIDATE_RESULTS", "build", "tests", "validate_results")
     if validator is None:
@@ -423,7 +430,7 @@ def test_the_result_file_reads_back_with_a_gpu_machine_key(tmp_path):
     tp.write_atomically(str(out), json.dumps(doc))
     run = load_run(str(out))
     assert run.machine_key == GPU_KEY
-    assert len(run.rows) == 74
+    assert len(run.rows) == 134
     assert all(r.backend == "torch_cuda" for r in run.rows.values())
     assert run.rows[broken].disposition == "incorrect" and run.rows[broken].samples is None
     assert run.rows[broken].raw["mirrors"] == "cuda/per_tensor" and run.rows[oom].raw["mirrors"] == "cuda/naive"
@@ -448,7 +455,7 @@ def test_cpp_validator_accepts_the_file(tmp_path):
     path = write_json(tmp_path / "torch.json", fake_document())
     p = subprocess.run([validator, path, "--all-passed"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    assert "valid, 74 benchmarks, 0 peaks" in p.stdout
+    assert "valid, 134 benchmarks, 0 peaks" in p.stdout
 
 
 def test_compare_and_nightly_read_torch_files(tmp_path, cli):
@@ -621,3 +628,112 @@ def test_gradnorm_peers_on_the_cpu_match_the_fp64_reference(monkeypatch, on_cpu)
 def tp_clip_norm(case):
     """The gradients' 2-norm now, in fp64."""
     return sum(float(q.grad.double().square().sum()) for q in case.params) ** 0.5
+
+
+# ---- cg and hostsync ---------------------------------------------------------------------------------------
+# Printed by a small program over kernels/cg/cg_reference.cpp and kernels/hostsync/hostsync_reference.cpp:
+# cg::RhsSequence(n, drift, 16) as sum over t, i of b_t[i] x ((31 t + i) % 97) and its first drawn drifts, and
+# hostsync::metric_sums(steps, 4096).
+CG_RHS = [(65536, 1e-6, 115987.22915899807, (7.8124999999999993e-07, 1.4062499999999999e-06, 7.1875e-07)),
+          (1000, 2e-6, 18765.335320681417, (1.5624999999999999e-06, 2.8124999999999998e-06, 1.4375e-06))]
+HOSTSYNC_SUMS = {1: (0.6787837100777645, 0.67267733055632561, 0.33483987309317453),
+                 500: (330.89907816882982, 332.12184881715802, 166.65819638631396)}
+
+
+@pytest.mark.parametrize("n, drift, weighted, drifts", CG_RHS)
+def test_cg_right_hand_sides_are_the_stages(n, drift, weighted, drifts):
+    np = pytest.importorskip("numpy")
+    b, drawn = tp.cg_rhs_sequence(n, drift)
+    assert b.shape == (17, n) and tuple(drawn[1:4]) == drifts
+    assert [float(v) for v in b[0, :5]] == [tp.uniform_at(41, i) for i in range(5)]   # b_0 bit for bit
+    t, i = np.arange(17)[:, None], np.arange(n)[None, :]
+    # the norms are summed in another order than the C++'s: the same to ~1e-15 of the total
+    assert float((b * ((31 * t + i) % 97)).sum()) == pytest.approx(weighted, rel=1e-13)
+
+
+@pytest.mark.parametrize("steps", sorted(HOSTSYNC_SUMS))
+def test_hostsync_reference_is_the_stages(steps):
+    pytest.importorskip("numpy")
+    assert tp.hostsync_metric_sums(steps, 4096) == pytest.approx(HOSTSYNC_SUMS[steps], rel=1e-13)
+
+
+def test_cg_and_hostsync_work_models_are_the_stages():
+    work = _listed_work()
+    benches = tp.select_benches(False, "^cg/")
+    assert len(benches) == 36
+    for b in benches:   # the CPU rows list their work on a machine without a GPU; their problems are the same
+        listed = work[f"cg/cpu/{b.peer.mirrors.replace('graph', 'host_checked')}/{b.label}"]
+        w = tp.work_model(b)
+        assert (w.bytes, w.flops, w.bound, w.peak_key) == (0.0, listed["flops"], listed["bound"], ""), b.name
+    # hostsync::bytes_per_call: per step the forward's 4 B, the loss's 8 B per element + 12 B, 60 B accumulated;
+    # and the reads (4 B per step for item_every_step, 8 B for sync_every_n)
+    hostsync = {b.name: tp.work_model(b) for b in tp.select_benches(False, "^hostsync/")}
+    assert len(hostsync) == 24
+    step = 4 * 4096 + 8 * 4096 + 12 + 60
+    assert hostsync["hostsync/torch_cuda/item_every_step/steps=5,elements=4096"].bytes == 5 * step + 20
+    assert hostsync["hostsync/torch_cuda/sync_every_n/steps=500,elements=4096"].bytes == 500 * step + 8
+    assert hostsync["hostsync/torch_cuda/metrics_separate/steps=50,elements=4096"].counters["syncs"] == 3
+
+
+def _cpu_case(stage, variant, label_part, monkeypatch):
+    """The case of the first built-in problem of (stage, variant) whose label holds label_part, on the CPU
+    (GPU patterns included: their logic runs anywhere)."""
+    cases = pytest.importorskip("trainbench_tracking.torch_peer_cases")
+    monkeypatch.setattr(cases, "DEVICE", cases.torch.device("cpu"))
+    monkeypatch.setattr(tp, "BACKEND", tp.BACKENDS["cpu"])
+    peer = next(p for p in tp.PEERS if (p.stage, p.variant) == (stage, variant))
+    label, problem = next((lb, pb) for lb, pb in tp.builtin_problems(peer, True) if label_part in lb)
+    env = cases.Env()
+    env.enter(stage)
+    return cases, cases.CASES[stage](tp.Bench(peer, label, problem), env)
+
+
+# The C++ CPU rows' counters on the same problem (benchsuite --quick --backend cpu --filter cg, drift 1e-6):
+# iterations per solve 20 cold, 3.0625 warm, 2.125 with the gate, which skips 6 of 16 solves.
+CG_DECISIONS = {"host_checked": (0.0, 20.0), "host_checked_warm": (0.0, 3.0625), "host_checked_lazy": (0.375, 2.125),
+                "device_loop": (0.0, 20.0), "device_loop_warm": (0.0, 3.0625), "device_loop_lazy": (0.375, 2.125)}
+
+
+@pytest.mark.parametrize("variant", sorted(CG_DECISIONS))
+def test_cg_peers_pass_and_take_the_stages_decisions(variant, monkeypatch):
+    _, case = _cpu_case("cg", variant, "drift=1e-6", monkeypatch)
+    verdict = case.check()
+    assert verdict.ok, verdict.detail
+    counters = case.counters(1e6)
+    assert (counters["skip_rate"], counters["iterations_per_solve"]) == CG_DECISIONS[variant]
+    reads = counters["reads_per_solve"]
+    # .item() every iteration, or once per block of 8 (and once for the gate)
+    assert reads > 20 if variant == "host_checked" else reads <= 3 if variant.startswith("device_loop") else True
+    case.call()   # a timed call repeats the window from the cache
+    assert case.check().ok
+
+
+def test_a_cg_that_solves_the_wrong_system_is_incorrect(monkeypatch):
+    _, case = _cpu_case("cg", "host_checked_warm", "drift=2e-6", monkeypatch)
+    case.b[1:] = case.b[:-1].clone()   # every solve a step behind: the solver's copy, not the check's
+    verdict = case.check()
+    assert not verdict.ok and "step 1 (solved): true relative residual" in verdict.detail
+
+
+@pytest.mark.parametrize("variant", ["no_reads", "item_every_step", "sync_every_n", "metrics_separate",
+                                     "metrics_batched"])
+def test_hostsync_peers_pass_their_checks_on_the_cpu(variant, monkeypatch):
+    _, case = _cpu_case("hostsync", variant, "steps=50,", monkeypatch)
+    verdict = case.check()
+    assert verdict.ok, verdict.detail
+    case.call()   # the running sums go on growing; what the host read follows them
+    if variant in ("sync_every_n", "metrics_batched", "metrics_separate"):
+        assert case.host[0] == pytest.approx(2 * tp.hostsync_metric_sums(50, 4096)[0], rel=1e-5)
+
+
+def test_a_hostsync_loss_off_by_a_little_is_incorrect(monkeypatch):
+    _, case = _cpu_case("hostsync", "metrics_batched", "steps=5,", monkeypatch)
+    case.targets.mul_(1.001)
+    verdict = case.check()
+    assert not verdict.ok and "device running sums after 5 steps" in verdict.detail
+
+
+def test_hostsync_async_pinned_is_a_gpu_pattern(monkeypatch):
+    cases = pytest.importorskip("trainbench_tracking.torch_peer_cases")
+    with pytest.raises(cases.Unsupported, match="a GPU pattern"):
+        _cpu_case("hostsync", "async_pinned", "steps=5,", monkeypatch)
