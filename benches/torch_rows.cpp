@@ -139,9 +139,10 @@ void merge_torch_rows(Results& into, const nlohmann::json& torch_document) {
     const auto it = native.find(t.stage + "/" + mirrors + (label.empty() ? "" : "/" + label));
     if (it == native.end() || !it->second->timed()) continue;
     const Row& ours = *it->second;
-    if (ours.disturbed) {  // as every pair: a disturbed row gets no ratio
+    if (ours.disturbed || t.disturbed) {  // as every pair: a disturbed row, ours or PyTorch's, gets no ratio
+      const Row& disturbed = ours.disturbed ? ours : t;
       into.withheld_pairs.push_back({t.stage, "PyTorch " + t.variant + " -> trainbench " + mirrors, t.name, ours.name,
-                                     ours.name + " was disturbed: " + disturbance_text(ours)});
+                                     disturbed.name + " was disturbed: " + disturbance_text(disturbed)});
       continue;
     }
     PairRow p;

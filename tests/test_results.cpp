@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "results.h"
+#include "torch_rows.h"
 #include "runtime/error.h"
 
 namespace tb {
@@ -198,6 +199,50 @@ TEST(Results, AnAmortisedPairSaysWhatWasMovedOutOfTheLoop) {
         << text;
     EXPECT_NE(text.find("1.90x (95% CI 1.80-2.00)"), std::string::npos) << text;  // a timed pair as before
   }
+}
+
+// The PyTorch rows merged beside the native rows they mirror: a cross pair per passed pair of rows, and
+// none where the torch row was disturbed (its samples say as little as a disturbed native row's).
+TEST(Results, TorchRowsMergeWithCrossPairsWithheldForADisturbedRow) {
+  Results native;
+  Row ours;
+  ours.name = "cg/cpu/host_checked/rows=8";
+  ours.stage = "cg";
+  ours.variant = "host_checked";
+  ours.backend = "cpu";
+  ours.disposition = "passed";
+  ours.samples_ns = {100, 101, 99, 100, 102};
+  ours.summary = summarize(ours.samples_ns, 0.05);
+  native.rows = {ours, ours};
+  native.rows[1].name = "cg/cpu/host_checked_warm/rows=8";
+  native.rows[1].variant = "host_checked_warm";
+  Results torch;
+  torch.context = {{"torch", {{"version", "2.15.0"}}}};
+  for (const char* variant : {"host_checked", "host_checked_warm"}) {
+    Row t = ours;
+    t.name = std::string("cg/torch/") + variant + "/rows=8";
+    t.variant = variant;
+    t.backend = "torch";
+    t.samples_ns = {150, 151, 149, 150, 152};
+    t.summary = summarize(t.samples_ns, 0.05);
+    torch.rows.push_back(t);
+  }
+  torch.rows[1].disturbed = true;
+  torch.rows[1].others_share = 0.4;
+  nlohmann::json doc = to_json(torch);
+  doc["benchmarks"][0]["mirrors"] = "cpu/host_checked";
+  doc["benchmarks"][1]["mirrors"] = "cpu/host_checked_warm";
+  merge_torch_rows(native, doc);
+  ASSERT_EQ(native.rows.size(), 4u);
+  ASSERT_EQ(native.pairs.size(), 1u);
+  EXPECT_EQ(native.pairs[0].label, "PyTorch host_checked -> trainbench cpu/host_checked");
+  EXPECT_NEAR(native.pairs[0].ratio.ratio, 1.5, 0.02);
+  ASSERT_EQ(native.withheld_pairs.size(), 1u);
+  EXPECT_EQ(native.withheld_pairs[0].improved, "cg/cpu/host_checked_warm/rows=8");
+  EXPECT_EQ(native.withheld_pairs[0].why.rfind("cg/torch/host_checked_warm/rows=8 was disturbed: other processes used 40%", 0),
+            0u)
+      << native.withheld_pairs[0].why;
+  EXPECT_EQ(native.context.at("torch").at("version"), "2.15.0");
 }
 
 }  // namespace

@@ -9,24 +9,26 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import gc
 import math
 import re
 import time
 import warnings
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from .errors import UsageError
-from .torch_peers import (MAX_BATCH, SPMV_FP64_RTOL, TOL_ATTENTION, TOL_FP32, WARMUP_CALLS, WARMUP_S, Bench,
-                          Outcome, Tolerance, Verdict, _median, alloc_probe_value,
-                          CG_CHECK_EVERY, CG_MAX_ITERATIONS, CG_RESIDUAL_ATOL, CG_TOL, CG_WINDOW, LAZY_CG_TOL,
-                          HOSTSYNC_ASYNC_SLOTS, LAPLACIAN_ALPHA, cg_rhs_sequence, hostsync_metric_sums,
-                          hostsync_predictions, uniform_array, attention_shape, collate_fields,
-                          epoch_order, laplacian_csr, laplacian_nnz, launch_window, param_set_sizes, parse_shape)
+from .torch_peers import (CG_CHECK_EVERY, CG_MAX_ITERATIONS, CG_RESIDUAL_ATOL, CG_TOL, CG_WINDOW, DISTURBED_SHARE,
+                          HOSTSYNC_ASYNC_SLOTS, LAPLACIAN_ALPHA, LAZY_CG_TOL, MAX_BATCH, SPMV_FP64_RTOL,
+                          THROTTLED_SHARE, TOL_ATTENTION, TOL_FP32, WARMUP_CALLS, WARMUP_S, Bench, Outcome, Tolerance,
+                          Verdict, Watch, Watched, _median, alloc_probe_value, attention_shape, cg_rhs_sequence,
+                          collate_fields, epoch_order, hostsync_metric_sums, hostsync_predictions, laplacian_csr,
+                          laplacian_nnz, launch_window, others_share, param_set_sizes, parse_shape, read_cpu_ticks,
+                          take_watched, throttled_share, uniform_array)
 
 DEVICE = torch.device("cuda")   # use_device() sets it before any case is made
 
@@ -813,15 +815,47 @@ def _time_calls(case: Case, n: int) -> float:
     return start.elapsed_time(end) * 1e6 / n
 
 
-def measure(case: Case, repetitions: int, min_sample_s: float) -> Tuple[List[float], int]:
-    """Warm-up, then `repetitions` samples of `batch` calls each, a sample lasting at least min_sample_s."""
+@functools.lru_cache(maxsize=None)
+def _gpu_clock_reasons() -> Optional[Callable[[], Optional[int]]]:
+    """A reader of the current GPU's NVML clock event reasons (None when a read fails), where pynvml is
+    installed; None without it (it is optional: the GPU rows then go unwatched). NVML stays initialised
+    for the run."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByUUID(_device_uuid(torch.cuda.current_device()))
+        current = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    except Exception:   # noqa: BLE001 - NVML is optional
+        return None
+
+    def read() -> Optional[int]:
+        try:
+            return int(current(handle))
+        except Exception:   # noqa: BLE001 - an unanswered read is an unknown share
+            return None
+    return read
+
+
+def _watch() -> Optional[Watch]:
+    """On the CPU, other processes' share of the CPUs; on a GPU, its throttle reasons where NVML answers."""
+    if not on_gpu():
+        return Watch(read_cpu_ticks, others_share, DISTURBED_SHARE)
+    reasons = _gpu_clock_reasons()
+    return Watch(reasons, throttled_share, THROTTLED_SHARE) if reasons else None
+
+
+def measure(case: Case, repetitions: int, min_sample_s: float) -> Tuple[List[float], int, Watched]:
+    """Warm-up, then `repetitions` samples of `batch` calls each, a sample lasting at least min_sample_s,
+    watched for other load (take_watched: disturbed samples are taken again)."""
     with case.scope():
         for _ in range(WARMUP_CALLS):
             case.call()
         per_call = max(_time_calls(case, 1), 1.0)
         per_call = max(_time_calls(case, min(max(math.ceil(WARMUP_S * 1e9 / per_call), 1), MAX_BATCH)), 1.0)
         batch = min(max(math.ceil(min_sample_s * 1e9 / per_call), 1), MAX_BATCH)
-        return [_time_calls(case, batch) for _ in range(repetitions)], batch
+        samples, watched = take_watched(lambda: _time_calls(case, batch), repetitions, _watch())
+        return samples, batch, watched
 
 
 _ENV = Env()
@@ -840,8 +874,11 @@ def run_bench(bench: Bench, repetitions: int, min_sample_s: float) -> Outcome:
             return Outcome("unsupported", str(e))
         if not verdict.ok:
             return Outcome("incorrect", verdict.detail, verdict.max_error, note=case.note)
-        samples, batch = measure(case, repetitions, min_sample_s)
-        return Outcome("passed", "", verdict.max_error, samples, batch, case.counters(_median(samples)), case.note)
+        samples, batch, watched = measure(case, repetitions, min_sample_s)
+        return Outcome("passed", "", verdict.max_error, samples, batch, case.counters(_median(samples)), case.note,
+                       disturbed=watched.disturbed, retaken=watched.retaken,
+                       others_share=-1.0 if on_gpu() else watched.share,
+                       throttled_share=watched.share if on_gpu() else -1.0)
     except torch.cuda.OutOfMemoryError as e:
         return Outcome("failed", f"out of memory: {_first_line(e)}")
     except Exception as e:   # noqa: BLE001 - the row says what it was
@@ -887,6 +924,14 @@ def _nvml_clocks(uuid: str) -> Dict[str, int]:
         return {}
 
 
+def _device_uuid(index: int) -> str:
+    """The GPU's UUID as NVML names it ("GPU-..."); "" when torch does not say."""
+    uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
+    if re.fullmatch(r"[0-9a-fA-F-]{32,36}", uuid):   # torch prints it without NVML's "GPU-"
+        return "GPU-" + uuid
+    return uuid if re.fullmatch(r"GPU-[0-9a-fA-F-]{32,36}", uuid) else ""
+
+
 def device_context() -> Tuple[List[dict], dict]:
     """context.devices (the GPU the peers ran on, as benchsuite describes one; none on the CPU) and
     context.torch."""
@@ -896,11 +941,7 @@ def device_context() -> Tuple[List[dict], dict]:
                     "float32_matmul_precision": torch.get_float32_matmul_precision()}
     index = torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
-    uuid = str(getattr(props, "uuid", "") or "")
-    if re.fullmatch(r"[0-9a-fA-F-]{32,36}", uuid):   # torch prints it without NVML's "GPU-"
-        uuid = "GPU-" + uuid
-    elif not re.fullmatch(r"GPU-[0-9a-fA-F-]{32,36}", uuid):
-        uuid = ""
+    uuid = _device_uuid(index)
     device = {"index": index, "name": props.name, "uuid": uuid, "compute_capability": f"{props.major}.{props.minor}",
               "sms": props.multi_processor_count, "memory_bytes": props.total_memory,
               "l2_bytes": int(getattr(props, "L2_cache_size", 0) or 0),

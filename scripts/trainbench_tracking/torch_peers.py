@@ -35,7 +35,7 @@ import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from statistics import NormalDist
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .errors import UsageError
 from .resultfile import SCHEMA
@@ -894,6 +894,113 @@ def ratio_estimate(baseline: Sequence[float], improved: Sequence[float], level: 
     return math.exp(_median(d)), math.exp(d[0]), math.exp(d[-1]), 1.0 - 2.0 / math.comb(int(m + n), int(m))
 
 
+# ---- other load (benches/harness.cpp check_disturbance, kernels/runtime/cpu_load.cpp) ---------------------
+# A sample taken while something else held the machine measures that, not the peer: taken again, watched
+# on its own, up to DISTURBED_RETAKES times; a row that cannot get clean samples is "disturbed" and gets no
+# ratio (kernels/runtime/defaults.h).
+DISTURBED_SHARE = 0.25         # a CPU window in which other processes used more of all CPUs is disturbed
+THROTTLED_SHARE = 0.02         # a GPU window throttled for more of its time is disturbed
+DISTURBED_RETAKES = 3          # attempts per sample
+MIN_WINDOW_TICKS = 8           # /proc/stat counts in 10 ms ticks: a shorter window tells nothing
+# nvmlClocksEventReason bits that mean the environment set the speed (kernels/runtime/gpu_monitor.h):
+# hw_slowdown, sw and hw thermal slowdown, power brake. The software power cap is not one: a heavy kernel
+# runs at it every time.
+DISTURBING_CLOCK_REASONS = 0x8 | 0x20 | 0x40 | 0x80
+
+
+@dataclass(frozen=True)
+class CpuTicks:
+    """All CPUs' busy and total time and this process's own (all its threads), in clock ticks."""
+
+    busy: int = 0
+    total: int = 0
+    own: int = 0
+    valid: bool = False
+
+
+def read_cpu_ticks(stat_path: str = "/proc/stat", self_stat_path: str = "/proc/self/stat") -> CpuTicks:
+    """/proc/stat's aggregate "cpu" line and /proc/self/stat's utime + stime; invalid where unreadable."""
+    try:
+        with open(stat_path, encoding="ascii", errors="replace") as f:
+            cpu = f.readline().split()
+        with open(self_stat_path, encoding="ascii", errors="replace") as f:
+            # the command (field 2) may hold spaces and parentheses: fields 3.. follow the last ')'
+            own = f.read().rpartition(")")[2].split()
+        if not cpu or cpu[0] != "cpu":
+            return CpuTicks()
+        user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in cpu[1:9])
+        utime, stime = int(own[14 - 3]), int(own[15 - 3])
+    except (OSError, ValueError, IndexError):
+        return CpuTicks()
+    busy = user + nice + system + irq + softirq + steal   # guest time is counted in user already
+    return CpuTicks(busy, busy + idle + iowait, utime + stime, True)
+
+
+def others_share(before: CpuTicks, after: CpuTicks, min_ticks: int = MIN_WINDOW_TICKS) -> float:
+    """Of all CPUs' time between two reads, the share other processes (and the hypervisor's steal) used,
+    0..1; -1 when unknown (a read failed, or the window is shorter than min_ticks)."""
+    if not before.valid or not after.valid or after.total < before.total + min_ticks:
+        return -1.0
+    others = (after.busy - before.busy) - (after.own - before.own)   # ticks are sampled: noise either way
+    return 0.0 if others <= 0 else min(1.0, others / (after.total - before.total))
+
+
+def throttled_share(before: Optional[int], after: Optional[int]) -> float:
+    """1 when a disturbing clock event reason was active at either read (NVML's reason bits), else 0;
+    -1 when unknown. benchsuite also reads NVML's thermal violation time between the reads; the torch rows
+    go by the reasons alone."""
+    if before is None or after is None:
+        return -1.0
+    return 1.0 if (before | after) & DISTURBING_CLOCK_REASONS else 0.0
+
+
+@dataclass(frozen=True)
+class Watch:
+    """How a row's samples are watched: a reading taken before and after, the disturbed share of the
+    window between two readings (-1: unknown) and the share above which a sample is taken again."""
+
+    read: Callable[[], object]
+    share: Callable[[object, object], float]
+    limit: float
+
+
+@dataclass
+class Watched:
+    """What watching a row's samples saw."""
+
+    share: float = -1.0        # the worst kept sample's share, or the whole window's when none was retaken
+    disturbed: bool = False    # a sample stayed over the limit through all its attempts
+    retaken: int = 0           # samples taken again
+
+
+def take_watched(take_sample: Callable[[], float], repetitions: int, watch: Optional[Watch],
+                 retakes: int = DISTURBED_RETAKES) -> Tuple[List[float], Watched]:
+    """`repetitions` samples, watched as one window; when that window is disturbed each sample is taken
+    again, each attempt watched on its own, and the first one within the limit is kept (the last attempt
+    when none is). An unknown share counts as clean, as benchsuite's does."""
+    start = watch.read() if watch else None
+    samples = [take_sample() for _ in range(repetitions)]
+    if watch is None:
+        return samples, Watched()
+    window = watch.share(start, watch.read())
+    if window <= watch.limit:
+        return samples, Watched(window)
+    seen = Watched(0.0)
+    for i in range(len(samples)):
+        for attempt in range(retakes):
+            before = watch.read()
+            samples[i] = take_sample()
+            share = watch.share(before, watch.read())
+            seen.retaken += 1
+            if share <= watch.limit:
+                seen.share = max(seen.share, share)
+                break
+            if attempt + 1 == retakes:
+                seen.disturbed = True
+                seen.share = max(seen.share, share)
+    return samples, seen
+
+
 # ---- rows and the result file -------------------------------------------------------------------------
 @dataclass
 class Verdict:
@@ -915,6 +1022,10 @@ class Outcome:
     batch: int = 1
     counters: Dict[str, float] = field(default_factory=dict)   # measured, beside the work model's
     note: str = ""
+    disturbed: bool = False          # a sample stayed disturbed through its retakes (take_watched)
+    retaken: int = 0                 # samples taken again
+    others_share: float = -1.0       # CPU rows: other processes' share of the CPUs (-1: unknown, unwatched)
+    throttled_share: float = -1.0    # GPU rows: the share of time throttled (-1: unknown, unwatched)
 
 
 def make_row(bench: Bench, outcome: Outcome, noise_target: float = NOISE_TARGET) -> dict:
@@ -939,30 +1050,47 @@ def make_row(bench: Bench, outcome: Outcome, noise_target: float = NOISE_TARGET)
         row.update({"iterations": outcome.batch, "repetitions": len(outcome.samples_ns), "real_time": s.median,
                     "cpu_time": s.median, "time_unit": "ns", "samples_ns": list(outcome.samples_ns),
                     "median_ns": s.median, "ci_low_ns": s.ci_low, "ci_high_ns": s.ci_high, "ci_level": s.ci_level,
-                    "noisy": s.noisy, "gb_per_s": work.bytes / s.median, "tflop_per_s": work.flops / s.median * 1e-3,
-                    "disturbed": False, "retaken_samples": 0})
+                    "noisy": s.noisy, "gb_per_s": work.bytes / s.median, "tflop_per_s": work.flops / s.median * 1e-3})
+        if outcome.others_share >= 0:
+            row["others_cpu_share"] = outcome.others_share
+        row.update({"disturbed": outcome.disturbed, "retaken_samples": outcome.retaken})
+        if outcome.throttled_share >= 0:
+            row["throttled_share"] = outcome.throttled_share
     return row
 
 
-def make_pairs(rows: List[dict]) -> List[dict]:
-    """The declared pairs whose two rows both passed, per problem."""
+def disturbance_text(row: dict) -> str:
+    """What disturbed a row, as benches/results.cpp disturbance_text says it."""
+    if row.get("throttled_share", -1) >= 0:
+        return f"the GPU was throttled {int(100 * row['throttled_share'] + 0.5)}% of the time"
+    return f"other processes used {int(100 * max(row.get('others_cpu_share', 0.0), 0.0) + 0.5)}% of the CPUs"
+
+
+def make_pairs(rows: List[dict]) -> Tuple[List[dict], List[dict]]:
+    """The declared pairs whose two rows both passed, per problem, and those withheld (`pairs_withheld`)
+    because one of the two was disturbed: its timing measures the disturbance."""
     by_name = {r["name"]: r for r in rows if r.get("disposition") == "passed"}
     labels = []
     for r in rows:
         label = r["name"].split("/", 3)[3] if r["name"].count("/") >= 3 else ""
         if label not in labels:
             labels.append(label)
-    pairs = []
+    pairs, withheld = [], []
     for stage, base, improved, text in PAIRS:
         for label in labels:
             b, i = by_name.get(row_name(stage, base, label)), by_name.get(row_name(stage, improved, label))
             if not b or not i:
                 continue
+            if b.get("disturbed") or i.get("disturbed"):
+                d = i if i.get("disturbed") else b
+                withheld.append({"stage": stage, "label": text, "baseline": b["name"], "improved": i["name"],
+                                 "why": f"{d['name']} was disturbed: {disturbance_text(d)} during its samples"})
+                continue
             ratio, low, high, level = ratio_estimate(b["samples_ns"], i["samples_ns"])
             pairs.append({"stage": stage, "label": text, "baseline": b["name"], "improved": i["name"], "kind": "timed",
                           "ratio": ratio, "ci_low": low, "ci_high": high, "ci_level": level,
                           "baseline_median_ns": b["median_ns"], "improved_median_ns": i["median_ns"]})
-    return pairs
+    return pairs, withheld
 
 
 def _cpu_info() -> Tuple[str, float]:
@@ -1030,7 +1158,8 @@ def make_context(devices: List[dict], torch_info: dict, settings: dict, now: Opt
 
 
 def results_document(context: dict, rows: List[dict]) -> dict:
-    return {"schema": SCHEMA, "context": context, "benchmarks": rows, "pairs": make_pairs(rows), "pairs_withheld": []}
+    pairs, withheld = make_pairs(rows)
+    return {"schema": SCHEMA, "context": context, "benchmarks": rows, "pairs": pairs, "pairs_withheld": withheld}
 
 
 def write_atomically(path: str, text: str) -> None:
@@ -1071,12 +1200,18 @@ def rate_text(row: dict) -> str:
 
 def result_text(row: dict) -> str:
     disp = row["disposition"]
+    if disp == "passed" and row.get("disturbed"):
+        return "passed (disturbed)"
     if disp == "passed":
         return "passed (noisy)" if row.get("noisy") else "passed"
     return disp
 
 
-def render_console(rows: List[dict], pairs: List[dict]) -> str:
+def _label_of(name: str) -> str:
+    return name.split("/", 3)[3] if name.count("/") >= 3 else ""
+
+
+def render_console(rows: List[dict], pairs: List[dict], withheld: Sequence[dict] = ()) -> str:
     width = max([len("benchmark")] + [len(r["name"]) for r in rows])
     lines = [f"{'benchmark':<{width}}  {'result':<15} {'median':>10} {'+-CI':>7} {'rate':>16}  counters"]
     for r in rows:
@@ -1087,11 +1222,13 @@ def render_console(rows: List[dict], pairs: List[dict]) -> str:
                          f"{half:>6.1%} {rate_text(r):>16}  {counters}")
         else:
             lines.append(f"{r['name']:<{width}}  {result_text(r):<15} {r.get('reason', '')}")
-    if pairs:
+    if pairs or withheld:
         lines += ["", "Pairs: baseline time / improved time (> 1: the improved variant is faster)"]
         for p in pairs:
-            label = p["improved"].split("/", 3)[3] if p["improved"].count("/") >= 3 else ""
-            lines.append(f"  {p['label']} [{label}]: {p['ratio']:.2f}x (95% CI {p['ci_low']:.2f}-{p['ci_high']:.2f})")
+            lines.append(f"  {p['label']} [{_label_of(p['improved'])}]: {p['ratio']:.2f}x "
+                         f"(95% CI {p['ci_low']:.2f}-{p['ci_high']:.2f})")
+        for w in withheld:
+            lines.append(f"  {w['label']} [{_label_of(w['improved'])}]: no ratio: {w['why']}")
     return "\n".join(lines) + "\n"
 
 
@@ -1102,7 +1239,9 @@ benchsuite's (`adamw/torch_cuda/fused/...` lines up with `adamw/cuda/fused/...`;
 --benchsuite, `adamw/torch/fused/...` with `adamw/cpu/fused/...`), and says which row it stands beside
 ("mirrors": "cuda/fused"). Each is checked against a plain reference before it is timed (a wrong result
 is `incorrect` and never timed). Timing: CUDA events (on the CPU a steady clock), warm-up, calls batched
-so a sample lasts at least --min-time, the median of --repetitions samples with its interval.
+so a sample lasts at least --min-time, the median of --repetitions samples with its interval. On the
+CPU, samples during which other processes used more than 25% of all CPU time are taken again, as
+benchsuite's (a row that stays loaded is `passed (disturbed)` and its pairs are withheld).
 
 examples:
   scripts/torch-peers --out torch.json
@@ -1209,13 +1348,18 @@ def main(argv: Optional[List[str]] = None) -> int:
             row = make_row(bench, outcome)
             rows.append(row)
             shown = human_time(row["median_ns"]) if outcome.disposition == "passed" else outcome.reason
+            if outcome.disturbed:
+                shown += f" (disturbed: {disturbance_text(row)} after {outcome.retaken} retakes)"
+            elif outcome.retaken:
+                held = "the GPU throttled" if outcome.throttled_share >= 0 else "other processes held the CPUs"
+                shown += f" ({outcome.retaken} samples taken again: {held})"
             print(f"{PROG}: [{i + 1}/{len(benches)}] {bench.name}: {result_text(row)} {shown}", file=sys.stderr,
                   flush=True)
     except KeyboardInterrupt:
         interrupted = True
         print(f"{PROG}: interrupted after {len(rows)} of {len(benches)} rows", file=sys.stderr)
     doc = results_document(context, rows)
-    sys.stdout.write(render_console(rows, doc["pairs"]))
+    sys.stdout.write(render_console(rows, doc["pairs"], doc["pairs_withheld"]))
     sys.stdout.flush()
     if args.out:
         try:

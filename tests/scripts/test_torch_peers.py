@@ -1,5 +1,6 @@
 """scripts/torch-peers: problems, names, work models and generators against benchsuite's, the result file
-against the loaders, the command line without torch; the measured path where torch sees a GPU.
+against the loaders, the command line without torch, the watching for other load on synthetic /proc ticks;
+the measured path where torch sees a GPU.
 
 fixtures/benchsuite_list*.json are `benchsuite --list --format json --backend all [--quick]` trimmed to the
 peers' stages (rows without their `unsupported` text, stages with their axes only);
@@ -508,6 +509,115 @@ def test_scripts_compile():
                        check=True)
 
 
+# ---- other load (benches/harness.cpp check_disturbance) ------------------------------------------------------
+def test_others_share_is_the_other_processes_part_of_all_cpu_time():
+    before = tp.CpuTicks(busy=100, total=1000, own=20, valid=True)
+    # 500 busy ticks in a window of 1000, 200 of them this process's (its torch threads included)
+    assert tp.others_share(before, tp.CpuTicks(600, 2000, 220, True)) == pytest.approx(0.3)
+    assert tp.others_share(before, tp.CpuTicks(600, 2000, 700, True)) == 0.0     # own ticks sampled high
+    assert tp.others_share(before, tp.CpuTicks(1200, 1100, 20, True)) == 1.0     # clamped
+    assert tp.others_share(tp.CpuTicks(), tp.CpuTicks(600, 2000, 220, True)) == -1.0   # a read failed
+    assert tp.others_share(before, tp.CpuTicks(600, 2000, 220)) == -1.0
+    assert tp.others_share(before, tp.CpuTicks(104, 1007, 20, True)) == -1.0     # 7 ticks: too short to tell
+    assert tp.others_share(before, tp.CpuTicks(104, 1008, 20, True)) == pytest.approx(0.5)
+
+
+def test_read_cpu_ticks_reads_proc_stat_and_the_processs_own_time(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  10 1 5 100 4 2 3 6 0 0\ncpu0 5 0 2 50 2 1 1 3 0 0\n")
+    own = tmp_path / "self_stat"
+    fields = ["S"] + [str(f) for f in range(4, 14)] + ["7", "9"] + ["0"] * 30   # fields 3.., utime 7, stime 9
+    own.write_text("1234 (a (b) c) " + " ".join(fields) + "\n")
+    assert tp.read_cpu_ticks(str(stat), str(own)) == tp.CpuTicks(busy=27, total=131, own=16, valid=True)
+    assert not tp.read_cpu_ticks(str(tmp_path / "missing"), str(own)).valid
+    stat.write_text("intr 1 2 3\n")
+    assert not tp.read_cpu_ticks(str(stat), str(own)).valid
+    live = tp.read_cpu_ticks()
+    assert live.valid and 0 <= live.busy <= live.total
+
+
+def test_throttled_share_goes_by_the_disturbing_clock_reasons():
+    assert tp.throttled_share(None, 0) == -1.0 and tp.throttled_share(0, None) == -1.0
+    assert tp.throttled_share(0x1, 0x4) == 0.0   # idle, software power cap: no disturbance
+    assert tp.throttled_share(0x20, 0x0) == 1.0 and tp.throttled_share(0x4, 0x40) == 1.0
+
+
+def share_sequence(window, retakes):
+    """A Watch whose first window (two reads) saw `window` and whose n-th retake saw retakes(n)."""
+    reads = iter(range(10 ** 6))
+    return tp.Watch(lambda: next(reads), lambda a, b: window if a == 0 else retakes((a - 2) // 2), tp.DISTURBED_SHARE)
+
+
+def test_a_disturbed_window_takes_each_sample_again_up_to_three_times():
+    taken = iter(range(1, 10 ** 6))
+    samples, seen = tp.take_watched(lambda: float(next(taken)), 3, share_sequence(0.1, lambda n: 1.0))
+    assert samples == [1.0, 2.0, 3.0] and seen == tp.Watched(0.1, False, 0)   # clean: no retake
+    samples, seen = tp.take_watched(lambda: 5.0, 3, share_sequence(-1.0, lambda n: 1.0))
+    assert seen == tp.Watched(-1.0, False, 0)                                  # unknown: as clean
+    # loaded, then the first sample's second attempt and every later first attempt clean: one extra
+    taken = iter(range(1, 10 ** 6))
+    samples, seen = tp.take_watched(lambda: float(next(taken)), 3, share_sequence(0.9, lambda n: 0.5 if n == 0 else 0.1))
+    assert samples == [5.0, 6.0, 7.0] and seen == tp.Watched(0.1, False, 4)
+    # loaded throughout: three attempts each, the last kept, the row disturbed
+    taken = iter(range(1, 10 ** 6))
+    samples, seen = tp.take_watched(lambda: float(next(taken)), 3, share_sequence(0.9, lambda n: 0.6))
+    assert samples == [6.0, 9.0, 12.0] and seen == tp.Watched(0.6, True, 9)
+    assert tp.take_watched(lambda: 1.0, 2, None) == ([1.0, 1.0], tp.Watched())   # unwatched
+
+
+def cpu_rows(disturbed=(), share=0.4):
+    """adamw's three torch CPU rows on one problem; those named in `disturbed` marked so."""
+    label = "params=10000000,tensors=200,dtype=fp32"
+    peers = [p for p in tp.PEERS if p.stage == "adamw"]
+    rows = []
+    for k, peer in enumerate(peers):
+        watched = {"disturbed": True, "retaken": 30, "others_share": share} if peer.variant in disturbed else \
+            {"retaken": 2, "others_share": 0.05}
+        outcome = tp.Outcome("passed", "", 1e-7, [1e6 * (k + 1) * (1 + 0.01 * i) for i in range(10)], 1, **watched)
+        rows.append(tp.make_row(tp.Bench(peer, label, {"params": "10000000", "tensors": "200", "dtype": "fp32"},
+                                         "cpu/" + peer.mirrors_cpu), outcome))
+    return rows
+
+
+def test_rows_carry_what_watching_saw(on_cpu):
+    fused, foreach, per_tensor = cpu_rows(disturbed=["fused"])
+    assert fused["name"].startswith("adamw/torch/fused/")
+    assert (fused["disturbed"], fused["retaken_samples"], fused["others_cpu_share"]) == (True, 30, 0.4)
+    assert (foreach["disturbed"], foreach["retaken_samples"], foreach["others_cpu_share"]) == (False, 2, 0.05)
+    assert "throttled_share" not in fused
+    problem = {"params": "10000000", "tensors": "200", "dtype": "fp32"}
+    unknown = tp.make_row(tp.Bench(tp.PEERS[0], "", problem, "cpu/fused"), tp.Outcome("passed", "", 0.0, [1e6], 1))
+    assert (unknown["disturbed"], unknown["retaken_samples"]) == (False, 0) and "others_cpu_share" not in unknown
+    gpu = tp.make_row(tp.Bench(tp.PEERS[0], "", problem, "cuda/fused"),
+                      tp.Outcome("passed", "", 0.0, [1e6], 1, disturbed=True, retaken=3, throttled_share=1.0))
+    assert gpu["throttled_share"] == 1.0 and "others_cpu_share" not in gpu
+    assert tp.result_text(fused) == "passed (disturbed)" and tp.result_text(foreach) == "passed"
+    assert tp.disturbance_text(gpu) == "the GPU was throttled 100% of the time"
+
+
+def test_a_pair_with_a_disturbed_row_is_withheld(on_cpu, tmp_path):
+    rows = cpu_rows(disturbed=["fused"])
+    pairs, withheld = tp.make_pairs(rows)
+    assert [p["label"] for p in pairs] == ["torch AdamW: foreach vs per-tensor"]
+    fused = rows[0]["name"]
+    assert withheld == [
+        {"stage": "adamw", "label": "torch AdamW: fused vs per-tensor", "baseline": rows[2]["name"], "improved": fused,
+         "why": f"{fused} was disturbed: other processes used 40% of the CPUs during its samples"},
+        {"stage": "adamw", "label": "torch AdamW: fused vs foreach", "baseline": rows[1]["name"], "improved": fused,
+         "why": f"{fused} was disturbed: other processes used 40% of the CPUs during its samples"}]
+    # a disturbed baseline withholds as well
+    _, withheld = tp.make_pairs(cpu_rows(disturbed=["per_tensor"], share=0.62))
+    assert [w["label"] for w in withheld] == ["torch AdamW: fused vs per-tensor", "torch AdamW: foreach vs per-tensor"]
+    assert "per_tensor/" in withheld[0]["why"] and "62% of the CPUs" in withheld[0]["why"]
+    doc = tp.results_document(tp.make_context([], {"version": "2.11.0"}, {"backend": "torch"}), rows)
+    assert doc["pairs_withheld"] == tp.make_pairs(rows)[1]
+    text = tp.render_console(rows, doc["pairs"], doc["pairs_withheld"])
+    assert "passed (disturbed)" in text and "torch AdamW: fused vs foreach [params=10000000,tensors=200,dtype=fp32]: " \
+        "no ratio: " + fused + " was disturbed" in text
+    run = load_run(write_json(tmp_path / "torch.json", doc))
+    assert run.rows[fused].disturbed and run.rows[fused].disturbance == "disturbed: other processes used 40% of the CPUs"
+
+
 # ---- on a GPU with torch ------------------------------------------------------------------------------------
 def test_quick_run_on_the_gpu_passes_and_reads_back(tmp_path):
     torch = pytest.importorskip("torch")
@@ -737,3 +847,37 @@ def test_hostsync_async_pinned_is_a_gpu_pattern(monkeypatch):
     cases = pytest.importorskip("trainbench_tracking.torch_peer_cases")
     with pytest.raises(cases.Unsupported, match="a GPU pattern"):
         _cpu_case("hostsync", "async_pinned", "steps=5,", monkeypatch)
+
+
+def fake_cpu_ticks(load):
+    """A read_cpu_ticks under which other processes used load(n) of the CPUs between reads n and n + 1
+    (100 ticks each, none of them this process's)."""
+    reads = {"n": 0, "busy": 0, "total": 0}
+
+    def read():
+        ticks = tp.CpuTicks(reads["busy"], reads["total"], 0, True)
+        reads["busy"] += round(100 * load(reads["n"]))
+        reads["total"] += 100
+        reads["n"] += 1
+        return ticks
+    return read
+
+
+@pytest.mark.parametrize("load, retaken, disturbed, share", [
+    (lambda n: 0.9 if n == 0 else 0.0, 3, False, 0.0),   # loaded while the samples were first taken, then not
+    (lambda n: 0.6, 9, True, 0.6),                       # loaded throughout: three attempts per sample
+])
+def test_a_cpu_row_under_load_takes_its_samples_again(monkeypatch, on_cpu, load, retaken, disturbed, share):
+    torch = pytest.importorskip("torch")
+    from trainbench_tracking import torch_peer_cases as cases
+    monkeypatch.setattr(cases, "DEVICE", torch.device("cpu"))
+    monkeypatch.setattr(cases, "read_cpu_ticks", fake_cpu_ticks(load))
+    csr = next(p for p in tp.PEERS if p.variant == "csr")
+    bench = tp.Bench(csr, "graph=ring8,rows=1000", {"graph": "ring8", "rows": "1000"}, "cpu/csr")
+    outcome = cases.run_bench(bench, 3, 0.001)
+    assert outcome.disposition == "passed", outcome.reason
+    assert (outcome.retaken, outcome.disturbed, outcome.others_share) == (retaken, disturbed, pytest.approx(share))
+    assert len(outcome.samples_ns) == 3 and outcome.throttled_share == -1.0
+    row = tp.make_row(bench, outcome)
+    assert (row["retaken_samples"], row["disturbed"], row["others_cpu_share"]) == (retaken, disturbed, pytest.approx(share))
+    assert tp.result_text(row).startswith("passed") and ("disturbed" in tp.result_text(row)) == disturbed
