@@ -170,7 +170,7 @@ VARIANT_AXES: Dict[Tuple[str, str], Tuple[str, ...]] = {
 class Peer:
     stage: str
     variant: str          # the torch row's variant
-    mirrors: str          # the CUDA variant whose problems it takes
+    mirrors: str          # the CUDA variant whose problems it takes ("": a CPU pattern only)
     rationale: str
     only: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()   # axis values it runs (others are left out); an axis
     #                                                      the problem does not have restricts nothing
@@ -274,6 +274,10 @@ PEERS: Tuple[Peer, ...] = (
     Peer("collate", "per_sample", "per_sample",
          "__getitem__ clones, torch.stack per field, .to('cuda') from pageable memory", NO_COMPUTE,
          mirrors_cpu="per_sample"),
+    # The PyTorch fix on the CPU, where there is no copy to the device to pin for: no CUDA row stands for it.
+    Peer("collate", "index_select", "",
+         "torch.index_select(field, 0, batch_indices, out=batch) per field into reused batch tensors: the "
+         "dataset pre-stacked, no __getitem__, no stack", NO_COMPUTE, mirrors_cpu="gather"),
     Peer("collate", "pin_memory", "per_sample",
          "the same + .pin_memory() + .to('cuda', non_blocking=True): DataLoader(pin_memory=True)", NO_COMPUTE,
          needs_cuda=True),
@@ -306,6 +310,7 @@ PAIRS = (
     ("alloc", "empty_cache", "caching_allocator", "torch alloc: cache kept vs emptied every step"),
     ("collate", "per_sample", "pinned", "torch collate: pinned gather + async copy vs per-sample + stack"),
     ("collate", "per_sample", "pin_memory", "torch collate: pin_memory vs per-sample + stack"),
+    ("collate", "per_sample", "index_select", "torch collate: index_select into a reused batch vs per-sample + stack"),
 )
 
 
@@ -338,7 +343,10 @@ def attention_shape(problem: Dict[str, str]) -> str:
 
 
 def builtin_problems(peer: Peer, quick: bool) -> List[Tuple[str, Dict[str, str]]]:
-    """The problems of the mirrored CUDA variant as benchsuite enumerates them (the last axis fastest)."""
+    """The problems of the mirrored CUDA variant as benchsuite enumerates them (the last axis fastest); none
+    for a peer that mirrors no CUDA variant."""
+    if not peer.mirrors:
+        return []
     axes = VARIANT_AXES[(peer.stage, peer.mirrors)]
     values = [AXES[peer.stage][a][1 if quick else 0] for a in axes]
     out = []
@@ -555,6 +563,7 @@ _COLLATE_WORK = {
 # and written once (2 B per batch byte), no transfer.
 _COLLATE_CPU_WORK = {
     "per_sample": (2, 2, 1, 2),
+    "index_select": (2, 1, 1, 1),   # as the CPU gather: each row copied once, into a reused batch
 }
 
 
@@ -1068,18 +1077,20 @@ def disturbance_text(row: dict) -> str:
 
 def make_pairs(rows: List[dict]) -> Tuple[List[dict], List[dict]]:
     """The declared pairs whose two rows both passed, per problem, and those withheld (`pairs_withheld`)
-    because one of the two was disturbed: its timing measures the disturbance."""
-    by_name = {r["name"]: r for r in rows if r.get("disposition") == "passed"}
-    labels = []
-    for r in rows:
-        label = r["name"].split("/", 3)[3] if r["name"].count("/") >= 3 else ""
-        if label not in labels:
-            labels.append(label)
+    because one of the two was disturbed: its timing measures the disturbance. Two rows pair when their
+    problems are the same, whatever their labels: the CPU's naive attention row is labelled by its shape
+    alone (naive_mask_cached has no causal axis) and is the causal SDPA row's problem."""
+    passed = [r for r in rows if r.get("disposition") == "passed"]
+
+    def problem_key(row: dict) -> tuple:
+        return tuple(sorted((row.get("problem") or {}).items()))
+
     pairs, withheld = [], []
     for stage, base, improved, text in PAIRS:
-        for label in labels:
-            b, i = by_name.get(row_name(stage, base, label)), by_name.get(row_name(stage, improved, label))
-            if not b or not i:
+        bases = {problem_key(r): r for r in passed if (r.get("stage"), r.get("variant")) == (stage, base)}
+        for i in (r for r in passed if (r.get("stage"), r.get("variant")) == (stage, improved)):
+            b = bases.get(problem_key(i))
+            if not b:
                 continue
             if b.get("disturbed") or i.get("disturbed"):
                 d = i if i.get("disturbed") else b

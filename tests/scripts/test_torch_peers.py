@@ -117,6 +117,8 @@ CPU_QUICK_ROWS = [
      for v in ("host_checked", "host_checked_warm", "host_checked_lazy") for d in ("2e-6", "1e-6", "5e-7")] + [
     "collate/torch/per_sample/layout=text_pair,order=shuffled,samples=8192,batch=64,embed_dim=768,seq_len=128",
     "collate/torch/per_sample/layout=text_pair,order=shuffled,samples=8192,batch=4096,embed_dim=768,seq_len=128",
+    "collate/torch/index_select/layout=text_pair,order=shuffled,samples=8192,batch=64,embed_dim=768,seq_len=128",
+    "collate/torch/index_select/layout=text_pair,order=shuffled,samples=8192,batch=4096,embed_dim=768,seq_len=128",
 ]
 
 
@@ -136,7 +138,7 @@ def test_cpu_mirror_takes_the_cpu_variants_problems_and_labels(on_cpu):
         ("attention", "sdpa"): "cpu/fused", ("attention", "naive"): "cpu/naive_mask_cached",
         ("spmv", "csr"): "cpu/csr", ("spmv", "spmm_csr"): "cpu/spmm_csr", ("collate", "per_sample"): "cpu/per_sample",
         ("cg", "host_checked"): "cpu/host_checked", ("cg", "host_checked_warm"): "cpu/host_checked_warm",
-        ("cg", "host_checked_lazy"): "cpu/host_checked_lazy"}
+        ("cg", "host_checked_lazy"): "cpu/host_checked_lazy", ("collate", "index_select"): "cpu/gather"}
     # the GPU patterns have no CPU row: flash attention, CUDA graphs, the caching allocator, pinned copies
     assert not [b for b in benches if b.peer.needs_cuda]
     assert not [b for b in benches if b.peer.stage in ("launch", "alloc", "hostsync") or "pin" in b.peer.variant]
@@ -226,8 +228,15 @@ def test_the_cpu_mirror_file_reads_back_and_validates(tmp_path):
     assert sorted(run.rows) == sorted(CPU_QUICK_ROWS)
     assert {r.raw["mirrors"] for r in run.rows.values()} == {
         "cpu/fused", "cpu/foreach", "cpu/per_tensor", "cpu/multi_tensor", "cpu/naive_mask_cached", "cpu/csr",
-        "cpu/spmm_csr", "cpu/per_sample", "cpu/host_checked", "cpu/host_checked_warm", "cpu/host_checked_lazy"}
+        "cpu/spmm_csr", "cpu/per_sample", "cpu/host_checked", "cpu/host_checked_warm", "cpu/host_checked_lazy", "cpu/gather"}
     assert run.machine_key.endswith("c")   # a CPU machine key
+    # rows pair by problem, not label: naive_mask_cached's label has no causal axis, its problem is causal
+    pairs = {(p["label"], p["baseline"], p["improved"]) for p in cpu_mirror_document()["pairs"]}
+    assert ("torch attention: SDPA vs naive", "attention/torch/naive/cpu_shape=1x8x1024x64",
+            "attention/torch/sdpa/cpu_shape=1x8x1024x64,causal=causal") in pairs
+    assert not [p for p in pairs if p[2].endswith("causal=full")]
+    assert ("torch collate: index_select into a reused batch vs per-sample + stack",
+            "collate/torch/per_sample/" + CPU_QUICK_ROWS[-1].split("/", 3)[3], CPU_QUICK_ROWS[-1]) in pairs
     validator = live_tool("TRAINBENCH_VALIDATE_RESULTS", "build", "tests", "validate_results")
     if validator is None:
         pytest.skip("no built validate_results (set TRAINBENCH_VALIDATE_RESULTS or build build/tests)")
@@ -669,14 +678,18 @@ def test_cpu_run_through_benchsuite_lines_up_with_its_cpu_rows(tmp_path):
     out = tmp_path / "torch-cpu.json"
     p = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "torch-peers"), "--device", "cpu", "--quick",
                         "--benchsuite", benchsuite, "--repetitions", "2", "--min-time", "0.002",
-                        "--filter", "cpu_shape=4x6x256|spmv/torch/csr|batch=64,", "--out", str(out)],
+                        "--filter", "cpu_shape=4x6x256|spmv/torch/csr|batch=64,|host_checked_lazy/.*drift=1e-6",
+                        "--out", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     run = load_run(str(out))
+    collate = "layout=text_pair,order=shuffled,samples=8192,batch=64,embed_dim=768,seq_len=128"
     assert sorted(run.rows) == sorted([
         "attention/torch/sdpa/cpu_shape=4x6x256x64,causal=causal", "attention/torch/naive/cpu_shape=4x6x256x64",
-        "spmv/torch/csr/graph=ring8,rows=1048576",
-        "collate/torch/per_sample/layout=text_pair,order=shuffled,samples=8192,batch=64,embed_dim=768,seq_len=128"])
+        "spmv/torch/csr/graph=ring8,rows=1048576", "collate/torch/per_sample/" + collate,
+        "collate/torch/index_select/" + collate, "cg/torch/host_checked_lazy/graph=ring8,rows=65536,alpha=0.5,drift=1e-6"])
+    assert {p["label"] for p in run.data["pairs"]} == {
+        "torch attention: SDPA vs naive", "torch collate: index_select into a reused batch vs per-sample + stack"}
     assert all(r.disposition == "passed" for r in run.rows.values()), \
         [(r.name, r.reason) for r in run.rows.values() if r.disposition != "passed"]
     for r in run.rows.values():
