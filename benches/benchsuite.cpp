@@ -312,6 +312,7 @@ int run(int argc, char** argv) {
               << std::endl;
     try {
       tb::merge_torch_rows(results, tb::run_torch_peers(torch));
+      tb::attach_pct_of_peak(settings, results);
     } catch (const tb::UsageError& e) {
       torch_error = e.what();
       torch_usage_error = true;

@@ -501,7 +501,7 @@ nlohmann::json run_context(const Settings& settings) {
 // The last-level cache a row's back-to-back calls can run from: the device's L2 for a CUDA row, the
 // CPU's last-level cache for a CPU row; 0 when unknown.
 static double last_level_cache_bytes(const Row& r, const Settings& settings) {
-  if (r.backend == "cuda") {
+  if (r.backend == "cuda" || r.backend == "torch_cuda") {  // PyTorch's rows on the GPU too
     for (const auto& g : cuda_status().devices)
       if (g.index == settings.cuda_device) return static_cast<double>(g.l2_bytes);
     return 0;
@@ -587,6 +587,22 @@ std::optional<PairRow> compare_pair(const Pair& pair, const Row& baseline, const
   return out;
 }
 
+// % of peak only where the peak is a ceiling, so that no row can claim more than 100%.
+void attach_pct_of_peak(const Settings& settings, Results& results) {
+  for (auto& r : results.rows) {
+    if (!r.timed() || r.peak_key.empty()) continue;
+    if (is_dram_peak(r.peak_key) && may_run_from_cache(r, settings)) {
+      r.pct_note = "cache";
+      continue;
+    }
+    const auto it = results.peaks.find(r.peak_key);
+    if (it == results.peaks.end() || it->second.value <= 0) continue;
+    const double pct = 100.0 * r.rate() / it->second.value;
+    if (pct > 100.0) r.pct_note = "above peak";
+    else r.pct_of_peak = pct;
+  }
+}
+
 void finish_results(const Registry& registry, const Settings& settings, Results& results) {
   std::map<std::string, const Row*> by_name;
   for (auto& r : results.rows) {
@@ -625,19 +641,7 @@ void finish_results(const Registry& registry, const Settings& settings, Results&
     PeakValue& peak = results.peaks[v->provides_peak];
     if (rate > peak.value) peak = PeakValue{rate, r.bound == "compute" ? "FLOP/s" : "B/s", r.name};
   }
-  // % of peak only where the peak is a ceiling, so that no row can claim more than 100%.
-  for (auto& r : results.rows) {
-    if (!r.timed() || r.peak_key.empty()) continue;
-    if (is_dram_peak(r.peak_key) && may_run_from_cache(r, settings)) {
-      r.pct_note = "cache";
-      continue;
-    }
-    const auto it = results.peaks.find(r.peak_key);
-    if (it == results.peaks.end() || it->second.value <= 0) continue;
-    const double pct = 100.0 * r.rate() / it->second.value;
-    if (pct > 100.0) r.pct_note = "above peak";
-    else r.pct_of_peak = pct;
-  }
+  attach_pct_of_peak(settings, results);
   // Pairs: at every problem both variants ran at on the same backend.
   for (const auto& r : results.rows) {
     if (!r.timed()) continue;

@@ -54,6 +54,9 @@ nlohmann::json run_context(const Settings& settings);
 
 // Fills each row's summary and % of peak, the peaks and the pairs, from the rows' samples.
 void finish_results(const Registry& registry, const Settings& settings, Results& results);
+// Each timed row's % of its peak key's measured peak (or why it has none: "cache", "above peak"); run
+// again after rows measured elsewhere (PyTorch's) join the results, so they are held to the same peaks.
+void attach_pct_of_peak(const Settings& settings, Results& results);
 
 // One declared pair at one problem, from its two timed rows (summaries filled): the ratio of the
 // timed regions, or the amortised ratio when the pair declares a cost moved out of the improved

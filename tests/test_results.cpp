@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "harness.h"
 #include "results.h"
 #include "torch_rows.h"
 #include "runtime/error.h"
@@ -225,6 +226,9 @@ TEST(Results, TorchRowsMergeWithCrossPairsWithheldForADisturbedRow) {
     t.backend = "torch";
     t.samples_ns = {150, 151, 149, 150, 152};
     t.summary = summarize(t.samples_ns, 0.05);
+    t.bytes = 2250;        // 15 GB/s at 150 ns
+    t.peak_key = "cpu.copy";
+    t.footprint = 1e12;    // far past any cache: the DRAM peak is its ceiling
     torch.rows.push_back(t);
   }
   torch.rows[1].disturbed = true;
@@ -243,6 +247,12 @@ TEST(Results, TorchRowsMergeWithCrossPairsWithheldForADisturbedRow) {
             0u)
       << native.withheld_pairs[0].why;
   EXPECT_EQ(native.context.at("torch").at("version"), "2.15.0");
+  // Held to the run's measured peaks, as benchsuite's own rows are.
+  native.peaks["cpu.copy"] = PeakValue{1.5e11, "B/s", "peak/cpu/copy/n=1"};
+  attach_pct_of_peak(Settings{}, native);
+  ASSERT_TRUE(native.rows[2].pct_of_peak.has_value());
+  EXPECT_NEAR(*native.rows[2].pct_of_peak, 10.0, 0.01);
+  EXPECT_FALSE(native.rows[0].pct_of_peak.has_value());  // no peak key
 }
 
 }  // namespace
