@@ -272,7 +272,7 @@ PEERS: Tuple[Peer, ...] = (
     Peer("alloc", "reuse", "reuse", "the same kernels on buffers allocated once: the floor", needs_cuda=True),
     # On the CPU the .to(device) is a no-op: __getitem__ clones and the stack, as the CPU stage's per_sample.
     Peer("collate", "per_sample", "per_sample",
-         "__getitem__ clones, torch.stack per field, .to('cuda') from pageable memory", NO_COMPUTE,
+         "__getitem__ clones, torch.stack per field, .to('cuda') from pageable memory (on the CPU: no copy)", NO_COMPUTE,
          mirrors_cpu="per_sample"),
     # The PyTorch fix on the CPU, where there is no copy to the device to pin for: no CUDA row stands for it.
     Peer("collate", "index_select", "",

@@ -637,7 +637,7 @@ def test_quick_run_on_the_gpu_passes_and_reads_back(tmp_path):
                         "0.002", "--out", str(out)], capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     run = load_run(str(out))
-    assert len(run.rows) == 32
+    assert len(run.rows) == 74
     assert {r.disposition for r in run.rows.values()} <= {"passed", "unsupported"}, \
         [(r.name, r.reason) for r in run.rows.values() if r.disposition != "passed"]
     assert run.machine_key.startswith(slug(torch.cuda.get_device_properties(0).name) + "_drv")
