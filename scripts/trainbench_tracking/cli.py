@@ -16,6 +16,7 @@ from typing import List, Optional
 
 from .constants import (DEFAULT_ALPHA, DEFAULT_CP_ALPHA, DEFAULT_MAX_HISTORY, DEFAULT_MIN_SAMPLES, DEFAULT_PERSIST,
                         DEFAULT_REPETITIONS, DEFAULT_ROUNDS, DEFAULT_SETTLE_RUNS, DEFAULT_THRESHOLD)
+from .argtypes import positive_int
 from .errors import ResultFileError, UsageError
 from .history import load_history, machine_keys_in, store_run
 from .resultfile import load_run
@@ -58,16 +59,6 @@ def _threshold(text: str):
     return None, _percent(text)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
-    return v
-
-
 def _add_analysis_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("statistics")
     g.add_argument("--threshold", action="append", type=_threshold, default=[], metavar="[STAGE=]PCT",
@@ -79,15 +70,15 @@ def _add_analysis_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cp-alpha", type=float, default=DEFAULT_CP_ALPHA,
                    help="significance level of the test between the runs either side of a change point "
                         f"(default {DEFAULT_CP_ALPHA:g})")
-    g.add_argument("--min-samples", type=_positive_int, default=DEFAULT_MIN_SAMPLES,
+    g.add_argument("--min-samples", type=positive_int, default=DEFAULT_MIN_SAMPLES,
                    help=f"repetitions needed on each side, else INCONCLUSIVE (default {DEFAULT_MIN_SAMPLES})")
-    g.add_argument("--persist", type=_positive_int, default=DEFAULT_PERSIST,
+    g.add_argument("--persist", type=positive_int, default=DEFAULT_PERSIST,
                    help="consecutive slower runs before a regression is confirmed; also the shortest level "
                         f"a change point may start (default {DEFAULT_PERSIST})")
     g.add_argument("--settle-runs", type=int, default=DEFAULT_SETTLE_RUNS,
                    help="a shift older than this many runs is the new level and no longer fails; 0: never "
                         f"(default {DEFAULT_SETTLE_RUNS})")
-    g.add_argument("--max-history", type=_positive_int, default=DEFAULT_MAX_HISTORY,
+    g.add_argument("--max-history", type=positive_int, default=DEFAULT_MAX_HISTORY,
                    help=f"latest runs of history analysed (default {DEFAULT_MAX_HISTORY})")
     g.add_argument("--filter", metavar="REGEX",
                    help="only compare benchmarks whose name matches (benchsuite's own --filter goes after --)")
@@ -197,7 +188,7 @@ def compare_main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("new", help="result file to judge (--interleave: the new build's benchsuite binary)")
     p.add_argument("--interleave", action="store_true",
                    help="run the two benchsuite binaries alternately here and compare them round by round")
-    p.add_argument("--rounds", type=_positive_int, default=DEFAULT_ROUNDS,
+    p.add_argument("--rounds", type=positive_int, default=DEFAULT_ROUNDS,
                    help=f"--interleave: rounds, each one run of either build (default {DEFAULT_ROUNDS}, "
                         f"at least 2)")
     p.add_argument("--timeout", type=float, help="--interleave: seconds one benchsuite run may take")
@@ -320,7 +311,7 @@ def nightly_main(argv: Optional[List[str]] = None) -> int:
                                 epilog=NIGHTLY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--benchsuite", default=os.path.join(REPO_ROOT, "build", "benches", "benchsuite"),
                    help="benchsuite binary (default build/benches/benchsuite in the repository)")
-    p.add_argument("--repetitions", type=_positive_int, default=DEFAULT_REPETITIONS,
+    p.add_argument("--repetitions", type=positive_int, default=DEFAULT_REPETITIONS,
                    help=f"benchsuite --repetitions (default {DEFAULT_REPETITIONS})")
     p.add_argument("--timeout", type=float, help="seconds benchsuite may run")
     p.add_argument("--input", metavar="FILE", help="store and judge this result file instead of running benchsuite")
@@ -333,7 +324,7 @@ def nightly_main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--confirm-with", metavar="OLD_BENCHSUITE",
                    help="the previous build's benchsuite: a regression the history confirms is run again, its rows "
                         "only, interleaved with this build (compare --interleave), and fails only if that agrees")
-    p.add_argument("--confirm-rounds", type=_positive_int, default=DEFAULT_ROUNDS,
+    p.add_argument("--confirm-rounds", type=positive_int, default=DEFAULT_ROUNDS,
                    help=f"--confirm-with: rounds of the interleaved check (default {DEFAULT_ROUNDS}, at least 2)")
     _add_analysis_args(p)
     args = p.parse_args(argv)
@@ -450,10 +441,10 @@ def aa_check_main(argv: Optional[List[str]] = None) -> int:
                                 epilog=AA_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--benchsuite", default=os.path.join(REPO_ROOT, "build", "benches", "benchsuite"),
                    help="benchsuite binary (default build/benches/benchsuite in the repository)")
-    p.add_argument("--comparisons", type=_positive_int, default=5, help="interleaved A/A comparisons (default 5)")
-    p.add_argument("--rounds", type=_positive_int, default=DEFAULT_ROUNDS,
+    p.add_argument("--comparisons", type=positive_int, default=5, help="interleaved A/A comparisons (default 5)")
+    p.add_argument("--rounds", type=positive_int, default=DEFAULT_ROUNDS,
                    help=f"rounds per comparison, two runs each (default {DEFAULT_ROUNDS}, at least 2)")
-    p.add_argument("--repetitions", type=_positive_int, default=7, help="benchsuite --repetitions (default 7)")
+    p.add_argument("--repetitions", type=positive_int, default=7, help="benchsuite --repetitions (default 7)")
     p.add_argument("--timeout", type=float, help="seconds one benchsuite run may take")
     p.add_argument("--keep", metavar="DIR", help="keep the runs in DIR (default: a temporary folder, removed)")
     p.add_argument("--input", metavar="DIR", help="judge the runs kept in DIR instead of running benchsuite")

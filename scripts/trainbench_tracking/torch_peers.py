@@ -37,6 +37,7 @@ from datetime import datetime, timezone
 from statistics import NormalDist
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from .argtypes import positive_int
 from .errors import UsageError
 from .resultfile import SCHEMA
 
@@ -1266,16 +1267,6 @@ exit codes: 0 done, 1 a peer was incorrect or failed, 2 bad usage or no PyTorch 
 """
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
-    return v
-
-
 def _seconds(text: str) -> float:
     try:
         v = float(text)
@@ -1292,7 +1283,7 @@ def parser() -> argparse.ArgumentParser:
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--filter", metavar="REGEX", help="only the rows whose name matches (searched)")
     p.add_argument("--quick", action="store_true", help="benchsuite's --quick problems and shorter samples")
-    p.add_argument("--repetitions", type=_positive_int, default=REPETITIONS,
+    p.add_argument("--repetitions", type=positive_int, default=REPETITIONS,
                    help=f"samples per row (default {REPETITIONS})")
     p.add_argument("--min-time", type=_seconds, metavar="S",
                    help=f"each sample lasts at least S seconds (default {MIN_SAMPLE_S:g}, "
