@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "runtime/random.h"
@@ -21,6 +22,37 @@
 namespace tb::step {
 
 inline constexpr uint64_t seed_params = 31;
+
+// A parameter tensor as the model lays it out: llm.c's name ("h0.qkvw") and shape (weights [out][in]).
+struct ParameterShape {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t size() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+// The parameter tensors in the order they sit in Model::params: the one list the layout follows and
+// that tools naming a tensor (tests/dump_step) read.
+inline std::vector<ParameterShape> parameter_shapes(const ModelSpec& m) {
+  const int64_t C = m.d_model, H = m.mlp_ratio * m.d_model;
+  std::vector<ParameterShape> out{{"wte", {m.vocab, C}}, {"wpe", {m.seq_len, C}}};  // wte is also the LM head
+  for (int64_t l = 0; l < m.layers; ++l) {
+    const std::string h = "h" + std::to_string(l) + ".";
+    for (ParameterShape p : std::vector<ParameterShape>{
+             {"ln1w", {C}}, {"ln1b", {C}}, {"qkvw", {3 * C, C}}, {"qkvb", {3 * C}}, {"attprojw", {C, C}},
+             {"attprojb", {C}}, {"ln2w", {C}}, {"ln2b", {C}}, {"fcw", {H, C}}, {"fcb", {H}}, {"fcprojw", {C, H}},
+             {"fcprojb", {C}}}) {
+      p.name = h + p.name;
+      out.push_back(std::move(p));
+    }
+  }
+  out.push_back({"lnfw", {C}});
+  out.push_back({"lnfb", {C}});
+  return out;
+}
 
 struct SolveStats {
   int64_t solves = 0, skipped = 0, iterations = 0, matvecs = 0;
@@ -116,20 +148,14 @@ class Model {
         fcproj;
   };
 
+  // A layer's tensors in parameter_shapes' order.
   enum Param { ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb, per_layer };
 
   void layout_parameters() {
-    auto add = [&](int64_t size) {
-      tensors_.push_back(Tensor{param_count_, size});
-      param_count_ += size;
-    };
-    add(V_ * C_);  // wte (also the LM head)
-    add(T_ * C_);  // wpe
-    for (int64_t l = 0; l < m_.layers; ++l) {
-      for (int64_t size : {C_, C_, 3 * C_ * C_, 3 * C_, C_ * C_, C_, C_, C_, H_ * C_, H_, C_ * H_, C_}) add(size);
+    for (const ParameterShape& p : parameter_shapes(m_)) {
+      tensors_.push_back(Tensor{param_count_, p.size()});
+      param_count_ += p.size();
     }
-    add(C_);  // lnf w
-    add(C_);  // lnf b
   }
 
   // GPT-2's initialisation: N(0, 0.02) (here uniform of the same spread), residual projections scaled

@@ -1,0 +1,407 @@
+"""The PyTorch twin of trainbench's training step (kernels/step/): the model, data, loss, clipping and AdamW
+of the C++ step written as a PyTorch program, so that what autotune tunes on the C++ step can be tuned on the
+PyTorch program it stands for.
+
+The twin is built from the workload as the C++ resolved it (`dump_step WORKLOAD` writes it as JSON, with the
+constants the step is built from), never from the YAML, and is the same training step, number for number:
+- parameters named, laid out and initialised as model.h does (runtime/random.h's generators, ported in
+  torch_peers.py); the batches are trainer.h's (its Markov-chain dataset, its shuffle, its micro-batches);
+- the forward of model.h: token + position embedding, pre-norm blocks (causal attention, tanh-GELU MLP), a
+  final layernorm, the LM head tied to the token embedding, cross-entropy averaged over the step's tokens;
+- the propagator after every block runs model.h's CG (all rows at once until the worst row's relative
+  residual is below cg_tol), its lazy gate and per-layer cache, and its implicit backward: a second, cold
+  solve (A is symmetric) in a torch.autograd.Function, not autograd through the iterations;
+- clip_grad_norm_ and torch.optim.AdamW in the workload's variant (per_tensor: foreach=False, foreach:
+  foreach=True, fused: fused=True), as the C++ optimizer mirrors them.
+tests/scripts/test_torch_step.py holds the twin's parameters, loss, gradients and the parameters after
+optimizer steps to the C++ step's in double precision.
+
+Imported only where torch is installed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from .errors import UsageError
+from .torch_peers import _M64, _fisher_yates, _splitmix64_np, uniform_array
+
+DUMP_SCHEMA = "trainbench-step-dump/1"   # tests/dump_step.cpp's
+ATTENTION = ("naive", "sdpa")            # matmul-softmax-matmul (CpuOps::attention_forward's), or fused SDPA
+OPTIMIZER_VARIANTS = {"per_tensor": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+# clip_grad_norm_'s max_norm / (norm + 1e-6) is fixed in PyTorch: a C++ step with another cannot be twinned
+TORCH_CLIP_NORM_EPS = 1e-6
+# model.h's initialisation: GPT-2's N(0, 0.02) as a uniform of the same spread
+INIT_SPREAD = 0.02 * math.sqrt(3.0)
+# trainer.h's synthetic dataset: each token's likely successor, taken with this probability, else the other
+MARKOV_FIRST = 0.75
+
+
+# ---- parameters (model.h) ---------------------------------------------------------------------------------
+LAYER_TENSORS = ("ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb", "fcprojw",
+                 "fcprojb")
+
+
+def parameter_shapes(model: dict) -> List[Tuple[str, Tuple[int, ...]]]:
+    """model.h's parameter_shapes: (name, shape) in the order of the C++ parameter buffer."""
+    C, H = model["d_model"], model["mlp_ratio"] * model["d_model"]
+    layer = {"ln1w": (C,), "ln1b": (C,), "qkvw": (3 * C, C), "qkvb": (3 * C,), "attprojw": (C, C), "attprojb": (C,),
+             "ln2w": (C,), "ln2b": (C,), "fcw": (H, C), "fcb": (H,), "fcprojw": (C, H), "fcprojb": (C,)}
+    out = [("wte", (model["vocab"], C)), ("wpe", (model["seq_len"], C))]
+    for l in range(model["layers"]):
+        out += [(f"h{l}.{name}", layer[name]) for name in LAYER_TENSORS]
+    return out + [("lnfw", (C,)), ("lnfb", (C,))]
+
+
+def initial_parameters(model: dict, seed_params: int) -> Dict[str, np.ndarray]:
+    """Model::initialise_parameters in float64: tensor t is scale x uniform_at(seed_params * 1000 + t, i) (the
+    float uniform times a double scale, as the C++ multiplies them), layernorm weights 1, biases 0."""
+    residual_scale = INIT_SPREAD / math.sqrt(2.0 * model["layers"])
+    out = {}
+    for t, (name, shape) in enumerate(parameter_shapes(model)):
+        kind = name.split(".")[-1]
+        size = math.prod(shape)
+        if kind in ("wte", "wpe", "qkvw", "fcw"):
+            values = INIT_SPREAD * uniform_array(seed_params * 1000 + t, size).astype(np.float64)
+        elif kind in ("attprojw", "fcprojw"):
+            values = residual_scale * uniform_array(seed_params * 1000 + t, size).astype(np.float64)
+        elif kind in ("ln1w", "ln2w", "lnfw"):
+            values = np.ones(size)
+        else:
+            values = np.zeros(size)
+        out[name] = values.reshape(shape)
+    return out
+
+
+# ---- data (trainer.h) -------------------------------------------------------------------------------------
+def make_dataset(samples: int, seq_len: int, vocab: int, seed_data: int) -> np.ndarray:
+    """trainer.h's make_dataset: samples x (seq_len + 1) int32 tokens; sample s starts at splitmix64(seed x 7919
+    + s) % vocab and steps to (7 t + 1) % vocab when uniform_at(seed, s (seq_len + 1) + t, 0, 1) < 0.75, else
+    to (3 t + 2) % vocab."""
+    width = seq_len + 1
+    s = np.arange(samples, dtype=np.uint64)
+    token = (_splitmix64_np(np.uint64(seed_data * 7919) + s) % np.uint64(vocab)).astype(np.int64)
+    u = uniform_array(seed_data, samples * width, 0.0, 1.0).reshape(samples, width)
+    rows = np.empty((samples, width), dtype=np.int32)
+    for t in range(width):
+        rows[:, t] = token
+        token = np.where(u[:, t] < MARKOV_FIRST, (token * 7 + 1) % vocab, (token * 3 + 2) % vocab)
+    return rows
+
+
+class SyntheticData:
+    """The trainer's data path: an epoch order shuffled by Fisher-Yates (slot i - 1 swaps with splitmix64(seed
+    x 104729 + epoch x 1000003 + i) % i, applied to the previous epoch's order), micro-batches taken from it in
+    turn, a new epoch's shuffle when it runs out; a sample is tokens row[:T] and targets row[1:]."""
+
+    def __init__(self, samples: int, seq_len: int, vocab: int, seed_data: int):
+        self.seed_data = seed_data
+        self.rows = make_dataset(samples, seq_len, vocab, seed_data)
+        self.order = np.arange(samples, dtype=np.int32)
+        self.epoch = 0
+        self.cursor = 0
+        self._shuffle()
+
+    def _shuffle(self) -> None:
+        n = len(self.order)
+        first = (self.seed_data * 104729 + self.epoch * 1000003 + 1) & _M64   # the draw of slot 0 (i = 1)
+        draws = _splitmix64_np(np.uint64(first) + np.arange(n, dtype=np.uint64))
+        self.order = self.order[_fisher_yates(n, draws)]
+        self.epoch += 1
+        self.cursor = 0
+
+    def next_samples(self, micro: int) -> List[int]:
+        picked = []
+        for _ in range(micro):
+            if self.cursor >= len(self.order):
+                self._shuffle()
+            picked.append(int(self.order[self.cursor]))
+            self.cursor += 1
+        return picked
+
+    def batch(self, samples: List[int], device=None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Tokens and targets [B, T] (int64, what embedding and cross_entropy take) of these samples."""
+        rows = torch.from_numpy(self.rows[samples].astype(np.int64))
+        return rows[:, :-1].contiguous().to(device), rows[:, 1:].contiguous().to(device)
+
+
+# ---- the propagator (model.h's propagate) ------------------------------------------------------------------
+@dataclass
+class SolveStats:
+    """model.h's SolveStats: solves, lazy-gate skips, CG iterations and matrix-vector products."""
+    solves: int = 0
+    skipped: int = 0
+    iterations: int = 0
+    matvecs: int = 0
+    worst_residual: float = 0.0
+
+
+def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a * b).sum(dim=-1)
+
+
+def _max_relative(rs: torch.Tensor, bb: torch.Tensor) -> float:
+    """CpuOps::max_relative: max over rows with b != 0 of sqrt(r.r / b.b), read to the host."""
+    nonzero = bb > 0
+    if not bool(nonzero.any()):
+        return 0.0
+    return math.sqrt((rs[nonzero].double() / bb[nonzero].double()).max().item())
+
+
+def _total_relative(rs: torch.Tensor, bb: torch.Tensor) -> float:
+    """CpuOps::total_relative: sqrt(sum r.r / sum b.b), the lazy gate's test."""
+    b = bb.double().sum().item()
+    return math.sqrt(rs.double().sum().item() / b) if b > 0 else 0.0
+
+
+class RingSolver:
+    """y = (I + alpha L)^-1 b for every row (a token's hidden vector), L the Laplacian of the ring lattice that
+    joins each feature to its `sparsity` nearest ones, by model.h's CG: every row at once, one host read of
+    the worst relative residual per iteration (the host-checked strategy), stopping when it is at most cg_tol
+    or after max_iters. Holds the solve counts of every layer, as the C++ model does."""
+
+    def __init__(self, spec: dict):
+        self.sparsity = int(spec["sparsity"])
+        self.alpha = float(spec["alpha"])
+        self.cg_tol = float(spec["cg_tol"])
+        self.lazy_tol = float(spec["lazy_tol"])
+        self.max_iters = int(spec["max_iters"])
+        self.stats = SolveStats()
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """A x = x + alpha (k x_i - the k ring neighbours' sum), summed as CpuOps::laplacian_apply sums it."""
+        neighbours = torch.zeros_like(x)
+        for d in range(1, self.sparsity // 2 + 1):
+            neighbours = neighbours + (torch.roll(x, d, dims=-1) + torch.roll(x, -d, dims=-1))
+        return x + self.alpha * (self.sparsity * x - neighbours)
+
+    @torch.no_grad()
+    def solve(self, b: torch.Tensor, cache: Optional[torch.Tensor], lazy: bool) -> torch.Tensor:
+        """With `cache` (the layer's last solution): the lazy gate keeps it when its relative residual
+        (over all rows) is below lazy_tol, else CG starts from it and the solution is cached for the next call.
+        Without: CG from zero (the backward's solve)."""
+        s = self.stats
+        s.solves += 1
+        warm = cache is not None
+        y = cache.clone() if warm else torch.zeros_like(b)
+        bb = _row_dots(b, b)
+        r = b - self.apply(y)
+        s.matvecs += 1
+        rs = _row_dots(r, r)
+        residual = _max_relative(rs, bb)
+        if lazy and warm and _total_relative(rs, bb) < self.lazy_tol:
+            s.skipped += 1
+            s.worst_residual = max(s.worst_residual, residual)
+            return y
+        p = r.clone()
+        iteration = 0
+        while iteration < self.max_iters and residual > self.cg_tol:
+            ap = self.apply(p)
+            s.matvecs += 1
+            s.iterations += 1
+            pap = _row_dots(p, ap)
+            a = torch.where(pap > 0, rs / pap, torch.zeros_like(rs)).unsqueeze(-1)   # a converged row stays put
+            y += a * p
+            r -= a * ap
+            rs_new = _row_dots(r, r)
+            beta = torch.where(rs > 0, rs_new / rs, torch.zeros_like(rs)).unsqueeze(-1)
+            p = r + beta * p
+            rs = rs_new
+            residual = _max_relative(rs, bb)
+            iteration += 1
+        s.worst_residual = max(s.worst_residual, residual)
+        if warm:
+            cache.copy_(y)
+        return y
+
+
+class _PropagateFunction(torch.autograd.Function):
+    """y = A^-1 b forward (lazy gate, cache); dL/db = A^-1 dL/dy backward by a second, cold solve, as model.h
+    differentiates the propagator (A is symmetric)."""
+
+    @staticmethod
+    def forward(ctx, b, solver: RingSolver, cache: torch.Tensor, lazy: bool):
+        ctx.solver = solver
+        return solver.solve(b, cache, lazy)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return ctx.solver.solve(dy.contiguous(), None, False), None, None, None
+
+
+class Propagator(nn.Module):
+    """The propagator after one block: its layer's cache of the last solution (zeros at first, as the C++
+    model allocates it; zeros again if the micro-batch changes shape), the solver shared by all layers."""
+
+    def __init__(self, solver: RingSolver, lazy: bool):
+        super().__init__()
+        self.solver = solver
+        self.lazy = lazy
+        self.cache: Optional[torch.Tensor] = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        if self.cache is None or self.cache.shape != rows.shape or self.cache.dtype != rows.dtype:
+            self.cache = torch.zeros_like(rows)
+        return _PropagateFunction.apply(rows, self.solver, self.cache, self.lazy).view_as(x)
+
+
+# ---- the model (model.h) ----------------------------------------------------------------------------------
+def causal_attention(qkv: torch.Tensor, heads: int, fused: bool) -> torch.Tensor:
+    """qkv [B, T, 3C] packed as q | k | v, each head's hs = C / heads columns side by side; out [B, T, C].
+    Naive: scores scaled by 1/sqrt(hs), the causal softmax, times V (the C++ step's way, the reference);
+    fused: scaled_dot_product_attention."""
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    hs = C // heads
+    q, k, v = (t.view(B, T, heads, hs).transpose(1, 2) for t in qkv.split(C, dim=-1))
+    if fused:
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+        future = torch.ones(T, T, dtype=torch.bool, device=qkv.device).triu(1)
+        y = scores.masked_fill(future, float("-inf")).softmax(dim=-1) @ v
+    return y.transpose(1, 2).reshape(B, T, C)
+
+
+class Block(nn.Module):
+    """A pre-norm block: x + attention(ln1 x), then + mlp(ln2 .) with the tanh GELU, then the propagator."""
+
+    def __init__(self, values: Dict[str, np.ndarray], heads: int, eps: float, attention: str,
+                 propagator: Optional[Propagator], dtype, device):
+        super().__init__()
+        for name in LAYER_TENSORS:
+            setattr(self, name, nn.Parameter(torch.tensor(values[name], dtype=dtype, device=device)))
+        self.heads, self.eps, self.fused = heads, eps, attention == "sdpa"
+        self.propagator = propagator
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        C = x.shape[-1]
+        ln1 = F.layer_norm(x, (C,), self.ln1w, self.ln1b, self.eps)
+        atty = causal_attention(F.linear(ln1, self.qkvw, self.qkvb), self.heads, self.fused)
+        residual2 = x + F.linear(atty, self.attprojw, self.attprojb)
+        ln2 = F.layer_norm(residual2, (C,), self.ln2w, self.ln2b, self.eps)
+        fch = F.gelu(F.linear(ln2, self.fcw, self.fcb), approximate="tanh")
+        residual3 = residual2 + F.linear(fch, self.fcprojw, self.fcprojb)
+        return self.propagator(residual3) if self.propagator is not None else residual3
+
+
+class TwinModel(nn.Module):
+    """model.h's Model: tokens [B, T] -> logits [B, T, vocab]."""
+
+    def __init__(self, workload: dict, constants: dict, attention: str = "naive", dtype=torch.float64,
+                 device=None):
+        super().__init__()
+        if attention not in ATTENTION:
+            raise UsageError(f"attention must be one of {', '.join(ATTENTION)}, not {attention!r}")
+        model, prop, switches = workload["model"], workload["propagator"], workload["switches"]
+        for switch in ("bf16_matmuls", "cuda_graphs"):
+            if switches[switch]:
+                raise UsageError(f"the twin has no {switch} yet (workload {workload['name']})")
+        values = initial_parameters(model, int(constants["seed_params"]))
+
+        def as_param(name: str) -> nn.Parameter:
+            return nn.Parameter(torch.tensor(values[name], dtype=dtype, device=device))
+
+        self.wte, self.wpe = as_param("wte"), as_param("wpe")
+        self.solver = RingSolver(prop) if prop["enabled"] else None
+        eps = float(constants["layernorm_eps"])
+        blocks = []
+        for l in range(model["layers"]):
+            layer = {name: values[f"h{l}.{name}"] for name in LAYER_TENSORS}
+            propagator = Propagator(self.solver, bool(switches["lazy_cg"])) if self.solver else None
+            blocks.append(Block(layer, model["heads"], eps, attention, propagator, dtype, device))
+        self.blocks = nn.ModuleList(blocks)
+        self.lnfw, self.lnfb = as_param("lnfw"), as_param("lnfb")
+        self.eps = eps
+        self.checkpointing = bool(switches["activation_checkpointing"])
+
+    def layout(self) -> List[Tuple[str, nn.Parameter]]:
+        """The parameters under their C++ names, in the C++ buffer's order."""
+        out = [("wte", self.wte), ("wpe", self.wpe)]
+        for l, block in enumerate(self.blocks):
+            out += [(f"h{l}.{name}", getattr(block, name)) for name in LAYER_TENSORS]
+        return out + [("lnfw", self.lnfw), ("lnfb", self.lnfb)]
+
+    def solve_stats(self) -> SolveStats:
+        return self.solver.stats if self.solver else SolveStats()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.wte[tokens] + self.wpe[: tokens.shape[1]]
+        for block in self.blocks:
+            # activation_checkpointing: the block's activations are recomputed in backward, as the C++
+            # recomputes a layer's; the recomputed propagator meets its cache and gives the same output
+            x = checkpoint(block, x, use_reentrant=False) if self.checkpointing and torch.is_grad_enabled() else block(x)
+        x = F.layer_norm(x, (x.shape[-1],), self.lnfw, self.lnfb, self.eps)
+        return F.linear(x, self.wte)
+
+
+# ---- the step (trainer.h) ---------------------------------------------------------------------------------
+@dataclass
+class StepResult:
+    loss: torch.Tensor        # the mean per-token loss over the step's micro-batches (not read to the host)
+    grad_norm: torch.Tensor   # the global gradient norm before clipping
+    micro_batches: List[List[int]]   # the dataset samples of each micro-batch
+
+
+class TrainingStep:
+    """One optimizer step of the workload, as Trainer::step runs it: `accumulation` micro-batches, each loss
+    cross-entropy's mean over the micro-batch's tokens divided by the accumulation (so the step's gradient
+    is that of the mean over all its tokens), then clip_grad_norm_ (when grad_clip > 0), AdamW, and the
+    gradients cleared.
+
+    `resolved` is dump_step's document (its "workload" and "constants"); `attention` picks naive or SDPA."""
+
+    def __init__(self, resolved: dict, dtype=torch.float64, attention: str = "naive", device=None):
+        if resolved.get("schema") != DUMP_SCHEMA:
+            raise UsageError(f"not a {DUMP_SCHEMA} document (schema {resolved.get('schema')!r})")
+        w, constants = resolved["workload"], resolved["constants"]
+        if float(constants["clip_norm_eps"]) != TORCH_CLIP_NORM_EPS:
+            raise UsageError(f"the C++ step clips with norm + {constants['clip_norm_eps']}; "
+                             f"clip_grad_norm_ adds {TORCH_CLIP_NORM_EPS}")
+        self.workload = w
+        self.device = device
+        self.micro = int(w["batch"]["micro"])
+        self.accumulation = int(w["batch"]["accumulation"])
+        self.model = TwinModel(w, constants, attention, dtype, device)
+        self.params = [p for _, p in self.model.layout()]
+        opt = w["optimizer"]
+        if opt["variant"] not in OPTIMIZER_VARIANTS:
+            raise UsageError(f"unknown optimizer variant {opt['variant']!r} ({', '.join(OPTIMIZER_VARIANTS)})")
+        self.grad_clip = float(opt["grad_clip"])
+        self.optimizer = torch.optim.AdamW(self.params, lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
+                                           weight_decay=opt["weight_decay"], **OPTIMIZER_VARIANTS[opt["variant"]])
+        data = w["data"]
+        self.data = SyntheticData(data["samples"], w["model"]["seq_len"], w["model"]["vocab"],
+                                  int(constants["seed_data"]))
+
+    def micro_step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of one micro-batch, accumulating into the gradients; its share of the step's
+        loss, detached."""
+        logits = self.model(tokens)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)) / self.accumulation
+        loss.backward()
+        return loss.detach()
+
+    def step(self) -> StepResult:
+        loss = torch.zeros((), dtype=self.params[0].dtype, device=self.device)
+        picked = []
+        for _ in range(self.accumulation):
+            samples = self.data.next_samples(self.micro)
+            picked.append(samples)
+            loss += self.micro_step(*self.data.batch(samples, self.device))
+        if self.grad_clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params])
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(loss, grad_norm.detach(), picked)

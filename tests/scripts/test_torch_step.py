@@ -1,0 +1,283 @@
+"""The PyTorch twin of the training step (scripts/trainbench_tracking/torch_step.py) against the C++ step.
+
+dump_step (tests/dump_step.cpp) writes the CPU step of a workload in double: the resolved workload, the
+parameters' names, shapes and initial values, the first micro-batch with its per-token losses and the
+gradients one forward and backward of it leaves, and the results of optimizer steps. The twin, built from that
+document, must start from the same parameters, draw the same batches, and compute the same losses,
+gradients, solver counts and parameters after the steps, on `tiny` and on variants of it (each optimizer
+variant, the propagator's switches, no clipping, no propagator). A perturbed twin, and one whose propagator
+solves exactly instead of running model.h's CG, must fail the comparison.
+
+Without a built dump_step (TRAINBENCH_DUMP_STEP, else the newest build*/tests/dump_step) the tests skip;
+without torch only the dump tool's own tests run.
+"""
+
+import dataclasses
+import glob
+import json
+import math
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import REPO
+
+TINY_YAML = os.path.join(REPO, "tuner", "workloads", "tiny.yaml")
+
+# In double both sides round differently only in their sums' order (BLAS, reductions): measured worst
+# differences on tiny are 0 (initial parameters), 6e-16 (loss), 1.1e-15 (gradients, relative to the tensor's
+# largest) and 8e-15 (parameters after 5 steps). The bounds leave room for another BLAS or CPU.
+LOSS_RTOL = 1e-12
+GRAD_RTOL = 1e-10                  # of max |gradient| of the tensor
+PARAMS_ATOL = 1e-12                # parameters after the optimizer steps
+FP32_GRAD_RTOL = 1e-5              # a float32 twin against the double step (measured 7e-7)
+STEPS = 3                          # optimizer steps compared: bias correction past step 1, the cache across steps
+
+
+def dump_step_tool():
+    """$TRAINBENCH_DUMP_STEP, else the newest build*/tests/dump_step of this checkout; None when neither exists."""
+    path = os.environ.get("TRAINBENCH_DUMP_STEP")
+    if path:
+        return path if os.access(path, os.X_OK) else None
+    built = [p for p in glob.glob(os.path.join(REPO, "build*", "tests", "dump_step")) if os.access(p, os.X_OK)]
+    return max(built, key=os.path.getmtime) if built else None
+
+
+@pytest.fixture(scope="module")
+def tool():
+    path = dump_step_tool()
+    if path is None:
+        pytest.skip("no built dump_step (set TRAINBENCH_DUMP_STEP or build the dump_step target)")
+    return path
+
+
+def run_dump(tool, workload, *args):
+    return subprocess.run([tool, str(workload), *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def dump(tool, workload, *args):
+    done = run_dump(tool, workload, *args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def tiny_variant(tmp_path, name, edit):
+    """tiny.yaml with one edit (a function of its text), written to tmp_path/name.yaml."""
+    with open(TINY_YAML) as f:
+        text = f.read()
+    edited = edit(text)
+    assert edited != text, f"the edit for {name} changed nothing in tiny.yaml"
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(edited)
+    return path
+
+
+def replaced(pattern, replacement):
+    return lambda text: re.sub(pattern, replacement, text)
+
+
+VARIANTS = {
+    "foreach_decay": replaced(r"variant: fused, (.*)weight_decay: 0\.0", r"variant: foreach, \1weight_decay: 0.1"),
+    "per_tensor_decay": replaced(r"variant: fused, (.*)weight_decay: 0\.0", r"variant: per_tensor, \1weight_decay: 0.1"),
+    "no_clipping": replaced(r"grad_clip: 1\.0", "grad_clip: 0"),
+    "no_propagator": replaced(r"\npropagator: .*\n", "\n"),
+    "no_lazy_gate": lambda text: text + "switches: {lazy_cg: false}\n",
+    "checkpointing": lambda text: text + "switches: {activation_checkpointing: true}\n",
+}
+
+
+# ---- the dump tool ---------------------------------------------------------------------------------------------
+def test_dump_tool_refuses_bad_input_with_a_message(tool, tmp_path):
+    done = run_dump(tool, "no_such_preset")
+    assert done.returncode == 2 and "no workload preset 'no_such_preset'" in done.stderr
+    done = run_dump(tool, "tiny", "--micro", 3)
+    assert done.returncode == 2 and "--micro 3 does not divide the global batch (16)" in done.stderr
+    bf16 = tiny_variant(tmp_path, "bf16", lambda text: text + "switches: {bf16_matmuls: true}\n")
+    done = run_dump(tool, bf16)
+    assert done.returncode == 2 and "bf16 matmuls are a CUDA switch" in done.stderr
+    assert run_dump(tool, "tiny", "--steps", -1).returncode == 2
+
+
+def test_dump_of_tiny_holds_the_resolved_workload_and_one_micro_batch(tool):
+    doc = dump(tool, "tiny", "--micro", 4)
+    w = doc["workload"]
+    assert doc["schema"] == "trainbench-step-dump/1" and doc["precision"] == "double"
+    assert w["model"] == {"layers": 2, "d_model": 32, "heads": 2, "seq_len": 16, "vocab": 17, "mlp_ratio": 4}
+    assert w["propagator"]["enabled"] and w["propagator"]["sparsity"] == 4
+    assert w["batch"]["micro"] == 4 and w["batch"]["accumulation"] == 4
+    assert w["optimizer"]["variant"] == "fused" and w["optimizer"]["betas"] == [0.9, 0.95]
+    names = [p["name"] for p in doc["parameters"]]
+    assert names[:3] == ["wte", "wpe", "h0.ln1w"] and names[-2:] == ["lnfw", "lnfb"] and len(names) == 2 + 2 * 12 + 2
+    assert sum(math.prod(p["shape"]) for p in doc["parameters"]) == 26_528   # Workload::parameter_count
+    mb = doc["micro_batch"]
+    assert len(mb["samples"]) == 4 and len(mb["tokens"]) == len(mb["targets"]) == len(mb["losses"]) == 4 * 16
+    assert mb["loss_scale"] == 1 / (4 * 16 * 4)
+    assert math.isclose(mb["loss"], sum(mb["losses"]) * mb["loss_scale"], rel_tol=1e-14)
+    assert abs(sum(mb["losses"]) / len(mb["losses"]) - math.log(17)) < 0.3   # a fresh model guesses uniformly
+    assert "steps" not in doc
+
+
+# ---- the twin against the dump ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ts():
+    pytest.importorskip("torch")
+    pytest.importorskip("numpy")
+    from trainbench_tracking import torch_step
+    return torch_step
+
+
+@pytest.fixture(scope="module")
+def tiny(tool):
+    return dump(tool, "tiny", "--steps", STEPS)
+
+
+def gradient_differences(twin, doc):
+    """name -> max |twin - C++| / max |C++| of each tensor's gradient after the first micro-batch."""
+    import numpy as np
+    out = {}
+    for name, p in twin.model.layout():
+        want = np.asarray(doc["micro_batch"]["gradients"][name])
+        got = p.grad.detach().double().numpy().ravel()
+        out[name] = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-300))
+    return out
+
+
+def run_first_micro_batch(twin, doc):
+    """The twin's first micro-batch (drawn by its own data path, checked to be the dump's): forward and
+    backward; its share of the step's loss, the solver's counts, and (from one more forward) its per-token
+    losses."""
+    import torch
+    import torch.nn.functional as F
+    mb = doc["micro_batch"]
+    samples = twin.data.next_samples(twin.micro)
+    assert samples == mb["samples"]
+    tokens, targets = twin.data.batch(samples)
+    assert tokens.flatten().tolist() == mb["tokens"] and targets.flatten().tolist() == mb["targets"]
+    loss = twin.micro_step(tokens, targets).item()
+    stats = dataclasses.replace(twin.model.solve_stats())
+    with torch.no_grad():
+        logits = twin.model(tokens)
+        losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+    return loss, stats, losses.double().tolist()
+
+
+def solved(stats):
+    """The solves that ran CG and their iterations: what a checkpointed C++ step's recomputed (and lazily
+    skipped) solves leave unchanged."""
+    if isinstance(stats, dict):
+        return stats["solves"] - stats["skipped"], stats["iterations"], stats["matvecs"] - stats["skipped"]
+    return stats.solves - stats.skipped, stats.iterations, stats.matvecs - stats.skipped
+
+
+def expect_same_micro_batch(ts, doc, **twin_options):
+    twin = ts.TrainingStep(doc, **twin_options)
+    loss, stats, losses = run_first_micro_batch(twin, doc)
+    mb = doc["micro_batch"]
+    assert abs(loss - mb["loss"]) <= LOSS_RTOL * abs(mb["loss"]), (loss, mb["loss"])
+    assert max(abs(a - b) / abs(b) for a, b in zip(losses, mb["losses"])) <= LOSS_RTOL
+    diffs = gradient_differences(twin, doc)
+    worst = max(diffs, key=diffs.get)
+    assert diffs[worst] <= GRAD_RTOL, f"gradient of {worst}: {diffs[worst]:.3g} of its scale"
+    assert solved(stats) == solved(mb["solve_stats"]), (stats, mb["solve_stats"])
+
+
+def expect_same_steps(ts, doc, **twin_options):
+    import numpy as np
+    twin = ts.TrainingStep(doc, **twin_options)
+    want = doc["steps"]
+    accumulation = doc["workload"]["batch"]["accumulation"]
+    for k, report in enumerate(want["reports"]):
+        got = twin.step()
+        assert got.micro_batches == want["micro_batches"][k * accumulation:(k + 1) * accumulation]
+        assert abs(got.loss.item() - report["loss"]) <= LOSS_RTOL * report["loss"], (k, got.loss.item(), report)
+        assert abs(got.grad_norm.item() - report["grad_norm"]) <= LOSS_RTOL * report["grad_norm"], (k, report)
+    assert solved(twin.model.solve_stats()) == solved(want["solve_stats"])
+    for name, p in twin.model.layout():
+        diff = np.abs(p.detach().numpy().ravel() - np.asarray(want["parameters"][name])).max()
+        assert diff <= PARAMS_ATOL, f"{name} after {want['count']} steps: {diff:.3g} apart"
+
+
+def test_twin_parameters_are_the_cpp_ones_exactly(ts, tiny):
+    twin = ts.TrainingStep(tiny)
+    layout = twin.model.layout()
+    assert [(n, list(p.shape)) for n, p in layout] == [(p["name"], p["shape"]) for p in tiny["parameters"]]
+    offsets = [0]
+    for _, p in layout:
+        offsets.append(offsets[-1] + p.numel())
+    assert offsets[:-1] == [p["offset"] for p in tiny["parameters"]]
+    for name, p in layout:
+        assert p.detach().numpy().ravel().tolist() == tiny["initial"][name], name
+
+
+def test_twin_data_path_is_the_trainers(ts, tiny):
+    data = ts.TrainingStep(tiny).data
+    picked = [data.next_samples(tiny["workload"]["batch"]["micro"]) for _ in tiny["steps"]["micro_batches"]]
+    assert picked == tiny["steps"]["micro_batches"]
+    # past the end of an epoch: the next epoch's shuffle starts from this one's order, as the trainer's does
+    samples = tiny["workload"]["data"]["samples"]
+    first_epoch = list(data.order)
+    data.next_samples(samples)
+    assert sorted(data.order) == list(range(samples)) and list(data.order) != first_epoch and data.epoch == 2
+
+
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+def test_twin_loss_and_gradients_match_the_cpp_step_on_tiny(ts, tiny, attention):
+    expect_same_micro_batch(ts, tiny, attention=attention)
+
+
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+def test_twin_optimizer_steps_match_the_cpp_step_on_tiny(ts, tiny, attention):
+    expect_same_steps(ts, tiny, attention=attention)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_twin_matches_the_cpp_step_on_variants_of_tiny(ts, tool, tmp_path, variant):
+    doc = dump(tool, tiny_variant(tmp_path, variant, VARIANTS[variant]), "--steps", STEPS)
+    expect_same_micro_batch(ts, doc)
+    expect_same_steps(ts, doc)
+
+
+def test_twin_in_float32_is_close(ts, tiny):
+    import torch
+    twin = ts.TrainingStep(tiny, dtype=torch.float32)
+    run_first_micro_batch(twin, tiny)
+    assert max(gradient_differences(twin, tiny).values()) <= FP32_GRAD_RTOL
+
+
+def test_lazy_gate_skips_an_unchanged_input_and_solves_a_changed_one(ts, tiny):
+    import torch
+    solver = ts.RingSolver(tiny["workload"]["propagator"])
+    cache = torch.zeros(8, 32, dtype=torch.float64)
+    b = torch.linspace(-1, 1, 8 * 32, dtype=torch.float64).reshape(8, 32)
+    first = solver.solve(b, cache, lazy=True)
+    assert solver.stats.skipped == 0 and solver.stats.iterations > 0
+    assert torch.equal(cache, first)
+    residual = (b - solver.apply(first)).norm(dim=-1) / b.norm(dim=-1)
+    assert residual.max().item() <= solver.cg_tol
+    again = solver.solve(b, cache, lazy=True)
+    assert solver.stats.skipped == 1 and torch.equal(again, first)
+    b[0, 0] += 1.0
+    solver.solve(b, cache, lazy=True)
+    assert solver.stats.skipped == 1 and solver.stats.solves == 3
+
+
+# ---- the check can fail ----------------------------------------------------------------------------------------
+def test_a_perturbed_weight_fails_the_gradient_check(ts, tiny):
+    import torch
+    twin = ts.TrainingStep(tiny)
+    with torch.no_grad():
+        twin.model.blocks[1].fcw[0, 0] += 1e-6
+    run_first_micro_batch(twin, tiny)
+    diffs = gradient_differences(twin, tiny)
+    assert max(diffs.values()) > 100 * GRAD_RTOL
+    assert diffs["h1.fcw"] > GRAD_RTOL
+
+
+def test_an_exact_propagator_fails_the_gradient_check(ts, tiny):
+    """The C++ step's CG stops at cg_tol (1e-6 on tiny): a twin that solves to 1e-13 is a different step."""
+    twin = ts.TrainingStep(tiny)
+    twin.model.solver.cg_tol = 1e-13
+    run_first_micro_batch(twin, tiny)
+    assert max(gradient_differences(twin, tiny).values()) > 100 * GRAD_RTOL
