@@ -73,25 +73,32 @@ std::string torch_python() {
   return "python3";
 }
 
-std::string torch_peers_script() {
-  if (const char* env = std::getenv("TRAINBENCH_TORCH_PEERS"); env && *env) return env;
+namespace {
+
+// A script of scripts/: $<env> when set, else installed beside the binary, else the source tree's.
+std::string script_path(const char* env_name, const std::string& name) {
+  if (const char* env = std::getenv(env_name); env && *env) return env;
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
-    const fs::path installed = exe.parent_path() / ".." / "share" / "trainbench" / "scripts" / "torch-peers";
+    const fs::path installed = exe.parent_path() / ".." / "share" / "trainbench" / "scripts" / name;
     if (fs::is_regular_file(installed)) return installed.lexically_normal().string();
   }
-  return TRAINBENCH_SOURCE_SCRIPTS "/torch-peers";
+  return TRAINBENCH_SOURCE_SCRIPTS "/" + name;
 }
 
-void require_torch() {
+}  // namespace
+
+std::string torch_peers_script() { return script_path("TRAINBENCH_TORCH_PEERS", "torch-peers"); }
+std::string torch_step_script() { return script_path("TRAINBENCH_TORCH_STEP", "torch-step"); }
+
+void require_torch(const std::string& who, const std::string& script) {
   const std::string python = torch_python();
   if (run_child({python, "-c", "import torch, numpy"}, true) != 0)
-    throw UsageError("--backend torch needs PyTorch and numpy in " + python +
+    throw UsageError(who + " needs PyTorch and numpy in " + python +
                      ": install them with scripts/install-deps --torch (or " + python +
                      " -m pip install torch numpy), or name another interpreter in TRAINBENCH_PYTHON");
-  if (!fs::is_regular_file(torch_peers_script()))
-    throw UsageError("--backend torch: no " + torch_peers_script() + " (set TRAINBENCH_TORCH_PEERS)");
+  if (!fs::is_regular_file(script)) throw UsageError(who + ": no " + script + " (trainbench's scripts folder is missing: set TRAINBENCH_TORCH_PEERS or TRAINBENCH_TORCH_STEP to the script)");
 }
 
 nlohmann::json run_torch_peers(const TorchRun& run) {

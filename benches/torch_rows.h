@@ -31,9 +31,12 @@ std::string torch_python();
 // scripts/torch-peers: $TRAINBENCH_TORCH_PEERS, else ../share/trainbench/scripts/torch-peers beside the
 // binary (an install), else the source tree's.
 std::string torch_peers_script();
-// Throws UsageError, saying how to install it, when the interpreter cannot import torch: checked
-// before anything is measured, so a missing PyTorch costs no run.
-void require_torch();
+// scripts/torch-step (autotune --executor torch's trials): $TRAINBENCH_TORCH_STEP, else found as above.
+std::string torch_step_script();
+// Throws UsageError, saying how to install it, when the interpreter cannot import torch or `script` is
+// missing: checked before anything is measured, so a missing PyTorch costs no run. `who` names the
+// option in the message ("--backend torch").
+void require_torch(const std::string& who = "--backend torch", const std::string& script = torch_peers_script());
 // Runs the script (its progress and table go to stderr) and returns its document; throws
 // std::runtime_error when it fails or writes nothing, UsageError when it rejects its arguments.
 nlohmann::json run_torch_peers(const TorchRun& run);

@@ -14,42 +14,16 @@
 #include <string>
 #include <vector>
 
-#include "runtime/defaults.h"
 #include "runtime/error.h"
 #include "step/cpu_ops.h"
 #include "step/step.h"
 #include "step/trainer.h"
+#include "tuner/trial.h"
 
 namespace {
 
 using namespace tb::step;
 using json = nlohmann::ordered_json;
-
-constexpr const char* kSchema = "trainbench-step-dump/1";
-constexpr double kClipNormEps = 1e-6;  // clip_factor's (optimizer.h): max_norm / (norm + 1e-6)
-
-json workload_json(const Workload& w) {
-  const auto& m = w.model;
-  const auto& p = w.propagator;
-  const auto& o = w.optimizer;
-  return json{
-      {"name", w.name},
-      {"source", w.source},
-      {"path", w.path},
-      {"model", {{"layers", m.layers}, {"d_model", m.d_model}, {"heads", m.heads}, {"seq_len", m.seq_len},
-                 {"vocab", m.vocab}, {"mlp_ratio", m.mlp_ratio}}},
-      {"propagator", {{"enabled", p.enabled}, {"sparsity", p.sparsity}, {"alpha", p.alpha}, {"cg_tol", p.cg_tol},
-                      {"lazy_tol", p.lazy_tol}, {"max_iters", p.max_iters}}},
-      {"optimizer", {{"variant", o.variant}, {"lr", o.lr}, {"weight_decay", o.weight_decay},
-                     {"betas", {o.beta1, o.beta2}}, {"eps", o.eps}, {"grad_clip", o.grad_clip}}},
-      {"data", {{"samples", w.data.samples}, {"location", w.data.location}, {"per_sample_copy", w.data.per_sample_copy}}},
-      {"batch", {{"global", w.batch.global}, {"micro", w.batch.micro}, {"accumulation", w.batch.accumulation()},
-                 {"global_range", {w.batch.global_min, w.batch.global_max}}}},
-      {"logging", {{"sync", w.logging.sync}, {"interval", w.logging.interval}}},
-      {"switches", {{"cuda_graphs", w.switches.cuda_graphs}, {"activation_checkpointing", w.switches.activation_checkpointing},
-                    {"bf16_matmuls", w.switches.bf16_matmuls}, {"lazy_cg", w.switches.lazy_cg}}},
-  };
-}
 
 // name -> the tensor's values, from one flat buffer in the model's layout.
 json per_tensor(const std::vector<ParameterShape>& shapes, const std::vector<TensorSpan>& spans, const double* values) {
@@ -110,12 +84,9 @@ json dump(const Workload& w, int64_t steps) {
   for (std::size_t t = 0; t < shapes.size(); ++t)
     parameters.push_back({{"name", shapes[t].name}, {"shape", shapes[t].shape}, {"offset", model.tensors()[t].offset}});
 
-  json doc{
-      {"schema", kSchema},
+  json doc = tb::tune::resolved_workload(w);  // schema, workload, constants
+  doc.update(json{
       {"precision", "double"},
-      {"workload", workload_json(w)},
-      {"constants", {{"seed_params", seed_params}, {"seed_data", seed_data},
-                     {"layernorm_eps", tb::defaults::layernorm_eps}, {"clip_norm_eps", kClipNormEps}}},
       {"parameters", parameters},
       {"initial", per_tensor(shapes, model.tensors(), initial.data())},
       {"micro_batch", {{"samples", samples},
@@ -126,7 +97,7 @@ json dump(const Workload& w, int64_t steps) {
                        {"loss", loss},
                        {"solve_stats", solve_stats_json(model.solve_stats())},
                        {"gradients", per_tensor(shapes, model.tensors(), model.grads.data())}}},
-  };
+  });
   if (steps > 0) {
     json micro_batches = json::array();
     for (const auto& r : recorded) micro_batches.push_back(r.samples);

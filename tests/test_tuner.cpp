@@ -21,7 +21,9 @@
 #include "runtime/cpu_load.h"
 #include "runtime/defaults.h"
 #include "runtime/error.h"
+#include "step/cpu_ops.h"
 #include "step/step.h"
+#include "step/trainer.h"
 #include "step/workload.h"
 #include "tuner/emit.h"
 #include "tuner/journal.h"
@@ -306,7 +308,7 @@ TEST(Emit, EveryFormatWritesOnlyTheNamesItsLibraryDocuments) {
   // - trainbench's own document (yaml, json): the layout in tuner/emit.h's header comment.
   const std::set<std::string> trainbench{"chosen", "note", "measured", "workload_config", "speedup_over_workload_config",
                                          "speedup_significant", "speedup_interval", "speedup_note", "search", "race",
-                                         "runners_up_within_noise", "failed_trials", "device", "workload", "version",
+                                         "runners_up_within_noise", "failed_trials", "executor", "device", "workload", "version",
                                          "git_commit"};
   // - DeepSpeed: "DeepSpeed Configuration JSON", https://www.deepspeed.ai/docs/config-json/ (batch size,
   //   optimizer, gradient clipping and BF16 sections).
@@ -406,7 +408,8 @@ TEST(AutotuneCli, BadInputExitsTwoAndRunsNothing) {
            {"--workload tiny --race-rounds -1", "--race-rounds"},
            {"--compare only_one.yaml", "--compare"},
            {"--compare /no/such/a.yaml /no/such/b.yaml", "/no/such/a.yaml: not a configuration autotune wrote"},
-           {"--compare a.yaml b.yaml --resume", "excludes"}}) {
+           {"--compare a.yaml b.yaml --resume", "excludes"},
+           {"--workload tiny --executor jax", "--executor"}}) {
     const Outcome o = autotune(args);
     EXPECT_EQ(o.code, 2) << args << "\n" << o.err;
     EXPECT_NE(o.err.find(says), std::string::npos) << args << ": expected '" << says << "' in:\n" << o.err;
@@ -433,6 +436,45 @@ TEST(AutotuneCli, ARepeatedKeyInTheWorkloadExitsTwoWithOneLine) {
   EXPECT_EQ(err, "autotune: " + dup.string() + ":4:1: duplicate key 'model' (first at line 2)\n");
   EXPECT_TRUE(o.out.empty());
   std::filesystem::remove(dup);
+}
+
+TEST(AutotuneCli, ExecutorTorchWithoutPyTorchSaysHowToInstallItAndRunsNothing) {
+  const auto journal = std::filesystem::temp_directory_path() / ("tb_no_torch_" + std::to_string(getpid()) + ".jsonl");
+  const Outcome o = autotune("--workload tiny --gpu cpu --executor torch --journal " + journal.string(),
+                             "TRAINBENCH_PYTHON=/no/such/python");
+  EXPECT_EQ(o.code, 2) << o.err;
+  EXPECT_NE(o.err.find("--executor torch needs PyTorch and numpy in /no/such/python: install them with "
+                       "scripts/install-deps --torch"),
+            std::string::npos)
+      << o.err;
+  EXPECT_TRUE(o.out.empty());
+  EXPECT_FALSE(std::filesystem::exists(journal)) << "nothing ran, so no journal";
+}
+
+TEST(TorchExecutor, TheTwinGetsTheResolvedWorkloadAndNoCudaGraphs) {
+  step::Workload w = step::load_workload("tiny");
+  w.batch.micro = 2;
+  const auto doc = resolved_workload(w);
+  EXPECT_EQ(doc["schema"], kResolvedSchema);
+  EXPECT_EQ(doc["workload"]["batch"]["micro"], 2);
+  EXPECT_EQ(doc["workload"]["batch"]["accumulation"], w.batch.global / 2);
+  EXPECT_EQ(doc["constants"]["seed_data"], step::seed_data);
+  EXPECT_EQ(doc["constants"]["clip_norm_eps"], step::clip_norm_eps);
+  // On a GPU the twin tunes what the native step tunes, less CUDA graphs (not mirrored).
+  const auto native = available_switches(step::load_workload("small_gpt"), true);
+  ASSERT_TRUE(native.count("cuda_graphs"));
+  const auto twin = TorchExecutor::supported(native);
+  EXPECT_FALSE(twin.count("cuda_graphs"));
+  EXPECT_EQ(twin.size(), native.size() - 1);
+  EXPECT_EQ(twin.at("bf16_matmuls"), native.at("bf16_matmuls"));
+  // The sample whose reference the twin is checked against is the one the C++ trainer's first
+  // micro-batch starts with.
+  step::CpuOps<float> ops;
+  step::Trainer<step::CpuOps<float>> trainer(ops, w);
+  trainer.record_micro_batches(1);
+  trainer.step(false);
+  EXPECT_EQ(trainer.first_sample(), step::first_sample_of(w.data.samples));
+  EXPECT_EQ(trainer.recorded_micro_batches().front().samples.front(), step::first_sample_of(w.data.samples));
 }
 
 // The key of the configuration a tuned document chose.

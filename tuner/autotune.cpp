@@ -2,7 +2,8 @@
 // CPU). The configuration goes to stdout (`autotune --gpu auto > tuned.yaml`), progress to stderr.
 // After the search, its finalists and the workload's own configuration are raced interleaved
 // (race.h), and a speedup is claimed only where that comparison holds it. `autotune --compare A B`
-// races the choices of tuned files against each other.
+// races the choices of tuned files against each other. `--executor torch` measures every trial in the
+// PyTorch twin of the step (trial.h's TorchExecutor) instead of the C++ step.
 // Exit codes: 0 a configuration was chosen (or compared), 1 none ran successfully, 2 bad usage, 130
 // interrupted (the best so far and the journal are still written).
 #include <CLI/CLI.hpp>
@@ -19,6 +20,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <memory>
 #include <set>
 #include <sstream>
 
@@ -52,6 +54,8 @@ Examples:
   autotune --workload t4_transformer --switches optimizer,sync --strategy grid
   autotune --workload tiny --gpu cpu --journal tune.jsonl --resume   go on where an interrupted tune stopped
   autotune --compare a.yaml b.yaml --gpu cpu             two tunes' choices raced interleaved: within noise?
+  autotune --workload small_gpt --gpu cpu --executor torch > torch.yaml   tuned in the PyTorch twin of the step
+  autotune --compare native.yaml torch.yaml --executor torch   both choices raced in PyTorch
 
 Presets: tuner/workloads/*.yaml (the source reports' pipelines). Switches: optimizer, sync,
 activation_checkpointing, lazy_cg (with a propagator), bf16_matmuls and cuda_graphs (GPU only).
@@ -198,6 +202,41 @@ Machine pick_machine(const std::string& gpu) {
     m.description.update({{"cores", h.cores}, {"compiler", h.compiler}, {"blas", h.blas}});
   }
   return m;
+}
+
+// The executor the trials run in: the C++ step in `autotune --trial` children (native), or the
+// PyTorch twin of the step in `scripts/torch-step --trial` children (torch).
+struct TrialRunner {
+  std::unique_ptr<Executor> executor;
+  nlohmann::json description;  // the output's executor
+  double extra_startup = 0;    // what a trial's start-up costs beyond the native one's (import torch)
+  std::string journal_tag;     // keeps the executors' journals apart
+  bool torch = false;
+};
+
+TrialRunner make_runner(const std::string& which, const step::Workload& workload, const Machine& machine) {
+  TrialRunner r;
+  if (which == "torch") {
+    auto torch = std::make_unique<TorchExecutor>(workload, machine.use_cuda, machine.device, &stop_requested);
+    const TorchProbe& p = torch->probe();
+    r.description = {{"name", "torch"}, {"step", "the PyTorch twin of the step (scripts/torch-step)"},
+                     {"torch", p.torch_version}, {"python", p.python_version}, {"interpreter", p.python}};
+    r.extra_startup = p.import_seconds;
+    r.journal_tag = " torch " + p.torch_version;
+    r.torch = true;
+    r.executor = std::move(torch);
+  } else {
+    r.description = native_executor_json();
+    r.executor = std::make_unique<ProcessExecutor>(std::filesystem::read_symlink("/proc/self/exe").string(), workload.path,
+                                                   machine.use_cuda, machine.device, &stop_requested);
+  }
+  return r;
+}
+
+// The switches the runner can tune on this backend.
+std::map<std::string, std::vector<std::string>> runner_switches(const TrialRunner& r, const step::Workload& w, bool cuda) {
+  auto s = available_switches(w, cuda);
+  return r.torch ? TorchExecutor::supported(std::move(s)) : s;
 }
 
 std::string file_text(const std::string& path) {
@@ -397,7 +436,8 @@ TunedFile read_tuned_file(const std::string& path) {
 
 // `autotune --compare A B ...`: the files' choices raced interleaved, each against the first's.
 int compare_tuned(const std::vector<std::string>& paths, const std::string& workload_option, const std::string& gpu,
-                  double budget, double trial_seconds, int rounds, OutFormat format, const std::string& out_path) {
+                  const std::string& executor_name, double budget, double trial_seconds, int rounds, OutFormat format,
+                  const std::string& out_path) {
   const auto started = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
   if (paths.size() < 2) throw UsageError("--compare: give two tuned files or more");
@@ -412,15 +452,17 @@ int compare_tuned(const std::vector<std::string>& paths, const std::string& work
       throw UsageError(t.path + " was tuned for another workload file (digest " + t.workload_digest + ", " + workload.path +
                        " has " + workload_digest + ")");
   const Machine machine = pick_machine(gpu);
-  const auto available = available_switches(workload, machine.use_cuda);
+  TrialRunner runner = make_runner(executor_name, workload, machine);
+  const auto available = runner_switches(runner, workload, machine.use_cuda);
   for (const auto& t : tuned)
     for (const auto& [name, value] : t.chosen.switches)
       if (!available.count(name))
         throw UsageError(t.path + ": its configuration sets " + name + ", which " + workload.name + " does not have on " +
-                         machine.backend);
+                         machine.backend + (runner.torch ? " in the PyTorch twin" : ""));
 
   CompareOutput out;
   out.device = machine.description;
+  out.executor = runner.description;
   out.workload_name = workload.name;
   out.workload_path = workload.path;
   out.workload_digest = workload_digest;
@@ -437,15 +479,15 @@ int compare_tuned(const std::vector<std::string>& paths, const std::string& work
   if (entrants.size() >= 2) {
     SearchOptions search;
     search.measure.max_seconds = trial_seconds;
-    ProcessExecutor executor(std::filesystem::read_symlink("/proc/self/exe").string(), workload.path, machine.use_cuda,
-                             machine.device, &stop_requested);
-    const TrialEstimate shortest = shortest_trial(apply(workload, entrants.front().candidate), search.measure.min_steps,
-                                                  machine.use_cuda, machine.device);
+    Executor& executor = *runner.executor;
+    TrialEstimate shortest = shortest_trial(apply(workload, entrants.front().candidate), search.measure.min_steps,
+                                            machine.use_cuda, machine.device);
+    shortest.seconds += runner.extra_startup;
     refuse_budget_below_one_trial(workload, entrants.front().candidate, shortest, search.measure, budget, elapsed());
     const double deadline = budget - output_reserve(budget);
     std::signal(SIGINT, [](int) { stop_requested = true; });
     std::cerr << "autotune: comparing " << entrants.size() << " configurations of " << workload.name << " on " << machine.name
-              << ", interleaved, " << budget << " s budget" << std::endl;
+              << (runner.torch ? " in the PyTorch twin" : "") << ", interleaved, " << budget << " s budget" << std::endl;
     for (std::size_t f = 0; f < tuned.size(); ++f) std::cerr << "autotune:   " << tuned[f].path << ": " << describe(tuned[f].chosen) << std::endl;
     RaceOptions ro = race_options(search, rounds, trial_seconds, [&] { return deadline - elapsed(); }, shortest.seconds,
                                   elapsed, budget);
@@ -483,7 +525,7 @@ int run(int argc, char** argv) {
   }
 
   std::string gpu = "auto", workload_name = "small_gpt", range, strategy = "auto", switch_list, format = "yaml";
-  std::string journal_path, out_path;
+  std::string journal_path, out_path, executor_name = "native";
   std::vector<std::string> compare_files;
   int64_t batch = 0;
   double budget = 300, trial_seconds = 10;
@@ -501,6 +543,11 @@ int run(int argc, char** argv) {
                  "longest a trial measures before its interval is tight (default 10; a race slice measures a quarter of it, "
                  "at least a second)")
       ->check(CLI::Range(0.1, 3600.0));
+  app.add_option("--executor", executor_name,
+                 "native (trainbench's C++ step, the default) or torch (the PyTorch twin of the step, scripts/torch-step: "
+                 "the same model, data, optimizer and switches written as a PyTorch program; needs PyTorch, see "
+                 "scripts/install-deps --torch)")
+      ->check(CLI::IsMember({"native", "torch"}));
   app.add_option("--strategy", strategy, "auto (fast search) or grid (every candidate)")
       ->check(CLI::IsMember({"auto", "grid"}));
   app.add_option("--switches", switch_list, "comma list of switches to tune (default: all the workload has), or none");
@@ -531,8 +578,8 @@ int run(int argc, char** argv) {
     return 2;
   }
   if (!compare_files.empty())
-    return compare_tuned(compare_files, workload_opt->count() ? workload_name : "", gpu, budget, trial_seconds,
-                         std::max(race_rounds, 2), out_format_from_string(format), out_path);
+    return compare_tuned(compare_files, workload_opt->count() ? workload_name : "", gpu, executor_name, budget,
+                         trial_seconds, std::max(race_rounds, 2), out_format_from_string(format), out_path);
 
   // The budget bounds the whole run from here: the estimate, probes, trials, the race, output.
   const auto started = std::chrono::steady_clock::now();
@@ -541,10 +588,11 @@ int run(int argc, char** argv) {
   const OutFormat out_format = out_format_from_string(format);
   const Machine machine = pick_machine(gpu);
   const bool use_cuda = machine.use_cuda;
-
   SearchSpace space;
   space.global_batches = global_batches(workload, batch, range);
-  const auto available = available_switches(workload, use_cuda);
+  TrialRunner runner = make_runner(executor_name, workload, machine);  // torch: probed before anything runs
+  Executor& executor = *runner.executor;
+  const auto available = runner_switches(runner, workload, use_cuda);
   if (switch_list.empty()) {
     space.switches = available;
   } else if (switch_list != "none") {
@@ -555,7 +603,7 @@ int run(int argc, char** argv) {
         std::string names;
         for (const auto& kv : available) names += (names.empty() ? "" : ", ") + kv.first;
         throw UsageError("--switches: '" + name + "' is not a switch of this workload on " + machine.backend +
-                         " (available: " + names + ")");
+                         (runner.torch ? " in the PyTorch twin" : "") + " (available: " + names + ")");
       }
       space.switches[name] = available.at(name);
     }
@@ -573,8 +621,6 @@ int run(int argc, char** argv) {
   options.strategy = strategy == "grid" ? SearchOptions::Strategy::grid : SearchOptions::Strategy::auto_;
   options.budget_seconds = budget;
   options.measure.max_seconds = trial_seconds;
-  ProcessExecutor executor(std::filesystem::read_symlink("/proc/self/exe").string(), workload.path, use_cuda, machine.device,
-                           &stop_requested);
   const Candidate own = own_candidate(workload, space);
 
   // Refused before anything runs: a workload that cannot fit even at micro-batch 1 (with activation
@@ -593,7 +639,8 @@ int run(int argc, char** argv) {
                        (with_ckpt ? " with activation checkpointing" : "") + "; this " +
                        (use_cuda ? "GPU has " + human_bytes(capacity) + " for a step" : "CPU has " + human_bytes(capacity) + " free"));
   }
-  const TrialEstimate shortest = shortest_trial(apply(workload, own), options.measure.min_steps, use_cuda, machine.device);
+  TrialEstimate shortest = shortest_trial(apply(workload, own), options.measure.min_steps, use_cuda, machine.device);
+  shortest.seconds += runner.extra_startup;
   refuse_budget_below_one_trial(workload, own, shortest, options.measure, budget, elapsed());
   const double trial_deadline = budget - output_reserve(budget);  // seconds after `started`
   auto seconds_left = [&] { return trial_deadline - elapsed(); };
@@ -620,8 +667,9 @@ int run(int argc, char** argv) {
     return policy;
   };
 
-  const std::string journal_key = digest(workload_digest + backend + device_name);
-  if (journal_path.empty()) journal_path = default_journal_path(out_path, workload.name, backend, journal_key);
+  const std::string journal_key = digest(workload_digest + backend + device_name + runner.journal_tag);
+  if (journal_path.empty())
+    journal_path = default_journal_path(out_path, workload.name, backend + (runner.torch ? ".torch" : ""), journal_key);
   const Journal journal(journal_path, journal_key);
   std::cerr << "autotune: journal " << journal_path << std::endl;
   if (resume) {
@@ -646,10 +694,15 @@ int run(int argc, char** argv) {
               << " budget] " << describe(c) << " -> " << result_text(r) << std::endl;
   };
   std::cerr << "autotune: " << workload.name << " (" << workload.parameter_count() / 1e6 << "M parameters) on "
-            << device_name << ", " << options.budget_seconds << " s budget, " << strategy << " search" << std::endl;
+            << device_name << ", " << options.budget_seconds << " s budget, " << strategy << " search";
+  if (runner.torch)
+    std::cerr << ", measured in the PyTorch twin of the step (torch " << runner.description["torch"].get<std::string>()
+              << ", " << runner.description["interpreter"].get<std::string>() << ")";
+  std::cerr << std::endl;
 
   TuneOutput out;
   out.device = machine.description;
+  out.executor = runner.description;
   out.workload_name = workload.name;
   out.workload_path = workload.path;
   out.workload_digest = workload_digest;

@@ -113,6 +113,8 @@ static json race_json(const RaceReport& race, const std::string& own_key, double
               {"noise_margin", noise_margin}, {"seconds", race.seconds},       {"finalists", finalists}};
 }
 
+nlohmann::json native_executor_json() { return nlohmann::json{{"name", "native"}, {"step", "trainbench's C++ step"}}; }
+
 static json ordered(const TuneOutput& o);
 
 nlohmann::json to_json(const TuneOutput& o) { return nlohmann::json::parse(ordered(o).dump()); }
@@ -161,6 +163,7 @@ static json ordered(const TuneOutput& o) {
   if (o.race) t["race"] = race_json(*o.race, o.baseline ? o.baseline->candidate.key() : "", o.noise_margin);
   t["runners_up_within_noise"] = runners;
   t["failed_trials"] = failed;
+  t["executor"] = json::parse(o.executor.dump());
   t["device"] = json::parse(o.device.dump());
   t["workload"] = {{"name", o.workload_name}, {"path", o.workload_path}, {"digest", o.workload_digest},
                    {"source", o.workload_source}};
@@ -210,6 +213,8 @@ std::string emit(const TuneOutput& o, OutFormat format) {
   comment << "# autotune: " << o.workload_name << " on " << o.device.value("name", std::string("?"));
   if (o.report.found)
     comment << ", " << o.report.best.result.samples_per_s << " samples/s";
+  if (o.executor.value("name", std::string()) == "torch")
+    comment << ", measured in the PyTorch twin of the step (torch " << o.executor.value("torch", std::string("?")) << ")";
   comment << "\n";
   if (const json& t = doc["trainbench_autotune"]; t.contains("speedup_note"))
     comment << "# " << t["speedup_note"].get<std::string>() << "\n";
@@ -300,6 +305,7 @@ static json ordered(const CompareOutput& o) {
   t["configs"] = configs;
   if (o.race) t["race"] = race_json(*o.race, "", o.noise_margin);
   t["interrupted"] = o.interrupted;
+  t["executor"] = json::parse(o.executor.dump());
   t["device"] = json::parse(o.device.dump());
   t["workload"] = {{"name", o.workload_name}, {"path", o.workload_path}, {"digest", o.workload_digest}};
   t["version"] = build::version;

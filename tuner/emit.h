@@ -5,9 +5,10 @@
 // JSON, or as the keys DeepSpeed, PyTorch Lightning or Hugging Face TrainingArguments read.
 // The YAML and JSON document: trainbench_autotune: {chosen, measured, workload_config,
 // speedup_over_workload_config, speedup_significant, speedup_interval, speedup_note, search,
-// race, runners_up_within_noise, failed_trials, device, workload, version, git_commit} (chosen is
-// null, with a note, when nothing ran). `autotune --compare` writes trainbench_autotune_compare:
-// {within_noise, comparisons, configs, race, interrupted, device, workload, version, git_commit}.
+// race, runners_up_within_noise, failed_trials, executor, device, workload, version, git_commit}
+// (chosen is null, with a note, when nothing ran). `autotune --compare` writes
+// trainbench_autotune_compare: {within_noise, comparisons, configs, race, interrupted, executor,
+// device, workload, version, git_commit}.
 #pragma once
 
 #include <optional>
@@ -41,8 +42,13 @@ Speedup speedup_from_separate_trials(double ratio, const std::string& why);
 // The choice is the workload's own configuration.
 Speedup speedup_of_own_choice();
 
+// Which step the trials ran: {"name": "native"} (trainbench's C++ step), or {"name": "torch", the
+// PyTorch and Python versions, the interpreter} for the PyTorch twin.
+nlohmann::json native_executor_json();
+
 struct TuneOutput {
   nlohmann::json device;  // backend, name, versions
+  nlohmann::json executor = native_executor_json();
   std::string workload_name, workload_path, workload_digest, workload_source;
   std::string strategy;
   double budget_seconds = 0;
@@ -62,6 +68,7 @@ std::string emit(const TuneOutput& out, OutFormat format);
 // `autotune --compare`: configurations from tuned files, measured interleaved, each against the first.
 struct CompareOutput {
   nlohmann::json device;
+  nlohmann::json executor = native_executor_json();
   std::string workload_name, workload_path, workload_digest;
   std::vector<std::string> files;
   std::vector<Candidate> configs;   // one per file

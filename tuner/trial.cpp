@@ -8,15 +8,22 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <new>
+#include <sstream>
 
+#include "runtime/defaults.h"
 #include "runtime/device_info.h"
 #include "runtime/error.h"
 #include "runtime/registry.h"
 #include "runtime/session.h"
 #include "runtime/stats.h"
+#include "runtime/tolerance.h"
+#include "step/optimizer.h"
 #include "step/step.h"
+#include "step/trainer.h"
+#include "torch_rows.h"
 
 namespace tb::tune {
 
@@ -138,6 +145,34 @@ TrialEstimate shortest_trial(const step::Workload& w, int64_t min_steps, bool cu
   e.step_seconds = e.step_flops / e.flop_rate;
   e.seconds = startup + static_cast<double>(1 + warmup_steps(w) + std::max<int64_t>(min_steps, 1)) * e.step_seconds;
   return e;
+}
+
+nlohmann::ordered_json resolved_workload(const step::Workload& w) {
+  using ordered = nlohmann::ordered_json;
+  const auto& m = w.model;
+  const auto& p = w.propagator;
+  const auto& o = w.optimizer;
+  ordered workload{
+      {"name", w.name},
+      {"source", w.source},
+      {"path", w.path},
+      {"model", {{"layers", m.layers}, {"d_model", m.d_model}, {"heads", m.heads}, {"seq_len", m.seq_len},
+                 {"vocab", m.vocab}, {"mlp_ratio", m.mlp_ratio}}},
+      {"propagator", {{"enabled", p.enabled}, {"sparsity", p.sparsity}, {"alpha", p.alpha}, {"cg_tol", p.cg_tol},
+                      {"lazy_tol", p.lazy_tol}, {"max_iters", p.max_iters}}},
+      {"optimizer", {{"variant", o.variant}, {"lr", o.lr}, {"weight_decay", o.weight_decay},
+                     {"betas", {o.beta1, o.beta2}}, {"eps", o.eps}, {"grad_clip", o.grad_clip}}},
+      {"data", {{"samples", w.data.samples}, {"location", w.data.location}, {"per_sample_copy", w.data.per_sample_copy}}},
+      {"batch", {{"global", w.batch.global}, {"micro", w.batch.micro}, {"accumulation", w.batch.accumulation()},
+                 {"global_range", {w.batch.global_min, w.batch.global_max}}}},
+      {"logging", {{"sync", w.logging.sync}, {"interval", w.logging.interval}}},
+      {"switches", {{"cuda_graphs", w.switches.cuda_graphs}, {"activation_checkpointing", w.switches.activation_checkpointing},
+                    {"bf16_matmuls", w.switches.bf16_matmuls}, {"lazy_cg", w.switches.lazy_cg}}},
+  };
+  return ordered{{"schema", kResolvedSchema},
+                 {"workload", workload},
+                 {"constants", {{"seed_params", step::seed_params}, {"seed_data", step::seed_data},
+                                {"layernorm_eps", defaults::layernorm_eps}, {"clip_norm_eps", step::clip_norm_eps}}}};
 }
 
 json to_json(const Candidate& c) {
@@ -359,39 +394,114 @@ TrialResult classify(const ChildOutcome& o) {
   return r;
 }
 
-ProcessExecutor::ProcessExecutor(std::string self_exe, std::string workload_path, bool cuda, int device,
-                                 const std::atomic<bool>* stop)
-    : exe_(std::move(self_exe)), workload_path_(std::move(workload_path)), cuda_(cuda), device_(device), stop_(stop) {
+int64_t trial_memory_capacity(bool cuda, int device) {
   if (cuda) {
     // The context, cuBLAS's workspace and the allocator's slack are not in the step's own count.
     const auto& g = cuda_status().devices.at(static_cast<std::size_t>(device));
-    capacity_ = g.memory_bytes - (int64_t{1} << 30);
-  } else {
-    capacity_ = static_cast<int64_t>(0.9 * static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE)));
+    return g.memory_bytes - (int64_t{1} << 30);
   }
+  return static_cast<int64_t>(0.9 * static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE)));
 }
 
-TrialResult ProcessExecutor::run(const Candidate& candidate, const MeasurePolicy& policy) {
-  const json request{{"workload", workload_path_},
-                     {"backend", cuda_ ? "cuda" : "cpu"},
-                     {"device", device_},
-                     {"candidate", to_json(candidate)},
-                     {"policy", {{"target_rel_ci", policy.target_rel_ci}, {"max_seconds", policy.max_seconds},
-                                 {"min_steps", policy.min_steps}, {"stop_below", policy.stop_below},
-                                 {"wall_seconds", policy.wall_seconds}}}};
+json to_json(const MeasurePolicy& policy) {
+  return json{{"target_rel_ci", policy.target_rel_ci}, {"max_seconds", policy.max_seconds}, {"min_steps", policy.min_steps},
+              {"stop_below", policy.stop_below}, {"wall_seconds", policy.wall_seconds}};
+}
+
+TrialResult run_watched(const std::vector<std::string>& argv, const MeasurePolicy& policy, const std::atomic<bool>* stop) {
   const auto started = std::chrono::steady_clock::now();
   // Setup, the reference check and the first step come on top of the measuring time.
   const double hang_limit = 3 * policy.max_seconds + 120;
   // With a budget, the trial ends by its end: a trial still running then is stopped, not hung.
   const bool budget_bound = policy.wall_seconds > 0 && policy.wall_seconds + kill_grace_seconds < hang_limit;
   const double watchdog = budget_bound ? policy.wall_seconds + kill_grace_seconds : hang_limit;
-  const ChildOutcome outcome = run_child({exe_, "--trial", request.dump()}, watchdog, stop_);
+  const ChildOutcome outcome = run_child(argv, watchdog, stop);
   if (outcome.timed_out && budget_bound)
     throw OutOfBudget("the budget ended before the trial had a result (stopped after " +
                       std::to_string(static_cast<int>(watchdog)) + " s)");
   TrialResult r = classify(outcome);
   if (r.seconds == 0) r.seconds = seconds_since(started);
   return r;
+}
+
+ProcessExecutor::ProcessExecutor(std::string self_exe, std::string workload_path, bool cuda, int device,
+                                 const std::atomic<bool>* stop)
+    : exe_(std::move(self_exe)), workload_path_(std::move(workload_path)), cuda_(cuda), device_(device), stop_(stop),
+      capacity_(trial_memory_capacity(cuda, device)) {}
+
+TrialResult ProcessExecutor::run(const Candidate& candidate, const MeasurePolicy& policy) {
+  const json request{{"workload", workload_path_},
+                     {"backend", cuda_ ? "cuda" : "cpu"},
+                     {"device", device_},
+                     {"candidate", to_json(candidate)},
+                     {"policy", to_json(policy)}};
+  return run_watched({exe_, "--trial", request.dump()}, policy, stop_);
+}
+
+// ---- the PyTorch executor ---------------------------------------------------------------------------
+
+TorchProbe probe_torch(const std::atomic<bool>* stop) {
+  TorchProbe p;
+  p.python = torch_python();
+  p.script = torch_step_script();
+  require_torch("--executor torch", p.script);
+  // The interpreter found by its name on PATH, as execv wants a path.
+  if (p.python.find('/') == std::string::npos) {
+    const char* path = std::getenv("PATH");
+    std::stringstream dirs(path ? path : "");
+    std::string dir;
+    while (std::getline(dirs, dir, ':'))
+      if (!dir.empty() && access((dir + "/" + p.python).c_str(), X_OK) == 0) {
+        p.python = dir + "/" + p.python;
+        break;
+      }
+  }
+  const ChildOutcome o = run_child({p.python, p.script, "--probe"}, 120, stop);
+  try {
+    if (o.exit_code != 0) throw std::runtime_error("exit " + std::to_string(o.exit_code) + ": " + o.err_tail);
+    const json j = json::parse(o.out);
+    p.torch_version = j.at("torch").get<std::string>();
+    p.python_version = j.at("python").get<std::string>();
+    p.cuda = j.at("cuda").get<bool>();
+    p.import_seconds = j.at("import_seconds").get<double>();
+  } catch (const std::exception& e) {
+    throw UsageError("--executor torch: " + p.script + " --probe failed under " + p.python + " (" + e.what() + ")");
+  }
+  return p;
+}
+
+std::map<std::string, std::vector<std::string>> TorchExecutor::supported(std::map<std::string, std::vector<std::string>> native) {
+  native.erase("cuda_graphs");  // the twin does not capture graphs (yet)
+  return native;
+}
+
+TorchExecutor::TorchExecutor(const step::Workload& workload, bool cuda, int device, const std::atomic<bool>* stop)
+    : workload_(workload), cuda_(cuda), device_(device), stop_(stop), capacity_(trial_memory_capacity(cuda, device)),
+      probe_(probe_torch(stop)) {
+  if (cuda && !probe_.cuda)
+    throw UsageError("--executor torch on the GPU: PyTorch " + probe_.torch_version + " in " + probe_.python +
+                     " sees no usable GPU (a CPU-only build of torch?); use --gpu cpu, or install a CUDA build");
+  first_sample_ = step::first_sample_of(workload.data.samples);
+  reference_ = step::reference_losses(workload, first_sample_);
+}
+
+TrialResult TorchExecutor::run(const Candidate& candidate, const MeasurePolicy& policy) {
+  const step::Workload w = apply(workload_, candidate);
+  if (w.switches.cuda_graphs) {
+    TrialResult r;
+    r.cls = TrialClass::error;
+    r.message = "the PyTorch twin has no cuda_graphs";
+    return r;
+  }
+  const Tolerance tol = w.switches.bf16_matmuls ? tolerance::step_bf16 : tolerance::step_fp32;
+  json request{{"resolved", resolved_workload(w)},
+               {"backend", cuda_ ? "cuda" : "cpu"},
+               {"device", device_},
+               {"candidate", to_json(candidate)},
+               {"policy", to_json(policy)},
+               {"reference", {{"sample", first_sample_}, {"losses", reference_}, {"rtol", tol.rtol}, {"atol", tol.atol}}}};
+  if (!cuda_) request["memory_limit_bytes"] = capacity_;
+  return run_watched({probe_.python, probe_.script, "--trial", request.dump()}, policy, stop_);
 }
 
 }  // namespace tb::tune

@@ -40,6 +40,12 @@ struct TrialEstimate {
 };
 TrialEstimate shortest_trial(const step::Workload& w, int64_t min_steps, bool cuda, int device);
 
+// The workload as the step resolved it, with the constants the step is built from (seeds, the
+// layernorm and clipping epsilons), under the schema "trainbench-step-dump/1": what a twin of the
+// step in another framework is built from (scripts/trainbench_tracking/torch_step.py), never the YAML.
+nlohmann::ordered_json resolved_workload(const step::Workload& w);
+inline constexpr const char* kResolvedSchema = "trainbench-step-dump/1";
+
 nlohmann::json to_json(const Candidate& c);
 Candidate candidate_from_json(const nlohmann::json& j);
 nlohmann::json to_json(const TrialResult& r);
@@ -64,6 +70,19 @@ ChildOutcome run_child(const std::vector<std::string>& argv, double timeout_s, c
 // What a child's outcome means as a trial.
 TrialResult classify(const ChildOutcome& outcome);
 
+// Bytes a trial may use: the GPU's memory less what the context, cuBLAS's workspace and an
+// allocator's slack take (1 GiB), or 90% of the host memory available now.
+int64_t trial_memory_capacity(bool cuda, int device);
+
+// The policy as a request carries it.
+nlohmann::json to_json(const MeasurePolicy& policy);
+
+// Runs a trial child (argv) under the watchdog: `policy.wall_seconds` (with a grace) when a budget
+// bounds the trial, else a hang limit of 3 x max_seconds + 120 s; throws OutOfBudget when the budget's
+// end stopped it. The child's outcome as a trial (classify()).
+TrialResult run_watched(const std::vector<std::string>& argv, const MeasurePolicy& policy, const std::atomic<bool>* stop);
+
+// The native executor: each trial is `autotune --trial REQUEST`, the C++ step (kernels/step).
 class ProcessExecutor final : public Executor {
  public:
   ProcessExecutor(std::string self_exe, std::string workload_path, bool cuda, int device,
@@ -78,5 +97,47 @@ class ProcessExecutor final : public Executor {
   const std::atomic<bool>* stop_;
   int64_t capacity_ = 0;
 };
+
+// What `torch-step --probe` says of the interpreter the twin runs in.
+struct TorchProbe {
+  std::string python, script;          // what runs a trial: python script --trial REQUEST
+  std::string torch_version, python_version;
+  bool cuda = false;                   // torch.cuda.is_available()
+  double import_seconds = 0;           // import torch: part of every trial's start-up
+};
+
+// The PyTorch executor (`autotune --executor torch`): each trial is the PyTorch twin of the step
+// (scripts/torch-step --trial REQUEST, scripts/trainbench_tracking/torch_trial.py) in a child process
+// under the same watchdog, with the same request (the workload resolved here with the candidate
+// applied, the policy), the same measuring rules and the same TrialResult line back. Its first step is
+// checked against the C++ step's double-precision reference (step::reference_losses), computed here
+// once: it depends on neither the batch nor the switches. Peak memory is PyTorch's
+// (max_memory_allocated on a GPU, the process's peak resident set on the CPU); on the CPU the child
+// is held to memory_capacity() by an address-space limit, so that too large a configuration is an
+// out-of-memory result rather than the kernel's killer.
+class TorchExecutor final : public Executor {
+ public:
+  // Throws UsageError when the interpreter cannot import torch, the script is missing, or `cuda` is
+  // asked of a PyTorch that sees no GPU.
+  TorchExecutor(const step::Workload& workload, bool cuda, int device, const std::atomic<bool>* stop);
+  TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override;
+  int64_t memory_capacity() const override { return capacity_; }
+  const TorchProbe& probe() const { return probe_; }
+  // Switches the twin can run: the native step's, less cuda_graphs (not mirrored).
+  static std::map<std::string, std::vector<std::string>> supported(std::map<std::string, std::vector<std::string>> native);
+
+ private:
+  step::Workload workload_;
+  bool cuda_;
+  int device_;
+  const std::atomic<bool>* stop_;
+  int64_t capacity_ = 0;
+  TorchProbe probe_;
+  int32_t first_sample_ = 0;
+  std::vector<double> reference_;
+};
+
+// The probe alone (TorchExecutor's first act): UsageError with the way to install PyTorch when it fails.
+TorchProbe probe_torch(const std::atomic<bool>* stop);
 
 }  // namespace tb::tune

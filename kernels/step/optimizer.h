@@ -35,11 +35,12 @@ struct AdamwScalars {
   }
 };
 
-// clip_grad_norm_'s factor: min(1, max_norm / (norm + 1e-6)); 1 when clipping is off.
+// clip_grad_norm_'s factor: min(1, max_norm / (norm + clip_norm_eps)); 1 when clipping is off.
+inline constexpr double clip_norm_eps = 1e-6;
 template <class T>
 inline T clip_factor(T norm, double max_norm) {
   if (max_norm <= 0) return T(1);
-  const double f = max_norm / (static_cast<double>(norm) + 1e-6);
+  const double f = max_norm / (static_cast<double>(norm) + clip_norm_eps);
   return static_cast<T>(f < 1.0 ? f : 1.0);
 }
 

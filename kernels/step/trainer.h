@@ -38,6 +38,23 @@ inline std::vector<int32_t> make_dataset(int64_t samples, int64_t seq_len, int64
   return data;
 }
 
+// The epoch's shuffle, applied to the previous epoch's order: Fisher-Yates with a counter-based
+// generator, so that every backend (and a twin of the step in another framework) sees the same order.
+inline void shuffle_order(std::vector<int32_t>& order, uint64_t epoch) {
+  for (std::size_t i = order.size(); i > 1; --i) {
+    const auto j = static_cast<std::size_t>(splitmix64(seed_data * 104729 + epoch * 1000003 + i) % i);
+    std::swap(order[i - 1], order[j]);
+  }
+}
+
+// The sample the first micro-batch starts with: the one whose first forward check() compares.
+inline int32_t first_sample_of(int64_t samples) {
+  std::vector<int32_t> order(static_cast<std::size_t>(samples));
+  std::iota(order.begin(), order.end(), 0);
+  shuffle_order(order, 0);
+  return order.front();
+}
+
 // What one step measured. Part times are filled only by a profiled step.
 struct StepReport {
   bool loss_read = false;
@@ -197,11 +214,7 @@ class Trainer {
   }
 
   void shuffle() {
-    // Fisher-Yates with a counter-based generator: the same order on every backend.
-    for (std::size_t i = order_.size(); i > 1; --i) {
-      const auto j = static_cast<std::size_t>(splitmix64(seed_data * 104729 + epoch_ * 1000003 + i) % i);
-      std::swap(order_[i - 1], order_[j]);
-    }
+    shuffle_order(order_, epoch_);
     ++epoch_;
     cursor_ = 0;
   }

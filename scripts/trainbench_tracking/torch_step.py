@@ -12,7 +12,14 @@ constants the step is built from), never from the YAML, and is the same training
   residual is below cg_tol), its lazy gate and per-layer cache, and its implicit backward: a second, cold
   solve (A is symmetric) in a torch.autograd.Function, not autograd through the iterations;
 - clip_grad_norm_ and torch.optim.AdamW in the workload's variant (per_tensor: foreach=False, foreach:
-  foreach=True, fused: fused=True), as the C++ optimizer mirrors them.
+  foreach=True, fused: fused=True), as the C++ optimizer mirrors them;
+- the data section as a PyTorch program does it: a Dataset and a DataLoader over the same sample order,
+  per-sample __getitem__ copies stacked by the default collate, or one batched gather (__getitems__); from
+  pageable or pinned host memory, or a dataset resident on the device indexed there;
+- the logging policy: the loss read to the host (.item()) every step, every N steps, or asynchronously (a
+  non-blocking copy read one step later), as trainer.h's read_per_policy;
+- bf16_matmuls as torch.autocast(dtype=torch.bfloat16) around forward and loss.
+What it does not mirror: cuda_graphs (refused).
 tests/scripts/test_torch_step.py holds the twin's parameters, loss, gradients and the parameters after
 optimizer steps to the C++ step's in double precision.
 
@@ -131,6 +138,134 @@ class SyntheticData:
         """Tokens and targets [B, T] (int64, what embedding and cross_entropy take) of these samples."""
         rows = torch.from_numpy(self.rows[samples].astype(np.int64))
         return rows[:, :-1].contiguous().to(device), rows[:, 1:].contiguous().to(device)
+
+
+class TokenDataset(torch.utils.data.Dataset):
+    """The dataset's rows as a map-style Dataset: __getitem__ returns one sample's row (a copy, as a user's
+    __getitem__ builds a tensor), __getitems__ a batch of them in one gather (what DataLoader calls instead
+    of per-sample fetches when it is there)."""
+
+    def __init__(self, rows: torch.Tensor, per_sample_copy: bool):
+        self.rows = rows
+        if not per_sample_copy:
+            self.__getitems__ = self._gather
+
+    def __len__(self) -> int:
+        return self.rows.shape[0]
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.rows[index].clone()
+
+    def _gather(self, indices: List[int]) -> torch.Tensor:
+        return self.rows.index_select(0, torch.tensor(indices, dtype=torch.int64))
+
+
+class EpochBatches(torch.utils.data.Sampler):
+    """The trainer's micro-batches as a DataLoader batch_sampler: SyntheticData's order, without end."""
+
+    def __init__(self, data: SyntheticData, micro: int):
+        self.data, self.micro = data, micro
+        self.last: List[int] = []   # the batch handed out last (no worker processes: the one just loaded)
+
+    def __iter__(self):
+        while True:
+            self.last = self.data.next_samples(self.micro)
+            yield self.last
+
+
+def _collate(batch) -> torch.Tensor:
+    """The default collate's stack for per-sample rows; a gathered batch passes through."""
+    return batch if isinstance(batch, torch.Tensor) else torch.stack(batch)
+
+
+DATA_LOCATIONS = ("host_pageable", "host_pinned", "device")
+
+
+class DataPath:
+    """The workload's data section as a PyTorch program loads its micro-batches: a DataLoader (no worker
+    processes, as the C++ step loads on its own thread) over TokenDataset with the trainer's sample order,
+    pinned when the data is host_pinned and a GPU is used, then .to(device) (non_blocking from pinned
+    memory); or, with the data resident on the device, the rows indexed there. Each batch is tokens and
+    targets [B, T] int64. Every micro-batch's samples are kept in `picked` (the last one's)."""
+
+    def __init__(self, data: SyntheticData, spec: dict, micro: int, device=None):
+        location = spec["location"]
+        if location not in DATA_LOCATIONS:
+            raise UsageError(f"data location must be one of {', '.join(DATA_LOCATIONS)}, not {location!r}")
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.on_gpu = self.device.type == "cuda"
+        self.data, self.micro = data, micro
+        rows = torch.from_numpy(data.rows.astype(np.int64))
+        self.picked: List[int] = []
+        self.resident = rows.to(self.device) if location == "device" else None
+        self.non_blocking = location == "host_pinned" and self.on_gpu
+        if self.resident is None:
+            self.sampler = EpochBatches(data, micro)
+            loader = torch.utils.data.DataLoader(TokenDataset(rows, bool(spec["per_sample_copy"])),
+                                                 batch_sampler=self.sampler, collate_fn=_collate,
+                                                 pin_memory=self.non_blocking)
+            self._batches = iter(loader)
+
+    def next_batch(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.resident is not None:
+            self.picked = self.data.next_samples(self.micro)
+            index = torch.tensor(self.picked, dtype=torch.int64).to(self.device, non_blocking=False)
+            rows = self.resident.index_select(0, index)
+        else:
+            rows = next(self._batches).to(self.device, non_blocking=self.non_blocking)
+            self.picked = self.sampler.last
+        return rows[:, :-1], rows[:, 1:]
+
+
+LOGGING_SYNCS = ("every_step", "every_n", "async")
+
+
+class LossLog:
+    """trainer.h's read_per_policy, the PyTorch way: every_step reads loss and grad norm with .item() after
+    every step; every_n every `interval` steps (the loss summed on the device in between); async copies them
+    non-blocking into pinned memory and reads the copy queued one step earlier, which never waits for the
+    step. `read` holds the last values read to the host: (step, mean loss since the previous read, grad norm)."""
+
+    def __init__(self, logging: dict, device=None):
+        if logging["sync"] not in LOGGING_SYNCS:
+            raise UsageError(f"logging sync must be one of {', '.join(LOGGING_SYNCS)}, not {logging['sync']!r}")
+        self.sync, self.interval = logging["sync"], max(int(logging["interval"]), 1)
+        self.on_gpu = device is not None and torch.device(device).type == "cuda"
+        self.steps = 0
+        self.since_read = 0
+        self.loss_sum: Optional[torch.Tensor] = None
+        self.pending = None   # async: (host copy, its event, steps in it)
+        self.read: Optional[Tuple[int, float, float]] = None
+        self.reads = 0
+
+    def after_step(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        self.steps += 1
+        self.since_read += 1
+        self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
+        if self.sync == "every_n" and self.steps % self.interval:
+            return
+        values = torch.stack([self.loss_sum, grad_norm.to(self.loss_sum.dtype)])
+        steps_in = self.since_read
+        self.loss_sum, self.since_read = None, 0
+        if self.sync == "async":
+            if self.on_gpu:
+                host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+                host.copy_(values, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
+            else:
+                host, event = values.clone(), None
+            arrived, self.pending = self.pending, (host, event, steps_in)
+            if arrived is None or (arrived[1] is not None and not arrived[1].query()):
+                return
+            host, _, steps_in = arrived
+            self._take(host.tolist(), steps_in)
+        else:
+            self._take(values.tolist(), steps_in)   # .tolist(): the .item() of both, one wait
+
+    def _take(self, values: List[float], steps_in: int) -> None:
+        self.read = (self.steps, values[0] / max(steps_in, 1), values[1])
+        self.reads += 1
 
 
 # ---- the propagator (model.h's propagate) ------------------------------------------------------------------
@@ -303,9 +438,8 @@ class TwinModel(nn.Module):
         if attention not in ATTENTION:
             raise UsageError(f"attention must be one of {', '.join(ATTENTION)}, not {attention!r}")
         model, prop, switches = workload["model"], workload["propagator"], workload["switches"]
-        for switch in ("bf16_matmuls", "cuda_graphs"):
-            if switches[switch]:
-                raise UsageError(f"the twin has no {switch} yet (workload {workload['name']})")
+        if switches["cuda_graphs"]:
+            raise UsageError(f"the twin has no cuda_graphs yet (workload {workload['name']})")
         values = initial_parameters(model, int(constants["seed_params"]))
 
         def as_param(name: str) -> nn.Parameter:
@@ -350,13 +484,14 @@ class StepResult:
     loss: torch.Tensor        # the mean per-token loss over the step's micro-batches (not read to the host)
     grad_norm: torch.Tensor   # the global gradient norm before clipping
     micro_batches: List[List[int]]   # the dataset samples of each micro-batch
+    first_losses: Optional[torch.Tensor] = None   # with record_first: the first sequence's per-token losses
 
 
 class TrainingStep:
-    """One optimizer step of the workload, as Trainer::step runs it: `accumulation` micro-batches, each loss
-    cross-entropy's mean over the micro-batch's tokens divided by the accumulation (so the step's gradient
-    is that of the mean over all its tokens), then clip_grad_norm_ (when grad_clip > 0), AdamW, and the
-    gradients cleared.
+    """One optimizer step of the workload, as Trainer::step runs it: `accumulation` micro-batches from the
+    data path, each loss cross-entropy's mean over the micro-batch's tokens divided by the accumulation (so
+    the step's gradient is that of the mean over all its tokens), then clip_grad_norm_ (when grad_clip > 0),
+    AdamW, the gradients cleared, and the host reads the logging policy asks for.
 
     `resolved` is dump_step's document (its "workload" and "constants"); `attention` picks naive or SDPA."""
 
@@ -368,10 +503,10 @@ class TrainingStep:
             raise UsageError(f"the C++ step clips with norm + {constants['clip_norm_eps']}; "
                              f"clip_grad_norm_ adds {TORCH_CLIP_NORM_EPS}")
         self.workload = w
-        self.device = device
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.micro = int(w["batch"]["micro"])
         self.accumulation = int(w["batch"]["accumulation"])
-        self.model = TwinModel(w, constants, attention, dtype, device)
+        self.model = TwinModel(w, constants, attention, dtype, self.device)
         self.params = [p for _, p in self.model.layout()]
         opt = w["optimizer"]
         if opt["variant"] not in OPTIMIZER_VARIANTS:
@@ -382,26 +517,43 @@ class TrainingStep:
         data = w["data"]
         self.data = SyntheticData(data["samples"], w["model"]["seq_len"], w["model"]["vocab"],
                                   int(constants["seed_data"]))
+        self.loader = DataPath(self.data, data, self.micro, self.device)
+        # bf16_matmuls: the matrix products in bf16 under autocast, the rest (and the CG) in the model's dtype
+        self.bf16 = bool(w["switches"]["bf16_matmuls"])
+        self.log = LossLog(w["logging"], self.device)
 
-    def micro_step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def micro_step(self, tokens: torch.Tensor, targets: torch.Tensor, keep_losses: bool = False):
         """Forward and backward of one micro-batch, accumulating into the gradients; its share of the step's
-        loss, detached."""
-        logits = self.model(tokens)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)) / self.accumulation
+        loss, detached (with keep_losses, also the per-token losses [B, T], detached)."""
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            logits = self.model(tokens)
+            per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float() if self.bf16 else
+                                        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+        loss = per_token.mean() / self.accumulation
         loss.backward()
+        if keep_losses:
+            return loss.detach(), per_token.detach().view(targets.shape)
         return loss.detach()
 
-    def step(self) -> StepResult:
+    def step(self, record_first: bool = False) -> StepResult:
+        """One optimizer step; with record_first, the first micro-batch's first sequence's per-token losses
+        are kept (what the trial checks against the C++ double-precision reference)."""
         loss = torch.zeros((), dtype=self.params[0].dtype, device=self.device)
-        picked = []
-        for _ in range(self.accumulation):
-            samples = self.data.next_samples(self.micro)
-            picked.append(samples)
-            loss += self.micro_step(*self.data.batch(samples, self.device))
+        picked, first = [], None
+        for k in range(self.accumulation):
+            tokens, targets = self.loader.next_batch()
+            picked.append(list(self.loader.picked))
+            if record_first and k == 0:
+                share, per_token = self.micro_step(tokens, targets, keep_losses=True)
+                first = per_token[0].double().cpu()
+            else:
+                share = self.micro_step(tokens, targets)
+            loss += share
         if self.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         else:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params])
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(loss, grad_norm.detach(), picked)
+        self.log.after_step(loss, grad_norm.detach())
+        return StepResult(loss, grad_norm.detach(), picked, first)

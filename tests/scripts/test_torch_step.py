@@ -281,3 +281,149 @@ def test_an_exact_propagator_fails_the_gradient_check(ts, tiny):
     twin.model.solver.cg_tol = 1e-13
     run_first_micro_batch(twin, tiny)
     assert max(gradient_differences(twin, tiny).values()) > 100 * GRAD_RTOL
+
+
+# ---- the data path, the logging policy and bf16 ----------------------------------------------------------------
+@pytest.mark.parametrize("location,per_sample_copy", [("host_pageable", True), ("host_pinned", False), ("device", False)])
+def test_every_data_path_loads_the_trainers_batches(ts, tiny, location, per_sample_copy):
+    """DataLoader with per-sample __getitem__ + stack, one __getitems__ gather, or rows resident on the device:
+    the same samples in the same order, and each batch's tokens and targets those of SyntheticData.batch."""
+    micro = tiny["workload"]["batch"]["micro"]
+    samples = tiny["workload"]["data"]["samples"]
+    twin_data = ts.TrainingStep(tiny).data
+    path = ts.DataPath(ts.SyntheticData(samples, 16, 17, 41), {"location": location, "per_sample_copy": per_sample_copy},
+                       micro)
+    for _ in range(samples // micro + 2):   # past an epoch's end
+        tokens, targets = path.next_batch()
+        want = twin_data.next_samples(micro)
+        assert path.picked == want
+        want_tokens, want_targets = twin_data.batch(want)
+        assert tokens.tolist() == want_tokens.tolist() and targets.tolist() == want_targets.tolist()
+
+
+def test_loss_log_reads_as_the_logging_policy_says(ts):
+    import torch
+
+    def run(sync, interval=1, steps=6):
+        log = ts.LossLog({"sync": sync, "interval": interval})
+        reads = []
+        for k in range(1, steps + 1):
+            log.after_step(torch.tensor(float(k)), torch.tensor(10.0 * k))
+            if log.read and (not reads or log.read != reads[-1]):
+                reads.append(log.read)
+        return reads
+
+    assert run("every_step") == [(k, float(k), 10.0 * k) for k in range(1, 7)]
+    # every 3rd step: the mean loss of the 3 steps since the last read, the grad norm of the last
+    assert run("every_n", 3) == [(3, 2.0, 30.0), (6, 5.0, 60.0)]
+    # async: each read is the copy queued one step earlier (nothing arrives at the first step)
+    assert run("async") == [(k, float(k - 1), 10.0 * (k - 1)) for k in range(2, 7)]
+    with pytest.raises(ts.UsageError, match="logging sync must be one of"):
+        ts.LossLog({"sync": "sometimes", "interval": 1})
+
+
+# ---- the trial child (torch_trial.py, what autotune --executor torch runs) -------------------------------------
+FP32_TOL = {"atol": 2e-4, "rtol": 1e-4}   # runtime/tolerance.h's step_fp32
+BF16_TOL = {"atol": 5e-2, "rtol": 2e-2}   # step_bf16
+
+
+def trial_request(doc, policy=None, **extra):
+    """A request as TorchExecutor::run builds it: the resolved workload, the policy, and the first sequence's
+    double-precision losses as the reference (here the dump's first micro-batch: the C++ step in double)."""
+    T = doc["workload"]["model"]["seq_len"]
+    mb = doc["micro_batch"]
+    request = {
+        "resolved": {key: doc[key] for key in ("schema", "workload", "constants")},
+        "backend": "cpu", "device": 0,
+        "candidate": {"global_batch": doc["workload"]["batch"]["global"], "micro_batch": doc["workload"]["batch"]["micro"],
+                      "switches": {}},
+        "policy": {"target_rel_ci": 0.05, "max_seconds": 0.5, "min_steps": 3, "stop_below": 0.0, "wall_seconds": 0.0,
+                   **(policy or {})},
+        "reference": {"sample": mb["samples"][0], "losses": mb["losses"][:T], **FP32_TOL},
+    }
+    request.update(extra)
+    return request
+
+
+@pytest.fixture(scope="module")
+def trial():
+    pytest.importorskip("torch")
+    from trainbench_tracking import torch_trial
+    return torch_trial
+
+
+TORCH_STEP = os.path.join(REPO, "scripts", "torch-step")
+
+
+def run_child(request, timeout=120):
+    """scripts/torch-step --trial as autotune starts it: exit 0 and one TrialResult line last."""
+    import sys
+    done = subprocess.run([sys.executable, TORCH_STEP, "--trial", json.dumps(request)], capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_trial_of_tiny_is_checked_then_timed(trial, tiny):
+    r = trial.run_trial(trial_request(tiny))
+    assert r["class"] == "ok", r["message"]
+    assert 0 < r["ci_low"] <= r["samples_per_s"] <= r["ci_high"]
+    assert r["steps"] >= 3 and 0 < r["setup_seconds"] < r["seconds"]
+    assert r["peak_bytes"] > 1 << 20   # the process's peak resident set, PyTorch included
+    assert set(r) == {"class", "samples_per_s", "ci_low", "ci_high", "peak_bytes", "steps", "seconds", "setup_seconds",
+                      "message"}   # trial_result_from_json's fields
+
+
+def test_a_trial_whose_first_step_is_wrong_is_incorrect_and_not_timed(trial, tiny):
+    request = trial_request(tiny)
+    request["reference"]["losses"][3] += 0.01
+    r = trial.run_trial(request)
+    assert r["class"] == "incorrect" and r["samples_per_s"] == 0 and r["steps"] == 0
+    assert re.match(r"loss of token 3 of sample \d+ = [\d.]+, double reference [\d.]+", r["message"]), r["message"]
+    request = trial_request(tiny)
+    request["reference"]["sample"] += 1
+    r = trial.run_trial(request)
+    assert r["class"] == "incorrect" and "the twin's data order differs" in r["message"]
+
+
+def test_bf16_autocast_passes_the_bf16_tolerance_and_changes_the_losses(ts, trial, tiny):
+    import copy
+    import torch
+    doc = copy.deepcopy(tiny)
+    doc["workload"]["switches"]["bf16_matmuls"] = True
+    reference = trial_request(tiny)["reference"]
+    bf16 = ts.TrainingStep(doc, dtype=torch.float32).step(record_first=True)
+    fp32 = ts.TrainingStep(tiny, dtype=torch.float32).step(record_first=True)
+    assert trial.check_first({**reference, **BF16_TOL}, bf16.micro_batches[0][0], bf16.first_losses.tolist()) is None
+    assert trial.check_first(reference, fp32.micro_batches[0][0], fp32.first_losses.tolist()) is None
+    assert (bf16.first_losses - fp32.first_losses).abs().max().item() > 1e-5   # the products did run in bf16
+
+
+def test_a_trial_stops_at_the_budgets_end(trial, tiny):
+    """It stops itself before wall_seconds by forecasting its next sample (1.5 x the slowest so far), long
+    before max_seconds. A sample slower than forecast ends a little after it: under ctest -j2, with PyTorch's
+    two threads and another test on two cores, one sample stalled 0.85 s. The parent's watchdog holds the
+    hard limit there (wall_seconds + kill_grace_seconds, then OutOfBudget)."""
+    r = trial.run_trial(trial_request(tiny, {"target_rel_ci": 0.0, "max_seconds": 60.0, "wall_seconds": 3.0}))
+    assert r["class"] == "ok" and r["message"] == "stopped at the budget's end"
+    assert r["steps"] > 0 and r["seconds"] <= 3.0 + 2.0
+
+
+def test_the_trial_child_reports_out_of_memory_as_a_result(trial, tiny):
+    r = run_child(trial_request(tiny, memory_limit_bytes=64 << 20))
+    assert r["class"] == "oom", r
+    assert r["message"].startswith("out of memory (") and "held to 64 MiB more" in r["message"], r["message"]
+    r = run_child(trial_request(tiny, memory_limit_bytes=8 << 30))   # the same trial with room runs
+    assert r["class"] == "ok", r
+
+
+def test_the_trial_child_refuses_bad_arguments_and_probes(trial):
+    import sys
+    done = subprocess.run([sys.executable, TORCH_STEP, "--trial"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "usage: torch-step" in done.stderr
+    done = subprocess.run([sys.executable, TORCH_STEP, "--trial", "{not json"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "the request is not JSON" in done.stderr
+    done = subprocess.run([sys.executable, TORCH_STEP, "--probe"], capture_output=True, text=True, timeout=120)
+    probe = json.loads(done.stdout)
+    import torch
+    assert probe["torch"] == torch.__version__ and probe["import_seconds"] > 0 and probe["cuda"] in (True, False)
