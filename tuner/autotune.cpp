@@ -233,12 +233,6 @@ TrialRunner make_runner(const std::string& which, const step::Workload& workload
   return r;
 }
 
-// The switches the runner can tune on this backend.
-std::map<std::string, std::vector<std::string>> runner_switches(const TrialRunner& r, const step::Workload& w, bool cuda) {
-  auto s = available_switches(w, cuda);
-  return r.torch ? TorchExecutor::supported(std::move(s)) : s;
-}
-
 std::string file_text(const std::string& path) {
   std::ifstream file(path);
   std::stringstream text;
@@ -453,7 +447,7 @@ int compare_tuned(const std::vector<std::string>& paths, const std::string& work
                        " has " + workload_digest + ")");
   const Machine machine = pick_machine(gpu);
   TrialRunner runner = make_runner(executor_name, workload, machine);
-  const auto available = runner_switches(runner, workload, machine.use_cuda);
+  const auto available = available_switches(workload, machine.use_cuda);
   for (const auto& t : tuned)
     for (const auto& [name, value] : t.chosen.switches)
       if (!available.count(name))
@@ -592,7 +586,7 @@ int run(int argc, char** argv) {
   space.global_batches = global_batches(workload, batch, range);
   TrialRunner runner = make_runner(executor_name, workload, machine);  // torch: probed before anything runs
   Executor& executor = *runner.executor;
-  const auto available = runner_switches(runner, workload, use_cuda);
+  const auto available = available_switches(workload, use_cuda);
   if (switch_list.empty()) {
     space.switches = available;
   } else if (switch_list != "none") {

@@ -470,11 +470,6 @@ TorchProbe probe_torch(const std::atomic<bool>* stop) {
   return p;
 }
 
-std::map<std::string, std::vector<std::string>> TorchExecutor::supported(std::map<std::string, std::vector<std::string>> native) {
-  native.erase("cuda_graphs");  // the twin does not capture graphs (yet)
-  return native;
-}
-
 TorchExecutor::TorchExecutor(const step::Workload& workload, bool cuda, int device, const std::atomic<bool>* stop)
     : workload_(workload), cuda_(cuda), device_(device), stop_(stop), capacity_(trial_memory_capacity(cuda, device)),
       probe_(probe_torch(stop)) {
@@ -487,18 +482,13 @@ TorchExecutor::TorchExecutor(const step::Workload& workload, bool cuda, int devi
 
 TrialResult TorchExecutor::run(const Candidate& candidate, const MeasurePolicy& policy) {
   const step::Workload w = apply(workload_, candidate);
-  if (w.switches.cuda_graphs) {
-    TrialResult r;
-    r.cls = TrialClass::error;
-    r.message = "the PyTorch twin has no cuda_graphs";
-    return r;
-  }
   const Tolerance tol = w.switches.bf16_matmuls ? tolerance::step_bf16 : tolerance::step_fp32;
   json request{{"resolved", resolved_workload(w)},
                {"backend", cuda_ ? "cuda" : "cpu"},
                {"device", device_},
                {"candidate", to_json(candidate)},
                {"policy", to_json(policy)},
+               {"warmup_steps", warmup_steps(w)},
                {"reference", {{"sample", first_sample_}, {"losses", reference_}, {"rtol", tol.rtol}, {"atol", tol.atol}}}};
   if (!cuda_) request["memory_limit_bytes"] = capacity_;
   return run_watched({probe_.python, probe_.script, "--trial", request.dump()}, policy, stop_);

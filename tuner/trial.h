@@ -123,8 +123,6 @@ class TorchExecutor final : public Executor {
   TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override;
   int64_t memory_capacity() const override { return capacity_; }
   const TorchProbe& probe() const { return probe_; }
-  // Switches the twin can run: the native step's, less cuda_graphs (not mirrored).
-  static std::map<std::string, std::vector<std::string>> supported(std::map<std::string, std::vector<std::string>> native);
 
  private:
   step::Workload workload_;

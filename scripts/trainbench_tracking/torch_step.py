@@ -18,8 +18,11 @@ constants the step is built from), never from the YAML, and is the same training
   pageable or pinned host memory, or a dataset resident on the device indexed there;
 - the logging policy: the loss read to the host (.item()) every step, every N steps, or asynchronously (a
   non-blocking copy read one step later), as trainer.h's read_per_policy;
-- bf16_matmuls as torch.autocast(dtype=torch.bfloat16) around forward and loss.
-What it does not mirror: cuda_graphs (refused).
+- bf16_matmuls as torch.autocast(dtype=torch.bfloat16) around forward and loss;
+- cuda_graphs (a GPU only, without the propagator, whose CG reads the host every iteration) as the C++
+  step captures them: from step GRAPH_CAPTURE_STEP on, each micro-batch's forward, loss and backward is one
+  graph replay (torch.cuda.make_graphed_callables over the model and its loss), the batch copied into the
+  graph's static inputs; data loading, clipping and AdamW stay eager.
 tests/scripts/test_torch_step.py holds the twin's parameters, loss, gradients and the parameters after
 optimizer steps to the C++ step's in double precision.
 
@@ -438,8 +441,6 @@ class TwinModel(nn.Module):
         if attention not in ATTENTION:
             raise UsageError(f"attention must be one of {', '.join(ATTENTION)}, not {attention!r}")
         model, prop, switches = workload["model"], workload["propagator"], workload["switches"]
-        if switches["cuda_graphs"]:
-            raise UsageError(f"the twin has no cuda_graphs yet (workload {workload['name']})")
         values = initial_parameters(model, int(constants["seed_params"]))
 
         def as_param(name: str) -> nn.Parameter:
@@ -479,6 +480,26 @@ class TwinModel(nn.Module):
 
 
 # ---- the step (trainer.h) ---------------------------------------------------------------------------------
+GRAPH_CAPTURE_STEP = 1   # step.h's graph_capture_step: the steps before it run eagerly (the first is checked)
+
+
+class MicroBatchLoss(nn.Module):
+    """A micro-batch's per-token losses [B, T] from tokens and targets: the part the C++ step captures in a
+    graph, as one module so that make_graphed_callables graphs its forward and backward together."""
+
+    def __init__(self, model: TwinModel, bf16: bool, device_type: str):
+        super().__init__()
+        self.model, self.bf16, self.device_type = model, bf16, device_type
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # cache_enabled=False: autocast's cast cache must not outlive a graph capture
+        with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.bf16, cache_enabled=False):
+            logits = self.model(tokens)
+            flat = logits.reshape(-1, logits.shape[-1])
+            per_token = F.cross_entropy(flat.float() if self.bf16 else flat, targets.reshape(-1), reduction="none")
+        return per_token.view(targets.shape)
+
+
 @dataclass
 class StepResult:
     loss: torch.Tensor        # the mean per-token loss over the step's micro-batches (not read to the host)
@@ -521,14 +542,26 @@ class TrainingStep:
         # bf16_matmuls: the matrix products in bf16 under autocast, the rest (and the CG) in the model's dtype
         self.bf16 = bool(w["switches"]["bf16_matmuls"])
         self.log = LossLog(w["logging"], self.device)
+        self.losses = MicroBatchLoss(self.model, self.bf16, self.device.type)
+        self.graphs = bool(w["switches"]["cuda_graphs"])
+        if self.graphs and self.device.type != "cuda":
+            raise UsageError("cuda_graphs needs a GPU (the twin runs on the CPU)")
+        if self.graphs and self.model.solver is not None:
+            raise UsageError("cuda_graphs with the propagator: its CG reads the host every iteration (as the C++ step, "
+                             "the twin does not capture it)")
+        self.graphed: Optional[nn.Module] = None   # the captured micro-step, from GRAPH_CAPTURE_STEP on
+        self.steps = 0
 
     def micro_step(self, tokens: torch.Tensor, targets: torch.Tensor, keep_losses: bool = False):
         """Forward and backward of one micro-batch, accumulating into the gradients; its share of the step's
         loss, detached (with keep_losses, also the per-token losses [B, T], detached)."""
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            logits = self.model(tokens)
-            per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float() if self.bf16 else
-                                        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+        losses = self.losses
+        if self.graphs and self.steps >= GRAPH_CAPTURE_STEP:
+            if self.graphed is None:   # capture (after make_graphed_callables' own warm-up iterations)
+                self.graphed = torch.cuda.make_graphed_callables(self.losses, (tokens.contiguous(), targets.contiguous()))
+            losses = self.graphed
+            tokens, targets = tokens.contiguous(), targets.contiguous()   # the static inputs' layout
+        per_token = losses(tokens, targets)
         loss = per_token.mean() / self.accumulation
         loss.backward()
         if keep_losses:
@@ -554,6 +587,8 @@ class TrainingStep:
         else:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params])
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        # With graphs the gradients stay allocated: the replayed backward accumulates into them in place
+        self.optimizer.zero_grad(set_to_none=not self.graphs)
+        self.steps += 1
         self.log.after_step(loss, grad_norm.detach())
         return StepResult(loss, grad_norm.detach(), picked, first)

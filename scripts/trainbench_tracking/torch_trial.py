@@ -5,7 +5,8 @@ The request is the one the C++ child gets, with the workload already resolved by
 applied ("resolved", dump_step's document), and the C++ step's double-precision reference of the first
 sequence ("reference": its dataset sample, per-token losses and tolerance). The measuring rules are the C++
 child's: the first step is checked (its first sequence's per-token losses against the reference) before
-anything is timed, a wrong one is `incorrect`; then the warm-up step, timed alone, sizes samples of whole
+anything is timed, a wrong one is `incorrect`; then the warm-up steps (the request's warmup_steps: with
+cuda_graphs, through the capturing step), the last one timed alone, size samples of whole
 steps (each at least 20 ms), measured until the median's interval is within the target, the policy's
 max_seconds pass, the trial is clearly behind the best so far (stop_below), or the budget's end
 (wall_seconds) would come before the next sample. The result is one JSON line of TrialResult on stdout, the
@@ -79,6 +80,21 @@ def limit_host_memory(limit_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (want, hard))
 
 
+def warm_lazy_imports(optimizer_variant: str) -> None:
+    """What PyTorch sets up on first use, set up before the address-space limit: one step of the variant's
+    AdamW on a one-element tensor (it imports torch._dynamo, and through it the compiler's CPU probes), and a
+    matrix product and a reduction large enough to start the OpenMP threads (whose stacks, mapped under the
+    limit, fail libgomp's thread creation, which aborts the process)."""
+    import torch
+    from .torch_step import OPTIMIZER_VARIANTS
+    p = torch.zeros(1, requires_grad=True)
+    p.grad = torch.zeros(1)
+    torch.optim.AdamW([p], **OPTIMIZER_VARIANTS.get(optimizer_variant, {})).step()
+    a = torch.ones(256, 256)
+    (a @ a).sum().item()
+    torch.ones(1 << 20).exp_().sum().item()
+
+
 def check_first(reference: dict, sample: int, got: List[float]) -> Optional[str]:
     """check_first_losses: every token's loss within atol + rtol |ref| of the double reference; None when it
     passes, else what failed."""
@@ -135,9 +151,13 @@ def run_trial(request: dict) -> dict:
             torch.cuda.reset_peak_memory_stats(device)
         else:
             device = torch.device("cpu")
-            limit_host_memory(int(request.get("memory_limit_bytes", 0)))
         resolved = request["resolved"]
         workload = resolved["workload"]
+        if not on_gpu:
+            # What PyTorch imports lazily is imported before the limit: an import refused under it fails in
+            # the import machinery (SystemError), not as an allocation
+            warm_lazy_imports(workload["optimizer"]["variant"])
+            limit_host_memory(int(request.get("memory_limit_bytes", 0)))
         global_batch = int(workload["batch"]["global"])
         step = TrainingStep(resolved, dtype=torch.float32, attention=request.get("attention", "naive"), device=device)
         clock = Clock(on_gpu)
@@ -147,7 +167,9 @@ def run_trial(request: dict) -> dict:
         why = check_first(request["reference"], first.micro_batches[0][0], first.first_losses.tolist())
         if why:
             return fail("incorrect", why)
-        last_warmup = clock.time(step.step, 1)
+        # The warm-up steps (with cuda_graphs, through the capturing step), the last one timed alone
+        for _ in range(max(int(request.get("warmup_steps", 1)), 1)):
+            last_warmup = clock.time(step.step, 1)
         batch = batch_for(last_warmup)
         step_seconds: List[float] = []
         steps = 0

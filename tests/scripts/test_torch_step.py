@@ -410,10 +410,16 @@ def test_a_trial_stops_at_the_budgets_end(trial, tiny):
 
 
 def test_the_trial_child_reports_out_of_memory_as_a_result(trial, tiny):
-    r = run_child(trial_request(tiny, memory_limit_bytes=64 << 20))
+    """A dataset of 2M sequences (about 0.5 GiB as the twin builds it) under a limit of 64 MiB beyond what
+    the interpreter and PyTorch hold: an oom result, and the child exits normally. tiny itself runs under the
+    same limit: PyTorch's lazy imports and its threads are set up before the limit is set."""
+    import copy
+    big = copy.deepcopy(tiny)
+    big["workload"]["data"]["samples"] = 2_000_000
+    r = run_child(trial_request(big, memory_limit_bytes=64 << 20))
     assert r["class"] == "oom", r
     assert r["message"].startswith("out of memory (") and "held to 64 MiB more" in r["message"], r["message"]
-    r = run_child(trial_request(tiny, memory_limit_bytes=8 << 30))   # the same trial with room runs
+    r = run_child(trial_request(tiny, memory_limit_bytes=64 << 20))
     assert r["class"] == "ok", r
 
 
@@ -427,3 +433,38 @@ def test_the_trial_child_refuses_bad_arguments_and_probes(trial):
     probe = json.loads(done.stdout)
     import torch
     assert probe["torch"] == torch.__version__ and probe["import_seconds"] > 0 and probe["cuda"] in (True, False)
+
+
+# ---- cuda_graphs ------------------------------------------------------------------------------------------------
+def test_cuda_graphs_are_refused_on_the_cpu_and_with_the_propagator(ts, tiny):
+    import copy
+    doc = copy.deepcopy(tiny)
+    doc["workload"]["switches"]["cuda_graphs"] = True
+    with pytest.raises(ts.UsageError, match="cuda_graphs needs a GPU"):
+        ts.TrainingStep(doc)
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        return
+    with pytest.raises(ts.UsageError, match="cuda_graphs with the propagator"):
+        ts.TrainingStep(doc, dtype=torch.float32, device="cuda")
+
+
+def test_gpu_graphed_steps_match_eager_steps(ts, tool, tmp_path):
+    """On a GPU: from GRAPH_CAPTURE_STEP on, the twin replays its captured micro-step; its losses and
+    parameters follow the eager twin's (fp32: the same kernels, so to rounding)."""
+    import copy
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    doc = dump(tool, tiny_variant(tmp_path, "no_propagator", VARIANTS["no_propagator"]), "--steps", 1)
+    graphed_doc = copy.deepcopy(doc)
+    graphed_doc["workload"]["switches"]["cuda_graphs"] = True
+    eager = ts.TrainingStep(doc, dtype=torch.float32, device="cuda")
+    graphed = ts.TrainingStep(graphed_doc, dtype=torch.float32, device="cuda")
+    for k in range(4):
+        e, g = eager.step(), graphed.step()
+        assert e.micro_batches == g.micro_batches
+        assert abs(e.loss.item() - g.loss.item()) <= 1e-5 * abs(e.loss.item()), k
+    assert graphed.graphed is not None and eager.graphed is None
+    for (name, a), (_, b) in zip(eager.model.layout(), graphed.model.layout()):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), name
