@@ -98,7 +98,9 @@ void require_torch(const std::string& who, const std::string& script) {
     throw UsageError(who + " needs PyTorch and numpy in " + python +
                      ": install them with scripts/install-deps --torch (or " + python +
                      " -m pip install torch numpy), or name another interpreter in TRAINBENCH_PYTHON");
-  if (!fs::is_regular_file(script)) throw UsageError(who + ": no " + script + " (trainbench's scripts folder is missing: set TRAINBENCH_TORCH_PEERS or TRAINBENCH_TORCH_STEP to the script)");
+  if (!fs::is_regular_file(script))
+    throw UsageError(who + ": no " + script +
+                     " (trainbench's scripts folder is missing: set TRAINBENCH_TORCH_PEERS or TRAINBENCH_TORCH_STEP to the script)");
 }
 
 nlohmann::json run_torch_peers(const TorchRun& run) {

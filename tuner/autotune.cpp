@@ -452,7 +452,7 @@ int compare_tuned(const std::vector<std::string>& paths, const std::string& work
     for (const auto& [name, value] : t.chosen.switches)
       if (!available.count(name))
         throw UsageError(t.path + ": its configuration sets " + name + ", which " + workload.name + " does not have on " +
-                         machine.backend + (runner.torch ? " in the PyTorch twin" : ""));
+                         machine.backend);
 
   CompareOutput out;
   out.device = machine.description;
@@ -597,7 +597,7 @@ int run(int argc, char** argv) {
         std::string names;
         for (const auto& kv : available) names += (names.empty() ? "" : ", ") + kv.first;
         throw UsageError("--switches: '" + name + "' is not a switch of this workload on " + machine.backend +
-                         (runner.torch ? " in the PyTorch twin" : "") + " (available: " + names + ")");
+                         " (available: " + names + ")");
       }
       space.switches[name] = available.at(name);
     }

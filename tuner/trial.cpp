@@ -223,12 +223,7 @@ TrialResult run_trial_here(const json& request) {
     const bool cuda = request.at("backend").get<std::string>() == "cuda";
     const Candidate c = candidate_from_json(request.at("candidate"));
     const step::Workload w = apply(step::load_workload(request.at("workload").get<std::string>()), c);
-    MeasurePolicy policy;
-    policy.target_rel_ci = request.at("policy").at("target_rel_ci").get<double>();
-    policy.max_seconds = request.at("policy").at("max_seconds").get<double>();
-    policy.min_steps = request.at("policy").at("min_steps").get<int64_t>();
-    policy.stop_below = request.at("policy").value("stop_below", 0.0);
-    policy.wall_seconds = request.at("policy").value("wall_seconds", 0.0);
+    const MeasurePolicy policy = policy_from_json(request.at("policy"));
     if (const std::string why = step::unsupported_reason(w, cuda); !why.empty())
       return fail(looks_like_oom(why) ? TrialClass::oom : TrialClass::error, why);
 
@@ -408,6 +403,16 @@ json to_json(const MeasurePolicy& policy) {
               {"stop_below", policy.stop_below}, {"wall_seconds", policy.wall_seconds}};
 }
 
+MeasurePolicy policy_from_json(const json& j) {
+  MeasurePolicy policy;
+  policy.target_rel_ci = j.at("target_rel_ci").get<double>();
+  policy.max_seconds = j.at("max_seconds").get<double>();
+  policy.min_steps = j.at("min_steps").get<int64_t>();
+  policy.stop_below = j.value("stop_below", 0.0);
+  policy.wall_seconds = j.value("wall_seconds", 0.0);
+  return policy;
+}
+
 TrialResult run_watched(const std::vector<std::string>& argv, const MeasurePolicy& policy, const std::atomic<bool>* stop) {
   const auto started = std::chrono::steady_clock::now();
   // Setup, the reference check and the first step come on top of the measuring time.
@@ -444,7 +449,6 @@ TorchProbe probe_torch(const std::atomic<bool>* stop) {
   TorchProbe p;
   p.python = torch_python();
   p.script = torch_step_script();
-  require_torch("--executor torch", p.script);
   // The interpreter found by its name on PATH, as execv wants a path.
   if (p.python.find('/') == std::string::npos) {
     const char* path = std::getenv("PATH");
@@ -457,6 +461,9 @@ TorchProbe probe_torch(const std::atomic<bool>* stop) {
       }
   }
   const ChildOutcome o = run_child({p.python, p.script, "--probe"}, 120, stop);
+  // A failed probe is explained by require_torch when PyTorch or the script is missing (how to install
+  // it); only then is torch imported a second time.
+  if (o.exit_code != 0) require_torch("--executor torch", p.script);
   try {
     if (o.exit_code != 0) throw std::runtime_error("exit " + std::to_string(o.exit_code) + ": " + o.err_tail);
     const json j = json::parse(o.out);

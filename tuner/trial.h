@@ -74,8 +74,9 @@ TrialResult classify(const ChildOutcome& outcome);
 // allocator's slack take (1 GiB), or 90% of the host memory available now.
 int64_t trial_memory_capacity(bool cuda, int device);
 
-// The policy as a request carries it.
+// The policy as a request carries it, and back.
 nlohmann::json to_json(const MeasurePolicy& policy);
+MeasurePolicy policy_from_json(const nlohmann::json& j);
 
 // Runs a trial child (argv) under the watchdog: `policy.wall_seconds` (with a grace) when a budget
 // bounds the trial, else a hang limit of 3 x max_seconds + 120 s; throws OutOfBudget when the budget's
@@ -103,7 +104,7 @@ struct TorchProbe {
   std::string python, script;          // what runs a trial: python script --trial REQUEST
   std::string torch_version, python_version;
   bool cuda = false;                   // torch.cuda.is_available()
-  double import_seconds = 0;           // import torch: part of every trial's start-up
+  double import_seconds = 0;           // importing torch and the twin, a first AdamW: every trial's start-up
 };
 
 // The PyTorch executor (`autotune --executor torch`): each trial is the PyTorch twin of the step

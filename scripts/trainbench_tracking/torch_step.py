@@ -257,7 +257,7 @@ class LossLog:
                 event = torch.cuda.Event()
                 event.record()
             else:
-                host, event = values.clone(), None
+                host, event = values, None   # torch.stack made it: nothing later writes it
             arrived, self.pending = self.pending, (host, event, steps_in)
             if arrived is None or (arrived[1] is not None and not arrived[1].query()):
                 return
