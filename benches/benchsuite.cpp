@@ -17,6 +17,7 @@
 
 #include "harness.h"
 #include "torch_rows.h"
+#include "runtime/comm.h"
 #include "runtime/defaults.h"
 #include "runtime/device_info.h"
 #include "runtime/error.h"
@@ -34,6 +35,8 @@ Examples:
   benchsuite --list --format json --quick     the same for programs, with the benchmarks --quick would run
   benchsuite --filter peak --benchmark_min_warmup_time=0.1   Google Benchmark flags pass through
   benchsuite --backend cpu,torch --quick --filter adamw   beside each row, PyTorch's own way of it
+  mpirun -n 2 benchsuite --filter allreduce --backend cpu  the gradient all-reduce across 2 ranks (MPI)
+  mpirun -n 8 benchsuite --filter allreduce --backend cuda one process per GPU (NCCL)
 
 Benchmarks are named stage/backend/variant/problem, e.g. peak/cpu/triad/n=33554432.
 )";
@@ -269,6 +272,13 @@ int run(int argc, char** argv) {
   } else {
     settings.backends = {tb::backend_from_string(backend)};
   }
+  // Under mpirun (the collective stages): rank 0 reports, the others measure in step and stay quiet;
+  // each rank drives its own GPU unless --device says otherwise.
+  const int ranks = tb::comm::launched_ranks();
+  const bool leader = tb::comm::launched_rank() == 0;
+  if (ranks > 1 && with_torch) throw tb::UsageError("--backend ...,torch runs on one rank: run it without mpirun");
+  if (device < 0 && ranks > 1 && cuda.available() && tb::comm::world_unavailable_reason().empty())
+    device = tb::comm::world().local_rank() % static_cast<int>(cuda.devices.size());
   if (device >= 0) {
     settings.cuda_device = device;
     tb::select_cuda_device(device);  // a device that does not exist is bad usage
@@ -291,7 +301,9 @@ int run(int argc, char** argv) {
   // Ctrl-C, or a job's time limit (SIGTERM): finish the row in hand and write what was measured.
   std::signal(SIGINT, [](int) { tb::request_stop(); });
   std::signal(SIGTERM, [](int) { tb::request_stop(); });
-  tb::Results results = tb::run_entries(registry, entries, settings, std::cerr);
+  std::ostream quiet(nullptr);  // the other ranks' progress: rank 0 says it
+  tb::Results results = tb::run_entries(registry, entries, settings, leader ? std::cerr : quiet);
+  if (!leader) return tb::stop_requested() ? 130 : tb::exit_code_for(results);  // verdicts are agreed
   std::string torch_error;
   bool torch_usage_error = false;
   if (with_torch && !tb::stop_requested()) {

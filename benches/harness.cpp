@@ -18,6 +18,7 @@
 #include <set>
 #include <sstream>
 
+#include "runtime/comm.h"
 #include "runtime/cpu_load.h"
 #include "runtime/defaults.h"
 #include "runtime/device_info.h"
@@ -50,6 +51,11 @@ static std::string unavailable_reason(const Variant& v) {
 
 static Entry make_entry(const Stage& stage, const Variant& variant, const Problem& problem) {
   Entry e{&stage, &variant, problem, benchmark_name(stage, variant, problem), unavailable_reason(variant)};
+  // Under mpirun the ranks share the machine: a row of one rank would be timed while the others wait
+  // in their next collective, on the same cores. Only the collective stages run there.
+  if (e.unsupported.empty() && !variant.collective && comm::launched_ranks() > 1)
+    e.unsupported = "runs on one rank (this run has " + std::to_string(comm::launched_ranks()) +
+                    " ranks): run it without mpirun";
   if (e.unsupported.empty() && variant.unsupported) e.unsupported = variant.unsupported(problem);
   return e;
 }
@@ -111,17 +117,17 @@ std::vector<Entry> select_entries(const Registry& registry, const Settings& sett
     const std::string key = e.variant->work(e.problem).peak_key;
     if (!key.empty()) needed.insert(key);
   }
+  // (The peak stage's ceilings, and a stage's own: the all-reduce's link.)
   std::vector<Entry> prepass;
-  if (const Stage* peak = registry.find("peak")) {
-    for (const auto& variant : peak->variants) {
+  for (const Stage* stage : ordered_stages(registry))
+    for (const auto& variant : stage->variants) {
       if (variant.provides_peak.empty() || !needed.count(variant.provides_peak) || provided.count(variant.provides_peak))
         continue;
-      for (const auto& problem : expand_problems(*peak, variant, settings.overrides, settings.quick)) {
-        Entry e = make_entry(*peak, variant, problem);
+      for (const auto& problem : expand_problems(*stage, variant, settings.overrides, settings.quick)) {
+        Entry e = make_entry(*stage, variant, problem);
         if (e.unsupported.empty()) prepass.push_back(std::move(e));
       }
     }
-  }
   selected.insert(selected.begin(), prepass.begin(), prepass.end());
   return selected;
 }
@@ -193,6 +199,8 @@ class Runner {
     std::size_t index = 0;
     std::unique_ptr<BackendSession> session;
     std::unique_ptr<Instance> instance;
+    std::unique_ptr<SampleTimer> agreed;  // a collective's timer under mpirun (AgreedTimer)
+    SampleTimer& timer() { return agreed ? *agreed : session->timer(); }
     std::string gpu_uuid;   // CUDA rows: the device NVML is asked about
     struct Mark {           // what the rest of the machine had done by some moment
       CpuTicks cpu;         // CPU rows: all CPUs' and this process's ticks (/proc/stat)
@@ -243,6 +251,8 @@ class Runner {
     Live::Mark m;
     if (gpu) m.gpu = GpuMonitor::instance().read(live_->gpu_uuid);
     else m.cpu = read_cpu_ticks();
+    // A collective row's "self" is every rank on this host: they are the measurement, not others.
+    if (!gpu && live_->agreed) m.cpu.self = static_cast<uint64_t>(comm::world().local_sum(static_cast<double>(m.cpu.self)));
     return m;
   }
   // The share of the window between two marks that was disturbed: CPU rows, the other processes' (and
@@ -273,9 +283,9 @@ class Runner {
       note_clock(row, live_->measuring_from.gpu);
       note_clock(row, end.gpu);
     }
-    seen = disturbed_part(gpu, live_->measuring_from, end);
+    seen = agreed(i, disturbed_part(gpu, live_->measuring_from, end));
     if (seen <= limit) return;  // clean, or unknown (-1)
-    SampleTimer& timer = live_->session->timer();
+    SampleTimer& timer = live_->timer();
     CacheFlusher* flusher = settings_.cold ? &live_->session->flusher() : nullptr;
     const int64_t calls = std::max<int64_t>(row.iterations, 1);
     double worst_kept = 0;
@@ -286,7 +296,7 @@ class Runner {
         for (int64_t k = 0; k < calls; ++k) seconds += time_sample(timer, [&] { live_->instance->run(); }, row.batch, flusher);
         const Live::Mark after = mark(gpu);
         if (gpu) note_clock(row, after.gpu);
-        const double share = disturbed_part(gpu, before, after);
+        const double share = agreed(i, disturbed_part(gpu, before, after));
         sample = seconds / static_cast<double>(calls * row.batch) * 1e9;
         ++row.retaken;
         if (share <= limit) {
@@ -300,6 +310,11 @@ class Runner {
       }
     }
     seen = worst_kept;
+  }
+
+  // A collective row's decisions are every rank's: the most disturbed rank's share decides.
+  double agreed(std::size_t i, double value) const {
+    return entries_[i].variant->collective ? comm::agree_max(value) : value;
   }
 
   void add_observed(std::size_t i) {
@@ -344,8 +359,9 @@ class Runner {
     auto live = std::make_unique<Live>();
     live->index = i;
     live->session = make_session(e.variant->backend, settings_.cuda_device);
+    if (e.variant->collective && comm::launched_ranks() > 1) live->agreed = std::make_unique<comm::AgreedTimer>(live->session->timer());
     live->instance = e.variant->make(e.problem, live->session->context());
-    SampleTimer& timer = live->session->timer();
+    SampleTimer& timer = live->timer();
     const double first_s = time_sample(timer, [&] { live->instance->run(); }, 1);
     const Verdict verdict = live->instance->check();
     row.max_error = verdict.max_error;
@@ -391,7 +407,7 @@ class Runner {
         return;
       }
       CacheFlusher* flusher = settings_.cold ? &live->session->flusher() : nullptr;
-      SampleTimer& timer = live->session->timer();
+      SampleTimer& timer = live->timer();
       Instance& instance = *live->instance;
       const int64_t batch = row.batch;
       for (auto _ : st) st.SetIterationTime(time_sample(timer, [&] { instance.run(); }, batch, flusher));
@@ -494,7 +510,8 @@ nlohmann::json run_context(const Settings& settings) {
                          {"noise_target", settings.noise_target},
                          {"backends", backends},
                          {"cuda_device", settings.cuda_device},
-                         {"filter", settings.filter}};
+                         {"filter", settings.filter},
+                         {"ranks", comm::launched_ranks()}};
   return context;
 }
 
@@ -649,9 +666,19 @@ void finish_results(const Registry& registry, const Settings& settings, Results&
     if (!stage) continue;
     for (const auto& pair : stage->pairs) {
       if (pair.improved != r.variant) continue;
+      // The baseline at the improved row's problem; failing that, at its values of the axes the
+      // baseline has (a bucketed all-reduce against one call per tensor: bucket_mb is its own).
       const std::string prefix = r.stage + "/" + r.backend + "/";
       std::string baseline_name = prefix + pair.baseline + r.name.substr(prefix.size() + r.variant.size());
-      const auto it = by_name.find(baseline_name);
+      auto it = by_name.find(baseline_name);
+      const Variant* baseline = stage->find_variant(pair.baseline, backend_from_string(r.backend));
+      if (it == by_name.end() && baseline) {
+        std::vector<std::pair<std::string, std::string>> shared;
+        for (const auto& kv : r.problem)
+          if (std::find(baseline->axes.begin(), baseline->axes.end(), kv.first) != baseline->axes.end()) shared.push_back(kv);
+        baseline_name = benchmark_name(*stage, *baseline, Problem(shared));
+        it = by_name.find(baseline_name);
+      }
       if (it == by_name.end() || !it->second->timed()) continue;
       if (r.disturbed || it->second->disturbed) {
         const Row& d = r.disturbed ? r : *it->second;

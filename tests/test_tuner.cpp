@@ -231,6 +231,25 @@ TEST(Emit, ASpeedupIsClaimedOnlyWhenTheInterleavedIntervalHoldsIt) {
   EXPECT_EQ(y["measured"]["interleaved_rounds"].as<int>(), 4);
 }
 
+// --ranks: the candidates are one rank's share; the output speaks of every rank together.
+TEST(Emit, RanksStateTheGlobalBatchAndTheWorldSize) {
+  TuneOutput o = sample_output();  // 64 x 4 per rank
+  o.ranks = 8;
+  const auto ds = nlohmann::json::parse(emit(o, OutFormat::deepspeed));
+  EXPECT_EQ(ds["train_batch_size"], 64 * 4 * 8);  // DeepSpeed checks micro x accumulation x world size
+  EXPECT_EQ(ds["train_micro_batch_size_per_gpu"], 64);
+  EXPECT_EQ(ds["gradient_accumulation_steps"], 4);
+  const auto chosen = nlohmann::json::parse(emit(o, OutFormat::json))["trainbench_autotune"]["chosen"];
+  EXPECT_EQ(chosen["global_batch"], 2048);
+  EXPECT_EQ(chosen["per_rank_batch"], 256);
+  EXPECT_EQ(chosen["ranks"], 8);
+  const YAML::Node pl = YAML::Load(emit(o, OutFormat::lightning));
+  EXPECT_EQ(pl["trainer"]["devices"].as<int>(), 8);
+  EXPECT_EQ(pl["trainer"]["accumulate_grad_batches"].as<int>(), 4);
+  const auto hf = nlohmann::json::parse(emit(o, OutFormat::hf));
+  EXPECT_EQ(hf["per_device_train_batch_size"], 64);  // per device: the launcher sets the world size
+}
+
 TEST(Emit, EveryFormatCarriesTheChoice) {
   const TuneOutput o = sample_output();
   const YAML::Node y = YAML::Load(emit(o, OutFormat::yaml))["trainbench_autotune"];

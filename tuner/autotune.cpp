@@ -34,6 +34,8 @@
 #include "tuner/emit.h"
 #include "tuner/journal.h"
 #include "tuner/race.h"
+#include "runtime/comm.h"
+#include "tuner/distributed.h"
 #include "tuner/trial.h"
 
 namespace {
@@ -75,9 +77,13 @@ std::string human_seconds(double s) {
   return out.str();
 }
 
+// --ranks: the candidates hold one rank's share of the batch; progress lines speak of all ranks.
+int64_t described_ranks = 1;
+
 std::string describe(const Candidate& c) {
   std::ostringstream out;
-  out << "batch " << c.global_batch << " = " << c.micro_batch << " x " << c.accumulation();
+  out << "batch " << c.global_batch * described_ranks << " = " << c.micro_batch << " x " << c.accumulation();
+  if (described_ranks > 1) out << " x " << described_ranks << " ranks";
   for (const auto& [k, v] : c.switches) out << ", " << k << "=" << v;
   return out.str();
 }
@@ -214,7 +220,8 @@ struct TrialRunner {
   bool torch = false;
 };
 
-TrialRunner make_runner(const std::string& which, const step::Workload& workload, const Machine& machine) {
+TrialRunner make_runner(const std::string& which, const step::Workload& workload, const Machine& machine, int64_t ranks = 1,
+                        const std::vector<std::string>& launcher = {}, bool independent = false) {
   TrialRunner r;
   if (which == "torch") {
     auto torch = std::make_unique<TorchExecutor>(workload, machine.use_cuda, machine.device, &stop_requested);
@@ -228,7 +235,14 @@ TrialRunner make_runner(const std::string& which, const step::Workload& workload
   } else {
     r.description = native_executor_json();
     r.executor = std::make_unique<ProcessExecutor>(std::filesystem::read_symlink("/proc/self/exe").string(), workload.path,
-                                                   machine.use_cuda, machine.device, &stop_requested);
+                                                   machine.use_cuda, machine.device, &stop_requested, ranks, launcher,
+                                                   independent);
+    if (ranks > 1) {
+      r.description["ranks"] = ranks;
+      r.description["launcher"] = launcher;
+      if (independent) r.description["independent_ranks"] = true;
+      r.journal_tag = std::string(independent ? " independent" : "") + " ranks " + std::to_string(ranks);
+    }
   }
   return r;
 }
@@ -514,14 +528,17 @@ int compare_tuned(const std::vector<std::string>& paths, const std::string& work
 int run(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--trial") {  // the child side of a trial
     const TrialResult r = run_trial_here(nlohmann::json::parse(argv[2]));
-    std::cout << tb::tune::to_json(r).dump() << std::endl;
+    if (comm::launched_rank() == 0) std::cout << tb::tune::to_json(r).dump() << std::endl;  // one line, rank 0's
     return 0;
   }
+  if (argc == 3 && std::string(argv[1]) == "--allreduce-probe") return run_allreduce_probe_here(nlohmann::json::parse(argv[2]));
 
   std::string gpu = "auto", workload_name = "small_gpt", range, strategy = "auto", switch_list, format = "yaml";
   std::string journal_path, out_path, executor_name = "native";
   std::vector<std::string> compare_files;
-  int64_t batch = 0;
+  int64_t batch = 0, ranks = 1, probe_ranks = 2;
+  std::string launcher = "mpirun";
+  bool predict = false;
   double budget = 300, trial_seconds = 10;
   int race_rounds = kDefaultRaceRounds;
   bool resume = false;
@@ -542,6 +559,17 @@ int run(int argc, char** argv) {
                  "the same model, data, optimizer and switches written as a PyTorch program; needs PyTorch, see "
                  "scripts/install-deps --torch)")
       ->check(CLI::IsMember({"native", "torch"}));
+  app.add_option("--ranks", ranks,
+                 "data-parallel ranks: every trial runs the step on N ranks (LAUNCHER -n N), the global batch split as "
+                 "micro-batch x accumulation x N, DDP's bucket size a switch; the output's DeepSpeed / Lightning keys are for N")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--mpirun", launcher, "the launcher of --ranks trials, with its options (default: mpirun; e.g. "
+                                       "'mpirun --hostfile hosts')");
+  app.add_flag("--predict", predict,
+               "with --ranks N: predict N ranks (more than are at hand) from one-rank trials of a rank's share of the batch "
+               "and the all-reduce measured on --probe-ranks ranks; measured too where N <= --probe-ranks");
+  app.add_option("--probe-ranks", probe_ranks, "ranks at hand the all-reduce is measured on for --predict (default 2)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   app.add_option("--strategy", strategy, "auto (fast search) or grid (every candidate)")
       ->check(CLI::IsMember({"auto", "grid"}));
   app.add_option("--switches", switch_list, "comma list of switches to tune (default: all the workload has), or none");
@@ -571,6 +599,10 @@ int run(int argc, char** argv) {
     std::cerr << "autotune: " << e.what() << "\nRun 'autotune --help' for the options." << std::endl;
     return 2;
   }
+  if (predict && ranks < 2) throw UsageError("--predict needs --ranks N with N >= 2");
+  if (ranks > 1 && executor_name == "torch")
+    throw UsageError("--ranks runs the native step on every rank; --executor torch is one process");
+  if (ranks > 1 && !compare_files.empty()) throw UsageError("--compare races one-rank configurations: leave out --ranks");
   if (!compare_files.empty())
     return compare_tuned(compare_files, workload_opt->count() ? workload_name : "", gpu, executor_name, budget,
                          trial_seconds, std::max(race_rounds, 2), out_format_from_string(format), out_path);
@@ -578,13 +610,39 @@ int run(int argc, char** argv) {
   // The budget bounds the whole run from here: the estimate, probes, trials, the race, output.
   const auto started = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
-  const step::Workload workload = step::load_workload(workload_name);  // a bad file: UsageError, nothing runs
+  step::Workload workload = step::load_workload(workload_name);  // a bad file: UsageError, nothing runs
   const OutFormat out_format = out_format_from_string(format);
   const Machine machine = pick_machine(gpu);
   const bool use_cuda = machine.use_cuda;
   SearchSpace space;
   space.global_batches = global_batches(workload, batch, range);
-  TrialRunner runner = make_runner(executor_name, workload, machine);  // torch: probed before anything runs
+  // Data parallelism: the search works on one rank's share of each global batch.
+  std::vector<std::string> launcher_words;
+  if (ranks > 1) {
+    if (const std::string why = ranks_unavailable_reason(ranks, use_cuda, predict, launcher); !why.empty()) throw UsageError(why);
+    launcher_words = launcher_argv(launcher);
+    allow_mpirun_as_root();
+    described_ranks = predict ? 1 : ranks;  // --predict: the trials run one rank's share
+    for (int64_t& g : space.global_batches) {
+      if (g % ranks != 0)
+        throw UsageError("--ranks " + std::to_string(ranks) + ": the global batch " + std::to_string(g) +
+                         " is not a multiple of the ranks");
+      g /= ranks;
+    }
+    if (workload.batch.global % ranks != 0)
+      throw UsageError("--ranks " + std::to_string(ranks) + ": " + workload.name + "'s batch " +
+                       std::to_string(workload.batch.global) + " is not a multiple of the ranks (give --batch)");
+    workload.batch.global /= ranks;
+    workload.batch.micro = std::min(workload.batch.micro, workload.batch.global);
+    while (workload.batch.global % workload.batch.micro) --workload.batch.micro;
+    workload.distributed.ranks = predict ? 1 : ranks;
+    if (predict)
+      std::cerr << "autotune: predicting " << ranks << " ranks: one rank's share (" << workload.batch.global
+                << " of each step's samples) measured as " << std::min(ranks, probe_ranks)
+                << " independent ranks here (each its own step, no all-reduce; the slowest rank's time)" << std::endl;
+  }
+  TrialRunner runner = make_runner(executor_name, workload, machine, predict ? std::min(ranks, probe_ranks) : ranks,
+                                   launcher_words, predict);
   Executor& executor = *runner.executor;
   const auto available = available_switches(workload, use_cuda);
   if (switch_list.empty()) {
@@ -705,6 +763,7 @@ int run(int argc, char** argv) {
   out.budget_seconds = budget;
   out.grad_clip = workload.optimizer.grad_clip;
   out.noise_margin = options.noise_margin;
+  out.ranks = predict ? 1 : ranks;
 
   try {
     // The workload's own configuration first: what the speedup is measured against.
@@ -776,6 +835,34 @@ int run(int argc, char** argv) {
     out.report = best_so_far(seen, options.noise_margin);
     out.report.seconds = elapsed();
     std::cerr << "autotune: interrupted after " << seen.size() << " trials; writing the best so far" << std::endl;
+  }
+
+  if (predict && out.report.found && !out.interrupted) {
+    const Candidate& best = out.report.best.candidate;
+    const auto bucket = best.switches.find("bucket_mb");
+    const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+    const int64_t at_hand = std::min(ranks, probe_ranks);
+    std::cerr << "autotune: measuring the gradients' all-reduce (" << workload.parameter_count() / 1e6 << "M floats) on "
+              << at_hand << " ranks" << std::endl;
+    const AllreduceProbe probe = probe_allreduce(launcher_words, self, at_hand, workload.parameter_count(),
+                                                 bucket == best.switches.end() ? workload.distributed.bucket_mb : std::stod(bucket->second),
+                                                 &stop_requested);
+    RanksPrediction p = predict_ranks(ranks, best.global_batch * ranks, out.report.best.result.samples_per_s, probe);
+    if (ranks <= probe_ranks) {  // the ranks are at hand: run the predicted configuration on them
+      ProcessExecutor measured(self, workload.path, use_cuda, machine.device, &stop_requested, ranks, launcher_words);
+      MeasurePolicy policy = options.measure;
+      policy.max_seconds = trial_seconds;
+      const TrialResult r = measured.run(best, policy);
+      std::cerr << "autotune: the predicted configuration on " << ranks << " ranks: " << result_text(r) << std::endl;
+      if (r.ok()) p.measured_samples_per_s = r.samples_per_s;
+    }
+    std::cerr << "autotune: predicted for " << ranks << " ranks: " << p.samples_per_s << " samples/s (compute "
+              << p.step_compute_s * 1e3 << " ms + all-reduce " << p.allreduce_s * 1e3 << " ms per step)"
+              << (p.measured_samples_per_s > 0 ? ", measured " + std::to_string(p.measured_samples_per_s) + " samples/s" : "")
+              << std::endl;
+    out.prediction = to_json(p);
+    out.prediction["config"] = {{"micro_batch", best.micro_batch}, {"accumulation", best.accumulation()}};
+    out.ranks = ranks;
   }
 
   const std::string text = emit(out, out_format);

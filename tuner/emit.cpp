@@ -117,6 +117,18 @@ nlohmann::json native_executor_json() { return nlohmann::json{{"name", "native"}
 
 static json ordered(const TuneOutput& o);
 
+// A candidate as the output states it: with ranks, the global batch of every rank together, and
+// the share each rank runs per step.
+static json chosen_json(const Candidate& c, int64_t ranks) {
+  json j = to_json(c);
+  if (ranks > 1) {
+    j["global_batch"] = c.global_batch * ranks;
+    j["ranks"] = ranks;
+    j["per_rank_batch"] = c.global_batch;
+  }
+  return j;
+}
+
 nlohmann::json to_json(const TuneOutput& o) { return nlohmann::json::parse(ordered(o).dump()); }
 
 // In the order a reader wants: the choice and its numbers first, provenance after.
@@ -127,12 +139,14 @@ static json ordered(const TuneOutput& o) {
     if (!t.result.ok())
       failed.push_back({{"config", t.candidate.key()}, {"class", to_string(t.result.cls)}, {"message", t.result.message}});
   json runners = json::array();
-  for (const auto& r : rep.runners_up) runners.push_back({{"config", to_json(r.candidate)}, {"measured", measured(r.result)}});
+  for (const auto& r : rep.runners_up) runners.push_back({{"config", chosen_json(r.candidate, o.ranks)}, {"measured", measured(r.result)}});
   json doc{{"trainbench_autotune", json::object()}};
   json& t = doc["trainbench_autotune"];
   if (rep.found) {
-    t["chosen"] = to_json(rep.best.candidate);
+    t["chosen"] = chosen_json(rep.best.candidate, o.ranks);
     t["measured"] = measured(rep.best.result);
+    if (!o.prediction.is_null())
+      t["measured"]["of"] = "one rank's share of the batch (global_batch / ranks samples per step), ranks run independently";
     t["measured"]["headroom"] = rep.headroom;
     t["measured"]["confirmed"] = o.confirmed;
     t["measured"]["interleaved_rounds"] = o.confirmed && o.race ? o.race->rounds : 0;
@@ -141,7 +155,7 @@ static json ordered(const TuneOutput& o) {
     t["note"] = "no configuration ran successfully; see failed_trials";
   }
   if (o.baseline) {
-    t["workload_config"] = {{"config", to_json(o.baseline->candidate)},
+    t["workload_config"] = {{"config", chosen_json(o.baseline->candidate, o.ranks)},
                             {"measured", o.baseline->result.ok() ? measured(o.baseline->result) : json(nullptr)}};
     std::optional<Speedup> speedup = o.speedup;
     if (!speedup && rep.found && o.baseline->result.ok() && o.baseline->result.samples_per_s > 0)
@@ -156,10 +170,12 @@ static json ordered(const TuneOutput& o) {
       t["speedup_note"] = speedup->note;
     }
   }
+  if (!o.prediction.is_null()) t["prediction"] = json::parse(o.prediction.dump());
   t["search"] = {{"strategy", o.strategy},       {"trials_run", rep.trials_run}, {"trials_total", rep.trials.size()},
                  {"seconds", rep.seconds},       {"budget_seconds", o.budget_seconds},
                  {"budget_exhausted", rep.budget_exhausted}, {"max_micro_batch", rep.max_micro_batch},
                  {"interrupted", o.interrupted}};
+  if (o.ranks > 1) t["ranks"] = o.ranks;  // the race's and failed trials' config keys are one rank's share (g=)
   if (o.race) t["race"] = race_json(*o.race, o.baseline ? o.baseline->candidate.key() : "", o.noise_margin);
   t["runners_up_within_noise"] = runners;
   t["failed_trials"] = failed;
@@ -224,7 +240,8 @@ std::string emit(const TuneOutput& o, OutFormat format) {
     case OutFormat::yaml: return yaml_text(doc, comment.str());
     case OutFormat::deepspeed: {
       if (!c) throw UsageError("no configuration ran successfully: nothing to write as a DeepSpeed config");
-      json ds{{"train_batch_size", c->global_batch},
+      // DeepSpeed checks train_batch_size = micro x accumulation x world size.
+      json ds{{"train_batch_size", c->global_batch * o.ranks},
               {"train_micro_batch_size_per_gpu", c->micro_batch},
               {"gradient_accumulation_steps", c->accumulation()}};
       if (o.grad_clip > 0) ds["gradient_clipping"] = o.grad_clip;
@@ -235,6 +252,10 @@ std::string emit(const TuneOutput& o, OutFormat format) {
     case OutFormat::lightning: {
       if (!c) throw UsageError("no configuration ran successfully: nothing to write as a Lightning config");
       json pl{{"trainer", {{"accumulate_grad_batches", c->accumulation()}}}, {"data", {{"batch_size", c->micro_batch}}}};
+      if (o.ranks > 1) {
+        pl["trainer"]["devices"] = o.ranks;  // one node's worth; num_nodes x devices = ranks across nodes
+        pl["trainer"]["strategy"] = "ddp";
+      }
       if (o.grad_clip > 0) pl["trainer"]["gradient_clip_val"] = o.grad_clip;
       const auto bf16 = c->switches.find("bf16_matmuls");
       if (bf16 != c->switches.end() && bf16->second == "on") pl["trainer"]["precision"] = "bf16-mixed";

@@ -6,7 +6,9 @@
 // The YAML and JSON document: trainbench_autotune: {chosen, measured, workload_config,
 // speedup_over_workload_config, speedup_significant, speedup_interval, speedup_note, search,
 // race, runners_up_within_noise, failed_trials, executor, device, workload, version, git_commit}
-// (chosen is null, with a note, when nothing ran). `autotune --compare` writes
+// (chosen is null, with a note, when nothing ran). With --ranks N: chosen also holds ranks and
+// per_rank_batch (its global_batch is every rank's together), the document `ranks`, and with --predict
+// `prediction` (distributed.h). `autotune --compare` writes
 // trainbench_autotune_compare: {within_noise, comparisons, configs, race, interrupted, executor,
 // device, workload, version, git_commit}.
 #pragma once
@@ -60,6 +62,10 @@ struct TuneOutput {
   std::optional<RaceReport> race;  // the finalists' race, when one was run
   double noise_margin = 0.01;
   bool interrupted = false;
+  // Data parallelism: the candidates hold one rank's share of the batch; the output speaks of all
+  // `ranks` (global batch, DeepSpeed's train_batch_size, Lightning's devices).
+  int64_t ranks = 1;
+  nlohmann::json prediction;  // autotune --predict (distributed.h), or null
 };
 
 nlohmann::json to_json(const TuneOutput& out);

@@ -13,6 +13,7 @@
 #include <new>
 #include <sstream>
 
+#include "runtime/comm.h"
 #include "runtime/defaults.h"
 #include "runtime/device_info.h"
 #include "runtime/error.h"
@@ -58,6 +59,12 @@ bool looks_like_oom(const std::string& what) {
 
 }  // namespace
 
+std::string bucket_text(double mb) {
+  std::ostringstream s;
+  s << mb;
+  return s.str();
+}
+
 std::map<std::string, std::vector<std::string>> available_switches(const step::Workload& w, bool cuda) {
   std::map<std::string, std::vector<std::string>> s;
   s["optimizer"] = own_first(w.optimizer.variant, {"per_tensor", "foreach", "fused"});
@@ -65,6 +72,8 @@ std::map<std::string, std::vector<std::string>> available_switches(const step::W
   // The sync policy: what the workload does, or a read that never stalls the step.
   s["sync"] = own_first(sync_text(w.logging), {"async"});
   if (w.propagator.enabled) s["lazy_cg"] = own_first(on_off(w.switches.lazy_cg), {"on", "off"});
+  // Data parallelism: DDP's bucket size, its default and a smaller and a larger one.
+  if (w.distributed.ranks > 1) s["bucket_mb"] = own_first(bucket_text(w.distributed.bucket_mb), {"25", "5", "100"});
   if (cuda) {
     s["bf16_matmuls"] = own_first(on_off(w.switches.bf16_matmuls), {"off", "on"});
     // Graphs need a step of fixed length: not with the host-checked CG of the propagator.
@@ -84,6 +93,7 @@ step::Workload apply(const step::Workload& base, const Candidate& c) {
     else if (key == "lazy_cg") w.switches.lazy_cg = on;
     else if (key == "bf16_matmuls") w.switches.bf16_matmuls = on;
     else if (key == "cuda_graphs") w.switches.cuda_graphs = on;
+    else if (key == "bucket_mb") w.distributed.bucket_mb = std::stod(value);
     else if (key == "sync") {
       if (value.rfind("every_n:", 0) == 0) {
         w.logging.sync = "every_n";
@@ -222,7 +232,18 @@ TrialResult run_trial_here(const json& request) {
   try {
     const bool cuda = request.at("backend").get<std::string>() == "cuda";
     const Candidate c = candidate_from_json(request.at("candidate"));
-    const step::Workload w = apply(step::load_workload(request.at("workload").get<std::string>()), c);
+    step::Workload base = step::load_workload(request.at("workload").get<std::string>());
+    // Data parallelism: every rank runs this trial (mpirun -n ranks) with its share of the batch.
+    // Independent ranks (autotune --predict) each run a whole step of their own, no all-reduce: one
+    // rank's compute while the others load the machine as they would.
+    const int64_t ranks = request.value("ranks", int64_t{1});
+    const bool independent = request.value("independent", false);
+    base.distributed.ranks = independent ? 1 : ranks;
+    if (ranks > 1 && comm::launched_ranks() != ranks)
+      return fail(TrialClass::error, "a trial of " + std::to_string(ranks) + " ranks started with " +
+                                         std::to_string(comm::launched_ranks()) + " (run it under mpirun -n " +
+                                         std::to_string(ranks) + ")");
+    const step::Workload w = apply(base, c);
     const MeasurePolicy policy = policy_from_json(request.at("policy"));
     if (const std::string why = step::unsupported_reason(w, cuda); !why.empty())
       return fail(looks_like_oom(why) ? TrialClass::oom : TrialClass::error, why);
@@ -230,11 +251,15 @@ TrialResult run_trial_here(const json& request) {
     auto session = make_session(cuda ? Backend::cuda : Backend::cpu, request.value("device", 0));
     std::unique_ptr<step::StepInstance> instance =
         cuda ? step::make_cuda_step(w, session->context()) : step::make_cpu_step(w);
-    SampleTimer& timer = session->timer();
-    // The first step: the forward every configuration is checked with.
+    // Every rank decides alike: the slowest rank's sample times, the latest rank's clock.
+    comm::AgreedTimer agreed(session->timer());
+    SampleTimer& timer = ranks > 1 ? static_cast<SampleTimer&>(agreed) : session->timer();
+    auto elapsed = [&] { return ranks > 1 ? comm::agree_max(seconds_since(started)) : seconds_since(started); };
+    // The first step: the forward every configuration is checked with (on every rank, its own sample).
     instance->run();
     const Verdict verdict = instance->check();
-    if (!verdict.passed) return fail(TrialClass::incorrect, verdict.detail);
+    if (comm::agree_min(verdict.passed ? 1.0 : 0.0) == 0.0)
+      return fail(TrialClass::incorrect, verdict.passed ? "another rank's first forward differs from the reference" : verdict.detail);
     double last_warmup = 0;
     for (int64_t k = 0; k < warmup_steps(w); ++k) last_warmup = time_sample(timer, [&] { instance->run(); }, 1);
     // Samples of whole steps, each at least ~20 ms so that timer noise does not dominate.
@@ -250,22 +275,23 @@ TrialResult run_trial_here(const json& request) {
       // however few there are; the interval says how little they tell. The slowest sample so far is
       // the forecast: on a busy machine the next one can take longer than the last.
       const double sample_s = *std::max_element(step_seconds.begin(), step_seconds.end()) * static_cast<double>(batch);
-      if (policy.wall_seconds > 0 && seconds_since(started) + 1.5 * sample_s > policy.wall_seconds) {
+      if (policy.wall_seconds > 0 && elapsed() + 1.5 * sample_s > policy.wall_seconds) {
         r.message = "stopped at the budget's end";
         break;
       }
       if (step_seconds.size() < 3 || steps < policy.min_steps) continue;
       const Summary s = summarize(step_seconds, policy.target_rel_ci);
-      if (!s.noisy || seconds_since(measuring) >= policy.max_seconds) break;
+      const double measured_s = ranks > 1 ? comm::agree_max(seconds_since(measuring)) : seconds_since(measuring);
+      if (!s.noisy || measured_s >= policy.max_seconds) break;
       // Clearly behind the best so far: even the fast end of the interval is slower.
-      const double fast_end = static_cast<double>(w.batch.global) / s.ci_low;
+      const double fast_end = static_cast<double>(w.batch.global * w.distributed.ranks) / s.ci_low;
       if (policy.stop_below > 0 && fast_end < policy.stop_below) {
         r.message = "stopped early: clearly behind the best so far";
         break;
       }
     }
     const Summary s = summarize(step_seconds, policy.target_rel_ci);
-    const double samples = static_cast<double>(w.batch.global);
+    const double samples = static_cast<double>(w.batch.global * w.distributed.ranks);  // every rank's share
     r.samples_per_s = samples / s.median;
     r.ci_low = samples / s.ci_high;
     r.ci_high = samples / s.ci_low;
@@ -430,17 +456,28 @@ TrialResult run_watched(const std::vector<std::string>& argv, const MeasurePolic
 }
 
 ProcessExecutor::ProcessExecutor(std::string self_exe, std::string workload_path, bool cuda, int device,
-                                 const std::atomic<bool>* stop)
+                                 const std::atomic<bool>* stop, int64_t ranks, std::vector<std::string> launcher,
+                                 bool independent)
     : exe_(std::move(self_exe)), workload_path_(std::move(workload_path)), cuda_(cuda), device_(device), stop_(stop),
-      capacity_(trial_memory_capacity(cuda, device)) {}
+      ranks_(ranks), launcher_(std::move(launcher)), independent_(independent),
+      // The ranks of a CPU trial share this host's memory; a GPU rank has its own device.
+      capacity_(trial_memory_capacity(cuda, device) / (cuda ? 1 : ranks)) {}
 
 TrialResult ProcessExecutor::run(const Candidate& candidate, const MeasurePolicy& policy) {
   const json request{{"workload", workload_path_},
                      {"backend", cuda_ ? "cuda" : "cpu"},
                      {"device", device_},
                      {"candidate", to_json(candidate)},
-                     {"policy", to_json(policy)}};
-  return run_watched({exe_, "--trial", request.dump()}, policy, stop_);
+                     {"policy", to_json(policy)},
+                     {"ranks", ranks_},
+                     {"independent", independent_}};
+  if (ranks_ == 1) return run_watched({exe_, "--trial", request.dump()}, policy, stop_);
+  // Every rank under the launcher: mpirun [its options] -n RANKS autotune --trial REQUEST. Rank 0
+  // writes the result; a rank on a GPU drives the one its local rank names.
+  std::vector<std::string> argv = launcher_;
+  for (const std::string& a : {std::string("-n"), std::to_string(ranks_), exe_, std::string("--trial"), request.dump()})
+    argv.push_back(a);
+  return run_watched(argv, policy, stop_);
 }
 
 // ---- the PyTorch executor ---------------------------------------------------------------------------

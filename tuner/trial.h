@@ -83,11 +83,15 @@ MeasurePolicy policy_from_json(const nlohmann::json& j);
 // end stopped it. The child's outcome as a trial (classify()).
 TrialResult run_watched(const std::vector<std::string>& argv, const MeasurePolicy& policy, const std::atomic<bool>* stop);
 
-// The native executor: each trial is `autotune --trial REQUEST`, the C++ step (kernels/step).
+// The native executor: each trial is `autotune --trial REQUEST`, the C++ step (kernels/step). With
+// ranks > 1, `LAUNCHER -n RANKS autotune --trial REQUEST` (launcher: mpirun and its options, a full
+// path first): the data-parallel step on every rank, the per-rank batch in the candidate; with
+// `independent`, every rank a step of its own without the all-reduce, timed as the slowest rank's.
 class ProcessExecutor final : public Executor {
  public:
   ProcessExecutor(std::string self_exe, std::string workload_path, bool cuda, int device,
-                  const std::atomic<bool>* stop);
+                  const std::atomic<bool>* stop, int64_t ranks = 1, std::vector<std::string> launcher = {},
+                  bool independent = false);
   TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override;
   int64_t memory_capacity() const override { return capacity_; }
 
@@ -96,6 +100,9 @@ class ProcessExecutor final : public Executor {
   bool cuda_;
   int device_;
   const std::atomic<bool>* stop_;
+  int64_t ranks_ = 1;
+  std::vector<std::string> launcher_;
+  bool independent_ = false;
   int64_t capacity_ = 0;
 };
 

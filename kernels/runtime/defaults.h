@@ -54,6 +54,18 @@ inline constexpr int64_t quick_adamw_params = 10'000'000;
 inline constexpr int64_t quick_gradnorm_params = adamw_params;
 inline constexpr int64_t adamw_tensors = 200;
 inline constexpr int64_t quick_adamw_tensors = 200;
+
+// ---- allreduce -------------------------------------------------------------------------------
+// DDP's default bucket_cap_mb (torch.nn.parallel.DistributedDataParallel).
+inline constexpr int64_t ddp_bucket_mb = 25;
+// The synthetic backward the overlap hides the all-reduce behind: 4 FLOPs per parameter per token, 256
+// tokens per rank (0.03 TFLOP at 29.9M parameters: about a millisecond on an H100's fp32 units, a
+// second on two CPU cores), 16 with --quick.
+inline constexpr int64_t allreduce_backward_tokens = 256;
+inline constexpr int64_t quick_allreduce_backward_tokens = 16;
+// The link's peak: a flat fp32 all-reduce large enough to saturate it (nccl-tests sweeps to GiBs).
+inline constexpr int64_t allreduce_link_mb = 1024;
+inline constexpr int64_t quick_allreduce_link_mb = 256;
 // torch.optim.AdamW's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2.
 inline constexpr double adamw_lr = 1e-3;
 inline constexpr double adamw_beta1 = 0.9;

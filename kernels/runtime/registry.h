@@ -116,6 +116,10 @@ struct Variant {
   std::function<std::string(const Problem&)> unsupported;
   InstanceFactory make;   // null when the backend was not built
   std::string provides_peak;  // for `peak` variants: the key other stages compare with
+  // Its instances call a collective (an all-reduce across ranks) in run(), check() and observed():
+  // under mpirun every rank runs it in step, with the timings that steer the harness agreed across
+  // the ranks. Under mpirun, only such variants run.
+  bool collective = false;
 };
 
 // A CUDA variant's factory: the launcher when the CUDA backend is built, else null, so that a

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
+#include "runtime/comm.h"
 #include "runtime/defaults.h"
 
 namespace tb::step {
@@ -418,6 +420,15 @@ void CpuOps<T>::sum_losses(T* acc, const T* losses, int64_t n, T scale) {
   double sum = 0;
   for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(losses[i]);
   *acc += static_cast<T>(sum) * scale;
+}
+
+template <class T>
+void CpuOps<T>::allreduce_sum(T* data, int64_t n, int64_t bucket) {
+  comm::Group& world = comm::world();
+  const comm::Elem elem = std::is_same_v<T, float> ? comm::Elem::f32 : comm::Elem::f64;
+  comm::for_each_bucket_from_end(n, bucket, [&](int64_t begin, int64_t length) {
+    world.allreduce(data + begin, data + begin, length, elem, comm::Reduce::sum);
+  });
 }
 
 template class CpuOps<float>;

@@ -98,6 +98,9 @@ class CpuOps {
   void adamw(OptimizerKind kind, T* params, const T* grads, T* m, T* v, const std::vector<TensorSpan>& tensors,
              const AdamwScalars& s, const T* norm, double clip);
   void sum_losses(T* acc, const T* losses, int64_t n, T scale);  // *acc += scale * sum(losses)
+  // Data parallelism: `n` values summed in place across the ranks (MPI), `bucket` elements per call
+  // from the end of the buffer (the order the backward finishes gradients, as DDP's buckets go).
+  void allreduce_sum(T* data, int64_t n, int64_t bucket);
 
  private:
   std::shared_ptr<MemoryMeter> meter_;

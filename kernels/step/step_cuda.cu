@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "allreduce/allreduce.h"
+#include "runtime/comm.h"
 #include "runtime/cuda_fill.cuh"
 #include "runtime/cuda_raii.h"
 #include "runtime/defaults.h"
@@ -593,6 +595,13 @@ class CudaOps {
   double total_relative(const float* rs, const float* bb, int64_t N) {
     const auto s = summary(rs, bb, N);
     return s[2] > 0 ? std::sqrt(s[1] / s[2]) : 0.0;
+  }
+
+  // Data parallelism: NCCL's all-reduce on this stream, `bucket` elements per call from the end.
+  void allreduce_sum(float* data, int64_t n, int64_t bucket) {
+    comm::for_each_bucket_from_end(n, bucket, [&](int64_t begin, int64_t length) {
+      allreduce::cuda_allreduce_sum(data + begin, length, stream_, device_);
+    });
   }
 
   void grad_norm(float* norm, const float* grads, int64_t n) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/comm.h"
 #include "runtime/random.h"
 #include "runtime/stats.h"
 #include "step/model.h"
@@ -61,6 +62,7 @@ struct StepReport {
   double loss = 0;       // mean per-token loss since the last read
   double grad_norm = 0;  // before clipping; read with the loss
   double data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, sync_s = 0, solver_s = 0;
+  double allreduce_s = 0;  // data parallelism: the gradients' all-reduce
 };
 
 template <class Ops>
@@ -69,7 +71,8 @@ class Trainer {
   using T = typename Ops::value_type;
 
   Trainer(Ops& ops, const Workload& w)
-      : ops_(ops), w_(w), accumulation_(w.batch.accumulation()),
+      : ops_(ops), w_(w), accumulation_(w.batch.accumulation()), ranks_(w.distributed.ranks),
+        rank_(ranks_ > 1 ? comm::world().rank() : 0),
         model_(ops, w.model, w.propagator, w.switches, w.batch.micro), kind_(optimizer_kind(w.optimizer.variant)),
         dataset_(make_dataset(w.data.samples, w.model.seq_len, w.model.vocab)) {
     const int64_t P = model_.parameter_count(), N = model_.tokens();
@@ -134,7 +137,8 @@ class Trainer {
     model_.set_profiling(profile);
     model_.reset_solver_seconds();
     const int64_t N = model_.tokens();
-    const T scale = static_cast<T>(1.0 / static_cast<double>(N * accumulation_));
+    // The mean over the global batch: every rank's share, summed by the all-reduce.
+    const T scale = static_cast<T>(1.0 / static_cast<double>(N * accumulation_ * ranks_));
     std::vector<Mark> marks;
     std::vector<double> solver_after;  // solver seconds after each forward and backward
     for (int64_t micro = 0; micro < accumulation_; ++micro) {
@@ -161,6 +165,11 @@ class Trainer {
     }
     ++step_;
     ++since_read_;
+    if (ranks_ > 1) {
+      const auto bucket = std::max<int64_t>(1, static_cast<int64_t>(w_.distributed.bucket_mb * double(1 << 20) / sizeof(T)));
+      ops_.allreduce_sum(model_.grads.data(), model_.parameter_count(), bucket);
+      if (profile) marks.push_back(ops_.mark());
+    }
     ops_.grad_norm(scalars_.data() + 1, model_.grads.data(), model_.parameter_count());
     const auto s = AdamwScalars::at(w_.optimizer.lr, w_.optimizer.beta1, w_.optimizer.beta2, w_.optimizer.eps,
                                     w_.optimizer.weight_decay, step_);
@@ -184,6 +193,7 @@ class Trainer {
       }
       const std::size_t last = marks.size() - 1;
       report.optimizer_s = ops_.seconds_between(marks[last - 2], marks[last - 1]);
+      if (ranks_ > 1) report.allreduce_s = ops_.seconds_between(marks[last - 3], marks[last - 2]);
       report.sync_s = ops_.seconds_between(marks[last - 1], marks[last]);
       report.solver_s = model_.solver_seconds();
     }
@@ -227,9 +237,11 @@ class Trainer {
   void load_batch() {
     const int64_t B = w_.batch.micro, Tn = w_.model.seq_len, N = B * Tn;
     picked_.resize(static_cast<std::size_t>(B));
-    for (auto& s : picked_) {
+    // Every rank walks the same shuffled order; rank r's micro-batch is the r-th slice of B.
+    for (int64_t k = 0; k < B * ranks_; ++k) {
       if (cursor_ >= order_.size()) shuffle();
-      s = order_[cursor_++];
+      const int32_t sample = order_[cursor_++];
+      if (k / B == rank_) picked_[static_cast<std::size_t>(k % B)] = sample;
     }
     const std::size_t slot = loads_++ % 2;
     if (w_.data.location == "device") {
@@ -279,6 +291,11 @@ class Trainer {
     } else {
       ops_.read_scalars(values, scalars_.data(), 2);
     }
+    if (ranks_ > 1) {  // each rank summed its share of the losses
+      double loss = static_cast<double>(values[0]);
+      comm::world().allreduce(&loss, &loss, 1, comm::Elem::f64, comm::Reduce::sum);
+      values[0] = static_cast<T>(loss);
+    }
     report.loss_read = true;
     report.loss = static_cast<double>(values[0]) / static_cast<double>(std::max<int64_t>(steps_in_value, 1));
     report.grad_norm = static_cast<double>(values[1]);
@@ -289,6 +306,7 @@ class Trainer {
   Ops& ops_;
   Workload w_;
   int64_t accumulation_;
+  int64_t ranks_, rank_;
   Model<Ops> model_;
   OptimizerKind kind_;
   std::vector<int32_t> dataset_;
@@ -325,6 +343,7 @@ std::vector<std::pair<std::string, double>> observe(Trainer& trainer, const Ops&
       {"backward_ns", median_part(&StepReport::backward_s)},   {"optimizer_ns", median_part(&StepReport::optimizer_s)},
       {"sync_ns", median_part(&StepReport::sync_s)},           {"solver_ns", median_part(&StepReport::solver_s)},
       {"peak_memory_mib", static_cast<double>(ops.memory().peak) / (1 << 20)}};
+  if (trainer.workload().distributed.ranks > 1) out.emplace_back("allreduce_ns", median_part(&StepReport::allreduce_s));
   const SolveStats& s = trainer.model().solve_stats();
   if (s.solves > 0) {
     out.emplace_back("cg_skip_rate", static_cast<double>(s.skipped) / static_cast<double>(s.solves));

@@ -49,6 +49,14 @@ struct LoggingSpec {
   int64_t interval = 1;
 };
 
+// Data-parallel training (autotune --ranks): the step runs on every rank with its share of the
+// batch (batch.global is the rank's share: the global batch is global x ranks), and the summed
+// gradients are all-reduced in buckets of bucket_mb (DDP's bucket_cap_mb) before the optimizer.
+struct DistributedSpec {
+  int64_t ranks = 1;
+  double bucket_mb = 25;
+};
+
 struct Switches {
   bool cuda_graphs = false;
   bool activation_checkpointing = false;
@@ -67,6 +75,7 @@ struct Workload {
   BatchSpec batch;
   LoggingSpec logging;
   Switches switches;
+  DistributedSpec distributed;
   int64_t parameter_count() const;
 };
 

@@ -1,0 +1,149 @@
+// autotune --ranks and --predict (distributed.h).
+#include "tuner/distributed.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+
+#include "allreduce/allreduce.h"
+#include "runtime/comm.h"
+#include "runtime/device_info.h"
+#include "runtime/error.h"
+#include "tuner/trial.h"
+
+namespace tb::tune {
+
+namespace {
+
+std::string find_on_path(const std::string& program) {
+  if (program.find('/') != std::string::npos) return access(program.c_str(), X_OK) == 0 ? program : "";
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "");
+  std::string dir;
+  while (std::getline(dirs, dir, ':'))
+    if (!dir.empty() && access((dir + "/" + program).c_str(), X_OK) == 0) return dir + "/" + program;
+  return "";
+}
+
+std::vector<std::string> words(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string w;
+  while (in >> w) out.push_back(w);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> launcher_argv(const std::string& text) {
+  std::vector<std::string> argv = words(text);
+  if (argv.empty()) throw UsageError("--mpirun is empty: name the launcher, e.g. mpirun");
+  const std::string found = find_on_path(argv.front());
+  if (found.empty())
+    throw UsageError("--ranks: the launcher '" + argv.front() +
+                     "' is not on PATH (install Open MPI, e.g. openmpi-bin, or name one with --mpirun)");
+  argv.front() = found;
+  return argv;
+}
+
+std::string ranks_unavailable_reason(int64_t ranks, bool cuda, bool predict, const std::string& launcher) {
+  if (comm::launched_ranks() > 1)
+    return "run autotune --ranks as one process, not under mpirun: it starts every trial's " + std::to_string(ranks) +
+           " ranks itself";
+  if (const std::string why = comm::world_unavailable_reason(); !why.empty()) return "--ranks needs MPI: " + why;
+  if (cuda) {
+    if (const std::string why = allreduce::nccl_unavailable_reason(); !why.empty()) return "--ranks on a GPU needs NCCL: " + why;
+    const auto gpus = static_cast<int64_t>(cuda_status().devices.size());
+    if (!predict && ranks > gpus)
+      return "--ranks " + std::to_string(ranks) + " needs a GPU per rank and this machine has " + std::to_string(gpus) +
+             " (--predict models more ranks than there are)";
+  }
+  try {
+    launcher_argv(launcher);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void allow_mpirun_as_root() {
+  if (geteuid() != 0) return;
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+}
+
+int run_allreduce_probe_here(const nlohmann::json& request) {
+  comm::Group& world = comm::world();
+  const auto elements = request.at("elements").get<int64_t>();
+  const auto bucket = std::max<int64_t>(1, static_cast<int64_t>(request.at("bucket_mb").get<double>() * double(1 << 20) / 4));
+  const int repeats = request.value("repeats", 7);
+  std::vector<float> grads(static_cast<std::size_t>(elements), 0.0f);
+  auto all_reduce = [&] {
+    comm::for_each_bucket_from_end(elements, bucket, [&](int64_t begin, int64_t length) {
+      world.allreduce(grads.data() + begin, grads.data() + begin, length, comm::Elem::f32, comm::Reduce::sum);
+    });
+  };
+  all_reduce();
+  all_reduce();
+  std::vector<double> times;
+  for (int k = 0; k < repeats; ++k) {
+    world.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    all_reduce();
+    times.push_back(comm::agree_max(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()));
+  }
+  std::sort(times.begin(), times.end());
+  if (world.rank() == 0)
+    std::cout << nlohmann::json{{"seconds", times[times.size() / 2]}, {"ranks", world.size()}, {"library", world.library()}}.dump()
+              << std::endl;
+  return 0;
+}
+
+AllreduceProbe probe_allreduce(const std::vector<std::string>& launcher, const std::string& self_exe, int64_t ranks,
+                               int64_t elements, double bucket_mb, const std::atomic<bool>* stop) {
+  const nlohmann::json request{{"elements", elements}, {"bucket_mb", bucket_mb}, {"repeats", 7}};
+  std::vector<std::string> argv = launcher;
+  for (const std::string& a : {std::string("-n"), std::to_string(ranks), self_exe, std::string("--allreduce-probe"), request.dump()})
+    argv.push_back(a);
+  const ChildOutcome child = run_child(argv, 300, stop);
+  const auto last = child.out.find_last_of('{');
+  if (child.timed_out || child.exit_code != 0 || last == std::string::npos)
+    throw CallError(__FILE__, __LINE__, "the all-reduce probe on " + std::to_string(ranks) + " ranks",
+                    child.timed_out ? "timed out" : "exit " + std::to_string(child.exit_code) + ": " + child.err_tail);
+  const auto j = nlohmann::json::parse(child.out.substr(last));
+  return AllreduceProbe{j.at("ranks").get<int64_t>(), j.at("seconds").get<double>(), j.value("library", std::string())};
+}
+
+RanksPrediction predict_ranks(int64_t ranks, int64_t global_batch, double share_samples_per_s, const AllreduceProbe& probe) {
+  RanksPrediction p;
+  p.ranks = ranks;
+  p.global_batch = global_batch;
+  p.probe = probe;
+  p.step_compute_s = static_cast<double>(global_batch / ranks) / share_samples_per_s;
+  const double at_probe = comm::ring_bus_factor(static_cast<int>(probe.ranks));
+  p.allreduce_s = at_probe > 0 ? probe.seconds * comm::ring_bus_factor(static_cast<int>(ranks)) / at_probe : 0;
+  p.samples_per_s = static_cast<double>(global_batch) / (p.step_compute_s + p.allreduce_s);
+  return p;
+}
+
+nlohmann::json to_json(const RanksPrediction& p) {
+  nlohmann::json j{{"ranks", p.ranks},
+                   {"global_batch", p.global_batch},
+                   {"samples_per_s", p.samples_per_s},
+                   {"step_seconds", p.step_compute_s + p.allreduce_s},
+                   {"compute_seconds", p.step_compute_s},
+                   {"allreduce_seconds", p.allreduce_s},
+                   {"allreduce_measured", {{"ranks", p.probe.ranks}, {"seconds", p.probe.seconds}, {"library", p.probe.library}}},
+                   {"note", "a prediction, not a measurement: one rank's share of the batch measured on " +
+                            std::to_string(p.probe.ranks) + " independent ranks, plus the gradients' all-reduce measured on " +
+                            std::to_string(p.probe.ranks) + " ranks and scaled by the ring's 2(n-1)/n"}};
+  if (p.measured_samples_per_s > 0)
+    j["validation"] = {{"measured_samples_per_s", p.measured_samples_per_s}, {"error", p.error()}};
+  return j;
+}
+
+}  // namespace tb::tune
