@@ -254,6 +254,9 @@ std::string file_text(const std::string& path) {
   return text.str();
 }
 
+// What --predict's all-reduce probe takes (start-up of the ranks, two warm-up and seven timed calls).
+constexpr double kProbeSeconds = 5.0;
+
 // Kept back from the trials: the output, and the exit of a trial stopped at the budget's end.
 double output_reserve(double budget) { return kill_grace_seconds + std::min(2.0, 0.05 * budget); }
 
@@ -566,8 +569,8 @@ int run(int argc, char** argv) {
   app.add_option("--mpirun", launcher, "the launcher of --ranks trials, with its options (default: mpirun; e.g. "
                                        "'mpirun --hostfile hosts')");
   app.add_flag("--predict", predict,
-               "with --ranks N: predict N ranks (more than are at hand) from one-rank trials of a rank's share of the batch "
-               "and the all-reduce measured on --probe-ranks ranks; measured too where N <= --probe-ranks");
+               "with --ranks N: predict N ranks (more than are at hand) from trials of one rank's share of the batch on "
+               "--probe-ranks independent ranks and the all-reduce measured on them; measured too where N <= --probe-ranks");
   app.add_option("--probe-ranks", probe_ranks, "ranks at hand the all-reduce is measured on for --predict (default 2)")
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   app.add_option("--strategy", strategy, "auto (fast search) or grid (every candidate)")
@@ -694,7 +697,11 @@ int run(int argc, char** argv) {
   TrialEstimate shortest = shortest_trial(apply(workload, own), options.measure.min_steps, use_cuda, machine.device);
   shortest.seconds += runner.extra_startup;
   refuse_budget_below_one_trial(workload, own, shortest, options.measure, budget, elapsed());
-  const double trial_deadline = budget - output_reserve(budget);  // seconds after `started`
+  // --predict: the all-reduce probe after the search, and where the ranks are at hand one real N-rank
+  // trial of the prediction, come out of the same budget.
+  const double predict_reserve =
+      predict ? kProbeSeconds + (ranks <= probe_ranks ? trial_seconds + shortest.seconds : 0.0) : 0.0;
+  const double trial_deadline = budget - output_reserve(budget) - predict_reserve;  // seconds after `started`
   auto seconds_left = [&] { return trial_deadline - elapsed(); };
   // Kept from the search for the race: about kMinRoundsToDrop rounds of every finalist at the slice
   // time the trials so far suggest (their median set-up plus a slice: a busy machine makes both

@@ -57,13 +57,13 @@ bool looks_like_oom(const std::string& what) {
   return false;
 }
 
-}  // namespace
-
 std::string bucket_text(double mb) {
   std::ostringstream s;
   s << mb;
   return s.str();
 }
+
+}  // namespace
 
 std::map<std::string, std::vector<std::string>> available_switches(const step::Workload& w, bool cuda) {
   std::map<std::string, std::vector<std::string>> s;
@@ -248,7 +248,11 @@ TrialResult run_trial_here(const json& request) {
     if (const std::string why = step::unsupported_reason(w, cuda); !why.empty())
       return fail(looks_like_oom(why) ? TrialClass::oom : TrialClass::error, why);
 
-    auto session = make_session(cuda ? Backend::cuda : Backend::cpu, request.value("device", 0));
+    // Under mpirun each rank drives the GPU its local rank names.
+    int device = request.value("device", 0);
+    if (cuda && ranks > 1 && !cuda_status().devices.empty())
+      device = comm::world().local_rank() % static_cast<int>(cuda_status().devices.size());
+    auto session = make_session(cuda ? Backend::cuda : Backend::cpu, device);
     std::unique_ptr<step::StepInstance> instance =
         cuda ? step::make_cuda_step(w, session->context()) : step::make_cpu_step(w);
     // Every rank decides alike: the slowest rank's sample times, the latest rank's clock.
