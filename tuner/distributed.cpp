@@ -19,16 +19,6 @@ namespace tb::tune {
 
 namespace {
 
-std::string find_on_path(const std::string& program) {
-  if (program.find('/') != std::string::npos) return access(program.c_str(), X_OK) == 0 ? program : "";
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs(path ? path : "");
-  std::string dir;
-  while (std::getline(dirs, dir, ':'))
-    if (!dir.empty() && access((dir + "/" + program).c_str(), X_OK) == 0) return dir + "/" + program;
-  return "";
-}
-
 std::vector<std::string> words(const std::string& text) {
   std::vector<std::string> out;
   std::stringstream in(text);
@@ -106,10 +96,7 @@ int run_allreduce_probe_here(const nlohmann::json& request) {
 AllreduceProbe probe_allreduce(const std::vector<std::string>& launcher, const std::string& self_exe, int64_t ranks,
                                int64_t elements, double bucket_mb, const std::atomic<bool>* stop) {
   const nlohmann::json request{{"elements", elements}, {"bucket_mb", bucket_mb}, {"repeats", 7}};
-  std::vector<std::string> argv = launcher;
-  for (const std::string& a : {std::string("-n"), std::to_string(ranks), self_exe, std::string("--allreduce-probe"), request.dump()})
-    argv.push_back(a);
-  const ChildOutcome child = run_child(argv, 300, stop);
+  const ChildOutcome child = run_child(under_launcher(launcher, ranks, {self_exe, "--allreduce-probe", request.dump()}), 300, stop);
   const auto last = child.out.find_last_of('{');
   if (child.timed_out || child.exit_code != 0 || last == std::string::npos)
     throw CallError(__FILE__, __LINE__, "the all-reduce probe on " + std::to_string(ranks) + " ranks",

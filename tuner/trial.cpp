@@ -258,7 +258,7 @@ TrialResult run_trial_here(const json& request) {
     // Every rank decides alike: the slowest rank's sample times, the latest rank's clock.
     comm::AgreedTimer agreed(session->timer());
     SampleTimer& timer = ranks > 1 ? static_cast<SampleTimer&>(agreed) : session->timer();
-    auto elapsed = [&] { return ranks > 1 ? comm::agree_max(seconds_since(started)) : seconds_since(started); };
+    auto elapsed = [&] { return comm::agree_max(seconds_since(started)); };  // the value itself on one rank
     // The first step: the forward every configuration is checked with (on every rank, its own sample).
     instance->run();
     const Verdict verdict = instance->check();
@@ -285,8 +285,7 @@ TrialResult run_trial_here(const json& request) {
       }
       if (step_seconds.size() < 3 || steps < policy.min_steps) continue;
       const Summary s = summarize(step_seconds, policy.target_rel_ci);
-      const double measured_s = ranks > 1 ? comm::agree_max(seconds_since(measuring)) : seconds_since(measuring);
-      if (!s.noisy || measured_s >= policy.max_seconds) break;
+      if (!s.noisy || comm::agree_max(seconds_since(measuring)) >= policy.max_seconds) break;
       // Clearly behind the best so far: even the fast end of the interval is slower.
       const double fast_end = static_cast<double>(w.batch.global * w.distributed.ranks) / s.ci_low;
       if (policy.stop_below > 0 && fast_end < policy.stop_below) {
@@ -476,12 +475,28 @@ TrialResult ProcessExecutor::run(const Candidate& candidate, const MeasurePolicy
                      {"ranks", ranks_},
                      {"independent", independent_}};
   if (ranks_ == 1) return run_watched({exe_, "--trial", request.dump()}, policy, stop_);
-  // Every rank under the launcher: mpirun [its options] -n RANKS autotune --trial REQUEST. Rank 0
-  // writes the result; a rank on a GPU drives the one its local rank names.
-  std::vector<std::string> argv = launcher_;
-  for (const std::string& a : {std::string("-n"), std::to_string(ranks_), exe_, std::string("--trial"), request.dump()})
-    argv.push_back(a);
-  return run_watched(argv, policy, stop_);
+  // Every rank under the launcher. Rank 0 writes the result; a rank on a GPU drives the one its local
+  // rank names.
+  return run_watched(under_launcher(launcher_, ranks_, {exe_, "--trial", request.dump()}), policy, stop_);
+}
+
+std::vector<std::string> under_launcher(const std::vector<std::string>& launcher, int64_t ranks,
+                                        const std::vector<std::string>& command) {
+  std::vector<std::string> argv = launcher;
+  argv.push_back("-n");
+  argv.push_back(std::to_string(ranks));
+  argv.insert(argv.end(), command.begin(), command.end());
+  return argv;
+}
+
+std::string find_on_path(const std::string& program) {
+  if (program.find('/') != std::string::npos) return access(program.c_str(), X_OK) == 0 ? program : "";
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "");
+  std::string dir;
+  while (std::getline(dirs, dir, ':'))
+    if (!dir.empty() && access((dir + "/" + program).c_str(), X_OK) == 0) return dir + "/" + program;
+  return "";
 }
 
 // ---- the PyTorch executor ---------------------------------------------------------------------------
@@ -491,16 +506,7 @@ TorchProbe probe_torch(const std::atomic<bool>* stop) {
   p.python = torch_python();
   p.script = torch_step_script();
   // The interpreter found by its name on PATH, as execv wants a path.
-  if (p.python.find('/') == std::string::npos) {
-    const char* path = std::getenv("PATH");
-    std::stringstream dirs(path ? path : "");
-    std::string dir;
-    while (std::getline(dirs, dir, ':'))
-      if (!dir.empty() && access((dir + "/" + p.python).c_str(), X_OK) == 0) {
-        p.python = dir + "/" + p.python;
-        break;
-      }
-  }
+  if (const std::string found = find_on_path(p.python); !found.empty()) p.python = found;
   const ChildOutcome o = run_child({p.python, p.script, "--probe"}, 120, stop);
   // A failed probe is explained by require_torch when PyTorch or the script is missing (how to install
   // it); only then is torch imported a second time.

@@ -106,6 +106,13 @@ class ProcessExecutor final : public Executor {
   int64_t capacity_ = 0;
 };
 
+// `LAUNCHER -n RANKS COMMAND...`: a command on every rank (launcher: mpirun and its options).
+std::vector<std::string> under_launcher(const std::vector<std::string>& launcher, int64_t ranks,
+                                        const std::vector<std::string>& command);
+// The program's path: as given when it holds a '/' and is executable, else the first executable of
+// that name on PATH; "" when there is none.
+std::string find_on_path(const std::string& program);
+
 // What `torch-step --probe` says of the interpreter the twin runs in.
 struct TorchProbe {
   std::string python, script;          // what runs a trial: python script --trial REQUEST
