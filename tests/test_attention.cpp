@@ -2,6 +2,7 @@
 // and not, both dtypes on CUDA; the reference catches a wrong output; shapes are validated.
 #include <gtest/gtest.h>
 
+#include <tuple>
 #include <vector>
 
 #include "attention/attention.h"
@@ -77,6 +78,89 @@ TEST(AttentionReference, CatchesAWrongOutput) {
   const Verdict v = attention::check_output(s, true, DType::fp32, out);
   EXPECT_FALSE(v.passed);
   EXPECT_NE(v.detail.find("out[1][8][2]"), std::string::npos) << v.detail;
+}
+
+// The reference backward is the definition's gradient: L = sum(O * dO), differentiated numerically in
+// double, causal and full, at a size where every row sees a different number of keys.
+TEST(AttentionReference, BackwardMatchesFiniteDifferences) {
+  const attention::Shape s{1, 2, 5, 3};
+  const auto n = static_cast<std::size_t>(s.elements());
+  std::vector<double> q(n), k(n), v(n), o(n), dout(n), dq(n), dk(n), dv(n), lse(static_cast<std::size_t>(s.rows()));
+  for (std::size_t i = 0; i < n; ++i) {
+    q[i] = attention::input_q(static_cast<int64_t>(i), DType::fp32);
+    k[i] = attention::input_k(static_cast<int64_t>(i), DType::fp32);
+    v[i] = attention::input_v(static_cast<int64_t>(i), DType::fp32);
+    dout[i] = attention::input_dout(static_cast<int64_t>(i));
+  }
+  for (bool causal : {true, false}) {
+    const attention::Operands<double> x{q.data(), k.data(), v.data(), o.data(), attention::bhsd(s), attention::bhsd(s)};
+    auto loss = [&] {
+      attention::reference_forward(s, causal, x, lse.data());
+      double sum = 0;
+      for (std::size_t i = 0; i < n; ++i) sum += o[i] * dout[i];
+      return sum;
+    };
+    attention::reference_backward(s, causal, x, attention::Gradients<double>{dq.data(), dk.data(), dv.data(), dout.data()});
+    for (auto [input, grad, name] : {std::tuple{&q, &dq, "dq"}, std::tuple{&k, &dk, "dk"}, std::tuple{&v, &dv, "dv"}})
+      for (std::size_t i = 0; i < n; ++i) {
+        const double saved = (*input)[i], h = 1e-6;
+        (*input)[i] = saved + h;
+        const double up = loss();
+        (*input)[i] = saved - h;
+        const double down = loss();
+        (*input)[i] = saved;
+        EXPECT_NEAR((*grad)[i], (up - down) / (2 * h), 1e-8) << name << "[" << i << "] " << (causal ? "causal" : "full");
+      }
+  }
+}
+
+TEST(AttentionReference, CatchesAWrongGradient) {
+  const attention::Shape s{1, 2, 9, 4};
+  const auto n = static_cast<std::size_t>(s.elements());
+  std::vector<double> q(n), k(n), v(n), o(n), dout(n), dq(n), dk(n), dv(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    q[i] = attention::input_q(static_cast<int64_t>(i), DType::fp32);
+    k[i] = attention::input_k(static_cast<int64_t>(i), DType::fp32);
+    v[i] = attention::input_v(static_cast<int64_t>(i), DType::fp32);
+    dout[i] = attention::input_dout(static_cast<int64_t>(i));
+  }
+  const attention::Operands<double> x{q.data(), k.data(), v.data(), o.data(), attention::bhsd(s), attention::bhsd(s)};
+  attention::reference_backward(s, true, x, attention::Gradients<double>{dq.data(), dk.data(), dv.data(), dout.data()});
+  std::vector<float> fq(dq.begin(), dq.end()), fk(dk.begin(), dk.end()), fv(dv.begin(), dv.end());
+  EXPECT_TRUE(attention::check_gradients(s, true, fq, fk, fv).passed);
+  EXPECT_FALSE(attention::check_gradients(s, false, fq, fk, fv).passed) << "the mask changes every gradient";
+  fk[(1 * s.seq + 3) * s.head_dim + 1] += 1e-3f;
+  const Verdict verdict = attention::check_gradients(s, true, fq, fk, fv);
+  EXPECT_FALSE(verdict.passed);
+  EXPECT_NE(verdict.detail.find("dk[1][3][1]"), std::string::npos) << verdict.detail;
+}
+
+// The training step's layout: Q, K, V read from packed rows [B, S, 3C], O and dO as [B, S, C]. The
+// fused forward and backward there give what the naive ones give.
+TEST(AttentionKernels, FusedMatchesNaiveOnThePackedRows) {
+  const attention::Shape s{2, 3, 70, 16};
+  const int64_t C = s.d_model(), N = s.batch * s.seq;
+  std::vector<float> qkv(static_cast<std::size_t>(N * 3 * C)), dout(static_cast<std::size_t>(N * C));
+  for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = attention::input_q(static_cast<int64_t>(i), DType::fp32);
+  for (std::size_t i = 0; i < dout.size(); ++i) dout[i] = attention::input_dout(static_cast<int64_t>(i));
+  const attention::Strides in = attention::bshd(s, 3 * C), out = attention::bshd(s, C);
+  std::vector<std::vector<float>> o(2, std::vector<float>(dout.size())), dqkv(2, std::vector<float>(qkv.size(), 7.0f));
+  std::vector<float> probs(static_cast<std::size_t>(s.batch * s.heads * s.seq * s.seq)), dprobs(probs.size());
+  std::vector<float> lse(static_cast<std::size_t>(s.rows()));
+  attention::FusedWorkspace ws(s.head_dim, s.seq);
+  for (int fused = 0; fused < 2; ++fused) {
+    const attention::Operands<float> x{qkv.data(), qkv.data() + C, qkv.data() + 2 * C, o[fused].data(), in, out};
+    const attention::Gradients<float> g{dqkv[fused].data(), dqkv[fused].data() + C, dqkv[fused].data() + 2 * C, dout.data()};
+    if (fused) {
+      attention::cpu_fused_forward(s, true, x, lse.data(), ws);
+      attention::cpu_fused_backward(s, true, x, lse.data(), g, ws);
+    } else {
+      attention::cpu_naive_forward(s, attention::Mask::implicit, x, probs.data());
+      attention::cpu_naive_backward(s, x, probs.data(), g, dprobs.data());
+    }
+  }
+  for (std::size_t i = 0; i < dout.size(); ++i) ASSERT_NEAR(o[1][i], o[0][i], 1e-5) << "out " << i;
+  for (std::size_t i = 0; i < qkv.size(); ++i) ASSERT_NEAR(dqkv[1][i], dqkv[0][i], 1e-5) << "dqkv " << i << " (every element written)";
 }
 
 TEST(AttentionShape, ParsesAndRejects) {

@@ -1,7 +1,9 @@
 // Stage `cg`: the drifting right-hand sides, the residual oracle (and that it catches a wrong
 // solution), every registered strategy at odd sizes with every solve's true residual checked, the
 // gate's skips following the drift, the warm start never skipping, the counters, CPU and CUDA
-// solutions agreeing, and the pairs that take the gate apart from the warm start.
+// solutions agreeing, and the pairs that take the gate apart from the warm start. The propagator's
+// form (rows.h): the solver in double against a direct solve, its gate on an unchanged and a changed
+// batch, and the rows variants at odd shapes, checked the same way.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,7 +12,10 @@
 #include <vector>
 
 #include "cg/cg.h"
+#include "cg/rows.h"
 #include "runtime/defaults.h"
+#include "runtime/random.h"
+#include "runtime/tolerance.h"
 #include "spmv/spmv.h"
 #include "stage_testing.h"
 
@@ -145,6 +150,19 @@ TEST(CgReference, CheckFailsAWarmStartThatSkips) {
   EXPECT_NE(v.detail.find("skipped by a solver without the gate"), std::string::npos) << v.detail;
 }
 
+// The registered variants of one system (axis graph) and of the propagator's rows (axis rows_shape).
+bool solves_rows(const Variant& v) { return std::find(v.axes.begin(), v.axes.end(), "rows_shape") != v.axes.end(); }
+std::vector<std::size_t> variant_indices(bool rows) {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < cg_stage().variants.size(); ++i)
+    if (solves_rows(cg_stage().variants[i]) == rows) out.push_back(i);
+  return out;
+}
+std::string variant_name(const ::testing::TestParamInfo<std::size_t>& info) {
+  const Variant& v = cg_stage().variants.at(info.param);
+  return std::string(to_string(v.backend)) + "_" + v.id;
+}
+
 // Every strategy, every solve's true residual: one row, tiny and odd sizes, each graph family.
 class CgVariant : public ::testing::TestWithParam<std::size_t> {};
 
@@ -157,11 +175,7 @@ TEST_P(CgVariant, EverySolveMeetsTheTolerance) {
   for (const auto& p : problems) TB_EXPECT_MATCHES_REFERENCE(v, p);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllVariants, CgVariant, ::testing::Range<std::size_t>(0, cg_stage().variants.size()),
-                         [](const ::testing::TestParamInfo<std::size_t>& info) {
-                           const Variant& v = cg_stage().variants.at(info.param);
-                           return std::string(to_string(v.backend)) + "_" + v.id;
-                         });
+INSTANTIATE_TEST_SUITE_P(AllVariants, CgVariant, ::testing::ValuesIn(variant_indices(false)), variant_name);
 
 // The gate follows the drift: no drift, every solve skipped; a drift far above the gate's
 // tolerance, none; about the tolerance, some. Without the gate nothing is skipped, and every solve
@@ -312,6 +326,275 @@ TEST(CgRegistry, DeclaresThePairsOfTheIssue) {
   EXPECT_NE(v->unsupported(problem("ring8", "1000", "1e-6", "-1")), "");
   EXPECT_NE(v->unsupported(problem("ring8", "1000", "-1e-6")), "");
   EXPECT_EQ(v->unsupported(problem("ring8", "1000", "1e-6")), "");
+}
+
+// ---- the propagator's form (rows.h) -----------------------------------------------------------------
+
+Problem rows_problem(const char* shape, const char* drift) { return Problem({{"rows_shape", shape}, {"drift", drift}}); }
+
+cg::RowSystems small_rows(int64_t rows, int64_t width, int64_t k, double tol) {
+  return cg::RowSystems{rows, width, k, 0.3, tol, 1e-6, 200};
+}
+
+// x = A^-1 b for one row by dense Gaussian elimination (A is SPD: no pivoting), A from the ring's
+// definition.
+std::vector<double> direct_row_solve(const cg::RowSystems& s, const double* b) {
+  const int64_t C = s.width;
+  std::vector<double> a(static_cast<std::size_t>(C * C), 0.0), x(b, b + C);
+  for (int64_t i = 0; i < C; ++i) {
+    a[i * C + i] += 1 + s.alpha * static_cast<double>(s.neighbours);
+    for (int64_t d = 1; d <= s.neighbours / 2; ++d) {
+      a[i * C + (i - d + C) % C] -= s.alpha;
+      a[i * C + (i + d) % C] -= s.alpha;
+    }
+  }
+  for (int64_t k = 0; k < C; ++k)
+    for (int64_t i = k + 1; i < C; ++i) {
+      const double f = a[i * C + k] / a[k * C + k];
+      for (int64_t j = k; j < C; ++j) a[i * C + j] -= f * a[k * C + j];
+      x[i] -= f * x[k];
+    }
+  for (int64_t i = C - 1; i >= 0; --i) {
+    for (int64_t j = i + 1; j < C; ++j) x[i] -= a[i * C + j] * x[j];
+    x[i] /= a[i * C + i];
+  }
+  return x;
+}
+
+std::vector<double> random_rows(const cg::RowSystems& s, uint64_t seed) {
+  std::vector<double> b(static_cast<std::size_t>(s.rows * s.width));
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = uniform_at(seed, i);
+  return b;
+}
+
+// In double, solved to 1e-12: every row matches its direct solve; a zero row stays zero (its step
+// length is 0) while the others iterate; the counts are one solve, a matvec per iteration plus the
+// start's.
+TEST(CgRows, DoubleSolveMatchesADirectSolve) {
+  for (const auto& [k, width] : std::vector<std::pair<int64_t, int64_t>>{{2, 3}, {4, 13}, {8, 9}, {8, 384}}) {
+    const cg::RowSystems s = small_rows(7, width, k, 1e-12);
+    std::vector<double> b = random_rows(s, 5);
+    std::fill(b.begin() + 2 * width, b.begin() + 3 * width, 0.0);  // row 2: b = 0
+    std::vector<double> x(b.size(), 1.0), work(static_cast<std::size_t>(cg::rows_workspace(s.rows, s.width)));
+    cg::CpuRows<double> rows;
+    const cg::RowStats stats = cg::solve_rows(rows, s, x.data(), b.data(), nullptr, false, work.data());
+    EXPECT_EQ(stats.solves, 1);
+    EXPECT_EQ(stats.skipped, 0);
+    EXPECT_GT(stats.iterations, 0);
+    EXPECT_EQ(stats.matvecs, stats.iterations + 1);
+    EXPECT_LE(stats.worst_residual, 1e-12);
+    for (int64_t n = 0; n < s.rows; ++n) {
+      const std::vector<double> want = direct_row_solve(s, b.data() + n * width);
+      for (int64_t c = 0; c < width; ++c)
+        EXPECT_NEAR(x[n * width + c], want[c], 1e-11) << "k " << k << ", width " << width << ", row " << n << ", col " << c;
+      EXPECT_LE(cg::true_row_residual(s, b.data() + n * width, x.data() + n * width), 1e-12 + tolerance::cg_residual_atol)
+          << "row " << n;
+    }
+  }
+}
+
+// The step's StepPropagator.LazyGateSkipsAnUnchangedInputAndSolvesAChangedOne, on the solver itself:
+// the first call solves (from a zero cache), the same batch again is skipped with one matvec and the
+// cache handed on untouched, a changed batch is solved again and cached.
+TEST(CgRows, GateSkipsAnUnchangedBatchAndSolvesAChangedOne) {
+  const cg::RowSystems s = small_rows(5, 64, 8, 1e-8);
+  std::vector<double> b = random_rows(s, 9), x(b.size()), cache(b.size(), 0.0);
+  std::vector<double> work(static_cast<std::size_t>(cg::rows_workspace(s.rows, s.width)));
+  cg::CpuRows<double> rows;
+  const cg::RowStats first = cg::solve_rows(rows, s, x.data(), b.data(), cache.data(), true, work.data());
+  EXPECT_EQ(first.skipped, 0);
+  EXPECT_GT(first.iterations, 0);
+  EXPECT_EQ(cache, x);
+  const std::vector<double> solved = x;
+
+  const cg::RowStats again = cg::solve_rows(rows, s, x.data(), b.data(), cache.data(), true, work.data());
+  EXPECT_EQ(again.solves, 1);
+  EXPECT_EQ(again.skipped, 1);
+  EXPECT_EQ(again.iterations, 0);
+  EXPECT_EQ(again.matvecs, 1);
+  EXPECT_EQ(x, solved);
+  EXPECT_EQ(cache, solved);
+  EXPECT_LT(again.worst_residual, 1e-8);
+
+  b[3] += 0.5;  // a changed batch: solved again
+  const cg::RowStats changed = cg::solve_rows(rows, s, x.data(), b.data(), cache.data(), true, work.data());
+  EXPECT_EQ(changed.skipped, 0);
+  EXPECT_GT(changed.iterations, 0);
+  EXPECT_LT(changed.worst_residual, 1e-8);
+  EXPECT_EQ(cache, x);
+  for (int64_t n = 0; n < s.rows; ++n)
+    EXPECT_LE(cg::true_row_residual(s, b.data() + n * s.width, x.data() + n * s.width), 1e-8 + tolerance::cg_residual_atol);
+
+  // Without the gate the same batch is never skipped: the cache already meets tol, so no iteration.
+  const cg::RowStats warm = cg::solve_rows(rows, s, x.data(), b.data(), cache.data(), false, work.data());
+  EXPECT_EQ(warm.skipped, 0);
+  EXPECT_EQ(warm.iterations, 0);
+
+  cg::RowStats total;
+  for (const cg::RowStats& one : {first, again, changed, warm}) total += one;
+  EXPECT_EQ(total.solves, 4);
+  EXPECT_EQ(total.skipped, 1);
+  EXPECT_EQ(total.iterations, first.iterations + changed.iterations);
+  EXPECT_EQ(total.worst_residual, std::max({first.worst_residual, again.worst_residual, changed.worst_residual,
+                                            warm.worst_residual}));
+}
+
+// The gate tests the total relative residual, not every row's: one row of 100 moved by 5e-6 of its
+// norm leaves the total near 5e-7, below lazy_tol = 1e-6, and the stale row is handed on.
+TEST(CgRows, GateTestsTheTotalResidualNotEachRow) {
+  const cg::RowSystems s = small_rows(100, 32, 8, 1e-10);
+  std::vector<double> b = random_rows(s, 11), x(b.size()), cache(b.size(), 0.0);
+  std::vector<double> work(static_cast<std::size_t>(cg::rows_workspace(s.rows, s.width)));
+  cg::CpuRows<double> rows;
+  cg::solve_rows(rows, s, x.data(), b.data(), cache.data(), true, work.data());
+  double row_norm = 0;
+  for (int64_t c = 0; c < s.width; ++c) row_norm += b[c] * b[c];
+  b[0] += 5e-6 * std::sqrt(row_norm);
+  const cg::RowStats stale = cg::solve_rows(rows, s, x.data(), b.data(), cache.data(), true, work.data());
+  EXPECT_EQ(stale.skipped, 1);
+  EXPECT_GT(cg::true_row_residual(s, b.data(), x.data()), s.lazy_tol);
+  EXPECT_LT(cg::true_total_residual(s, b.data(), x.data()), s.lazy_tol);
+  EXPECT_TRUE(cg::check_rows(s, b.data(), x.data(), true, 1, 0.0).passed);
+  const Verdict as_solved = cg::check_rows(s, b.data(), x.data(), false, 1, 0.0);
+  EXPECT_FALSE(as_solved.passed);
+  EXPECT_NE(as_solved.detail.find("row 0 has true relative residual"), std::string::npos) << as_solved.detail;
+}
+
+TEST(CgRows, RhsRowsDriftByTheStratifiedAmounts) {
+  const int64_t rows = 9, width = 1001;
+  const int steps = 16;
+  const cg::RowsRhs rhs(rows, width, 1e-3, steps);
+  const std::vector<double> drifts = cg::window_drifts(1e-3, steps);
+  const cg::RhsSequence single(10, 1e-3, steps);
+  for (int t = 1; t <= steps; ++t) {
+    EXPECT_EQ(rhs.drift_of(t), single.drift_of(t)) << "the same stratified drifts as one system's";
+    EXPECT_EQ(rhs.drift_of(t), drifts[t]);
+    for (int64_t n = 0; n < rows; ++n) {
+      double diff = 0, prev = 0;
+      for (int64_t c = 0; c < width; ++c) {
+        const double d = static_cast<double>(rhs.b(t)[n * width + c]) - rhs.b(t - 1)[n * width + c];
+        diff += d * d;
+        prev += static_cast<double>(rhs.b(t - 1)[n * width + c]) * rhs.b(t - 1)[n * width + c];
+      }
+      // Rounded to float: each entry moves by about 1e-3 of its size, 1e-4 of that is the rounding.
+      EXPECT_NEAR(std::sqrt(diff / prev), rhs.drift_of(t), 1e-3 * rhs.drift_of(t)) << "step " << t << ", row " << n;
+    }
+  }
+}
+
+// Every rows variant, every batch's true residual: one token, odd widths (the smallest ring, 9
+// features, is complete), no drift (every lazy solve skipped), a drift far above the gate (none).
+class CgRowsVariant : public ::testing::TestWithParam<std::size_t> {};
+
+TEST_P(CgRowsVariant, EveryBatchMeetsItsTolerance) {
+  const Variant& v = cg_stage().variants.at(GetParam());
+  const std::vector<Problem> problems{
+      rows_problem("1x9", "1e-6"),   rows_problem("7x13", "1e-6"),     rows_problem("3x100003", "5e-7"),
+      rows_problem("257x384", "0"), rows_problem("1000x384", "2e-6"), rows_problem("33x100", "1e-4"),
+  };
+  for (const auto& p : problems) TB_EXPECT_MATCHES_REFERENCE(v, p);
+}
+
+INSTANTIATE_TEST_SUITE_P(RowsVariants, CgRowsVariant, ::testing::ValuesIn(variant_indices(true)), variant_name);
+
+TEST(CgRowsGate, SkipRateFollowsTheDriftAndWindowsRepeat) {
+  std::map<std::string, double> skip;
+  for (const char* drift : {"0", "1e-6", "1e-4"}) {
+    auto lazy = make("rows_lazy", Backend::cpu, rows_problem("512x384", drift));
+    lazy->run();
+    const auto c = counters(*lazy);
+    skip[drift] = c.at("skip_rate");
+    EXPECT_NEAR(c.at("matvecs_per_solve"), 1.0 + c.at("iterations_per_solve"), 1e-12) << drift;
+    // (No bound on the worst row here: a skipped batch hands on rows above lazy_tol when the total is below.)
+    const Verdict v = lazy->check();
+    EXPECT_TRUE(v.passed) << drift << ": " << v.detail;
+  }
+  EXPECT_EQ(skip["0"], 1.0);
+  EXPECT_EQ(skip["1e-4"], 0.0);
+
+  auto cold = make("rows_cold", Backend::cpu, rows_problem("512x384", "1e-6"));
+  auto warm = make("rows_warm", Backend::cpu, rows_problem("512x384", "1e-4"));
+  cold->run();
+  warm->run();
+  const auto k = counters(*cold), w = counters(*warm);
+  EXPECT_EQ(k.at("skip_rate"), 0.0);
+  EXPECT_EQ(w.at("skip_rate"), 0.0);
+  EXPECT_GT(k.at("iterations_per_solve"), 3);
+  EXPECT_LE(k.at("final_rel_residual_ppm"), 1.0);  // solved: every row to tol = 1e-6 (the solver's estimate)
+  EXPECT_LE(w.at("final_rel_residual_ppm"), 1.0);
+  EXPECT_LT(w.at("iterations_per_solve"), k.at("iterations_per_solve")) << "a warm start needs fewer iterations";
+
+  // Every call replays the same window from the same cache: the same decisions, the same x.
+  auto made = make("rows_lazy", Backend::cpu, rows_problem("300x100", "1e-6"));
+  auto* owned = dynamic_cast<cg::RowsWindow*>(made.get());
+  ASSERT_NE(owned, nullptr);
+  owned->run();
+  const std::vector<float> first = owned->solution();
+  const cg::RowStats once = owned->stats();
+  owned->run();
+  EXPECT_EQ(owned->solution(), first);
+  EXPECT_EQ(owned->stats().skipped, 2 * once.skipped);
+  EXPECT_EQ(owned->stats().iterations, 2 * once.iterations);
+}
+
+// CPU and CUDA solve the same window in float: where the gate's decisions are clear (no drift: all
+// skipped; 1e-4: none) they take the same ones, and both solutions are within tol of the truth.
+TEST(CgAgreement, RowsCpuAndCudaSolutionsAgree) {
+  const Stage& s = cg_stage();
+  for (const char* id : {"rows_cold", "rows_warm", "rows_lazy"}) {
+    const Variant* cuda = s.find_variant(id, Backend::cuda);
+    ASSERT_NE(cuda, nullptr) << id;
+    if (const std::string why = testing::cannot_run_here(*cuda); !why.empty()) GTEST_SKIP() << id << ": " << why;
+    for (const char* drift : {"0", "1e-4"}) {
+      const Problem p = rows_problem("1001x384", drift);
+      auto a = make(id, Backend::cpu, p);
+      auto b = make(id, Backend::cuda, p);
+      a->run();
+      b->run();
+      auto* wa = dynamic_cast<cg::RowsWindow*>(a.get());
+      auto* wb = dynamic_cast<cg::RowsWindow*>(b.get());
+      EXPECT_EQ(wa->stats().skipped, wb->stats().skipped) << id << " at drift " << drift;
+      const std::vector<float> xa = wa->solution(), xb = wb->solution();
+      const cg::RowsRhs rhs(1001, 384, std::stod(drift), defaults::cg_window);
+      double diff = 0, bb = 0;
+      for (std::size_t i = 0; i < xa.size(); ++i) {
+        diff += (static_cast<double>(xa[i]) - xb[i]) * (static_cast<double>(xa[i]) - xb[i]);
+        bb += static_cast<double>(rhs.b(defaults::cg_window)[i]) * rhs.b(defaults::cg_window)[i];
+      }
+      const double limit = 2 * (cg::rows_defaults::lazy_tol + cg::rows_defaults::residual_fp32_atol);
+      EXPECT_LE(std::sqrt(diff / bb), limit) << id << " at drift " << drift;
+    }
+  }
+}
+
+TEST(CgRegistry, DeclaresTheRowsVariantsAndTheirPairs) {
+  const Stage& s = cg_stage();
+  for (Backend b : {Backend::cpu, Backend::cuda})
+    for (const char* id : {"rows_cold", "rows_warm", "rows_lazy"}) {
+      const Variant* v = s.find_variant(id, b);
+      ASSERT_NE(v, nullptr) << id;
+      EXPECT_EQ(v->axes, (std::vector<std::string>{"rows_shape", "drift"})) << id;
+      // sem_v55: micro-batch 128 x 256 tokens of d_model 384.
+      EXPECT_EQ(expand_problems(s, *v, {}, false).front().get("rows_shape"), "32768x384");
+      EXPECT_EQ(v->unsupported(rows_problem("64x8", "1e-6")).find("width must be above 8") != std::string::npos, true)
+          << v->unsupported(rows_problem("64x8", "1e-6"));
+      EXPECT_NE(v->unsupported(rows_problem("64x9", "-1e-6")), "");
+      EXPECT_EQ(v->unsupported(rows_problem("64x9", "1e-6")), "") << id;
+    }
+  const Axis* shape = s.find_axis("rows_shape");
+  ASSERT_NE(shape, nullptr);
+  EXPECT_NE(shape->invalid_reason("32768"), "");
+  EXPECT_NE(shape->invalid_reason("0x384"), "");
+  EXPECT_NE(shape->invalid_reason("12x-3"), "");
+  EXPECT_EQ(shape->invalid_reason("7x13"), "");
+  auto has_pair = [&](const char* base, const char* improved) {
+    for (const auto& p : s.pairs)
+      if (p.baseline == base && p.improved == improved) return true;
+    return false;
+  };
+  EXPECT_TRUE(has_pair("rows_cold", "rows_lazy"));
+  EXPECT_TRUE(has_pair("rows_cold", "rows_warm"));
+  EXPECT_TRUE(has_pair("rows_warm", "rows_lazy"));
 }
 
 }  // namespace

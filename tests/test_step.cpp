@@ -121,18 +121,25 @@ data: {samples: 16}
   return w;
 }
 
-// d(sum of losses)/d(param) by backward against central differences, in double.
-void expect_gradients_match(const Workload& w) {
-  CpuOps<double> ops;
-  Model<CpuOps<double>> model(ops, w.model, w.propagator, w.switches, w.batch.micro);
+// The dataset's first micro-batch: inputs [B, T] of samples 0..B-1, then their targets.
+std::vector<int32_t> first_micro_batch(const Workload& w) {
   const auto data = make_dataset(w.data.samples, w.model.seq_len, w.model.vocab);
-  const int64_t Tn = w.model.seq_len, N = model.tokens();
+  const int64_t Tn = w.model.seq_len, N = w.batch.micro * Tn;
   std::vector<int32_t> tokens(static_cast<std::size_t>(2 * N));
   for (int64_t b = 0; b < w.batch.micro; ++b)
     for (int64_t t = 0; t < Tn; ++t) {
       tokens[b * Tn + t] = data[b * (Tn + 1) + t];
       tokens[N + b * Tn + t] = data[b * (Tn + 1) + t + 1];
     }
+  return tokens;
+}
+
+// d(sum of losses)/d(param) by backward against central differences, in double.
+void expect_gradients_match(const Workload& w) {
+  CpuOps<double> ops;
+  Model<CpuOps<double>> model(ops, w.model, w.propagator, w.switches, w.batch.micro);
+  const int64_t N = model.tokens();
+  std::vector<int32_t> tokens = first_micro_batch(w);
   auto loss = [&] {
     model.forward(tokens.data(), tokens.data() + N);
     double s = 0;
@@ -201,8 +208,74 @@ TEST(StepOptimizer, VariantsComputeTheSameUpdate) {
     for (std::size_t i = 0; i < params[0].size(); ++i) ASSERT_NEAR(params[0][i], params[v][i], 2e-6) << "variant " << v << " at " << i;
 }
 
-TEST(StepTraining, LossFallsOnTheSyntheticTask) {
+// The float step against the double oracle (whose attention is the stage's reference): the gradients
+// of one micro-batch, with attention naive and fused, at a length past one 64-key tile.
+TEST(StepGradients, FloatStepMatchesTheDoubleOracleWithEitherAttention) {
+  Workload w = tiny_workload(false);
+  w.model.seq_len = 70;
+  w.model.d_model = 16;
+  const std::vector<int32_t> tokens = first_micro_batch(w);
+  auto gradients = [&](auto& ops) {
+    using Ops = std::decay_t<decltype(ops)>;
+    Model<Ops> model(ops, w.model, w.propagator, w.switches, w.batch.micro);
+    const int64_t N = model.tokens();
+    model.forward(tokens.data(), tokens.data() + N);
+    model.backward(1.0);
+    return std::vector<double>(model.grads.data(), model.grads.data() + model.parameter_count());
+  };
+  CpuOps<double> oracle;
+  const std::vector<double> want = gradients(oracle);
+  double largest = 0;
+  for (double g : want) largest = std::max(largest, std::abs(g));
+  for (bool fused : {false, true}) {
+    w.switches.fused_attention = fused;
+    CpuOps<float> ops;
+    const std::vector<double> got = gradients(ops);
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-4 * largest + 1e-3 * std::abs(want[i]))
+          << (fused ? "fused" : "naive") << " attention, gradient " << i;
+  }
+}
+
+// Fused attention keeps one log-sum-exp per row instead of P [B, NH, T, T]: at T = 256 the peak falls
+// by about L x B x NH x T^2 floats, and the estimate the tuner plans with falls with it.
+TEST(StepMemory, FusedAttentionFreesTheQuadraticActivations) {
+  Workload w = tiny_workload(false);
+  w.model.seq_len = 256;
+  std::vector<int64_t> peaks;
+  std::vector<double> estimates;
+  for (bool fused : {false, true}) {
+    w.switches.fused_attention = fused;
+    CpuOps<float> ops;
+    Model<CpuOps<float>> model(ops, w.model, w.propagator, w.switches, w.batch.micro);
+    peaks.push_back(ops.memory().peak);
+    estimates.push_back(estimate_bytes(w));
+  }
+  const double quadratic = 4.0 * static_cast<double>(w.batch.micro * w.model.heads * w.model.seq_len * w.model.seq_len);
+  // Each layer's P, and the one dP of the layer in backward.
+  EXPECT_NEAR(static_cast<double>(peaks[0] - peaks[1]), (w.model.layers + 1) * quadratic, 0.02 * quadratic);
+  EXPECT_NEAR(estimates[0] - estimates[1], (w.model.layers + 1) * quadratic, 0.02 * quadratic);
+}
+
+TEST(StepWorkload, AttentionSwitchIsFusedUnlessSaid) {
+  const std::string base = "name: t\nmodel: {layers: 1, d_model: 8, heads: 2, seq_len: 4, vocab: 5}\nbatch: {global: 2}\n";
+  EXPECT_TRUE(parse_workload(base, "w.yaml").switches.fused_attention) << "PyTorch's default: SDPA";
+  EXPECT_FALSE(parse_workload(base + "switches: {attention: naive}\n", "w.yaml").switches.fused_attention);
+  try {
+    parse_workload(base + "switches: {attention: flash}\n", "w.yaml");
+    ADD_FAILURE() << "an unknown attention was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("w.yaml:4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("naive"), std::string::npos) << e.what();
+  }
+}
+
+class StepTraining : public ::testing::TestWithParam<bool> {};
+
+TEST_P(StepTraining, LossFallsOnTheSyntheticTask) {
   Workload w = load_workload("tiny");
+  w.switches.fused_attention = GetParam();
   w.logging.sync = "every_step";
   w.logging.interval = 1;
   CpuOps<float> ops;
@@ -218,6 +291,9 @@ TEST(StepTraining, LossFallsOnTheSyntheticTask) {
   EXPECT_NEAR(first, std::log(17.0), 0.3) << "a fresh model guesses uniformly";
   EXPECT_LT(last, 0.6 * first) << "first " << first << ", last " << last;
 }
+
+INSTANTIATE_TEST_SUITE_P(Attention, StepTraining, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "fused" : "naive"; });
 
 TEST(StepPropagator, LazyGateSkipsAnUnchangedInputAndSolvesAChangedOne) {
   Workload w = tiny_workload(true);

@@ -105,6 +105,7 @@ TEST(Switches, OnlyThoseTheWorkloadAndBackendHaveWithItsOwnFirst) {
   EXPECT_EQ(cpu.at("activation_checkpointing").front(), "on");
   EXPECT_EQ(cpu.at("sync").front(), "every_n:5");
   EXPECT_TRUE(cpu.count("lazy_cg"));
+  EXPECT_EQ(cpu.at("attention"), (std::vector<std::string>{"fused", "naive"})) << "on every backend, fused first";
   EXPECT_FALSE(cpu.count("bf16_matmuls"));
   const auto gpu = available_switches(sem, true);
   EXPECT_TRUE(gpu.count("bf16_matmuls"));
@@ -120,6 +121,7 @@ TEST(Switches, OnlyThoseTheWorkloadAndBackendHaveWithItsOwnFirst) {
   EXPECT_EQ(w.optimizer.variant, "fused");
   EXPECT_EQ(w.logging.sync, "async");
   EXPECT_FALSE(w.switches.activation_checkpointing);
+  EXPECT_FALSE(apply(sem, Candidate{4096, 256, {{"attention", "naive"}}}).switches.fused_attention);
   EXPECT_THROW(apply(sem, Candidate{8, 8, {{"warp_drive", "on"}}}), UsageError);
 }
 
@@ -428,7 +430,9 @@ TEST(AutotuneCli, BadInputExitsTwoAndRunsNothing) {
            {"--compare only_one.yaml", "--compare"},
            {"--compare /no/such/a.yaml /no/such/b.yaml", "/no/such/a.yaml: not a configuration autotune wrote"},
            {"--compare a.yaml b.yaml --resume", "excludes"},
-           {"--workload tiny --executor jax", "--executor"}}) {
+           {"--workload tiny --executor jax", "--executor"},
+           {"--workload tiny --memory-limit 3Q", "--memory-limit '3Q': expected a size"},
+           {"--workload tiny --memory-limit -1G", "--memory-limit '-1G'"}}) {
     const Outcome o = autotune(args);
     EXPECT_EQ(o.code, 2) << args << "\n" << o.err;
     EXPECT_NE(o.err.find(says), std::string::npos) << args << ": expected '" << says << "' in:\n" << o.err;
@@ -663,6 +667,19 @@ TEST(AutotuneMemory, AWorkloadThatCannotFitIsRefusedWithTheNumbers) {
   EXPECT_EQ(r.o.code, 2) << r.o.err;
   EXPECT_NE(r.o.err.find("huge needs about"), std::string::npos) << r.o.err;
   EXPECT_NE(r.o.err.find("PiB at micro-batch 1 with activation checkpointing; this CPU has"), std::string::npos) << r.o.err;
+  EXPECT_EQ(r.o.err.find("[trial"), std::string::npos) << "a trial ran:\n" << r.o.err;
+  std::filesystem::remove_all(dir);
+}
+
+// --memory-limit plans with less than the device has: tiny needs a few MiB at micro-batch 1, so 1K
+// cannot hold it, and the refusal names the limit, not the machine.
+TEST(AutotuneMemory, TheLimitIsWhatTheSearchPlansWith) {
+  const auto dir = fresh_dir("tb_limit");
+  const TimedOutcome r = autotune_in(dir, "XDG_CACHE_HOME='" + (dir / "cache").string() + "'",
+                                     "--workload tiny --gpu cpu --budget 60 --memory-limit 1K");
+  EXPECT_EQ(r.o.code, 2) << r.o.err;
+  EXPECT_NE(r.o.err.find("tiny needs about"), std::string::npos) << r.o.err;
+  EXPECT_NE(r.o.err.find("--memory-limit allows 1.0 KiB"), std::string::npos) << r.o.err;
   EXPECT_EQ(r.o.err.find("[trial"), std::string::npos) << "a trial ran:\n" << r.o.err;
   std::filesystem::remove_all(dir);
 }

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <chrono>
@@ -59,8 +60,9 @@ Examples:
   autotune --workload small_gpt --gpu cpu --executor torch > torch.yaml   tuned in the PyTorch twin of the step
   autotune --compare native.yaml torch.yaml --executor torch   both choices raced in PyTorch
 
-Presets: tuner/workloads/*.yaml (the source reports' pipelines). Switches: optimizer, sync,
-activation_checkpointing, lazy_cg (with a propagator), bf16_matmuls and cuda_graphs (GPU only).
+Presets: tuner/workloads/*.yaml (the source reports' pipelines). Switches: optimizer, attention (fused
+frees the T^2 probabilities, so a larger micro-batch fits), sync, activation_checkpointing, lazy_cg (with a
+propagator), bf16_matmuls and cuda_graphs (GPU only).
 
 After the search, its choice, the candidates within noise of it and the next fastest (four at most), the
 fastest with each switch value not among those, the choice's switches at half and twice its micro-batch,
@@ -209,6 +211,38 @@ Machine pick_machine(const std::string& gpu) {
   }
   return m;
 }
+
+// --memory-limit: "16G", "512M", "3.5GiB", or bytes. Throws UsageError naming the value.
+int64_t parse_memory_limit(const std::string& text) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  if (unit.size() > 1 && (unit.substr(1) == "iB" || unit.substr(1) == "B")) unit = unit.substr(0, 1);
+  const std::string units = "KMGT";
+  const std::size_t power = unit.empty() ? 0 : units.find(static_cast<char>(std::toupper(unit[0])));
+  if (used == 0 || !(value > 0) || (!unit.empty() && (unit.size() != 1 || power == std::string::npos)))
+    throw UsageError("--memory-limit '" + text + "': expected a size such as 16G, 512M or 3.5GiB (K, M, G, T: powers of 1024)");
+  return static_cast<int64_t>(value * std::pow(1024.0, unit.empty() ? 0.0 : static_cast<double>(power + 1)));
+}
+
+// The trials as `inner` runs them, planned for at most `limit` bytes: the memory model's wall, the
+// largest micro-batch probed and the finalists that may be chosen all stop there (a GPU smaller than
+// this one, or what a shared host can spare).
+class MemoryCapped final : public Executor {
+ public:
+  MemoryCapped(std::unique_ptr<Executor> inner, int64_t limit) : inner_(std::move(inner)), limit_(limit) {}
+  TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override { return inner_->run(candidate, policy); }
+  int64_t memory_capacity() const override { return std::min(limit_, inner_->memory_capacity()); }
+
+ private:
+  std::unique_ptr<Executor> inner_;
+  int64_t limit_;
+};
 
 // The executor the trials run in: the C++ step in `autotune --trial` children (native), or the
 // PyTorch twin of the step in `scripts/torch-step --trial` children (torch).
@@ -537,7 +571,7 @@ int run(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--allreduce-probe") return run_allreduce_probe_here(nlohmann::json::parse(argv[2]));
 
   std::string gpu = "auto", workload_name = "small_gpt", range, strategy = "auto", switch_list, format = "yaml";
-  std::string journal_path, out_path, executor_name = "native";
+  std::string journal_path, out_path, executor_name = "native", memory_limit_text;
   std::vector<std::string> compare_files;
   int64_t batch = 0, ranks = 1, probe_ranks = 2;
   std::string launcher = "mpirun";
@@ -553,6 +587,9 @@ int run(int argc, char** argv) {
   app.add_option("--batch-range", range, "A:B: global batches A, 2A, 4A ... up to B")->excludes(batch_opt);
   app.add_option("--budget", budget, "seconds for the whole run: probes, trials, the race, output (default 300)")
       ->check(CLI::Range(1.0, 1e7));
+  app.add_option("--memory-limit", memory_limit_text,
+                 "plan for at most this much memory, e.g. 16G (the GPU you will train on, or what this host can spare; "
+                 "default: what the device has free)");
   app.add_option("--trial-seconds", trial_seconds,
                  "longest a trial measures before its interval is tight (default 10; a race slice measures a quarter of it, "
                  "at least a second)")
@@ -603,6 +640,7 @@ int run(int argc, char** argv) {
     return 2;
   }
   if (predict && ranks < 2) throw UsageError("--predict needs --ranks N with N >= 2");
+  const int64_t memory_limit = memory_limit_text.empty() ? 0 : parse_memory_limit(memory_limit_text);
   if (ranks > 1 && executor_name == "torch")
     throw UsageError("--ranks runs the native step on every rank; --executor torch is one process");
   if (ranks > 1 && !compare_files.empty()) throw UsageError("--compare races one-rank configurations: leave out --ranks");
@@ -646,6 +684,10 @@ int run(int argc, char** argv) {
   }
   TrialRunner runner = make_runner(executor_name, workload, machine, predict ? std::min(ranks, probe_ranks) : ranks,
                                    launcher_words, predict);
+  if (memory_limit > 0) {
+    runner.executor = std::make_unique<MemoryCapped>(std::move(runner.executor), memory_limit);
+    runner.description["memory_limit_bytes"] = memory_limit;
+  }
   Executor& executor = *runner.executor;
   const auto available = available_switches(workload, use_cuda);
   if (switch_list.empty()) {
@@ -663,7 +705,8 @@ int run(int argc, char** argv) {
       space.switches[name] = available.at(name);
     }
   }
-  if (space.switches.count("activation_checkpointing")) space.memory_switches = {"activation_checkpointing"};
+  for (const char* name : {"activation_checkpointing", "attention"})
+    if (space.switches.count(name)) space.memory_switches.push_back(name);
   // Switches left out keep the workload's own value.
   for (const auto& [name, values] : available)
     if (!space.switches.count(name)) space.switches[name] = {values.front()};
@@ -687,12 +730,19 @@ int run(int argc, char** argv) {
     const bool with_ckpt = ckpt != space.switches.end() &&
                            std::find(ckpt->second.begin(), ckpt->second.end(), "on") != ckpt->second.end();
     if (with_ckpt) smallest.switches["activation_checkpointing"] = "on";
+    const auto attention = space.switches.find("attention");
+    if (attention != space.switches.end() &&
+        std::find(attention->second.begin(), attention->second.end(), "fused") != attention->second.end())
+      smallest.switches["attention"] = "fused";
     const double need = step::estimate_bytes(apply(workload, smallest));
     const auto capacity = static_cast<double>(executor.memory_capacity());
     if (need > capacity)
       throw UsageError(workload.name + " needs about " + human_bytes(need) + " at micro-batch 1" +
-                       (with_ckpt ? " with activation checkpointing" : "") + "; this " +
-                       (use_cuda ? "GPU has " + human_bytes(capacity) + " for a step" : "CPU has " + human_bytes(capacity) + " free"));
+                       (with_ckpt ? " with activation checkpointing" : "") +
+                       (memory_limit > 0 && capacity == static_cast<double>(memory_limit)
+                            ? "; --memory-limit allows " + human_bytes(capacity)
+                            : "; this " + (use_cuda ? "GPU has " + human_bytes(capacity) + " for a step"
+                                                    : "CPU has " + human_bytes(capacity) + " free")));
   }
   TrialEstimate shortest = shortest_trial(apply(workload, own), options.measure.min_steps, use_cuda, machine.device);
   shortest.seconds += runner.extra_startup;

@@ -68,6 +68,8 @@ std::string bucket_text(double mb) {
 std::map<std::string, std::vector<std::string>> available_switches(const step::Workload& w, bool cuda) {
   std::map<std::string, std::vector<std::string>> s;
   s["optimizer"] = own_first(w.optimizer.variant, {"per_tensor", "foreach", "fused"});
+  // Fused attention frees the [B, NH, T, T] probabilities: a larger micro-batch fits.
+  s["attention"] = own_first(w.switches.fused_attention ? "fused" : "naive", {"fused", "naive"});
   s["activation_checkpointing"] = own_first(on_off(w.switches.activation_checkpointing), {"off", "on"});
   // The sync policy: what the workload does, or a read that never stalls the step.
   s["sync"] = own_first(sync_text(w.logging), {"async"});
@@ -89,6 +91,7 @@ step::Workload apply(const step::Workload& base, const Candidate& c) {
   for (const auto& [key, value] : c.switches) {
     const bool on = value == "on";
     if (key == "optimizer") w.optimizer.variant = value;
+    else if (key == "attention") w.switches.fused_attention = value == "fused";
     else if (key == "activation_checkpointing") w.switches.activation_checkpointing = on;
     else if (key == "lazy_cg") w.switches.lazy_cg = on;
     else if (key == "bf16_matmuls") w.switches.bf16_matmuls = on;
@@ -176,7 +179,7 @@ nlohmann::ordered_json resolved_workload(const step::Workload& w) {
       {"batch", {{"global", w.batch.global}, {"micro", w.batch.micro}, {"accumulation", w.batch.accumulation()},
                  {"global_range", {w.batch.global_min, w.batch.global_max}}}},
       {"logging", {{"sync", w.logging.sync}, {"interval", w.logging.interval}}},
-      {"switches", {{"cuda_graphs", w.switches.cuda_graphs}, {"activation_checkpointing", w.switches.activation_checkpointing},
+      {"switches", {{"attention", w.switches.fused_attention ? "fused" : "naive"}, {"cuda_graphs", w.switches.cuda_graphs}, {"activation_checkpointing", w.switches.activation_checkpointing},
                     {"bf16_matmuls", w.switches.bf16_matmuls}, {"lazy_cg", w.switches.lazy_cg}}},
   };
   return ordered{{"schema", kResolvedSchema},

@@ -11,6 +11,9 @@
 #include "adamw/param_set.h"
 #include "runtime/registry.h"
 
+struct CUstream_st;  // cudaStream_t is CUstream_st*: the CUDA functions below take one without this
+                     // header needing the toolkit's
+
 namespace tb::adamw {
 
 enum class Kind { per_tensor, foreach, fused };
@@ -24,7 +27,13 @@ struct StepScalars {
   float step_size;              // lr / (1 - beta1^step)
   float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
 };
-StepScalars step_scalars(int64_t step);
+StepScalars step_scalars(int64_t step);  // the stage's hyperparameters (defaults.h)
+// torch.optim.AdamW's hyperparameters: the training step's come from its workload.
+struct Hyper {
+  double lr, beta1, beta2, eps, weight_decay;
+};
+Hyper stage_hyper();  // the stage's (defaults.h)
+StepScalars step_scalars(const Hyper& h, int64_t step);
 
 // The per-tensor update of torch.optim.AdamW's for-loop path (_single_tensor_adamw), in its order;
 // the foreach path (_multi_tensor_adamw) runs the same ops, each over all tensors.
@@ -77,6 +86,58 @@ HostState reference_state(const ParamSet& set, Dtype dtype, int64_t steps);
 // Compares `got` after `steps` steps with the reference: parameters with the dtype's tolerance,
 // exp_avg and exp_avg_sq (fp32 state) with fp32's.
 Verdict check_state(const ParamSet& set, Dtype dtype, int64_t steps, const HostState& got);
+
+// ---- the update as a function over buffers: what the stage's variants and the training step call -----
+// The buffers one step updates: `set`'s tensors at set.offsets of each arena.
+template <class P>
+struct State {
+  P* param;
+  const P* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+};
+
+// What a CPU update works over: the set's chunks and the loop paths' temporaries (the for-loop
+// path's per tensor, the foreach path's per arena), allocated once.
+class CpuPlan {
+ public:
+  CpuPlan(const ParamSet& set, Kind kind);
+  const ParamSet& set() const { return set_; }
+  Kind kind() const { return kind_; }
+  const std::vector<Chunk>& chunks() const { return chunks_; }
+  float* root() { return root_.data(); }
+  float* denom() { return denom_.data(); }
+
+ private:
+  ParamSet set_;
+  Kind kind_;
+  std::vector<Chunk> chunks_;
+  std::vector<float> root_, denom_;
+};
+// One AdamW step over every tensor, `plan.kind()`'s way.
+void cpu_step(CpuPlan& plan, const State<float>& x, const StepScalars& s);
+void cpu_step(CpuPlan& plan, const State<uint16_t>& x, const StepScalars& s);
+// The reference update over buffers, in T (the training step's double oracle): packed tensors.
+void reference_step(int64_t n, double* param, const double* grad, double* exp_avg, double* exp_avg_sq, const Hyper& h,
+                    int64_t step);
+
+// What a CUDA update works over, built once for `set` and `kind` and owned (RAII) by the caller: the
+// fused kernel's chunk table, foreach's launch plans, the for-loop and foreach paths' temporaries
+// (defined in adamw_cuda.cu). Correct for any arena laid out as `set` says, the training step's
+// packed tensors included (a tensor whose start is not 16-byte aligned takes its first elements one
+// at a time). Buffers are bound at each step: foreach rebuilds its launch parameters on the host when
+// they change, so a step that never changes them allocates nothing and stays capturable.
+class CudaPlan {
+ public:
+  virtual ~CudaPlan() = default;
+  virtual const ParamSet& set() const = 0;
+  virtual Kind kind() const = 0;
+  virtual int64_t device_bytes() const = 0;  // what the plan holds on the device
+};
+std::unique_ptr<CudaPlan> make_cuda_plan(const ParamSet& set, Kind kind, CUstream_st* stream);
+// One AdamW step over every tensor, `plan.kind()`'s way, on `stream`; bf16 as its bits (uint16_t).
+void cuda_step(CudaPlan& plan, const State<float>& x, const StepScalars& s, CUstream_st* stream);
+void cuda_step(CudaPlan& plan, const State<uint16_t>& x, const StepScalars& s, CUstream_st* stream);
 
 // ---- variants ---------------------------------------------------------------------------------
 std::unique_ptr<Instance> make_cpu(const Problem& problem, const RunContext& ctx, Kind kind);

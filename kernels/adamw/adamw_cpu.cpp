@@ -130,38 +130,92 @@ void fused_range(const Range<P>& r, const StepScalars& s) {
 }
 
 template <class P>
+Range<P> tensor_range(const ParamSet& set, const State<P>& x, int64_t t, float* root, float* denom) {
+  const int64_t o = set.offsets[t];
+  return Range<P>{x.param + o, x.grad + o, x.exp_avg + o, x.exp_avg_sq + o, root, denom, set.sizes[t]};
+}
+
+// PyTorch's for-loop path: tensor by tensor, op by op; an op splits its tensor over the team only
+// above the grain (as at::parallel_for does), else runs on the calling thread.
+template <class P>
+void run_per_tensor(CpuPlan& plan, const State<P>& x, const StepScalars& s) {
+  const ParamSet& set = plan.set();
+  for (int64_t t = 0; t < set.count(); ++t) {
+    if (set.sizes[t] == 0) continue;
+    const Range<P> r = tensor_range(set, x, t, plan.root(), plan.denom());
+    for (int op = 0; op < op_count; ++op) {
+      if (r.n <= cpu_grain) {
+        run_op(op, r, s);
+        continue;
+      }
+#pragma omp parallel
+      {
+        const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
+        run_op(op, sub_range(r, r.n * me / team, r.n * (me + 1) / team), s);
+      }
+    }
+  }
+}
+
+// The foreach path: each op once, over every tensor's chunks in one parallel loop.
+template <class P>
+void run_foreach(CpuPlan& plan, const State<P>& x, const StepScalars& s) {
+  const ParamSet& set = plan.set();
+  const std::vector<Chunk>& chunks = plan.chunks();
+  const auto count = static_cast<int64_t>(chunks.size());
+  for (int op = 0; op < op_count; ++op) {
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < count; ++c) {
+      const Chunk ch = chunks[c];
+      float* root = plan.root() + set.offsets[ch.tensor];  // divided in place: denom is root
+      const Range<P> r = tensor_range(set, x, ch.tensor, root, root);
+      run_op(op, sub_range(r, ch.begin, ch.begin + ch.len), s);
+    }
+  }
+}
+
+template <class P>
+void run_fused(CpuPlan& plan, const State<P>& x, const StepScalars& s) {
+  const ParamSet& set = plan.set();
+  const std::vector<Chunk>& chunks = plan.chunks();
+  const auto count = static_cast<int64_t>(chunks.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < count; ++c) {
+    const Chunk ch = chunks[c];
+    const int64_t o = set.offsets[ch.tensor] + ch.begin;  // the fused pass has no temporary
+    fused_range(Range<P>{x.param + o, x.grad + o, x.exp_avg + o, x.exp_avg_sq + o, nullptr, nullptr, ch.len}, s);
+  }
+}
+
+template <class P>
+void step_any(CpuPlan& plan, const State<P>& x, const StepScalars& s) {
+  switch (plan.kind()) {
+    case Kind::per_tensor: return run_per_tensor(plan, x, s);
+    case Kind::foreach: return run_foreach(plan, x, s);
+    case Kind::fused: return run_fused(plan, x, s);
+  }
+}
+
+template <class P>
 class CpuAdamw final : public Instance, public StateSource {
  public:
   CpuAdamw(const ParamSet& set, Dtype dtype, Kind kind)
-      : set_(set), dtype_(dtype), kind_(kind), chunks_(make_chunks(set, cpu_chunk)),
-        param_(static_cast<std::size_t>(set.arena)), grad_(static_cast<std::size_t>(set.arena)),
-        exp_avg_(static_cast<std::size_t>(set.arena)), exp_avg_sq_(static_cast<std::size_t>(set.arena)),
-        root_(static_cast<std::size_t>(kind == Kind::per_tensor ? std::max<int64_t>(set.largest(), 1)
-                                       : kind == Kind::foreach  ? set.arena
-                                                                : 1)),
-        denom_(static_cast<std::size_t>(kind == Kind::per_tensor ? std::max<int64_t>(set.largest(), 1) : 1)) {
+      : set_(set), dtype_(dtype), plan_(set, kind), param_(static_cast<std::size_t>(set.arena)),
+        grad_(static_cast<std::size_t>(set.arena)), exp_avg_(static_cast<std::size_t>(set.arena)),
+        exp_avg_sq_(static_cast<std::size_t>(set.arena)) {
+    const std::vector<Chunk>& chunks = plan_.chunks();
     if constexpr (std::is_same_v<P, float>) {
-      fill_arena(set, chunks_, seed_param, param_.data());
-      fill_arena(set, chunks_, seed_grad, grad_.data());
+      fill_arena(set, chunks, seed_param, param_.data());
+      fill_arena(set, chunks, seed_grad, grad_.data());
     } else {
-      fill_arena_bf16(set, chunks_, seed_param, param_.data());
-      fill_arena_bf16(set, chunks_, seed_grad, grad_.data());
+      fill_arena_bf16(set, chunks, seed_param, param_.data());
+      fill_arena_bf16(set, chunks, seed_grad, grad_.data());
     }
-    zero_arena(set, chunks_, exp_avg_.data());
-    zero_arena(set, chunks_, exp_avg_sq_.data());
-    if (kind == Kind::foreach) zero_arena(set, chunks_, root_.data());
-    else std::fill(root_.data(), root_.data() + root_.size(), 0.0f);
-    std::fill(denom_.data(), denom_.data() + denom_.size(), 0.0f);
+    zero_arena(set, chunks, exp_avg_.data());
+    zero_arena(set, chunks, exp_avg_sq_.data());
   }
 
-  void run() override {
-    const StepScalars s = step_scalars(++steps_);
-    switch (kind_) {
-      case Kind::per_tensor: return run_per_tensor(s);
-      case Kind::foreach: return run_foreach(s);
-      case Kind::fused: return run_fused(s);
-    }
-  }
+  void run() override { cpu_step(plan_, State<P>{param_.data(), grad_.data(), exp_avg_.data(), exp_avg_sq_.data()}, step_scalars(++steps_)); }
 
   Verdict check() override { return check_state(set_, dtype_, steps_, state()); }
 
@@ -176,69 +230,27 @@ class CpuAdamw final : public Instance, public StateSource {
   int64_t steps() const override { return steps_; }
 
  private:
-  Range<P> tensor_range(int64_t t, float* root, float* denom) {
-    const int64_t o = set_.offsets[t];
-    return Range<P>{param_.data() + o, grad_.data() + o, exp_avg_.data() + o, exp_avg_sq_.data() + o, root, denom,
-                    set_.sizes[t]};
-  }
-
-  // PyTorch's for-loop path: tensor by tensor, op by op; an op splits its tensor over the team only
-  // above the grain (as at::parallel_for does), else runs on the calling thread.
-  void run_per_tensor(const StepScalars& s) {
-    for (int64_t t = 0; t < set_.count(); ++t) {
-      if (set_.sizes[t] == 0) continue;
-      const Range<P> r = tensor_range(t, root_.data(), denom_.data());
-      for (int op = 0; op < op_count; ++op) {
-        if (r.n <= cpu_grain) {
-          run_op(op, r, s);
-          continue;
-        }
-#pragma omp parallel
-        {
-          const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
-          run_op(op, sub_range(r, r.n * me / team, r.n * (me + 1) / team), s);
-        }
-      }
-    }
-  }
-
-  // The foreach path: each op once, over every tensor's chunks in one parallel loop.
-  void run_foreach(const StepScalars& s) {
-    const auto count = static_cast<int64_t>(chunks_.size());
-    for (int op = 0; op < op_count; ++op) {
-#pragma omp parallel for schedule(static)
-      for (int64_t c = 0; c < count; ++c) {
-        const Chunk ch = chunks_[c];
-        float* root = root_.data() + set_.offsets[ch.tensor];  // divided in place: denom is root
-        const Range<P> r = tensor_range(ch.tensor, root, root);
-        run_op(op, sub_range(r, ch.begin, ch.begin + ch.len), s);
-      }
-    }
-  }
-
-  void run_fused(const StepScalars& s) {
-    const auto count = static_cast<int64_t>(chunks_.size());
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < count; ++c) {
-      const Chunk ch = chunks_[c];
-      const int64_t o = set_.offsets[ch.tensor] + ch.begin;  // the fused pass has no temporary
-      fused_range(Range<P>{param_.data() + o, grad_.data() + o, exp_avg_.data() + o, exp_avg_sq_.data() + o, nullptr,
-                           nullptr, ch.len},
-                  s);
-    }
-  }
-
   ParamSet set_;
   Dtype dtype_;
-  Kind kind_;
-  std::vector<Chunk> chunks_;
+  CpuPlan plan_;
   HostBuffer<P> param_, grad_;
   HostBuffer<float> exp_avg_, exp_avg_sq_;
-  HostBuffer<float> root_, denom_;  // the temporaries: per tensor (for-loop path) or per arena (foreach)
   int64_t steps_ = 0;
 };
 
 }  // namespace
+
+// The temporaries: the for-loop path's per tensor (the largest), the foreach path's per arena (zeroed
+// here; a packed set, the training step's, has no padding to round up to).
+CpuPlan::CpuPlan(const ParamSet& set, Kind kind)
+    : set_(set), kind_(kind), chunks_(make_chunks(set, cpu_chunk)),
+      root_(static_cast<std::size_t>(kind == Kind::per_tensor ? std::max<int64_t>(set.largest(), 1)
+                                     : kind == Kind::foreach  ? set.arena
+                                                              : 1)),
+      denom_(static_cast<std::size_t>(kind == Kind::per_tensor ? std::max<int64_t>(set.largest(), 1) : 1)) {}
+
+void cpu_step(CpuPlan& plan, const State<float>& x, const StepScalars& s) { step_any(plan, x, s); }
+void cpu_step(CpuPlan& plan, const State<uint16_t>& x, const StepScalars& s) { step_any(plan, x, s); }
 
 std::unique_ptr<Instance> make_cpu(const Problem& problem, const RunContext&, Kind kind) {
   const ParamSet set = make_param_set(problem.get_int("params"), problem.get_int("tensors"));

@@ -1,11 +1,14 @@
 // AdamW on the GPU, three ways: one kernel per elementwise op per tensor (PyTorch's for-loop path,
 // 8 x tensors launches), the same ops over chunked tensor lists in kernel parameters (PyTorch's
 // multi_tensor_apply, a few launches per op), and one fused multi-tensor kernel over a chunk table
-// on the device (one launch, 28 B per fp32 parameter).
+// on the device (one launch, 28 B per fp32 parameter). make_cuda_plan and cuda_step are what the
+// stage's instances and the training step call.
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <array>
+#include <memory>
+#include <type_traits>
 
 #include "adamw.h"
 #include "adamw/multi_tensor.cuh"
@@ -174,14 +177,13 @@ struct ListLaunchArgs {
   int blocks;
 };
 
-// The launches of one foreach op, planned once: `lists[k]` is the arena of list k, `bytes[k]` its
-// element size.
+// The kernel parameters of one foreach op over the buffers `lists` (list k's arena, its elements of
+// `bytes[k]` bytes), from its launches planned for the set.
 template <int Depth>
-std::vector<ListLaunchArgs<Depth>> build_lists(const ParamSet& set, const std::array<void*, Depth>& lists,
-                                               const std::array<int, Depth>& bytes) {
+std::vector<ListLaunchArgs<Depth>> bind_lists(const ParamSet& set, const std::vector<ListLaunch>& launches,
+                                              const std::array<void*, Depth>& lists, const std::array<int, Depth>& bytes) {
   std::vector<ListLaunchArgs<Depth>> out;
-  for (const ListLaunch& plan :
-       plan_list_launches(set, TensorListMeta<Depth>::max_tensors, list_max_blocks, list_chunk)) {
+  for (const ListLaunch& plan : launches) {
     ListLaunchArgs<Depth> args{};
     for (std::size_t j = 0; j < plan.tensors.size(); ++j) {
       const int64_t t = plan.tensors[j];
@@ -211,44 +213,190 @@ __device__ __forceinline__ void adamw_update(float& param, float grad, float& ex
   param -= s.step_size * exp_avg / denom;
 }
 
+template <class P>
+__device__ __forceinline__ void adamw_update_at(P* param, const P* grad, float* exp_avg, float* exp_avg_sq, int i,
+                                                const StepScalars& s) {
+  float p = to_float(param[i]), m = exp_avg[i], v = exp_avg_sq[i];
+  adamw_update(p, to_float(grad[i]), m, v, s);
+  param[i] = from_float<P>(p);
+  exp_avg[i] = m;
+  exp_avg_sq[i] = v;
+}
+
 // One block per chunk of the device chunk table, every tensor in one launch; four elements per
-// access where the chunk's pointers allow it (always, for the arena's aligned tensors).
+// access from the first element where all four buffers are 16-byte aligned (a chunk's start in the
+// stages' arenas; up to 3 elements in for the step's packed tensors), one at a time before and after.
 template <class P>
 __global__ void __launch_bounds__(block_size)
-    adamw_fused_kernel(P* const* params, const P* const* grads, float* const* exp_avgs, float* const* exp_avg_sqs,
+    adamw_fused_kernel(P* param_arena, const P* grad_arena, float* exp_avg_arena, float* exp_avg_sq_arena,
                        const device::DeviceChunk* chunks, StepScalars s) {
   const device::DeviceChunk c = chunks[blockIdx.x];
-  P* __restrict__ param = params[c.tensor] + c.begin;
-  const P* __restrict__ grad = grads[c.tensor] + c.begin;
-  float* __restrict__ exp_avg = exp_avgs[c.tensor] + c.begin;
-  float* __restrict__ exp_avg_sq = exp_avg_sqs[c.tensor] + c.begin;
+  P* __restrict__ param = param_arena + c.begin;
+  const P* __restrict__ grad = grad_arena + c.begin;
+  float* __restrict__ exp_avg = exp_avg_arena + c.begin;
+  float* __restrict__ exp_avg_sq = exp_avg_sq_arena + c.begin;
   const int n = c.len;
-  int done = 0;
-  if (device::aligned_for_quads(param) && device::aligned_for_quads(grad) && device::aligned_for_quads(exp_avg) &&
-      device::aligned_for_quads(exp_avg_sq)) {
-    const int quads = n / 4;
-    for (int k = threadIdx.x; k < quads; k += block_size) {
-      float p[4], g[4], m[4], v[4];
-      device::load4(param + 4 * k, p);
-      device::load4(grad + 4 * k, g);
-      device::load4(exp_avg + 4 * k, m);
-      device::load4(exp_avg_sq + 4 * k, v);
+  const int aligned_from = device::quad_head(param, grad, exp_avg, exp_avg_sq);
+  const int head = aligned_from < 0 ? n : min(aligned_from, n);
+  const int quads = (n - head) / 4;
+  for (int i = threadIdx.x; i < head; i += block_size) adamw_update_at(param, grad, exp_avg, exp_avg_sq, i, s);
+  for (int k = threadIdx.x; k < quads; k += block_size) {
+    const int at = head + 4 * k;
+    float p[4], g[4], m[4], v[4];
+    device::load4(param + at, p);
+    device::load4(grad + at, g);
+    device::load4(exp_avg + at, m);
+    device::load4(exp_avg_sq + at, v);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) adamw_update(p[j], g[j], m[j], v[j], s);
-      device::store4(param + 4 * k, p);
-      device::store4(exp_avg + 4 * k, m);
-      device::store4(exp_avg_sq + 4 * k, v);
-    }
-    done = quads * 4;
+    for (int j = 0; j < 4; ++j) adamw_update(p[j], g[j], m[j], v[j], s);
+    device::store4(param + at, p);
+    device::store4(exp_avg + at, m);
+    device::store4(exp_avg_sq + at, v);
   }
-  for (int i = done + threadIdx.x; i < n; i += block_size) {
-    float p = to_float(param[i]), m = exp_avg[i], v = exp_avg_sq[i];
-    adamw_update(p, to_float(grad[i]), m, v, s);
-    param[i] = from_float<P>(p);
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-  }
+  for (int i = head + 4 * quads + threadIdx.x; i < n; i += block_size)
+    adamw_update_at(param, grad, exp_avg, exp_avg_sq, i, s);
 }
+
+// ---- the update as a function over buffers -----------------------------------------------------
+
+// The buffers the foreach launches were last bound to: their kernel parameters hold addresses.
+struct BoundBuffers {
+  const void* param = nullptr;
+  const void* grad = nullptr;
+  const void* exp_avg = nullptr;
+  const void* exp_avg_sq = nullptr;
+  int param_bytes = 0;
+  bool operator==(const BoundBuffers& o) const {
+    return param == o.param && grad == o.grad && exp_avg == o.exp_avg && exp_avg_sq == o.exp_avg_sq &&
+           param_bytes == o.param_bytes;
+  }
+};
+
+class CudaPlanImpl final : public CudaPlan {
+ public:
+  CudaPlanImpl(const ParamSet& set, Kind kind, cudaStream_t stream)
+      : set_(set), kind_(kind),
+        root_(static_cast<std::size_t>(kind == Kind::per_tensor ? std::max<int64_t>(set.largest(), 1)
+                                       : kind == Kind::foreach  ? set.arena
+                                                                : 0)),
+        denom_(static_cast<std::size_t>(kind == Kind::per_tensor ? std::max<int64_t>(set.largest(), 1) : 0)) {
+    if (kind == Kind::foreach)
+      for (int depth = 1; depth <= 3; ++depth)
+        planned_[depth - 1] = plan_list_launches(set, list_max_tensors[depth - 1], list_max_blocks, list_chunk);
+    if (kind == Kind::fused) chunks_ = device::upload_chunks(set, fused_chunk, stream);
+  }
+  const ParamSet& set() const override { return set_; }
+  Kind kind() const override { return kind_; }
+  int64_t device_bytes() const override {
+    return static_cast<int64_t>(root_.bytes() + denom_.bytes() + chunks_.bytes());
+  }
+
+  template <class P>
+  void step(const State<P>& x, const StepScalars& s, cudaStream_t stream) {
+    switch (kind_) {
+      case Kind::per_tensor: return run_per_tensor(x, s, stream);
+      case Kind::foreach: return run_foreach(x, s, stream);
+      case Kind::fused: return run_fused(x, s, stream);
+    }
+  }
+
+ private:
+  template <class Op>
+  static void launch_per_tensor(const Op& op, const typename Op::Ptrs& q, int64_t n, cudaStream_t stream) {
+    const auto grid = static_cast<unsigned>((n + block_size * ilp - 1) / (block_size * ilp));
+    per_tensor_kernel<<<grid, block_size, 0, stream>>>(op, q, n);
+    CUDA_CHECK(cudaGetLastError());
+  }
+
+  template <class P>
+  void run_per_tensor(const State<P>& x, const StepScalars& s, cudaStream_t stream) {
+    float* root = root_.data();
+    float* denom = denom_.data();
+    for (int64_t t = 0; t < set_.count(); ++t) {
+      const int64_t n = set_.sizes[t];
+      if (n == 0) continue;
+      const int64_t o = set_.offsets[t];
+      P* param = x.param + o;
+      const P* grad = x.grad + o;
+      float* exp_avg = x.exp_avg + o;
+      float* exp_avg_sq = x.exp_avg_sq + o;
+      launch_per_tensor(DecayParam<P>{s.decay}, {param}, n, stream);
+      launch_per_tensor(LerpExpAvg<P>{s.one_minus_beta1}, {exp_avg, grad}, n, stream);
+      launch_per_tensor(ScaleExpAvgSq{s.beta2}, {exp_avg_sq}, n, stream);
+      launch_per_tensor(AddcmulExpAvgSq<P>{s.one_minus_beta2}, {exp_avg_sq, grad, grad}, n, stream);
+      launch_per_tensor(SqrtRoot{}, {exp_avg_sq, root}, n, stream);
+      launch_per_tensor(DivRoot{s.bias_correction2_sqrt}, {root, denom}, n, stream);
+      launch_per_tensor(AddEpsDenom{s.eps}, {denom}, n, stream);
+      launch_per_tensor(AddcdivParam<P>{-s.step_size}, {param, exp_avg, denom}, n, stream);
+    }
+  }
+
+  // The kernel parameters of every op for these buffers: built on the host when the buffers change
+  // (the first step), kept while they do not.
+  template <class P>
+  void bind_foreach(const State<P>& x) {
+    const BoundBuffers now{x.param, x.grad, x.exp_avg, x.exp_avg_sq, static_cast<int>(sizeof(P))};
+    if (now == bound_) return;
+    constexpr int pb = sizeof(P), fb = sizeof(float);
+    void* param = x.param;
+    void* grad = const_cast<P*>(x.grad);  // the lists are untyped; the ops only read gradients
+    void* exp_avg = x.exp_avg;
+    void* exp_avg_sq = x.exp_avg_sq;
+    void* denom = root_.data();  // foreach divides its one temporary list in place
+    const auto& depth1 = planned_[0];
+    const auto& depth2 = planned_[1];
+    const auto& depth3 = planned_[2];
+    decay_ = bind_lists<1>(set_, depth1, {param}, {pb});
+    lerp_ = bind_lists<2>(set_, depth2, {exp_avg, grad}, {fb, pb});
+    scale_ = bind_lists<1>(set_, depth1, {exp_avg_sq}, {fb});
+    addcmul_ = bind_lists<3>(set_, depth3, {exp_avg_sq, grad, grad}, {fb, pb, pb});
+    sqrt_ = bind_lists<2>(set_, depth2, {exp_avg_sq, denom}, {fb, fb});
+    div_ = bind_lists<1>(set_, depth1, {denom}, {fb});
+    add_ = bind_lists<1>(set_, depth1, {denom}, {fb});
+    addcdiv_ = bind_lists<3>(set_, depth3, {param, exp_avg, denom}, {pb, fb, fb});
+    bound_ = now;
+  }
+
+  template <class Op>
+  static void launch_lists(const Op& op, const std::vector<ListLaunchArgs<Op::depth>>& launches, cudaStream_t stream) {
+    for (const auto& l : launches) {
+      foreach_kernel<<<l.blocks, block_size, 0, stream>>>(op, l.meta);
+      CUDA_CHECK(cudaGetLastError());
+    }
+  }
+
+  template <class P>
+  void run_foreach(const State<P>& x, const StepScalars& s, cudaStream_t stream) {
+    bind_foreach(x);
+    launch_lists(DecayParam<P>{s.decay}, decay_, stream);
+    launch_lists(LerpExpAvg<P>{s.one_minus_beta1}, lerp_, stream);
+    launch_lists(ScaleExpAvgSq{s.beta2}, scale_, stream);
+    launch_lists(AddcmulExpAvgSq<P>{s.one_minus_beta2}, addcmul_, stream);
+    launch_lists(SqrtRoot{}, sqrt_, stream);
+    launch_lists(DivRoot{s.bias_correction2_sqrt}, div_, stream);
+    launch_lists(AddEpsDenom{s.eps}, add_, stream);
+    launch_lists(AddcdivParam<P>{-s.step_size}, addcdiv_, stream);
+  }
+
+  template <class P>
+  void run_fused(const State<P>& x, const StepScalars& s, cudaStream_t stream) {
+    if (chunks_.size() == 0) return;  // every tensor empty
+    adamw_fused_kernel<P><<<static_cast<unsigned>(chunks_.size()), block_size, 0, stream>>>(
+        x.param, x.grad, x.exp_avg, x.exp_avg_sq, chunks_.data(), s);
+    CUDA_CHECK(cudaGetLastError());
+  }
+
+  ParamSet set_;
+  Kind kind_;
+  cuda::DeviceBuffer<float> root_, denom_;  // the temporaries: per tensor (for-loop path) or per arena (foreach)
+  // foreach: the launches planned for the set (by depth), and each op's kernel parameters as bound
+  std::vector<ListLaunch> planned_[3];
+  BoundBuffers bound_;
+  std::vector<ListLaunchArgs<1>> decay_, scale_, div_, add_;
+  std::vector<ListLaunchArgs<2>> lerp_, sqrt_;
+  std::vector<ListLaunchArgs<3>> addcmul_, addcdiv_;
+  cuda::DeviceBuffer<device::DeviceChunk> chunks_;  // fused: the chunk table
+};
 
 // ---- the instance ------------------------------------------------------------------------------
 
@@ -256,35 +404,25 @@ template <class P>
 class CudaAdamw final : public Instance, public StateSource {
  public:
   CudaAdamw(const ParamSet& set, Dtype dtype, Kind kind, const RunContext& ctx)
-      : set_(set), dtype_(dtype), kind_(kind), stream_(cuda::as_stream(ctx.cuda_stream)),
+      : set_(set), dtype_(dtype), stream_(cuda::as_stream(ctx.cuda_stream)),
         param_(device::upload_initial_arena<P>(set, seed_param, stream_)),
         grad_(device::upload_initial_arena<P>(set, seed_grad, stream_)),
         exp_avg_(static_cast<std::size_t>(set.arena)), exp_avg_sq_(static_cast<std::size_t>(set.arena)),
-        root_(static_cast<std::size_t>(kind == Kind::per_tensor ? std::max<int64_t>(set.largest(), 1)
-                                       : kind == Kind::foreach  ? set.arena
-                                                                : 0)),
-        denom_(static_cast<std::size_t>(kind == Kind::per_tensor ? std::max<int64_t>(set.largest(), 1) : 0)) {
+        plan_(make_cuda_plan(set, kind, stream_)) {
     CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, exp_avg_.bytes(), stream_));
     CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes(), stream_));
-    if (root_.size()) CUDA_CHECK(cudaMemsetAsync(root_.data(), 0, root_.bytes(), stream_));
-    if (denom_.size()) CUDA_CHECK(cudaMemsetAsync(denom_.data(), 0, denom_.bytes(), stream_));
-    if (kind == Kind::foreach) plan_foreach();
-    if (kind == Kind::fused) {
-      chunks_ = device::upload_chunks(set, fused_chunk, stream_);
-      params_ = device::upload_tensor_pointers(set, param_.data(), stream_);
-      grads_ = device::upload_tensor_pointers(set, static_cast<const P*>(grad_.data()), stream_);
-      exp_avgs_ = device::upload_tensor_pointers(set, exp_avg_.data(), stream_);
-      exp_avg_sqs_ = device::upload_tensor_pointers(set, exp_avg_sq_.data(), stream_);
-    }
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
   void run() override {
     const StepScalars s = step_scalars(++steps_);
-    switch (kind_) {
-      case Kind::per_tensor: return run_per_tensor(s);
-      case Kind::foreach: return run_foreach(s);
-      case Kind::fused: return run_fused(s);
+    if constexpr (std::is_same_v<P, float>) {
+      cuda_step(*plan_, State<float>{param_.data(), grad_.data(), exp_avg_.data(), exp_avg_sq_.data()}, s, stream_);
+    } else {
+      cuda_step(*plan_,
+                State<uint16_t>{reinterpret_cast<uint16_t*>(param_.data()), reinterpret_cast<const uint16_t*>(grad_.data()),
+                                exp_avg_.data(), exp_avg_sq_.data()},
+                s, stream_);
     }
   }
 
@@ -302,97 +440,30 @@ class CudaAdamw final : public Instance, public StateSource {
   int64_t steps() const override { return steps_; }
 
  private:
-  template <class Op>
-  void launch_per_tensor(const Op& op, const typename Op::Ptrs& q, int64_t n) {
-    const auto grid = static_cast<unsigned>((n + block_size * ilp - 1) / (block_size * ilp));
-    per_tensor_kernel<<<grid, block_size, 0, stream_>>>(op, q, n);
-    CUDA_CHECK(cudaGetLastError());
-  }
-
-  void run_per_tensor(const StepScalars& s) {
-    for (int64_t t = 0; t < set_.count(); ++t) {
-      const int64_t n = set_.sizes[t];
-      if (n == 0) continue;
-      const int64_t o = set_.offsets[t];
-      P* param = param_.data() + o;
-      const P* grad = grad_.data() + o;
-      float* exp_avg = exp_avg_.data() + o;
-      float* exp_avg_sq = exp_avg_sq_.data() + o;
-      float* root = root_.data();
-      float* denom = denom_.data();
-      launch_per_tensor(DecayParam<P>{s.decay}, {param}, n);
-      launch_per_tensor(LerpExpAvg<P>{s.one_minus_beta1}, {exp_avg, grad}, n);
-      launch_per_tensor(ScaleExpAvgSq{s.beta2}, {exp_avg_sq}, n);
-      launch_per_tensor(AddcmulExpAvgSq<P>{s.one_minus_beta2}, {exp_avg_sq, grad, grad}, n);
-      launch_per_tensor(SqrtRoot{}, {exp_avg_sq, root}, n);
-      launch_per_tensor(DivRoot{s.bias_correction2_sqrt}, {root, denom}, n);
-      launch_per_tensor(AddEpsDenom{s.eps}, {denom}, n);
-      launch_per_tensor(AddcdivParam<P>{-s.step_size}, {param, exp_avg, denom}, n);
-    }
-  }
-
-  void plan_foreach() {
-    constexpr int pb = sizeof(P), fb = sizeof(float);
-    void* param = param_.data();
-    void* grad = grad_.data();
-    void* exp_avg = exp_avg_.data();
-    void* exp_avg_sq = exp_avg_sq_.data();
-    void* denom = root_.data();  // foreach divides its one temporary list in place
-    decay_ = build_lists<1>(set_, {param}, {pb});
-    lerp_ = build_lists<2>(set_, {exp_avg, grad}, {fb, pb});
-    scale_ = build_lists<1>(set_, {exp_avg_sq}, {fb});
-    addcmul_ = build_lists<3>(set_, {exp_avg_sq, grad, grad}, {fb, pb, pb});
-    sqrt_ = build_lists<2>(set_, {exp_avg_sq, denom}, {fb, fb});
-    div_ = build_lists<1>(set_, {denom}, {fb});
-    add_ = build_lists<1>(set_, {denom}, {fb});
-    addcdiv_ = build_lists<3>(set_, {param, exp_avg, denom}, {pb, fb, fb});
-  }
-
-  template <class Op>
-  void launch_lists(const Op& op, const std::vector<ListLaunchArgs<Op::depth>>& launches) {
-    for (const auto& l : launches) {
-      foreach_kernel<<<l.blocks, block_size, 0, stream_>>>(op, l.meta);
-      CUDA_CHECK(cudaGetLastError());
-    }
-  }
-
-  void run_foreach(const StepScalars& s) {
-    launch_lists(DecayParam<P>{s.decay}, decay_);
-    launch_lists(LerpExpAvg<P>{s.one_minus_beta1}, lerp_);
-    launch_lists(ScaleExpAvgSq{s.beta2}, scale_);
-    launch_lists(AddcmulExpAvgSq<P>{s.one_minus_beta2}, addcmul_);
-    launch_lists(SqrtRoot{}, sqrt_);
-    launch_lists(DivRoot{s.bias_correction2_sqrt}, div_);
-    launch_lists(AddEpsDenom{s.eps}, add_);
-    launch_lists(AddcdivParam<P>{-s.step_size}, addcdiv_);
-  }
-
-  void run_fused(const StepScalars& s) {
-    adamw_fused_kernel<P><<<static_cast<unsigned>(chunks_.size()), block_size, 0, stream_>>>(
-        params_.data(), grads_.data(), exp_avgs_.data(), exp_avg_sqs_.data(), chunks_.data(), s);
-    CUDA_CHECK(cudaGetLastError());
-  }
-
   ParamSet set_;
   Dtype dtype_;
-  Kind kind_;
   cudaStream_t stream_;
   cuda::DeviceBuffer<P> param_, grad_;
   cuda::DeviceBuffer<float> exp_avg_, exp_avg_sq_;
-  cuda::DeviceBuffer<float> root_, denom_;  // the temporaries: per tensor (for-loop path) or per arena (foreach)
-  // foreach: the planned launches of each op
-  std::vector<ListLaunchArgs<1>> decay_, scale_, div_, add_;
-  std::vector<ListLaunchArgs<2>> lerp_, sqrt_;
-  std::vector<ListLaunchArgs<3>> addcmul_, addcdiv_;
-  // fused: the chunk table and where each tensor starts, on the device
-  cuda::DeviceBuffer<device::DeviceChunk> chunks_;
-  cuda::DeviceBuffer<P*> params_;
-  cuda::DeviceBuffer<const P*> grads_;
-  cuda::DeviceBuffer<float*> exp_avgs_, exp_avg_sqs_;
+  std::unique_ptr<CudaPlan> plan_;
   int64_t steps_ = 0;
 };
 
 }  // namespace
+
+std::unique_ptr<CudaPlan> make_cuda_plan(const ParamSet& set, Kind kind, CUstream_st* stream) {
+  return std::make_unique<CudaPlanImpl>(set, kind, stream);
+}
+
+// make_cuda_plan makes every CudaPlan.
+void cuda_step(CudaPlan& plan, const State<float>& x, const StepScalars& s, CUstream_st* stream) {
+  static_cast<CudaPlanImpl&>(plan).step(x, s, stream);
+}
+void cuda_step(CudaPlan& plan, const State<uint16_t>& x, const StepScalars& s, CUstream_st* stream) {
+  const State<__nv_bfloat16> bf16{reinterpret_cast<__nv_bfloat16*>(x.param),
+                                  reinterpret_cast<const __nv_bfloat16*>(x.grad), x.exp_avg, x.exp_avg_sq};
+  static_cast<CudaPlanImpl&>(plan).step(bf16, s, stream);
+}
 
 std::unique_ptr<Instance> make_cuda(const Problem& problem, const RunContext& ctx, Kind kind) {
   const ParamSet set = make_param_set(problem.get_int("params"), problem.get_int("tensors"));

@@ -10,23 +10,41 @@
 
 namespace tb::adamw {
 
-StepScalars step_scalars(int64_t step) {
+Hyper stage_hyper() {
   using namespace defaults;
+  return Hyper{adamw_lr, adamw_beta1, adamw_beta2, adamw_eps, adamw_weight_decay};
+}
+
+StepScalars step_scalars(int64_t step) { return step_scalars(stage_hyper(), step); }
+
+StepScalars step_scalars(const Hyper& h, int64_t step) {
   const double s = static_cast<double>(step);
-  const double bias_correction1 = 1.0 - std::pow(adamw_beta1, s);
-  const double bias_correction2 = 1.0 - std::pow(adamw_beta2, s);
+  const double bias_correction1 = 1.0 - std::pow(h.beta1, s);
+  const double bias_correction2 = 1.0 - std::pow(h.beta2, s);
   StepScalars out{};
-  out.lr = static_cast<float>(adamw_lr);
-  out.beta1 = static_cast<float>(adamw_beta1);
-  out.beta2 = static_cast<float>(adamw_beta2);
-  out.eps = static_cast<float>(adamw_eps);
-  out.one_minus_beta1 = static_cast<float>(1.0 - adamw_beta1);
-  out.one_minus_beta2 = static_cast<float>(1.0 - adamw_beta2);
-  out.decay = static_cast<float>(1.0 - adamw_lr * adamw_weight_decay);
-  out.lr_weight_decay = static_cast<float>(adamw_lr * adamw_weight_decay);
-  out.step_size = static_cast<float>(adamw_lr / bias_correction1);
+  out.lr = static_cast<float>(h.lr);
+  out.beta1 = static_cast<float>(h.beta1);
+  out.beta2 = static_cast<float>(h.beta2);
+  out.eps = static_cast<float>(h.eps);
+  out.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+  out.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+  out.decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
+  out.lr_weight_decay = static_cast<float>(h.lr * h.weight_decay);
+  out.step_size = static_cast<float>(h.lr / bias_correction1);
   out.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
   return out;
+}
+
+void reference_step(int64_t n, double* param, const double* grad, double* exp_avg, double* exp_avg_sq, const Hyper& h,
+                    int64_t step) {
+  const double s = static_cast<double>(step);
+  const double step_size = h.lr / (1.0 - std::pow(h.beta1, s)), bc2_sqrt = std::sqrt(1.0 - std::pow(h.beta2, s));
+  for (int64_t i = 0; i < n; ++i) {
+    param[i] -= h.lr * h.weight_decay * param[i];  // decoupled weight decay
+    exp_avg[i] = h.beta1 * exp_avg[i] + (1.0 - h.beta1) * grad[i];
+    exp_avg_sq[i] = h.beta2 * exp_avg_sq[i] + (1.0 - h.beta2) * grad[i] * grad[i];
+    param[i] -= step_size * exp_avg[i] / (std::sqrt(exp_avg_sq[i]) / bc2_sqrt + h.eps);
+  }
 }
 
 int64_t cuda_launches(const ParamSet& set, Kind kind) {

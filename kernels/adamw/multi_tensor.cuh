@@ -1,6 +1,8 @@
 // CUDA pieces shared by the optimizer stages (`adamw`, `gradnorm`): fp32/bf16 loads and stores,
 // scalar and four-wide, the parameter set's arenas on the device, and a chunk table kept in device
-// memory so that one launch can cover every tensor. Included only by .cu files.
+// memory so that one launch can cover every tensor of any arena laid out as the set says (the
+// stages' padded arenas, or the training step's packed parameters, whose tensors start anywhere).
+// Included only by .cu files.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -30,6 +32,16 @@ __device__ __forceinline__ bool aligned_for_quads(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
 }
 
+// How many leading elements to take one at a time so that every pointer, advanced by that many, is
+// aligned_for_quads; -1 when no count does (the pointers are misaligned differently). 0 for the
+// stages' arenas; 0 to 3 for a packed arena whose buffers share their offsets.
+template <class T, class... Rest>
+__device__ __forceinline__ int quad_head(const T* first, const Rest*... rest) {
+  const int head = static_cast<int>((4 - reinterpret_cast<uintptr_t>(first) / sizeof(T) % 4) % 4);
+  const bool all_aligned = aligned_for_quads(first + head) && (aligned_for_quads(rest + head) && ...);
+  return all_aligned ? head : -1;
+}
+
 // Four consecutive elements in one access (16 B of fp32, 8 B of bf16); `p` aligned_for_quads.
 __device__ __forceinline__ void load4(const float* p, float (&x)[4]) {
   const float4 v = *reinterpret_cast<const float4*>(p);
@@ -55,7 +67,9 @@ __device__ __forceinline__ void store4(__nv_bfloat16* p, const float (&x)[4]) {
 }
 
 // ---- host side -------------------------------------------------------------------------------------
-// A chunk as a kernel reads it (16 B): `len` elements from element `begin` of tensor `tensor`.
+// A chunk as a kernel reads it (16 B): `len` elements of tensor `tensor` from element `begin` of the
+// arena (the tensor's offset plus the chunk's start in it), so the table serves any buffers laid out
+// as the set says: a kernel takes the arenas' base pointers and the table.
 struct DeviceChunk {
   int32_t tensor;
   int32_t len;
@@ -76,17 +90,8 @@ cuda::DeviceBuffer<T> upload(const std::vector<T>& host, cudaStream_t stream) {
 inline cuda::DeviceBuffer<DeviceChunk> upload_chunks(const ParamSet& set, int64_t chunk_elements, cudaStream_t stream) {
   std::vector<DeviceChunk> table;
   for (const Chunk& c : make_chunks(set, chunk_elements))
-    table.push_back(DeviceChunk{static_cast<int32_t>(c.tensor), static_cast<int32_t>(c.len), c.begin});
+    table.push_back(DeviceChunk{static_cast<int32_t>(c.tensor), static_cast<int32_t>(c.len), set.offsets[c.tensor] + c.begin});
   return upload(table, stream);
-}
-
-// Where each tensor starts in a device arena: the multi-tensor kernels address tensors through this,
-// as they would separate allocations.
-template <class T>
-cuda::DeviceBuffer<T*> upload_tensor_pointers(const ParamSet& set, T* arena, cudaStream_t stream) {
-  std::vector<T*> pointers;
-  for (const int64_t offset : set.offsets) pointers.push_back(arena + offset);
-  return upload(pointers, stream);
 }
 
 // The deterministic start of an arena (fp32 values or bf16 bits), generated on the host and copied.

@@ -12,6 +12,9 @@
 
 #include "runtime/registry.h"
 
+struct CUstream_st;    // cudaStream_t is CUstream_st*: the CUDA functions below take one without
+struct cublasContext;  // this header needing the toolkit's (cublasHandle_t is cublasContext*)
+
 namespace tb::attention {
 
 struct Shape {
@@ -60,6 +63,85 @@ Verdict check_block_output(const Shape& s, const BlockWeights& w, const std::vec
 inline constexpr const char* block_parts[] = {"ln1", "qkv", "attention", "out_proj", "ln2", "mlp"};
 inline constexpr int block_part_count = 6;
 
+// ---- the kernels as functions over buffers: what the stage's variants and the training step call -----
+// Where element (b, h, s, d) of an operand lives: b * batch + h * head + s * row + d. The stage keeps
+// [B, H, S, D] (bhsd); the training step reads Q, K and V out of its packed qkv rows [B, S, 3C] and
+// keeps O as [B, S, C] (bshd with rows of 3C and C).
+struct Strides {
+  int64_t batch = 0, head = 0, row = 0;
+};
+inline Strides bhsd(const Shape& s) { return Strides{s.heads * s.seq * s.head_dim, s.seq * s.head_dim, s.head_dim}; }
+inline Strides bshd(const Shape& s, int64_t row) { return Strides{s.seq * row, s.head_dim, row}; }
+
+// Q, K and V share `in`; O (and dO in backward) has `out`.
+template <class T>
+struct Operands {
+  const T* q;
+  const T* k;
+  const T* v;
+  T* o;
+  Strides in, out;
+};
+// The gradients of Q, K, V (laid out as `in`, overwritten) from dO (laid out as `out`).
+template <class T>
+struct Gradients {
+  T* dq;
+  T* dk;
+  T* dv;
+  const T* dout;
+};
+
+// The reference, in plain loops in double (the training step's oracle runs on it): O and each row's
+// log-sum-exp of the scaled scores, lse [B, H, S] (may be null); the backward from the definition,
+// P recomputed row by row. dQ, dK, dV are overwritten.
+template <class T>
+void reference_forward(const Shape& s, bool causal, const Operands<T>& x, T* lse);
+template <class T>
+void reference_backward(const Shape& s, bool causal, const Operands<T>& x, const Gradients<T>& g);
+
+// The CPU kernels (float). Naive is PyTorch eager's path: the probabilities [B, H, S, S] are kept,
+// and backward reads them (autograd's saved softmax output). `mask` is Mask::implicit (causal) or
+// none; cached/rebuilt take the stage's mask buffer (`mask` x `mask_ld`, 1 = masked).
+void cpu_naive_forward(const Shape& s, Mask mask, const Operands<float>& x, float* probs,
+                       const uint8_t* cached_mask = nullptr, int64_t mask_ld = 0);
+// dprobs: [B, H, S, S] of scratch, the gradient of the probabilities autograd materialises.
+void cpu_naive_backward(const Shape& s, const Operands<float>& x, const float* probs, const Gradients<float>& g,
+                        float* dprobs);
+
+// Fused attention on the CPU: the forward in tiles of 64 queries (their scores in the thread's
+// scratch, never [S, S]), keeping only each row's log-sum-exp; the backward (FlashAttention-2's)
+// recomputes the probabilities tile by tile from it. O(S) of scratch per row, per thread.
+class FusedWorkspace {
+ public:
+  FusedWorkspace(int64_t head_dim, int64_t seq);
+  FusedWorkspace(FusedWorkspace&&) noexcept;
+  FusedWorkspace& operator=(FusedWorkspace&&) noexcept;
+  ~FusedWorkspace();
+  float* for_thread(int thread);  // this thread's scratch
+  int64_t head_dim() const { return head_dim_; }
+  int64_t seq() const { return seq_; }
+  int64_t bytes() const;
+
+ private:
+  int64_t head_dim_ = 0, seq_ = 0, per_thread_ = 0;
+  float* buffer_ = nullptr;
+  int threads_ = 0;
+};
+void cpu_fused_forward(const Shape& s, bool causal, const Operands<float>& x, float* lse, FusedWorkspace& ws);
+void cpu_fused_backward(const Shape& s, bool causal, const Operands<float>& x, const float* lse,
+                        const Gradients<float>& g, FusedWorkspace& ws);
+
+// The CUDA kernels (fp32, causal), on `stream`, with the cuBLAS `handle` (bound to that stream) for
+// the naive path's products. The naive backward's dprobs is [B, H, S, S].
+void cuda_naive_forward(const Shape& s, const Operands<float>& x, float* probs, cublasContext* handle,
+                        CUstream_st* stream);
+void cuda_naive_backward(const Shape& s, const Operands<float>& x, const float* probs, const Gradients<float>& g,
+                         float* dprobs, cublasContext* handle, CUstream_st* stream);
+void cuda_fused_forward(const Shape& s, const Operands<float>& x, float* lse, CUstream_st* stream);
+// delta: [B, H, S] of scratch (rowsum(dO * O), FlashAttention-2's D).
+void cuda_fused_backward(const Shape& s, const Operands<float>& x, const float* lse, const Gradients<float>& g,
+                         float* delta, CUstream_st* stream);
+
 // ---- variants ------------------------------------------------------------------------------------
 std::unique_ptr<Instance> make_cpu_naive(const Shape&, bool causal, Mask mask);
 std::unique_ptr<Instance> make_cpu_fused(const Shape&, bool causal);
@@ -67,5 +149,14 @@ std::unique_ptr<Instance> make_cpu_block(const Shape&, bool fused_attention);
 std::unique_ptr<Instance> make_cuda_naive(const Shape&, bool causal, Mask mask, DType t, const RunContext&);
 std::unique_ptr<Instance> make_cuda_fused(const Shape&, bool causal, DType t, const RunContext&);
 std::unique_ptr<Instance> make_cuda_block(const Shape&, bool fused_attention, const RunContext&);
+// Backward alone (the forward ran at construction): dQ, dK, dV from dO, naive or fused.
+std::unique_ptr<Instance> make_cpu_backward(const Shape&, bool causal, bool fused);
+std::unique_ptr<Instance> make_cuda_backward(const Shape&, bool fused, const RunContext&);
+// The gradients' check: dQ, dK, dV (fp32, [B, H, S, D]) against reference_backward in double at the
+// heads of checked_rows, from the regenerated inputs and dO.
+Verdict check_gradients(const Shape& s, bool causal, const std::vector<float>& dq, const std::vector<float>& dk,
+                        const std::vector<float>& dv);
+inline constexpr uint64_t seed_dout = 26;
+float input_dout(int64_t index);
 
 }  // namespace tb::attention

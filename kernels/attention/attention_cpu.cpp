@@ -1,7 +1,8 @@
 // CPU attention. naive: the PyTorch eager path, scores [B, H, S, S] materialised by BLAS, then mask,
-// softmax, and a second BLAS GEMM. fused: tiles of 64 queries x 64 keys with an online softmax, the
-// scores never leave a thread's cache, causal tiles above the diagonal never computed.
-#include <cblas.h>
+// softmax, and a second BLAS GEMM; its backward reads the saved probabilities. fused: tiles of 64
+// queries against their keys, the scores of one tile in a thread's cache and never [S, S], causal
+// keys past a tile never computed; its backward (FlashAttention-2) recomputes P from each row's
+// log-sum-exp. All products are the BLAS's (its kernels suit whatever vector width the CPU has).
 #include <omp.h>
 
 #include <algorithm>
@@ -11,8 +12,10 @@
 #include <limits>
 
 #include "attention.h"
+#include "runtime/cpu_blas.h"
 #include "runtime/defaults.h"
 #include "runtime/host_buffer.h"
+#include "runtime/simd_math.h"
 #include "runtime/stats.h"
 
 namespace tb::attention {
@@ -35,56 +38,43 @@ void fill_inputs(const Shape& s, HostBuffer<float>& q, HostBuffer<float>& k, Hos
 
 std::vector<float> to_vector(const HostBuffer<float>& b) { return std::vector<float>(b.data(), b.data() + b.size()); }
 
-// 16 floats: one AVX-512 register (two AVX2 or four SSE registers in the other clones). Declared
-// unaligned and may_alias so that it can be loaded from and stored to any float address.
-typedef float vf16 __attribute__((vector_size(64), aligned(4), may_alias));
-#define TB_LOAD16(p) (*reinterpret_cast<const vf16*>(p))
-#define TB_STORE16(p, value) (*reinterpret_cast<vf16*>(p) = (value))
-// x[j] = exp(x[j] - shift) for j < n, returning the sum: the softmax's exponentials, 16 at a time
-// (the Cephes expf polynomial after range reduction, relative error about 2e-7), as vectorised
-// softmaxes do. Arguments below -87.3 (masked scores) give exactly 0.
+// x[j] = exp(x[j] - shift) for j < n, returning the sum: the softmax's exponentials, 8 at a time, as
+// vectorised softmaxes do. Arguments below -87.3 (masked scores) give exactly 0.
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 float exp_shifted_sum(float* x, int64_t n, float shift) {
-  typedef int32_t vi16 __attribute__((vector_size(64)));
-  const vf16 lo = vf16{} - 87.3f;
-  vf16 total = {};
+  simd::vf8 total = {};
   int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    vf16 v = TB_LOAD16(x + j) - shift;
-    const auto masked = v < lo;
-    v = masked ? lo : v;
-    vf16 fx = v * 1.44269504088896341f + 0.5f;
-    vf16 n2 = __builtin_convertvector(__builtin_convertvector(fx, vi16), vf16);
-    n2 = n2 > fx ? n2 - 1.0f : n2;  // floor
-    const vf16 r = v - n2 * 0.693359375f + n2 * 2.12194440e-4f;
-    vf16 y = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
-              1.6666665459e-1f) * r + 5.0000001201e-1f;
-    y = y * r * r + r + 1.0f;
-    const vi16 bits = (__builtin_convertvector(n2, vi16) + 127) << 23;
-    vf16 pow2;
-    std::memcpy(&pow2, &bits, sizeof pow2);
-    y = masked ? vf16{} : y * pow2;
-    TB_STORE16(x + j, y);
+  for (; j + simd::lanes <= n; j += simd::lanes) {
+    const simd::vf8 y = simd::exp8(simd::load8(x + j) - shift);
+    simd::store8(x + j, y);
     total += y;
   }
   float sum = 0;
-  for (int c = 0; c < 16; ++c) sum += total[c];
+  for (int c = 0; c < simd::lanes; ++c) sum += total[c];
   for (; j < n; ++j) sum += (x[j] = std::exp(x[j] - shift));
   return sum;
 }
 
 // ---- naive -----------------------------------------------------------------------------------------
 
-// Scores, mask, softmax and P V over [B*H, S, D] buffers. `cached_mask` is a max_seq x max_seq
-// causal mask (1 = masked) sliced to S x S, used by Mask::cached.
-void naive_attention(const Shape& s, Mask mask, const float* q, const float* k, const float* v, float* scores,
-                     float* out, const uint8_t* cached_mask, int64_t mask_ld) {
+using blas::gemm;
+
+// (b, h) of flat head index bh, and the offsets of its rows in an operand.
+int64_t head_offset(const Shape& s, const Strides& st, int64_t bh) { return bh / s.heads * st.batch + bh % s.heads * st.head; }
+
+}  // namespace
+
+// Scores, mask, softmax and P V as PyTorch eager runs them: each a pass over all heads. The products
+// go head by head over the team (one small GEMM per thread, as a batched matmul splits them).
+void cpu_naive_forward(const Shape& s, Mask mask, const Operands<float>& x, float* probs, const uint8_t* cached_mask,
+                       int64_t mask_ld) {
   const int64_t S = s.seq, D = s.head_dim, bhs = s.batch * s.heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  for (int64_t bh = 0; bh < bhs; ++bh)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(S), static_cast<blasint>(S),
-                static_cast<blasint>(D), scale, q + bh * S * D, static_cast<blasint>(D), k + bh * S * D,
-                static_cast<blasint>(D), 0.0f, scores + bh * S * S, static_cast<blasint>(S));
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < bhs; ++bh) {
+    const int64_t in = head_offset(s, x.in, bh);
+    gemm(false, true, S, S, D, scale, x.q + in, x.in.row, x.k + in, x.in.row, 0.0f, probs + bh * S * S, S);
+  }
 
   if (mask == Mask::rebuilt) {
     // torch.triu(torch.ones(S, S), diagonal=1).bool() on every forward: a fresh allocation and fill.
@@ -98,18 +88,18 @@ void naive_attention(const Shape& s, Mask mask, const float* q, const float* k, 
     for (int64_t bh = 0; bh < bhs; ++bh)
       for (int64_t i = 0; i < S; ++i)
         for (int64_t j = 0; j < S; ++j)
-          if (cached_mask[i * mask_ld + j]) scores[(bh * S + i) * S + j] = neg_inf;
+          if (cached_mask[i * mask_ld + j]) probs[(bh * S + i) * S + j] = neg_inf;
   } else if (mask == Mask::cached) {  // masked_fill with a slice of the registered buffer
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t bh = 0; bh < bhs; ++bh)
       for (int64_t i = 0; i < S; ++i)
         for (int64_t j = 0; j < S; ++j)
-          if (cached_mask[i * mask_ld + j]) scores[(bh * S + i) * S + j] = neg_inf;
+          if (cached_mask[i * mask_ld + j]) probs[(bh * S + i) * S + j] = neg_inf;
   }
 
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < bhs * S; ++r) {
-    float* row = scores + r * S;
+    float* row = probs + r * S;
     // implicit causal: keys after the query are skipped (and zeroed for the P V product).
     const int64_t n = mask == Mask::implicit ? r % S + 1 : S;
     float mx = neg_inf;
@@ -120,153 +110,153 @@ void naive_attention(const Shape& s, Mask mask, const float* q, const float* k, 
     for (int64_t j = n; j < S; ++j) row[j] = 0.0f;
   }
 
+#pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < bhs; ++bh)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(S), static_cast<blasint>(D),
-                static_cast<blasint>(S), 1.0f, scores + bh * S * S, static_cast<blasint>(S), v + bh * S * D,
-                static_cast<blasint>(D), 0.0f, out + bh * S * D, static_cast<blasint>(D));
+    gemm(false, false, S, D, S, 1.0f, probs + bh * S * S, S, x.v + head_offset(s, x.in, bh), x.in.row, 0.0f,
+          x.o + head_offset(s, x.out, bh), x.out.row);
 }
+
+// Autograd's backward of softmax(scale Q K^T) V from the saved probabilities: dV = P^T dO,
+// dP = dO V^T, dS = P (dP - rowsum(dP P)), dQ = scale dS K, dK = scale dS^T Q. dprobs [B, H, S, S].
+void cpu_naive_backward(const Shape& s, const Operands<float>& x, const float* probs, const Gradients<float>& g,
+                        float* dprobs) {
+  const int64_t S = s.seq, D = s.head_dim, bhs = s.batch * s.heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < bhs; ++bh) {
+    const int64_t in = head_offset(s, x.in, bh), out = head_offset(s, x.out, bh);
+    const float* p = probs + bh * S * S;
+    float* dp = dprobs + bh * S * S;
+    gemm(false, true, S, S, D, 1.0f, g.dout + out, x.out.row, x.v + in, x.in.row, 0.0f, dp, S);
+    gemm(true, false, S, D, S, 1.0f, p, S, g.dout + out, x.out.row, 0.0f, g.dv + in, x.in.row);
+    for (int64_t i = 0; i < S; ++i) {
+      float* drow = dp + i * S;
+      const float* prow = p + i * S;
+      float dot = 0;
+      for (int64_t j = 0; j < S; ++j) dot += drow[j] * prow[j];
+      for (int64_t j = 0; j < S; ++j) drow[j] = prow[j] * (drow[j] - dot);
+    }
+    gemm(false, false, S, D, S, scale, dp, S, x.k + in, x.in.row, 0.0f, g.dq + in, x.in.row);
+    gemm(true, false, S, D, S, scale, dp, S, x.q + in, x.in.row, 0.0f, g.dk + in, x.in.row);
+  }
+}
+
+namespace {
 
 // ---- fused -----------------------------------------------------------------------------------------
 
-struct TileWork {  // one thread's scratch: K tile transposed, score tile, accumulators, row state
-  float* k_t;
-  float* score;
-  float* acc;
-  float* row_max;
-  float* row_sum;
-};
+// One thread's scratch: the scores of a tile of 64 queries against every key they see (forward), or
+// P and dP of a tile of 64 keys against every query that sees them and each row's delta (backward).
+int64_t forward_scratch(int64_t S) { return tile_rows * S; }
+int64_t backward_scratch(int64_t S) { return 2 * S * tile_cols + S; }
 
-constexpr int64_t block_rows = 4;  // query rows per micro-kernel: 4 x 64 accumulators in 16 registers
+// x[j] = exp(x[j] - shift) for j < n: P of one row of a key tile from its scores and the row's lse.
+void exp_shifted(float* x, int64_t n, float shift) { exp_shifted_sum(x, n, shift); }
 
-// One tile of queries [i0, i0 + rows) against all its keys. Both products are register-blocked:
-// 4 query rows x 64 keys (scores) and 4 rows x 64 output columns (P V) stay in vector registers
-// while the other operand streams past, instead of a load and store per multiply-add. Cloned for
-// AVX-512 / AVX2+FMA / baseline x86-64 so the binary stays portable.
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void fused_tile(const float* q, const float* k, const float* v, float* out, int64_t S, int64_t D, int64_t i0,
-                int64_t rows, bool causal, float scale, const TileWork& w) {
-  for (int64_t i = 0; i < rows; ++i) {
-    w.row_max[i] = neg_inf;
-    w.row_sum[i] = 0;
-    std::fill(w.acc + i * D, w.acc + (i + 1) * D, 0.0f);
-  }
-  const int64_t key_end = causal ? i0 + rows : S;
-  const int64_t blocked_rows = rows / block_rows * block_rows;
-  const int64_t blocked_cols = D / 64 * 64;  // output columns the P V micro-kernel covers
-  for (int64_t j0 = 0; j0 < key_end; j0 += tile_cols) {
-    const int64_t cols = std::min(tile_cols, key_end - j0);
-    // K tile transposed and zero-padded to 64 keys: the score micro-kernel has no tail.
-    for (int64_t j = 0; j < tile_cols; ++j)
-      for (int64_t d = 0; d < D; ++d) w.k_t[d * tile_cols + j] = j < cols ? k[(j0 + j) * D + d] : 0.0f;
-    for (int64_t i = 0; i < blocked_rows; i += block_rows) {
-      vf16 acc[block_rows][4] = {};
-      for (int64_t d = 0; d < D; ++d) {
-        const float* kd = w.k_t + d * tile_cols;
-        const vf16 k0 = TB_LOAD16(kd), k1 = TB_LOAD16(kd + 16), k2 = TB_LOAD16(kd + 32), k3 = TB_LOAD16(kd + 48);
-        for (int64_t r = 0; r < block_rows; ++r) {
-          const float qd = q[(i0 + i + r) * D + d] * scale;
-          acc[r][0] += k0 * qd;
-          acc[r][1] += k1 * qd;
-          acc[r][2] += k2 * qd;
-          acc[r][3] += k3 * qd;
-        }
-      }
-      for (int64_t r = 0; r < block_rows; ++r)
-        for (int c = 0; c < 4; ++c) TB_STORE16(w.score + (i + r) * tile_cols + 16 * c, acc[r][c]);
-    }
-    for (int64_t i = blocked_rows; i < rows; ++i) {
-      float* srow = w.score + i * tile_cols;
-      std::fill(srow, srow + tile_cols, 0.0f);
-      for (int64_t d = 0; d < D; ++d) {
-        const float qd = q[(i0 + i) * D + d] * scale;
-        const float* kd = w.k_t + d * tile_cols;
-        for (int64_t j = 0; j < tile_cols; ++j) srow[j] += qd * kd[j];
-      }
-    }
-    // Online softmax per row; the probabilities of keys a query may not see are zero.
-    for (int64_t i = 0; i < rows; ++i) {
-      float* srow = w.score + i * tile_cols;
-      const int64_t n = causal ? std::min(cols, i0 + i - j0 + 1) : cols;  // keys this query may see
-      if (n <= 0) {
-        std::fill(srow, srow + tile_cols, 0.0f);
-        continue;
-      }
-      float mx = w.row_max[i];
-      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, srow[j]);
-      const float alpha = std::exp(w.row_max[i] - mx);  // 0 on the first tile (max was -inf)
-      const float sum = exp_shifted_sum(srow, n, mx);
-      std::fill(srow + n, srow + tile_cols, 0.0f);
-      w.row_sum[i] = w.row_sum[i] * alpha + sum;
-      w.row_max[i] = mx;
-      float* arow = w.acc + i * D;
-      for (int64_t d = 0; d < D; ++d) arow[d] *= alpha;
-    }
-    // O += P V.
-    for (int64_t i = 0; i < blocked_rows; i += block_rows)
-      for (int64_t c0 = 0; c0 < blocked_cols; c0 += 64) {
-        vf16 acc[block_rows][4];
-        for (int64_t r = 0; r < block_rows; ++r)
-          for (int c = 0; c < 4; ++c) acc[r][c] = TB_LOAD16(w.acc + (i + r) * D + c0 + 16 * c);
-        for (int64_t j = 0; j < cols; ++j) {
-          const float* vr = v + (j0 + j) * D + c0;
-          const vf16 v0 = TB_LOAD16(vr), v1 = TB_LOAD16(vr + 16), v2 = TB_LOAD16(vr + 32), v3 = TB_LOAD16(vr + 48);
-          for (int64_t r = 0; r < block_rows; ++r) {
-            const float p = w.score[(i + r) * tile_cols + j];
-            acc[r][0] += v0 * p;
-            acc[r][1] += v1 * p;
-            acc[r][2] += v2 * p;
-            acc[r][3] += v3 * p;
-          }
-        }
-        for (int64_t r = 0; r < block_rows; ++r)
-          for (int c = 0; c < 4; ++c) TB_STORE16(w.acc + (i + r) * D + c0 + 16 * c, acc[r][c]);
-      }
-    for (int64_t i = 0; i < rows; ++i) {  // what the micro-kernel leaves: tail rows and columns
-      const int64_t from = i < blocked_rows ? blocked_cols : 0;
-      float* arow = w.acc + i * D;
-      for (int64_t j = 0; j < cols; ++j) {
-        const float p = w.score[i * tile_cols + j];
-        const float* vrow = v + (j0 + j) * D;
-        for (int64_t d = from; d < D; ++d) arow[d] += p * vrow[d];
-      }
-    }
-  }
-  for (int64_t i = 0; i < rows; ++i) {
-    const float inv = 1.0f / w.row_sum[i];
-    for (int64_t d = 0; d < D; ++d) out[(i0 + i) * D + d] = w.acc[i * D + d] * inv;
-  }
+}  // namespace
+
+FusedWorkspace::FusedWorkspace(int64_t head_dim, int64_t seq)
+    : head_dim_(head_dim), seq_(seq), per_thread_(std::max(forward_scratch(head_dim), backward_scratch(seq))),
+      threads_(omp_get_max_threads()) {
+  buffer_ = new float[static_cast<std::size_t>(per_thread_ * threads_)];
 }
+FusedWorkspace::FusedWorkspace(FusedWorkspace&& o) noexcept
+    : head_dim_(o.head_dim_), seq_(o.seq_), per_thread_(o.per_thread_), buffer_(o.buffer_), threads_(o.threads_) {
+  o.buffer_ = nullptr;
+}
+FusedWorkspace& FusedWorkspace::operator=(FusedWorkspace&& o) noexcept {
+  std::swap(head_dim_, o.head_dim_);
+  std::swap(seq_, o.seq_);
+  std::swap(per_thread_, o.per_thread_);
+  std::swap(buffer_, o.buffer_);
+  std::swap(threads_, o.threads_);
+  return *this;
+}
+FusedWorkspace::~FusedWorkspace() { delete[] buffer_; }
+float* FusedWorkspace::for_thread(int thread) { return buffer_ + per_thread_ * thread; }
+int64_t FusedWorkspace::bytes() const { return static_cast<int64_t>(sizeof(float)) * per_thread_ * threads_; }
 
-class FusedWorkspace {
- public:
-  explicit FusedWorkspace(int64_t D)
-      : D_(D), per_thread_(D * tile_cols + tile_rows * tile_cols + tile_rows * D + 2 * tile_rows),
-        buffer_(static_cast<std::size_t>(per_thread_ * omp_get_max_threads())) {}
-  TileWork for_thread(int t) {
-    float* base = buffer_.data() + per_thread_ * t;
-    return TileWork{base, base + D_ * tile_cols, base + D_ * tile_cols + tile_rows * tile_cols,
-                    base + D_ * tile_cols + tile_rows * tile_cols + tile_rows * D_,
-                    base + D_ * tile_cols + tile_rows * tile_cols + tile_rows * D_ + tile_rows};
-  }
-
- private:
-  int64_t D_, per_thread_;
-  HostBuffer<float> buffer_;
-};
-
-void fused_attention(const Shape& s, bool causal, const float* q, const float* k, const float* v, float* out,
-                     FusedWorkspace& ws) {
+// Tiles of 64 queries against every key they may see: the scores by one BLAS product into the
+// thread's scratch, an exact softmax per row (its log-sum-exp kept for backward), P V by a second
+// product straight into O. The scores of a head never exist beyond one tile (64 x S, in the cache),
+// and causal tiles skip the keys after their last query. Dynamic scheduling: with a causal mask the
+// last tiles of a head have many times the work of the first.
+void cpu_fused_forward(const Shape& s, bool causal, const Operands<float>& x, float* lse, FusedWorkspace& ws) {
   const int64_t S = s.seq, D = s.head_dim, bhs = s.batch * s.heads, tiles = (S + tile_rows - 1) / tile_rows;
+  const int64_t ld = x.in.row, ldo = x.out.row;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  // Dynamic: with a causal mask the last query tiles have many times the work of the first.
 #pragma omp parallel for collapse(2) schedule(dynamic)
   for (int64_t bh = 0; bh < bhs; ++bh)
     for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t off = bh * S * D;
-      fused_tile(q + off, k + off, v + off, out + off, S, D, t * tile_rows, std::min(tile_rows, S - t * tile_rows),
-                 causal, scale, ws.for_thread(omp_get_thread_num()));
+      const int64_t in = head_offset(s, x.in, bh), i0 = t * tile_rows, rows = std::min(tile_rows, S - i0);
+      const int64_t keys = causal ? i0 + rows : S;
+      float* scores = ws.for_thread(omp_get_thread_num());
+      gemm(false, true, rows, keys, D, scale, x.q + in + i0 * ld, ld, x.k + in, ld, 0.0f, scores, keys);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = scores + r * keys;
+        const int64_t n = causal ? i0 + r + 1 : keys;  // keys query i0 + r sees
+        float mx = neg_inf;
+        for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
+        const float sum = exp_shifted_sum(row, n, mx);
+        const float inv = 1.0f / sum;
+        for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+        std::fill(row + n, row + keys, 0.0f);
+        if (lse) lse[bh * S + i0 + r] = mx + std::log(sum);
+      }
+      gemm(false, false, rows, D, keys, 1.0f, scores, keys, x.v + in, ld, 0.0f,
+            x.o + head_offset(s, x.out, bh) + i0 * ldo, ldo);
     }
 }
+
+// FlashAttention-2's backward, one head per thread (so dQ, dK and dV of a head have one writer).
+// For each tile of 64 keys, against every query that sees it: P = exp(scale Q K^T - lse) recomputed
+// from the saved row statistics, dV = P^T dO, dP = dO V^T, dS = P (dP - delta), dK = scale dS^T Q,
+// dQ += scale dS K. The products are BLAS calls on the thread (tall: S x 64 x D).
+void cpu_fused_backward(const Shape& s, bool causal, const Operands<float>& x, const float* lse,
+                        const Gradients<float>& g, FusedWorkspace& ws) {
+  const int64_t S = s.seq, D = s.head_dim, bhs = s.batch * s.heads, ld = x.in.row, ldo = x.out.row;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t bh = 0; bh < bhs; ++bh) {
+    const int64_t in = head_offset(s, x.in, bh), out = head_offset(s, x.out, bh);
+    const float *q = x.q + in, *k = x.k + in, *v = x.v + in, *o = x.o + out, *dout = g.dout + out;
+    const float* row_lse = lse + bh * S;
+    float *dq = g.dq + in, *dk = g.dk + in, *dv = g.dv + in;
+    float* p = ws.for_thread(omp_get_thread_num());
+    float* dp = p + S * tile_cols;
+    float* delta = dp + S * tile_cols;
+    for (int64_t i = 0; i < S; ++i) {
+      float sum = 0;
+      for (int64_t d = 0; d < D; ++d) sum += dout[i * ldo + d] * o[i * ldo + d];
+      delta[i] = sum;
+      std::fill(dq + i * ld, dq + i * ld + D, 0.0f);
+    }
+    for (int64_t j0 = 0; j0 < S; j0 += tile_cols) {
+      const int64_t cols = std::min(tile_cols, S - j0), first = causal ? j0 : 0, m = S - first;
+      gemm(false, true, m, cols, D, scale, q + first * ld, ld, k + j0 * ld, ld, 0.0f, p, cols);
+      for (int64_t r = 0; r < m; ++r) {
+        const int64_t i = first + r;
+        const int64_t n = causal ? std::min(cols, i - j0 + 1) : cols;  // keys of this tile query i sees
+        float* prow = p + r * cols;
+        exp_shifted(prow, n, row_lse[i]);
+        std::fill(prow + n, prow + cols, 0.0f);
+      }
+      gemm(true, false, cols, D, m, 1.0f, p, cols, dout + first * ldo, ldo, 0.0f, dv + j0 * ld, ld);
+      gemm(false, true, m, cols, D, 1.0f, dout + first * ldo, ldo, v + j0 * ld, ld, 0.0f, dp, cols);
+      for (int64_t r = 0; r < m; ++r) {
+        const float dl = delta[first + r];
+        float* dprow = dp + r * cols;
+        const float* prow = p + r * cols;
+#pragma omp simd
+        for (int64_t c = 0; c < cols; ++c) dprow[c] = prow[c] * (dprow[c] - dl);
+      }
+      gemm(true, false, cols, D, m, scale, dp, cols, q + first * ld, ld, 0.0f, dk + j0 * ld, ld);
+      gemm(false, false, m, D, cols, scale, dp, cols, k + j0 * ld, ld, 1.0f, dq + first * ld, ld);
+    }
+  }
+}
+
+namespace {
 
 class Naive final : public Instance {
  public:
@@ -282,7 +272,8 @@ class Naive final : public Instance {
     }
   }
   void run() override {
-    naive_attention(s_, mask_, q_.data(), k_.data(), v_.data(), scores_.data(), out_.data(), cached_.data(), mask_ld_);
+    cpu_naive_forward(s_, mask_, Operands<float>{q_.data(), k_.data(), v_.data(), out_.data(), bhsd(s_), bhsd(s_)},
+                      scores_.data(), cached_.data(), mask_ld_);
   }
   Verdict check() override { return check_output(s_, causal_, DType::fp32, to_vector(out_)); }
 
@@ -299,16 +290,49 @@ class Fused final : public Instance {
  public:
   Fused(const Shape& s, bool causal)
       : s_(s), causal_(causal), q_(s.elements()), k_(s.elements()), v_(s.elements()), out_(s.elements()),
-        ws_(s.head_dim) {
+        ws_(s.head_dim, s.seq) {
     fill_inputs(s, q_, k_, v_);
   }
-  void run() override { fused_attention(s_, causal_, q_.data(), k_.data(), v_.data(), out_.data(), ws_); }
+  void run() override {
+    cpu_fused_forward(s_, causal_, Operands<float>{q_.data(), k_.data(), v_.data(), out_.data(), bhsd(s_), bhsd(s_)},
+                      nullptr, ws_);
+  }
   Verdict check() override { return check_output(s_, causal_, DType::fp32, to_vector(out_)); }
 
  private:
   Shape s_;
   bool causal_;
   HostBuffer<float> q_, k_, v_, out_;
+  FusedWorkspace ws_;
+};
+
+// Backward alone: the forward ran once at construction (naive keeps P, fused keeps O and the lse),
+// run() computes dQ, dK, dV from the fixed dO.
+class Backward final : public Instance {
+ public:
+  Backward(const Shape& s, bool causal, bool fused)
+      : s_(s), causal_(causal), fused_(fused), q_(s.elements()), k_(s.elements()), v_(s.elements()), o_(s.elements()),
+        dout_(s.elements()), dq_(s.elements()), dk_(s.elements()), dv_(s.elements()),
+        saved_(fused ? s.rows() : s.batch * s.heads * s.seq * s.seq), dprobs_(fused ? 0 : s.batch * s.heads * s.seq * s.seq),
+        ws_(s.head_dim, fused ? s.seq : 0) {
+    fill_inputs(s, q_, k_, v_);
+    for (int64_t i = 0; i < s.elements(); ++i) dout_[i] = input_dout(i);
+    if (fused) cpu_fused_forward(s_, causal_, operands(), saved_.data(), ws_);
+    else cpu_naive_forward(s_, causal ? Mask::implicit : Mask::none, operands(), saved_.data());
+  }
+  void run() override {
+    const Gradients<float> g{dq_.data(), dk_.data(), dv_.data(), dout_.data()};
+    if (fused_) cpu_fused_backward(s_, causal_, operands(), saved_.data(), g, ws_);
+    else cpu_naive_backward(s_, operands(), saved_.data(), g, dprobs_.data());
+  }
+  Verdict check() override { return check_gradients(s_, causal_, to_vector(dq_), to_vector(dk_), to_vector(dv_)); }
+
+ private:
+  Operands<float> operands() { return Operands<float>{q_.data(), k_.data(), v_.data(), o_.data(), bhsd(s_), bhsd(s_)}; }
+
+  Shape s_;
+  bool causal_, fused_;
+  HostBuffer<float> q_, k_, v_, o_, dout_, dq_, dk_, dv_, saved_, dprobs_;
   FusedWorkspace ws_;
 };
 
@@ -333,9 +357,7 @@ void linear(const float* x, const std::vector<float>& w, const std::vector<float
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < outn; ++c) y[r * outn + c] = bias[c] + (residual ? residual[r * outn + c] : 0.0f);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(rows), static_cast<blasint>(outn),
-              static_cast<blasint>(in), 1.0f, x, static_cast<blasint>(in), w.data(), static_cast<blasint>(outn), 1.0f,
-              y, static_cast<blasint>(outn));
+  gemm(false, false, rows, outn, in, 1.0f, x, in, w.data(), outn, 1.0f, y, outn);
 }
 
 class Block final : public Instance {
@@ -344,7 +366,7 @@ class Block final : public Instance {
       : s_(s), fused_(fused), w_(make_block_weights(s.d_model())), tokens_(s.batch * s.seq), d_(s.d_model()),
         x_(tokens_ * d_), h_(tokens_ * d_), qkv_(tokens_ * 3 * d_), q_(s.elements()), k_(s.elements()),
         v_(s.elements()), o_(s.elements()), a_(tokens_ * d_), r1_(tokens_ * d_), f_(tokens_ * w_.hidden),
-        y_(tokens_ * d_), scores_(fused ? 0 : s.batch * s.heads * s.seq * s.seq), ws_(s.head_dim) {
+        y_(tokens_ * d_), scores_(fused ? 0 : s.batch * s.heads * s.seq * s.seq), ws_(s.head_dim, s.seq) {
     for (int64_t i = 0; i < tokens_ * d_; ++i) x_[i] = block_input(i);
   }
   void run() override {
@@ -393,8 +415,8 @@ class Block final : public Instance {
               }
         break;
       case 2:
-        if (fused_) fused_attention(s_, true, q_.data(), k_.data(), v_.data(), o_.data(), ws_);
-        else naive_attention(s_, Mask::implicit, q_.data(), k_.data(), v_.data(), scores_.data(), o_.data(), nullptr, 0);
+        if (fused_) cpu_fused_forward(s_, true, heads(), nullptr, ws_);
+        else cpu_naive_forward(s_, Mask::implicit, heads(), scores_.data());
         break;
       case 3:
 #pragma omp parallel for collapse(2) schedule(static)
@@ -420,6 +442,8 @@ class Block final : public Instance {
     }
   }
 
+  Operands<float> heads() { return Operands<float>{q_.data(), k_.data(), v_.data(), o_.data(), bhsd(s_), bhsd(s_)}; }
+
   Shape s_;
   bool fused_;
   BlockWeights w_;
@@ -436,6 +460,9 @@ std::unique_ptr<Instance> make_cpu_naive(const Shape& s, bool causal, Mask mask)
 std::unique_ptr<Instance> make_cpu_fused(const Shape& s, bool causal) { return std::make_unique<Fused>(s, causal); }
 std::unique_ptr<Instance> make_cpu_block(const Shape& s, bool fused_attention) {
   return std::make_unique<Block>(s, fused_attention);
+}
+std::unique_ptr<Instance> make_cpu_backward(const Shape& s, bool causal, bool fused) {
+  return std::make_unique<Backward>(s, causal, fused);
 }
 
 }  // namespace tb::attention

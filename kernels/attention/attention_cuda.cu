@@ -1,11 +1,15 @@
 // CUDA attention. naive: cuBLAS strided-batched GEMMs around a materialised [B, H, S, S] score
-// tensor, as PyTorch eager does. fused fp32: one warp per query row on CUDA cores, K/V tiles shared
-// in shared memory, online softmax. fused bf16: the FlashAttention-2 structure on tensor cores
-// (mma.sync m16n8k16), scores kept in registers and reused as the A operand of P V, causal tiles
-// above the diagonal never loaded.
+// tensor, as PyTorch eager does, and autograd's backward from it. fused fp32: one warp per query row
+// on CUDA cores, K/V tiles shared in shared memory, online softmax, each row's log-sum-exp kept; its
+// backward is FlashAttention-2's, P recomputed tile by tile from the log-sum-exp. fused bf16: the
+// FlashAttention-2 structure on tensor cores (mma.sync m16n8k16), scores kept in registers and reused
+// as the A operand of P V, causal tiles above the diagonal never loaded. The fp32 kernels address
+// Q, K, V, O through Strides, so the training step runs them on its packed qkv rows: cuda_naive_*,
+// cuda_fused_* are what the stage's instances and the step call.
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -20,6 +24,29 @@ namespace tb::attention {
 namespace {
 
 using bf16 = __nv_bfloat16;
+
+// Shared memory a block may use without opting in (cudaFuncAttributeMaxDynamicSharedMemorySize).
+constexpr std::size_t default_shared_bytes = 48 * 1024;
+
+// Raises `kernel`'s dynamic shared memory limit to `bytes` where the default is too small, or says
+// why the device cannot. Cheap and legal during stream capture (FlashAttention sets it at every
+// launch), so launchers call it each time.
+template <class Kernel>
+void allow_shared_bytes(Kernel kernel, std::size_t bytes, const char* what) {
+  if (bytes <= default_shared_bytes) return;
+  int device = 0, optin = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  TB_REQUIRE(bytes <= static_cast<std::size_t>(optin), std::string(what) + " needs " + std::to_string(bytes) +
+                                                           " bytes of shared memory per block, the device " +
+                                                           std::to_string(optin));
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+// Where row `s` of head (b, h) starts in an operand laid out as `st`.
+__host__ __device__ inline int64_t row_offset(const Strides& st, int64_t b, int64_t h, int64_t s) {
+  return b * st.batch + h * st.head + s * st.row;
+}
 
 // ---- naive: mask, softmax ------------------------------------------------------------------------
 
@@ -78,6 +105,19 @@ __global__ void softmax_kernel(float* scores, bf16* p16, int64_t S, bool implici
   }
 }
 
+// autograd's softmax backward over one row per block, causal: dS = P (dP - rowsum(dP P)) in place
+// over dP; the keys after the query get zero (P is zero there).
+__global__ void causal_softmax_backward_kernel(float* dprobs, const float* probs, int64_t S) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x, query = row % S;
+  float* d = dprobs + row * S;
+  const float* p = probs + row * S;
+  float dot = 0;
+  for (int64_t j = threadIdx.x; j <= query; j += blockDim.x) dot += d[j] * p[j];
+  dot = block_reduce(dot, false, scratch);
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) d[j] = j <= query ? p[j] * (d[j] - dot) : 0.0f;
+}
+
 // After the stream's work: a copy to pageable memory returns when it has landed.
 template <class T>
 std::vector<float> download_as_float(const T* device, int64_t n, cudaStream_t stream) {
@@ -110,6 +150,10 @@ struct Tensors {
       cuda::fill_uniform(v32.data(), s.elements(), seed_v, stream, device);
     }
   }
+  // The fp32 tensors as the kernels over buffers take them, [B, H, S, D].
+  Operands<float> operands(const Shape& s) const {
+    return Operands<float>{q32.data(), k32.data(), v32.data(), o32.data(), bhsd(s), bhsd(s)};
+  }
   std::vector<float> output(int64_t n, cudaStream_t stream) const {
     return type == DType::bf16 ? download_as_float(o16.data(), n, stream) : download_as_float(o32.data(), n, stream);
   }
@@ -118,6 +162,7 @@ struct Tensors {
   cuda::DeviceBuffer<bf16> q16, k16, v16, o16;
 };
 
+// The stage's own naive path, for what the step never runs (bf16, full attention, a mask buffer):
 // scores[bh] = scale * Q[bh] K[bh]^T, then mask and softmax, then O[bh] = P[bh] V[bh].
 void naive_attention(const Shape& s, Mask mask, const Tensors& x, float* scores, bf16* p16, cublasHandle_t handle,
                      cudaStream_t stream, int device, const uint8_t* cached_mask, int64_t mask_ld, cudaMemPool_t mask_pool) {
@@ -157,16 +202,56 @@ void naive_attention(const Shape& s, Mask mask, const Tensors& x, float* scores,
                                           int64_t{S} * D, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+// ---- naive fp32 over strided operands ------------------------------------------------------------
+
+// A per-(b, h) matrix of a GEMM: at base + b * batch + h * head, `ld` apart (column-major view).
+struct HeadMatrix {
+  const float* base;
+  int64_t ld, batch, head;
+};
+HeadMatrix head_matrix(const float* base, const Strides& st) { return HeadMatrix{base, st.row, st.batch, st.head}; }
+HeadMatrix probs_matrix(const float* base, const Shape& s) {  // [B, H, S, S]
+  return HeadMatrix{base, s.seq, s.heads * s.seq * s.seq, s.seq * s.seq};
+}
+
+// C(b, h) = alpha op(A(b, h)) op(B(b, h)) + beta C(b, h) for every (b, h). cuBLAS's strided batch has
+// one stride between items: one call over all B x H items where every operand's batch stride is
+// heads x its head stride ([B, H, ...] layouts), else a call per b over the heads (the step's
+// [B, S, 3C] rows, where b and h step by unrelated amounts).
+void gemm_per_head(cublasHandle_t handle, const Shape& s, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
+                   int64_t n, int64_t k, float alpha, const HeadMatrix& a, const HeadMatrix& b, float beta,
+                   const HeadMatrix& c) {
+  auto call = [&](int64_t offset_a, int64_t offset_b, int64_t offset_c, int64_t count) {
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        handle, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, a.base + offset_a,
+        CUDA_R_32F, static_cast<int>(a.ld), a.head, b.base + offset_b, CUDA_R_32F, static_cast<int>(b.ld), b.head, &beta,
+        const_cast<float*>(c.base) + offset_c, CUDA_R_32F, static_cast<int>(c.ld), c.head, static_cast<int>(count),
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  };
+  const auto flat = [&](const HeadMatrix& x) { return x.batch == s.heads * x.head; };
+  if (flat(a) && flat(b) && flat(c)) return call(0, 0, 0, s.batch * s.heads);
+  for (int64_t i = 0; i < s.batch; ++i) call(i * a.batch, i * b.batch, i * c.batch, s.heads);
+}
+
+// The causal softmax of the [B, H, S, S] scores in place (the scale is already in them).
+void causal_softmax(const Shape& s, float* scores, cudaStream_t stream) {
+  softmax_kernel<<<static_cast<unsigned>(s.rows()), 256, 0, stream>>>(scores, nullptr, s.seq, true);
+  CUDA_CHECK(cudaGetLastError());
+}
+
 // ---- fused fp32: a warp per query row ------------------------------------------------------------
 
 constexpr int f32_rows = fused_fp32_query_rows;  // query rows (warps) per block
 constexpr int f32_keys = 32;  // keys per tile: one per lane
+constexpr int f32_max_cols = 8;  // output columns per lane: head_dim <= 256
+constexpr int f32_max_head_dim = 32 * f32_max_cols;
 
 // Each lane scores one key of the tile and owns head_dim/32 output columns; the key tile is shared by
 // the block's 8 rows. K rows are padded by one float so lanes reading different keys hit different
-// banks.
+// banks. Row i's log-sum-exp of the scaled scores goes to lse[bh * S + i] when lse is set.
 __global__ void fused_fp32_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                                  float* __restrict__ o, int S, int D, bool causal, float scale) {
+                                  float* __restrict__ o, float* __restrict__ lse, Strides in, Strides out, int H, int S,
+                                  int D, bool causal, float scale) {
   extern __shared__ float smem[];
   float* ks = smem;                      // [f32_keys][D + 1]
   float* vs = ks + f32_keys * (D + 1);   // [f32_keys][D]
@@ -174,26 +259,25 @@ __global__ void fused_fp32_kernel(const float* __restrict__ q, const float* __re
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // One block per (batch x head, query tile), folded into grid.x: grid.y would cap batch x heads at 65535.
   const int tiles = (S + f32_rows - 1) / f32_rows;
-  const int64_t bh = blockIdx.x / tiles;
+  const int64_t bh = blockIdx.x / tiles, b = bh / H, h = bh % H;
   const int row0 = static_cast<int>(blockIdx.x % tiles) * f32_rows, row = row0 + warp;
-  const float* qb = q + bh * S * D;
-  const float* kb = k + bh * S * D;
-  const float* vb = v + bh * S * D;
+  const float* qb = q + row_offset(in, b, h, 0);
+  const float* kb = k + row_offset(in, b, h, 0);
+  const float* vb = v + row_offset(in, b, h, 0);
   for (int e = threadIdx.x; e < f32_rows * D; e += blockDim.x) {
     const int r = row0 + e / D;
-    qs[e] = r < S ? qb[int64_t{r} * D + e % D] * scale : 0.0f;
+    qs[e] = r < S ? qb[r * in.row + e % D] * scale : 0.0f;
   }
-  constexpr int max_cols = 8;  // head_dim <= 256
-  float acc[max_cols];
-  for (int c = 0; c < max_cols; ++c) acc[c] = 0.0f;
+  float acc[f32_max_cols];
+  for (int c = 0; c < f32_max_cols; ++c) acc[c] = 0.0f;
   float row_max = -INFINITY, row_sum = 0.0f;
   const int key_end = causal ? min(S, row0 + f32_rows) : S;
   for (int j0 = 0; j0 < key_end; j0 += f32_keys) {
     __syncthreads();
     for (int e = threadIdx.x; e < f32_keys * D; e += blockDim.x) {
       const int j = j0 + e / D, d = e % D;
-      ks[(e / D) * (D + 1) + d] = j < S ? kb[int64_t{j} * D + d] : 0.0f;
-      vs[e] = j < S ? vb[int64_t{j} * D + d] : 0.0f;
+      ks[(e / D) * (D + 1) + d] = j < S ? kb[j * in.row + d] : 0.0f;
+      vs[e] = j < S ? vb[j * in.row + d] : 0.0f;
     }
     __syncthreads();
     const int key = j0 + lane;
@@ -213,10 +297,10 @@ __global__ void fused_fp32_kernel(const float* __restrict__ q, const float* __re
     for (int off = 16; off > 0; off >>= 1) tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, off);
     row_sum = row_sum * alpha + tile_sum;
     row_max = new_max;
-    for (int c = 0; c < max_cols; ++c) acc[c] *= alpha;
+    for (int c = 0; c < f32_max_cols; ++c) acc[c] *= alpha;
     for (int j = 0; j < f32_keys; ++j) {
       const float pj = __shfl_sync(0xffffffffu, p, j);
-      for (int c = 0; c < max_cols; ++c) {
+      for (int c = 0; c < f32_max_cols; ++c) {
         const int d = lane + 32 * c;
         if (d < D) acc[c] += pj * vs[j * D + d];
       }
@@ -224,9 +308,216 @@ __global__ void fused_fp32_kernel(const float* __restrict__ q, const float* __re
   }
   if (row >= S) return;
   const float inv = 1.0f / row_sum;
-  for (int c = 0; c < max_cols; ++c) {
+  float* ob = o + row_offset(out, b, h, row);
+  for (int c = 0; c < f32_max_cols; ++c) {
     const int d = lane + 32 * c;
-    if (d < D) o[(bh * S + row) * int64_t{D} + d] = acc[c] * inv;
+    if (d < D) ob[d] = acc[c] * inv;
+  }
+  if (lse && lane == 0) lse[bh * S + row] = row_max + logf(row_sum);
+}
+
+std::size_t fp32_smem_bytes(int D) { return sizeof(float) * (f32_keys * (D + 1) + f32_keys * D + f32_rows * D); }
+
+// The fp32 forward, causal or full (the stage's `full` rows run the same kernel with nothing masked).
+void fused_fp32(const Shape& s, bool causal, const Operands<float>& x, float* lse, cudaStream_t stream) {
+  TB_REQUIRE(s.head_dim <= f32_max_head_dim, "the fp32 fused kernel keeps head_dim/32 <= 8 columns per lane");
+  const int S = static_cast<int>(s.seq), D = static_cast<int>(s.head_dim);
+  const int64_t blocks = (S + f32_rows - 1) / f32_rows * s.batch * s.heads;
+  TB_REQUIRE(blocks <= INT_MAX, "batch x heads x query tiles above the grid's 2^31 - 1 blocks");
+  if (blocks == 0) return;
+  const std::size_t smem = fp32_smem_bytes(D);
+  allow_shared_bytes(fused_fp32_kernel, smem, "the fp32 fused forward");
+  fused_fp32_kernel<<<static_cast<unsigned>(blocks), 32 * f32_rows, smem, stream>>>(
+      x.q, x.k, x.v, x.o, lse, x.in, x.out, static_cast<int>(s.heads), S, D, causal,
+      1.0f / std::sqrt(static_cast<float>(D)));
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- fused fp32 backward: FlashAttention-2 ---------------------------------------------------------
+// Three kernels, none of which holds more than a tile of the [S, S] matrices: delta = rowsum(dO O)
+// per query row; then per (b, h, 32-key tile) a block that walks the query tiles at or after its keys
+// (causal) and keeps that tile's dK and dV in registers; then per (b, h, 16-query tile) a block that
+// walks the key tiles up to its queries and keeps dQ in registers. Each recomputes the tile's
+// P = exp(scale Q K^T - lse) and dS = P (dO V^T - delta); dQ in its own pass instead of atomics
+// into a zeroed dQ: deterministic, and every gradient is written once (overwritten), strided or not.
+
+constexpr int bwd_keys = 32;   // keys per tile: one per lane
+constexpr int bwd_rows = 16;   // query rows per tile: two per warp
+constexpr int bwd_warps = 8;
+constexpr int bwd_threads = 32 * bwd_warps;
+constexpr int bwd_max_cols = 4;  // gradient columns per lane: head_dim <= 128
+constexpr int bwd_max_head_dim = 32 * bwd_max_cols;
+constexpr int bwd_rows_per_warp = bwd_rows / bwd_warps;  // of the dQ pass, and of the P and dS tile
+constexpr int bwd_keys_per_warp = bwd_keys / bwd_warps;  // of the dK and dV pass
+static_assert(bwd_rows % bwd_warps == 0 && bwd_keys % bwd_warps == 0, "warps share the tiles evenly");
+static_assert(bwd_keys % bwd_rows == 0, "a key tile starts on a query tile");
+
+// One warp per row: delta[bh * S + i] = sum_d dO[i][d] O[i][d].
+__global__ void row_delta_kernel(const float* __restrict__ o, const float* __restrict__ dout, float* __restrict__ delta,
+                                 Strides out, int H, int S, int D, int64_t rows) {
+  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;  // the whole warp: blockDim.x is a multiple of 32
+  const int64_t bh = row / S;
+  const int64_t at = row_offset(out, bh / H, bh % H, row % S);
+  float sum = 0.0f;
+  for (int d = lane; d < D; d += 32) sum += o[at + d] * dout[at + d];
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (lane == 0) delta[row] = sum;
+}
+
+// A block's shared memory: K and V tiles padded by one float per row (lanes read different keys in
+// the same column), Q and dO tiles, P and dS of the tile pair, and the query rows' lse and delta.
+struct BackwardTiles {
+  float *ks, *vs, *qs, *dos, *ps, *dss, *lse, *delta;
+  __device__ BackwardTiles(float* smem, int D)
+      : ks(smem), vs(ks + bwd_keys * (D + 1)), qs(vs + bwd_keys * (D + 1)), dos(qs + bwd_rows * D),
+        ps(dos + bwd_rows * D), dss(ps + bwd_rows * bwd_keys), lse(dss + bwd_rows * bwd_keys), delta(lse + bwd_rows) {}
+};
+std::size_t backward_smem_bytes(int D) {
+  return sizeof(float) * (2 * bwd_keys * (D + 1) + 2 * bwd_rows * D + 2 * bwd_rows * bwd_keys + 2 * bwd_rows);
+}
+
+// Keys [j0, j0 + 32) of head (b, h) into the K and V tiles; keys past S are zero.
+__device__ inline void load_key_tile(BackwardTiles& t, const float* kb, const float* vb, int64_t row_stride, int j0,
+                                     int S, int D) {
+  for (int e = threadIdx.x; e < bwd_keys * D; e += blockDim.x) {
+    const int jl = e / D, d = e % D, j = j0 + jl;
+    t.ks[jl * (D + 1) + d] = j < S ? kb[j * row_stride + d] : 0.0f;
+    t.vs[jl * (D + 1) + d] = j < S ? vb[j * row_stride + d] : 0.0f;
+  }
+}
+
+// Queries [i0, i0 + 16) into the Q and dO tiles with their lse and delta; rows past S are zero.
+__device__ inline void load_query_tile(BackwardTiles& t, const float* qb, const float* dob, const float* lse,
+                                       const float* delta, const Strides& in, const Strides& out, int i0, int S, int D) {
+  for (int e = threadIdx.x; e < bwd_rows * D; e += blockDim.x) {
+    const int il = e / D, d = e % D, i = i0 + il;
+    t.qs[e] = i < S ? qb[i * in.row + d] : 0.0f;
+    t.dos[e] = i < S ? dob[i * out.row + d] : 0.0f;
+  }
+  if (threadIdx.x < bwd_rows) {
+    const int i = i0 + threadIdx.x;
+    t.lse[threadIdx.x] = i < S ? lse[i] : 0.0f;
+    t.delta[threadIdx.x] = i < S ? delta[i] : 0.0f;
+  }
+}
+
+// P and dS of the loaded (query tile, key tile) pair: warp w takes rows w + 8r, lane l key l.
+// Masked pairs (a key after its query, a query past S) are zero in both.
+__device__ inline void tile_probabilities(BackwardTiles& t, int i0, int j0, int S, int D, float scale) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, j = j0 + lane;
+  for (int r = 0; r < bwd_rows_per_warp; ++r) {
+    const int il = warp + bwd_warps * r, i = i0 + il;
+    float p = 0.0f, ds = 0.0f;
+    if (i < S && j <= i) {
+      float qk = 0.0f, dov = 0.0f;
+      for (int d = 0; d < D; ++d) {
+        qk += t.qs[il * D + d] * t.ks[lane * (D + 1) + d];
+        dov += t.dos[il * D + d] * t.vs[lane * (D + 1) + d];
+      }
+      p = expf(qk * scale - t.lse[il]);
+      ds = p * (dov - t.delta[il]);
+    }
+    t.ps[il * bwd_keys + lane] = p;
+    t.dss[il * bwd_keys + lane] = ds;
+  }
+}
+
+// dK and dV of one key tile: thread (warp w, lane l) owns keys w + 8r and columns l + 32c. The
+// P and dS reads are warp-uniform (broadcasts), the Q and dO reads consecutive across lanes.
+__global__ void __launch_bounds__(bwd_threads)
+    fused_backward_dkdv_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                               const float* __restrict__ dout, const float* __restrict__ lse,
+                               const float* __restrict__ delta, float* __restrict__ dk, float* __restrict__ dv,
+                               Strides in, Strides out, int H, int S, int D, float scale) {
+  extern __shared__ float smem[];
+  BackwardTiles t(smem, D);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int tiles = (S + bwd_keys - 1) / bwd_keys;
+  const int64_t bh = blockIdx.x / tiles, b = bh / H, h = bh % H;
+  const int j0 = static_cast<int>(blockIdx.x % tiles) * bwd_keys;
+  const int64_t head_in = row_offset(in, b, h, 0), head_out = row_offset(out, b, h, 0);
+  load_key_tile(t, k + head_in, v + head_in, in.row, j0, S, D);
+  float dk_acc[bwd_keys_per_warp][bwd_max_cols] = {}, dv_acc[bwd_keys_per_warp][bwd_max_cols] = {};
+  for (int i0 = j0; i0 < S; i0 += bwd_rows) {  // causal: queries before j0 see none of these keys
+    __syncthreads();  // the previous pair's tiles are no longer read
+    load_query_tile(t, q + head_in, dout + head_out, lse + bh * S, delta + bh * S, in, out, i0, S, D);
+    __syncthreads();
+    tile_probabilities(t, i0, j0, S, D, scale);
+    __syncthreads();
+    for (int il = 0; il < bwd_rows; ++il)
+#pragma unroll
+      for (int r = 0; r < bwd_keys_per_warp; ++r) {
+        const int jl = warp + bwd_warps * r;
+        const float p = t.ps[il * bwd_keys + jl], ds = t.dss[il * bwd_keys + jl];
+#pragma unroll
+        for (int c = 0; c < bwd_max_cols; ++c) {
+          const int d = lane + 32 * c;
+          if (d < D) {
+            dv_acc[r][c] += p * t.dos[il * D + d];
+            dk_acc[r][c] += ds * t.qs[il * D + d];
+          }
+        }
+      }
+  }
+#pragma unroll
+  for (int r = 0; r < bwd_keys_per_warp; ++r) {
+    const int j = j0 + warp + bwd_warps * r;
+    if (j >= S) continue;
+#pragma unroll
+    for (int c = 0; c < bwd_max_cols; ++c) {
+      const int d = lane + 32 * c;
+      if (d < D) {
+        dk[head_in + j * in.row + d] = scale * dk_acc[r][c];
+        dv[head_in + j * in.row + d] = dv_acc[r][c];
+      }
+    }
+  }
+}
+
+// dQ of one query tile: thread (warp w, lane l) owns rows w + 8r and columns l + 32c.
+__global__ void __launch_bounds__(bwd_threads)
+    fused_backward_dq_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                             const float* __restrict__ dout, const float* __restrict__ lse,
+                             const float* __restrict__ delta, float* __restrict__ dq, Strides in, Strides out, int H,
+                             int S, int D, float scale) {
+  extern __shared__ float smem[];
+  BackwardTiles t(smem, D);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int tiles = (S + bwd_rows - 1) / bwd_rows;
+  const int64_t bh = blockIdx.x / tiles, b = bh / H, h = bh % H;
+  const int i0 = static_cast<int>(blockIdx.x % tiles) * bwd_rows;
+  const int64_t head_in = row_offset(in, b, h, 0), head_out = row_offset(out, b, h, 0);
+  load_query_tile(t, q + head_in, dout + head_out, lse + bh * S, delta + bh * S, in, out, i0, S, D);
+  float dq_acc[bwd_rows_per_warp][bwd_max_cols] = {};
+  const int key_end = min(S, i0 + bwd_rows);  // causal: no query of the tile sees a later key
+  for (int j0 = 0; j0 < key_end; j0 += bwd_keys) {
+    __syncthreads();  // the previous key tile is no longer read
+    load_key_tile(t, k + head_in, v + head_in, in.row, j0, S, D);
+    __syncthreads();
+    tile_probabilities(t, i0, j0, S, D, scale);
+    __syncthreads();
+    for (int jl = 0; jl < bwd_keys; ++jl)
+#pragma unroll
+      for (int r = 0; r < bwd_rows_per_warp; ++r) {
+        const float ds = t.dss[(warp + bwd_warps * r) * bwd_keys + jl];
+#pragma unroll
+        for (int c = 0; c < bwd_max_cols; ++c) {
+          const int d = lane + 32 * c;
+          if (d < D) dq_acc[r][c] += ds * t.ks[jl * (D + 1) + d];
+        }
+      }
+  }
+#pragma unroll
+  for (int r = 0; r < bwd_rows_per_warp; ++r) {
+    const int i = i0 + warp + bwd_warps * r;
+    if (i >= S) continue;
+#pragma unroll
+    for (int c = 0; c < bwd_max_cols; ++c) {
+      const int d = lane + 32 * c;
+      if (d < D) dq[head_in + i * in.row + d] = scale * dq_acc[r][c];
+    }
   }
 }
 
@@ -389,35 +680,31 @@ constexpr std::size_t bf16_smem_bytes() {
   return static_cast<std::size_t>(tc_rows + 2 * tc_keys) * (D + tc_pad) * sizeof(bf16);
 }
 
-std::size_t fp32_smem_bytes(int D) { return sizeof(float) * (f32_keys * (D + 1) + f32_keys * D + f32_rows * D); }
-
+// The stage's fused forward: fp32 through the kernel the step also runs, bf16 on tensor cores.
 void fused_attention(const Shape& s, bool causal, const Tensors& x, cudaStream_t stream) {
+  if (x.type == DType::fp32) {
+    if (causal) cuda_fused_forward(s, x.operands(s), nullptr, stream);
+    else fused_fp32(s, false, x.operands(s), nullptr, stream);
+    return;
+  }
   const int S = static_cast<int>(s.seq), D = static_cast<int>(s.head_dim);
   const int64_t bhs = s.batch * s.heads;  // fused_reason refuses shapes whose grid would not fit
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  if (x.type == DType::fp32) {
-    const auto grid = static_cast<unsigned>((S + f32_rows - 1) / f32_rows * bhs);
-    fused_fp32_kernel<<<grid, 32 * f32_rows, fp32_smem_bytes(D), stream>>>(x.q32.data(), x.k32.data(), x.v32.data(),
-                                                                          x.o32.data(), S, D, causal, scale);
-  } else {
-    const auto grid = static_cast<unsigned>((S + tc_rows - 1) / tc_rows * bhs);
-    const float scale_log2 = scale * 1.4426950408889634f;
-    if (D == 64)
-      fused_bf16_kernel<64><<<grid, 128, bf16_smem_bytes<64>(), stream>>>(x.q16.data(), x.k16.data(), x.v16.data(),
+  const auto grid = static_cast<unsigned>((S + tc_rows - 1) / tc_rows * bhs);
+  const float scale_log2 = scale * 1.4426950408889634f;
+  if (D == 64)
+    fused_bf16_kernel<64><<<grid, 128, bf16_smem_bytes<64>(), stream>>>(x.q16.data(), x.k16.data(), x.v16.data(),
+                                                                        x.o16.data(), S, causal, scale_log2);
+  else
+    fused_bf16_kernel<128><<<grid, 128, bf16_smem_bytes<128>(), stream>>>(x.q16.data(), x.k16.data(), x.v16.data(),
                                                                           x.o16.data(), S, causal, scale_log2);
-    else
-      fused_bf16_kernel<128><<<grid, 128, bf16_smem_bytes<128>(), stream>>>(x.q16.data(), x.k16.data(), x.v16.data(),
-                                                                            x.o16.data(), S, causal, scale_log2);
-  }
   CUDA_CHECK(cudaGetLastError());
 }
 
+// The bf16 kernel's tiles exceed the default limit; the fp32 launchers raise theirs themselves.
 void allow_large_shared_memory(const Shape& s, DType t) {
-  const int D = static_cast<int>(s.head_dim);
-  if (t == DType::fp32)
-    CUDA_CHECK(cudaFuncSetAttribute(fused_fp32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(fp32_smem_bytes(D))));
-  else if (D == 64)
+  if (t != DType::bf16) return;
+  if (s.head_dim == 64)
     CUDA_CHECK(cudaFuncSetAttribute(fused_bf16_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(bf16_smem_bytes<64>())));
   else
@@ -442,9 +729,14 @@ class Naive final : public Instance {
     CUBLAS_CHECK(cublasSetStream(handle_, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
+  // fp32 with the implicit causal mask: the kernels the training step runs; the rest (bf16, full,
+  // mask buffers) the stage's own path.
   void run() override {
-    naive_attention(s_, mask_, x_, scores_.data(), p16_.data(), handle_, stream_, device_, cached_.data(), mask_ld_,
-                    mask_pool_.get());
+    if (x_.type == DType::fp32 && mask_ == Mask::implicit)
+      cuda_naive_forward(s_, x_.operands(s_), scores_.data(), handle_, stream_);
+    else
+      naive_attention(s_, mask_, x_, scores_.data(), p16_.data(), handle_, stream_, device_, cached_.data(), mask_ld_,
+                      mask_pool_.get());
   }
   Verdict check() override {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -568,7 +860,6 @@ class Block final : public Instance {
     std::vector<float> x(static_cast<std::size_t>(tokens_ * d_));
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = block_input(static_cast<int64_t>(i));
     CUDA_CHECK(cudaMemcpyAsync(in_.data(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
-    if (fused) allow_large_shared_memory(s, DType::fp32);
     CUBLAS_CHECK(cublasSetStream(handle_, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
@@ -626,8 +917,8 @@ class Block final : public Instance {
                                                       s_.batch, s_.seq, s_.heads, s_.head_dim);
         break;
       case 2:
-        if (fused_) fused_attention(s_, true, x_, stream_);
-        else naive_attention(s_, Mask::implicit, x_, scores_.data(), nullptr, handle_, stream_, device_, nullptr, 0, nullptr);
+        if (fused_) cuda_fused_forward(s_, x_.operands(s_), nullptr, stream_);
+        else cuda_naive_forward(s_, x_.operands(s_), scores_.data(), handle_, stream_);
         break;
       case 3:
         merge_heads_kernel<<<grid, 256, 0, stream_>>>(x_.o32.data(), a_.data(), s_.batch, s_.seq, s_.heads, s_.head_dim);
@@ -655,7 +946,118 @@ class Block final : public Instance {
   cuda::DeviceBuffer<float> in_, h_, qkv_, a_, r1_, f_, y_, scores_;
 };
 
+// ---- backward alone ------------------------------------------------------------------------------
+
+// Q, K, V and dO in [B, H, S, D] from the reference's inputs; the forward runs once here (naive keeps
+// P, fused keeps O and each row's log-sum-exp), and run() is the backward only, which overwrites the
+// gradients: every run computes the same dQ, dK, dV.
+class Backward final : public Instance {
+ public:
+  Backward(const Shape& s, bool fused, const RunContext& ctx)
+      : s_(s), fused_(fused), stream_(cuda::as_stream(ctx.cuda_stream)), x_(s, DType::fp32, stream_, ctx.cuda_device),
+        dout_(static_cast<std::size_t>(s.elements())), dq_(dout_.size()), dk_(dout_.size()), dv_(dout_.size()),
+        probs_(fused ? 0 : static_cast<std::size_t>(s.batch * s.heads * s.seq * s.seq)), dprobs_(probs_.size()),
+        lse_(fused ? static_cast<std::size_t>(s.rows()) : 0), delta_(lse_.size()) {
+    cuda::fill_uniform(dout_.data(), s.elements(), seed_dout, stream_, ctx.cuda_device);
+    CUBLAS_CHECK(cublasSetStream(handle_, stream_));
+    if (fused) cuda_fused_forward(s_, x_.operands(s_), lse_.data(), stream_);
+    else cuda_naive_forward(s_, x_.operands(s_), probs_.data(), handle_, stream_);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void run() override {
+    const Gradients<float> g{dq_.data(), dk_.data(), dv_.data(), dout_.data()};
+    if (fused_) cuda_fused_backward(s_, x_.operands(s_), lse_.data(), g, delta_.data(), stream_);
+    else cuda_naive_backward(s_, x_.operands(s_), probs_.data(), g, dprobs_.data(), handle_, stream_);
+  }
+  Verdict check() override {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const int64_t n = s_.elements();
+    return check_gradients(s_, true, download_as_float(dq_.data(), n, stream_), download_as_float(dk_.data(), n, stream_),
+                           download_as_float(dv_.data(), n, stream_));
+  }
+
+ private:
+  Shape s_;
+  bool fused_;
+  cudaStream_t stream_;
+  cuda::CublasHandle handle_;
+  Tensors x_;
+  cuda::DeviceBuffer<float> dout_, dq_, dk_, dv_;
+  cuda::DeviceBuffer<float> probs_, dprobs_;  // naive: P [B, H, S, S] and dP's scratch
+  cuda::DeviceBuffer<float> lse_, delta_;     // fused: [B, H, S] each
+};
+
 }  // namespace
+
+// ---- the kernels as functions over buffers ------------------------------------------------------
+
+void cuda_naive_forward(const Shape& s, const Operands<float>& x, float* probs, cublasContext* handle,
+                        CUstream_st* stream) {
+  if (s.rows() == 0) return;
+  const int64_t S = s.seq, D = s.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const HeadMatrix p = probs_matrix(probs, s);
+  // Column-major view of row-major operands: scores^T (S x S) = K Q^T, C[j + i S] = scale sum_d K[j][d] Q[i][d].
+  gemm_per_head(handle, s, CUBLAS_OP_T, CUBLAS_OP_N, S, S, D, scale, head_matrix(x.k, x.in), head_matrix(x.q, x.in),
+                0.0f, p);
+  causal_softmax(s, probs, stream);
+  // O^T (D x S) = V^T P^T: C[d + i ld] = sum_j V[j][d] P[i][j].
+  gemm_per_head(handle, s, CUBLAS_OP_N, CUBLAS_OP_N, D, S, S, 1.0f, head_matrix(x.v, x.in), p, 0.0f,
+                head_matrix(x.o, x.out));
+}
+
+void cuda_naive_backward(const Shape& s, const Operands<float>& x, const float* probs, const Gradients<float>& g,
+                         float* dprobs, cublasContext* handle, CUstream_st* stream) {
+  if (s.rows() == 0) return;
+  const int64_t S = s.seq, D = s.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const HeadMatrix p = probs_matrix(probs, s), dp = probs_matrix(dprobs, s), dout = head_matrix(g.dout, x.out);
+  // dV = P^T dO: dV^T (D x S) = dO^T P, C[d + j ld] = sum_i dO[i][d] P[i][j].
+  gemm_per_head(handle, s, CUBLAS_OP_N, CUBLAS_OP_T, D, S, S, 1.0f, dout, p, 0.0f, head_matrix(g.dv, x.in));
+  // dP = dO V^T: C[j + i S] = sum_d V[j][d] dO[i][d].
+  gemm_per_head(handle, s, CUBLAS_OP_T, CUBLAS_OP_N, S, S, D, 1.0f, head_matrix(x.v, x.in), dout, 0.0f, dp);
+  causal_softmax_backward_kernel<<<static_cast<unsigned>(s.rows()), 256, 0, stream>>>(dprobs, probs, S);
+  CUDA_CHECK(cudaGetLastError());
+  // dQ = scale dS K: C[d + i ld] = sum_j K[j][d] dS[i][j].
+  gemm_per_head(handle, s, CUBLAS_OP_N, CUBLAS_OP_N, D, S, S, scale, head_matrix(x.k, x.in), dp, 0.0f,
+                head_matrix(g.dq, x.in));
+  // dK = scale dS^T Q: C[d + j ld] = sum_i Q[i][d] dS[i][j].
+  gemm_per_head(handle, s, CUBLAS_OP_N, CUBLAS_OP_T, D, S, S, scale, head_matrix(x.q, x.in), dp, 0.0f,
+                head_matrix(g.dk, x.in));
+}
+
+void cuda_fused_forward(const Shape& s, const Operands<float>& x, float* lse, CUstream_st* stream) {
+  fused_fp32(s, true, x, lse, stream);
+}
+
+void cuda_fused_backward(const Shape& s, const Operands<float>& x, const float* lse, const Gradients<float>& g,
+                         float* delta, CUstream_st* stream) {
+  TB_REQUIRE(s.head_dim <= bwd_max_head_dim, "the fused backward keeps head_dim <= 128 (4 columns per lane)");
+  if (s.rows() == 0) return;
+  const int H = static_cast<int>(s.heads), S = static_cast<int>(s.seq), D = static_cast<int>(s.head_dim);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  constexpr int delta_rows_per_block = 8;  // a warp per row
+  const int64_t delta_blocks = (s.rows() + delta_rows_per_block - 1) / delta_rows_per_block;
+  const int64_t key_blocks = (s.seq + bwd_keys - 1) / bwd_keys * s.batch * s.heads;
+  const int64_t query_blocks = (s.seq + bwd_rows - 1) / bwd_rows * s.batch * s.heads;
+  TB_REQUIRE(delta_blocks <= INT_MAX && key_blocks <= INT_MAX && query_blocks <= INT_MAX,
+             "batch x heads x seq too large for the backward's grids (2^31 - 1 blocks)");
+  const std::size_t smem = backward_smem_bytes(D);
+  allow_shared_bytes(fused_backward_dkdv_kernel, smem, "the fused backward");
+  allow_shared_bytes(fused_backward_dq_kernel, smem, "the fused backward");
+
+  row_delta_kernel<<<static_cast<unsigned>(delta_blocks), 32 * delta_rows_per_block, 0, stream>>>(
+      x.o, g.dout, delta, x.out, H, S, D, s.rows());
+  CUDA_CHECK(cudaGetLastError());
+  fused_backward_dkdv_kernel<<<static_cast<unsigned>(key_blocks), bwd_threads, smem, stream>>>(
+      x.q, x.k, x.v, g.dout, lse, delta, g.dk, g.dv, x.in, x.out, H, S, D, scale);
+  CUDA_CHECK(cudaGetLastError());
+  fused_backward_dq_kernel<<<static_cast<unsigned>(query_blocks), bwd_threads, smem, stream>>>(
+      x.q, x.k, x.v, g.dout, lse, delta, g.dq, x.in, x.out, H, S, D, scale);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- variants ------------------------------------------------------------------------------------
 
 std::unique_ptr<Instance> make_cuda_naive(const Shape& s, bool causal, Mask mask, DType t, const RunContext& ctx) {
   return std::make_unique<Naive>(s, causal, causal ? mask : Mask::none, t, ctx);
@@ -665,6 +1067,9 @@ std::unique_ptr<Instance> make_cuda_fused(const Shape& s, bool causal, DType t, 
 }
 std::unique_ptr<Instance> make_cuda_block(const Shape& s, bool fused_attention, const RunContext& ctx) {
   return std::make_unique<Block>(s, fused_attention, ctx);
+}
+std::unique_ptr<Instance> make_cuda_backward(const Shape& s, bool fused, const RunContext& ctx) {
+  return std::make_unique<Backward>(s, fused, ctx);
 }
 
 }  // namespace tb::attention

@@ -1,4 +1,5 @@
 // The oracle for `attention`: plain loops in double over regenerated inputs.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -45,6 +46,137 @@ static float maybe_bf16(float x, DType t) { return t == DType::bf16 ? round_to_b
 float input_q(int64_t i, DType t) { return maybe_bf16(uniform_at(seed_q, static_cast<uint64_t>(i)), t); }
 float input_k(int64_t i, DType t) { return maybe_bf16(uniform_at(seed_k, static_cast<uint64_t>(i)), t); }
 float input_v(int64_t i, DType t) { return maybe_bf16(uniform_at(seed_v, static_cast<uint64_t>(i)), t); }
+float input_dout(int64_t i) { return uniform_at(seed_dout, static_cast<uint64_t>(i)); }
+
+static Verdict compare_row(const char* what, int64_t a, int64_t b, const std::vector<double>& want, const float* got,
+                           const Tolerance& tol, double& worst);
+
+namespace {
+int64_t head_at(const Shape& s, const Strides& st, int64_t bh) { return bh / s.heads * st.batch + bh % s.heads * st.head; }
+
+// Row i of P = softmax(scale q_i K^T) of head bh into p (S values, zero past the causal limit).
+template <class T>
+void probabilities(const Shape& s, bool causal, const Operands<T>& x, int64_t bh, int64_t i, std::vector<double>& p,
+                   double* lse) {
+  const int64_t S = s.seq, D = s.head_dim, in = head_at(s, x.in, bh);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const int64_t n = causal ? i + 1 : S;
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    double dot = 0;
+    for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(x.q[in + i * x.in.row + d]) * x.k[in + j * x.in.row + d];
+    p[j] = dot * scale;
+    mx = std::max(mx, p[j]);
+  }
+  double sum = 0;
+  for (int64_t j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - mx));
+  for (int64_t j = 0; j < n; ++j) p[j] /= sum;
+  for (int64_t j = n; j < S; ++j) p[j] = 0;
+  if (lse) *lse = mx + std::log(sum);
+}
+}  // namespace
+
+template <class T>
+void reference_forward(const Shape& s, bool causal, const Operands<T>& x, T* lse) {
+  const int64_t S = s.seq, D = s.head_dim;
+  std::vector<double> p(static_cast<std::size_t>(S));
+  for (int64_t bh = 0; bh < s.batch * s.heads; ++bh) {
+    const int64_t in = head_at(s, x.in, bh), out = head_at(s, x.out, bh);
+    for (int64_t i = 0; i < S; ++i) {
+      double row_lse = 0;
+      probabilities(s, causal, x, bh, i, p, &row_lse);
+      if (lse) lse[bh * S + i] = static_cast<T>(row_lse);
+      for (int64_t d = 0; d < D; ++d) {
+        double acc = 0;
+        for (int64_t j = 0; j < S; ++j) acc += p[j] * x.v[in + j * x.in.row + d];
+        x.o[out + i * x.out.row + d] = static_cast<T>(acc);
+      }
+    }
+  }
+}
+
+// dV = P^T dO; dP = dO V^T; dS = P (dP - rowsum(dP P)); dQ = scale dS K; dK = scale dS^T Q.
+template <class T>
+void reference_backward(const Shape& s, bool causal, const Operands<T>& x, const Gradients<T>& g) {
+  const int64_t S = s.seq, D = s.head_dim;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  std::vector<double> p(static_cast<std::size_t>(S)), dp(static_cast<std::size_t>(S));
+  std::vector<double> dq(static_cast<std::size_t>(S * D)), dk(dq.size()), dv(dq.size());
+  for (int64_t bh = 0; bh < s.batch * s.heads; ++bh) {
+    const int64_t in = head_at(s, x.in, bh), out = head_at(s, x.out, bh);
+    std::fill(dq.begin(), dq.end(), 0.0);
+    std::fill(dk.begin(), dk.end(), 0.0);
+    std::fill(dv.begin(), dv.end(), 0.0);
+    for (int64_t i = 0; i < S; ++i) {
+      probabilities(s, causal, x, bh, i, p, nullptr);
+      const T* dout = g.dout + out + i * x.out.row;
+      double dot = 0;
+      for (int64_t j = 0; j < S; ++j) {
+        double acc = 0;
+        for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(dout[d]) * x.v[in + j * x.in.row + d];
+        dp[j] = acc;
+        dot += acc * p[j];
+      }
+      for (int64_t j = 0; j < S; ++j) {
+        if (p[j] == 0) continue;
+        const double ds = p[j] * (dp[j] - dot) * scale;
+        for (int64_t d = 0; d < D; ++d) {
+          dv[j * D + d] += p[j] * dout[d];
+          dq[i * D + d] += ds * x.k[in + j * x.in.row + d];
+          dk[j * D + d] += ds * x.q[in + i * x.in.row + d];
+        }
+      }
+    }
+    for (int64_t i = 0; i < S; ++i)
+      for (int64_t d = 0; d < D; ++d) {
+        g.dq[in + i * x.in.row + d] = static_cast<T>(dq[i * D + d]);
+        g.dk[in + i * x.in.row + d] = static_cast<T>(dk[i * D + d]);
+        g.dv[in + i * x.in.row + d] = static_cast<T>(dv[i * D + d]);
+      }
+  }
+}
+
+template void reference_forward<double>(const Shape&, bool, const Operands<double>&, double*);
+template void reference_backward<double>(const Shape&, bool, const Operands<double>&, const Gradients<double>&);
+
+// The gradients of the heads checked_rows touches, each whole head from the regenerated inputs.
+Verdict check_gradients(const Shape& s, bool causal, const std::vector<float>& dq, const std::vector<float>& dk,
+                        const std::vector<float>& dv) {
+  std::vector<int64_t> heads;
+  for (const auto& [bh, i] : checked_rows(s))
+    if (std::find(heads.begin(), heads.end(), bh) == heads.end()) heads.push_back(bh);
+  if (heads.size() > 4) heads.resize(4);  // a head costs S^2 D in double
+  const int64_t per_head = s.seq * s.head_dim;
+  const Shape one{1, 1, s.seq, s.head_dim};
+  std::vector<double> q(per_head), k(per_head), v(per_head), o(per_head), dout(per_head), rq(per_head), rk(per_head),
+      rv(per_head);
+  double worst = 0;
+  for (const int64_t bh : heads) {
+    const int64_t base = bh * per_head;
+    for (int64_t e = 0; e < per_head; ++e) {
+      q[e] = input_q(base + e, DType::fp32);
+      k[e] = input_k(base + e, DType::fp32);
+      v[e] = input_v(base + e, DType::fp32);
+      dout[e] = input_dout(base + e);
+    }
+    const Operands<double> x{q.data(), k.data(), v.data(), o.data(), bhsd(one), bhsd(one)};
+    reference_backward(one, causal, x, Gradients<double>{rq.data(), rk.data(), rv.data(), dout.data()});
+    const std::pair<const char*, std::pair<const std::vector<double>*, const std::vector<float>*>> fields[] = {
+        {"dq", {&rq, &dq}}, {"dk", {&rk, &dk}}, {"dv", {&rv, &dv}}};
+    for (const auto& [name, pair] : fields) {
+      const auto& [want, got] = pair;
+      if (got->size() != static_cast<std::size_t>(s.elements()))
+        return Verdict{false, INFINITY, std::string(name) + " has the wrong number of elements"};
+      for (int64_t i = 0; i < s.seq; ++i) {
+        const Verdict verdict = compare_row(name, bh, i, std::vector<double>(want->begin() + i * s.head_dim,
+                                                                             want->begin() + (i + 1) * s.head_dim),
+                                            got->data() + base + i * s.head_dim, tolerance::attention_fp32, worst);
+        if (!verdict.passed) return verdict;
+      }
+    }
+  }
+  return Verdict{true, worst, ""};
+}
 
 double attention_flops(const Shape& s, bool causal) {
   const double full = 4.0 * static_cast<double>(s.batch * s.heads) * static_cast<double>(s.seq) *

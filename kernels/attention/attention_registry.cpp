@@ -46,6 +46,26 @@ Work block_work(const Problem& p, Backend backend) {
 
 double tensors_bytes(const Shape& s, DType t) { return 4.0 * static_cast<double>(s.elements()) * element_bytes(t); }
 
+// The backward's four products (dV, dP, dQ, dK), twice the forward's; fused recomputes the scores on
+// top, which is overhead, not work. Traffic: Q, K, V, O, dO read, dQ, dK, dV written.
+Work backward_work(const Problem& p, const char* axis, Backend backend, bool naive) {
+  const Shape s = shape_of(p, axis);
+  Work w;
+  w.flops = 2 * attention_flops(s, causal_of(p));
+  w.bytes = 8.0 * 4.0 * static_cast<double>(s.elements());
+  w.bound = Work::Bound::compute;
+  w.peak_key = backend == Backend::cpu ? "cpu.gemm_fp32" : "cuda.gemm_fp32";
+  w.counters = {{"scores_mib", naive ? 2 * scores_bytes(s) / (1 << 20) : 0.0}};
+  return w;
+}
+
+std::string backward_reason(const Problem& p, const char* axis, Backend b, bool naive) {
+  const Shape s = shape_of(p, axis);
+  if (b == Backend::cuda && !naive && s.head_dim > 128) return "the fused backward keeps head_dim <= 128 per row";
+  const double bytes = 9.0 * 4.0 * static_cast<double>(s.elements()) + (naive ? 2 * scores_bytes(s) : 0.0);
+  return b == Backend::cpu ? host_memory_reason(bytes) : device_memory_reason(bytes);
+}
+
 std::string naive_reason(const Problem& p, const char* axis, Backend b) {
   const Shape s = shape_of(p, axis);
   const DType t = dtype_of(p);
@@ -131,7 +151,7 @@ void register_stage_attention(Registry& registry) {
               {"cpu_shape"}, work("cpu_shape", cpu, true), naive_unsupported("cpu_shape", cpu), cpu_naive(Mask::cached)},
       Variant{"naive_mask_rebuilt", cpu, "causal mask allocated and filled on every forward (seeds/003)",
               {"cpu_shape"}, work("cpu_shape", cpu, true), naive_unsupported("cpu_shape", cpu), cpu_naive(Mask::rebuilt)},
-      Variant{"fused", cpu, "64x64 tiles, online softmax, OpenMP: scores never leave the cache, causal tiles skipped",
+      Variant{"fused", cpu, "64-query tiles by BLAS, softmax in the tile: scores never [S,S], causal keys past a tile skipped",
               {"cpu_shape", "causal"}, work("cpu_shape", cpu, false), fused_unsupported("cpu_shape", cpu),
               [](const Problem& p, const RunContext&) { return make_cpu_fused(shape_of(p, "cpu_shape"), causal_of(p)); }},
       Variant{"block_naive", cpu, "the whole block (ln, QKV, attention, out-proj, ln, GELU MLP) with naive attention",
@@ -168,8 +188,35 @@ void register_stage_attention(Registry& registry) {
                 return make_cuda_block(shape_of(p, "block_shape"), true, c);
               })},
   };
+  auto cpu_backward = [](bool fused) {
+    return Variant{fused ? "backward_fused" : "backward_naive", Backend::cpu,
+                   fused ? "FlashAttention-2 backward: P recomputed per 64-key tile from the saved log-sum-exp, BLAS tiles"
+                         : "autograd's backward from the saved probabilities [B,H,S,S], dP materialised",
+                   {"cpu_shape", "causal"},
+                   [fused](const Problem& p) { return backward_work(p, "cpu_shape", Backend::cpu, !fused); },
+                   [fused](const Problem& p) { return backward_reason(p, "cpu_shape", Backend::cpu, !fused); },
+                   [fused](const Problem& p, const RunContext&) {
+                     return make_cpu_backward(shape_of(p, "cpu_shape"), causal_of(p), fused);
+                   }};
+  };
+  auto cuda_backward = [](bool fused) {
+    return Variant{fused ? "backward_fused" : "backward_naive", Backend::cuda,
+                   fused ? "FlashAttention-2 backward in fp32: P recomputed from the saved log-sum-exp"
+                         : "autograd's backward from the saved probabilities: cuBLAS products, softmax backward kernel",
+                   {"shape"},
+                   [fused](const Problem& p) { return backward_work(p, "shape", Backend::cuda, !fused); },
+                   [fused](const Problem& p) { return backward_reason(p, "shape", Backend::cuda, !fused); },
+                   cuda_factory([fused](const Problem& p, const RunContext& c) {
+                     return make_cuda_backward(shape_of(p, "shape"), fused, c);
+                   })};
+  };
+  for (bool fused : {false, true}) {
+    s.variants.push_back(cpu_backward(fused));
+    s.variants.push_back(cuda_backward(fused));
+  }
   s.pairs = {
       Pair{"naive", "fused", "fused vs naive"},
+      Pair{"backward_naive", "backward_fused", "backward: fused vs naive"},
       Pair{"naive_mask_rebuilt", "naive_mask_cached", "mask: cached vs rebuilt every forward"},
       Pair{"block_naive", "block_fused", "block: fused vs naive attention"},
   };

@@ -23,6 +23,10 @@
 // timed separately after the samples (predicted_ns). The pair "gate vs warm start alone" sets that
 // prediction against the warm variant: time(warm) / predicted time(lazy) is the speedup the model
 // predicts for the gate, shown beside the measured one.
+//
+// The propagator's form (rows.h, the variants rows_*): the solve the training step runs, a batch of
+// ring-lattice systems, one per token, with the gate on the batch's total residual; same window idea,
+// each row of b drifting by its own norm.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "cg/rows.h"
 #include "runtime/host_buffer.h"
 #include "runtime/registry.h"
 #include "spmv/laplacian.h"
@@ -142,5 +147,107 @@ std::unique_ptr<Instance> make_cpu_host_checked(const Problem&, const RunContext
 // ---- CUDA variants (cg_cuda.cu) -------------------------------------------------------------------
 enum class Strategy { host_checked, graph, persistent };
 std::unique_ptr<Instance> make_cuda_solver(const Problem&, const RunContext&, Strategy strategy, Start start);
+
+// ---- the propagator's form (rows.h): rows_cold, rows_warm, rows_lazy -------------------------------
+// solve_rows over a window of drifting batches [N, C], in float as the step runs it, started the three
+// ways of Start: cold as the step's backward solve (x = 0), warm as its forward with lazy_cg off (from
+// the cache), lazy as its forward with lazy_cg on (the gate). The cache is set back to b_0's solution
+// at the start of every window, so every call takes the same decisions.
+namespace rows_defaults {
+// sem_v55 (tuner/workloads/sem_v55.yaml): micro-batch 128 x seq_len 256 tokens of d_model 384.
+inline constexpr const char* shape = "32768x384";
+// --quick: 16 sequences of 256 tokens of the same width.
+inline constexpr const char* quick_shape = "4096x384";
+// sem_v55's propagator section: sparsity 8, alpha 0.1, cg_tol 1e-6, lazy_tol 1e-6, max_iters 50.
+inline constexpr int64_t neighbours = 8;
+inline constexpr double alpha = 0.1;
+inline constexpr double tol = 1e-6;
+inline constexpr double lazy_tol = 1e-6;
+inline constexpr int64_t max_iterations = 50;
+inline constexpr uint64_t seed_rhs = 43;
+// A float solve stops on its recursively updated residual, in float; the true residual of the float x
+// (computed in double) may exceed it by float rounding of A x and of x itself, about
+// eps_fp32 x ||A|| <= 6e-8 x (1 + 2 k alpha) per row, and by the drift of the recursion over the
+// iterations. The check allows this much above tol (or lazy_tol); in double, tolerance::cg_residual_atol.
+inline constexpr double residual_fp32_atol = 5e-7;
+}  // namespace rows_defaults
+
+struct RowsShape {
+  int64_t tokens = 0, width = 0;
+};
+RowsShape parse_rows_shape(const std::string& text);              // "TOKENSxWIDTH"; throws UsageError
+std::string rows_shape_invalid_reason(const std::string& text);  // "" when valid
+
+struct RowsSettings {
+  RowSystems system;
+  double drift = 0;
+  int window = 0;  // batches solved per call (defaults::cg_window)
+};
+RowsSettings rows_settings_of(const Problem& p);  // axes rows_shape, drift; the rest from rows_defaults
+
+// b_0 .. b_S of one window, each [N, C] in float. Row n of b_t moves from row n of b_{t-1} by
+// drift_of(t) of that row's norm in a random direction, drift_of(t) stratified as RhsSequence's.
+class RowsRhs {
+ public:
+  RowsRhs(int64_t rows, int64_t width, double drift, int steps);
+  const float* b(int t) const { return data_.data() + static_cast<std::size_t>(t) * static_cast<std::size_t>(n_); }
+  int steps() const { return steps_; }
+  int64_t elements() const { return n_; }  // N x C per batch
+  double drift_of(int t) const { return drift_[static_cast<std::size_t>(t)]; }
+
+ private:
+  int64_t n_;
+  int steps_;
+  HostBuffer<float> data_;
+  std::vector<double> drift_;
+};
+
+// Drift of each step 1..steps of a window: drift x (0.5 + (j + 1/2) / steps), j = 0..steps-1, in a
+// seeded order (index 0 unused). Shared by RhsSequence and RowsRhs.
+std::vector<double> window_drifts(double drift, int steps);
+
+// ---- reference: the true residual of every row, from the definition, in double ---------------------
+// ||b_n - A x_n|| / ||b_n|| of one row (||r_n|| when b_n = 0).
+template <class T>
+double true_row_residual(const RowSystems& s, const T* b_row, const T* x_row);
+// sqrt(sum_n ||b_n - A x_n||^2 / sum_n ||b_n||^2): what the gate promises for a skipped solve.
+template <class T>
+double true_total_residual(const RowSystems& s, const T* b, const T* x);
+// A solved step passes when every row's true relative residual is at most tol + atol; a skipped one
+// when the total is at most lazy_tol + atol (the gate tests the total, not each row).
+template <class T>
+Verdict check_rows(const RowSystems& s, const T* b, const T* x, bool skipped, int step, double atol);
+
+// The window loop, the check and the counters of the rows variants; a backend supplies the buffers.
+class RowsWindow : public Instance {
+ public:
+  void run() final;
+  // Replays one window batch by batch and checks every solution against its tolerance; only the
+  // lazy start may skip.
+  Verdict check() final;
+  std::vector<std::pair<std::string, double>> observed() const final;
+  // x after the last batch (synchronises).
+  virtual std::vector<float> solution() = 0;
+  // What the timed windows did (check()'s replays not included).
+  const RowStats& stats() const { return stats_; }
+
+ protected:
+  RowsWindow(const Problem& p, Start start);
+  bool starts_from_cache() const { return start_ != Start::cold; }
+  // The cache set back to b_0's solution (warm and lazy).
+  virtual void begin_window() = 0;
+  // solve_rows for b_t, started start_'s way.
+  virtual RowStats solve(int t) = 0;
+
+  RowsSettings settings_;
+  Start start_;
+  RowsRhs rhs_;
+
+ private:
+  RowStats stats_;
+};
+
+std::unique_ptr<Instance> make_cpu_rows(const Problem&, const RunContext&, Start start);   // cg_rows_cpu.cpp
+std::unique_ptr<Instance> make_cuda_rows(const Problem&, const RunContext&, Start start);  // cg_cuda.cu
 
 }  // namespace tb::cg

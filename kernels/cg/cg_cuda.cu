@@ -9,13 +9,18 @@
 // All three run the same phases (csr matvec with a dot, axpys with a dot, direction update) with the
 // same grid, and every reduction is summed per block, then over blocks in a fixed order: a window
 // takes identical decisions under every strategy and on every replay.
+// Also the propagator's form (rows.h): CudaRows, the primitives the training step's solve runs on, and
+// the variants rows_cold, rows_warm, rows_lazy over them.
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cmath>
+#include <memory>
 #include <vector>
 
 #include "cg/cg.h"
 #include "runtime/cuda_raii.h"
+#include "runtime/cuda_reduce.cuh"
 #include "runtime/defaults.h"
 #include "runtime/host_buffer.h"
 #include "spmv/csr_device.cuh"
@@ -596,6 +601,189 @@ class CudaCg final : public WindowSolver {
 
 std::unique_ptr<Instance> make_cuda_solver(const Problem& p, const RunContext& ctx, Strategy strategy, Start start) {
   return std::make_unique<CudaCg>(p, ctx, strategy, start);
+}
+
+// ---- the propagator's rows (rows.h): the primitives of the step's solve ---------------------------
+// Float, as the step runs them: a grid-stride ring Laplacian, a block per row for the dot products and
+// the CG update, and one block that summarises the residuals for the host's read.
+
+namespace {
+
+constexpr int rows_elementwise_block = 256;
+constexpr int rows_row_block = 128;
+constexpr int rows_summary_block = 1024;
+
+
+__global__ void rows_subtract_kernel(float* out, const float* a, const float* b, int64_t n) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x)
+    out[e] = a[e] - b[e];
+}
+
+__global__ void ring_laplacian_kernel(float* y, const float* x, int64_t N, int64_t C, int64_t k, float alpha) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < N * C; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = e % C;
+    const float* row = x + (e - i);
+    float neighbours = 0;
+    for (int64_t d = 1; d <= k / 2; ++d) neighbours += row[(i - d + C) % C] + row[(i + d) % C];
+    y[e] = x[e] + alpha * (static_cast<float>(k) * x[e] - neighbours);
+  }
+}
+
+__global__ void row_dots_kernel(float* out, const float* a, const float* b, int64_t C) {
+  const int64_t row = blockIdx.x;
+  float s = 0;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += a[row * C + c] * b[row * C + c];
+  s = cuda::block_reduce(s, false);
+  if (threadIdx.x == 0) out[row] = s;
+}
+
+// One CG iteration of one row per block (CpuRows::cg_step).
+__global__ void rows_cg_step_kernel(float* x, float* r, float* p, const float* ap, float* rs, const float* pap, int64_t C) {
+  const int64_t row = blockIdx.x;
+  const float a = pap[row] > 0.0f ? rs[row] / pap[row] : 0.0f;
+  float s = 0;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const int64_t e = row * C + c;
+    x[e] += a * p[e];
+    r[e] -= a * ap[e];
+    s += r[e] * r[e];
+  }
+  s = cuda::block_reduce(s, false);
+  const float beta = rs[row] > 0.0f ? s / rs[row] : 0.0f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) p[row * C + c] = r[row * C + c] + beta * p[row * C + c];
+  __syncthreads();  // every thread has read rs[row] for beta before it is replaced
+  if (threadIdx.x == 0) rs[row] = s;
+}
+
+// out[0] = max_n sqrt(rs/bb), out[1] = sum rs, out[2] = sum bb (one block).
+__global__ void residual_summary_kernel(float* out, const float* rs, const float* bb, int64_t N) {
+  float worst = 0, r = 0, b = 0;
+  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
+    if (bb[n] > 0.0f) worst = fmaxf(worst, sqrtf(rs[n] / bb[n]));
+    r += rs[n];
+    b += bb[n];
+  }
+  worst = cuda::block_reduce(worst, true);
+  r = cuda::block_reduce(r, false);
+  b = cuda::block_reduce(b, false);
+  if (threadIdx.x == 0) {
+    out[0] = worst;
+    out[1] = r;
+    out[2] = b;
+  }
+}
+
+}  // namespace
+
+struct CudaRows::Readback {
+  cuda::DeviceBuffer<float> summary{3};
+  cuda::PinnedBuffer<float> host{3};
+};
+
+CudaRows::CudaRows(CUstream_st* stream, int device) : stream_(stream), readback_(std::make_unique<Readback>()) {
+  int sms = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  max_grid_ = std::max(1, sms * 16);
+}
+
+CudaRows::~CudaRows() = default;
+
+void CudaRows::zero(float* x, int64_t n) {
+  CUDA_CHECK(cudaMemsetAsync(x, 0, static_cast<std::size_t>(n) * sizeof(float), stream_));
+}
+
+void CudaRows::copy(float* dst, const float* src, int64_t n) {
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaRows::subtract(float* out, const float* a, const float* b, int64_t n) {
+  if (n == 0) return;
+  const int grid = static_cast<int>(std::clamp<int64_t>((n + rows_elementwise_block - 1) / rows_elementwise_block, 1, max_grid_));
+  rows_subtract_kernel<<<grid, rows_elementwise_block, 0, stream_>>>(out, a, b, n);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void CudaRows::laplacian_apply(float* y, const float* x, int64_t N, int64_t C, int64_t k, float alpha) {
+  if (N * C == 0) return;
+  const int grid =
+      static_cast<int>(std::clamp<int64_t>((N * C + rows_elementwise_block - 1) / rows_elementwise_block, 1, max_grid_));
+  ring_laplacian_kernel<<<grid, rows_elementwise_block, 0, stream_>>>(y, x, N, C, k, alpha);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void CudaRows::row_dots(float* out, const float* a, const float* b, int64_t N, int64_t C) {
+  if (N == 0) return;
+  row_dots_kernel<<<static_cast<unsigned>(N), rows_row_block, 0, stream_>>>(out, a, b, C);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void CudaRows::cg_step(float* x, float* r, float* p, const float* ap, float* rs, const float* pap, int64_t N, int64_t C) {
+  if (N == 0) return;
+  rows_cg_step_kernel<<<static_cast<unsigned>(N), rows_row_block, 0, stream_>>>(x, r, p, ap, rs, pap, C);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// The host-checked solve reads its convergence test back: one synchronisation per call.
+RowResidual CudaRows::residual(const float* rs, const float* bb, int64_t N) {
+  residual_summary_kernel<<<1, rows_summary_block, 0, stream_>>>(readback_->summary.data(), rs, bb, N);
+  CUDA_CHECK(cudaGetLastError());
+  float* out = readback_->host.data();
+  CUDA_CHECK(cudaMemcpyAsync(out, readback_->summary.data(), 3 * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return RowResidual{out[0], out[2] > 0 ? std::sqrt(out[1] / out[2]) : 0.0};
+}
+
+namespace {
+
+class CudaRowsWindow final : public RowsWindow {
+ public:
+  CudaRowsWindow(const Problem& p, const RunContext& ctx, Start start)
+      : RowsWindow(p, start), stream_(cuda::as_stream(ctx.cuda_stream)), rows_(stream_, ctx.cuda_device),
+        n_(settings_.system.rows * settings_.system.width),
+        rhs_device_(static_cast<std::size_t>(n_) * static_cast<std::size_t>(settings_.window + 1)), x_(size(n_)),
+        cache_(size(n_)), solved_b0_(size(n_)),
+        workspace_(size(rows_workspace(settings_.system.rows, settings_.system.width))) {
+    CUDA_CHECK(cudaMemcpy(rhs_device_.data(), rhs_.b(0), rhs_device_.bytes(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize());  // the pageable copy ran on the legacy stream, which ours does not wait for
+    rows_.zero(x_.data(), n_);
+    rows_.zero(cache_.data(), n_);
+    if (starts_from_cache()) {  // the cache a window starts from: b_0 solved from zero
+      solve_rows(rows_, settings_.system, x_.data(), b_device(0), cache_.data(), false, workspace_.data());
+      rows_.copy(solved_b0_.data(), cache_.data(), n_);
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  std::vector<float> solution() override {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::vector<float> x(size(n_));
+    CUDA_CHECK(cudaMemcpy(x.data(), x_.data(), x_.bytes(), cudaMemcpyDeviceToHost));
+    return x;
+  }
+
+ protected:
+  void begin_window() override {
+    if (starts_from_cache()) rows_.copy(cache_.data(), solved_b0_.data(), n_);
+  }
+  RowStats solve(int t) override {
+    return solve_rows(rows_, settings_.system, x_.data(), b_device(t), starts_from_cache() ? cache_.data() : nullptr,
+                      start_ == Start::lazy, workspace_.data());
+  }
+
+ private:
+  static std::size_t size(int64_t n) { return static_cast<std::size_t>(n); }
+  const float* b_device(int t) const { return rhs_device_.data() + size(n_) * static_cast<std::size_t>(t); }
+
+  cudaStream_t stream_;
+  CudaRows rows_;
+  int64_t n_;
+  cuda::DeviceBuffer<float> rhs_device_, x_, cache_, solved_b0_, workspace_;
+};
+
+}  // namespace
+
+std::unique_ptr<Instance> make_cuda_rows(const Problem& p, const RunContext& ctx, Start start) {
+  return std::make_unique<CudaRowsWindow>(p, ctx, start);
 }
 
 }  // namespace tb::cg

@@ -1,5 +1,5 @@
-// The window loop every `cg` strategy shares: run, the per-solve check, and the counters with the
-// gate's prediction.
+// The window loops the `cg` variants share: run, the per-solve check, and the counters (with the
+// gate's prediction for one system; for the propagator's rows, the solver's own statistics).
 #include <algorithm>
 
 #include "cg/cg.h"
@@ -85,6 +85,44 @@ std::vector<std::pair<std::string, double>> WindowSolver::measure_parts(const Ta
   const double gate_ns = start_total / steps * 1e9;
   const double full_ns = finished ? finish_total / finished * 1e9 : 0.0;
   return {{"gate_ns", gate_ns}, {"full_solve_ns", full_ns}, {"predicted_ns", steps * (gate_ns + (1.0 - skip) * full_ns)}};
+}
+
+// ---- the propagator's rows ------------------------------------------------------------------------
+
+RowsWindow::RowsWindow(const Problem& p, Start start)
+    : settings_(rows_settings_of(p)), start_(start),
+      rhs_(settings_.system.rows, settings_.system.width, settings_.drift, settings_.window) {}
+
+void RowsWindow::run() {
+  begin_window();
+  for (int t = 1; t <= settings_.window; ++t) stats_ += solve(t);
+}
+
+Verdict RowsWindow::check() {
+  begin_window();
+  double worst = 0;
+  for (int t = 1; t <= settings_.window; ++t) {
+    const RowStats s = solve(t);
+    const bool skipped = s.skipped > 0;
+    if (skipped && start_ != Start::lazy)
+      return Verdict{false, worst, "batch " + std::to_string(t) + " was skipped by a solver without the gate"};
+    const std::vector<float> x = solution();
+    const Verdict v = check_rows(settings_.system, rhs_.b(t), x.data(), skipped, t, rows_defaults::residual_fp32_atol);
+    worst = std::max(worst, v.max_error);
+    if (!v.passed) return Verdict{false, worst, v.detail};
+  }
+  return Verdict{true, worst, ""};
+}
+
+std::vector<std::pair<std::string, double>> RowsWindow::observed() const {
+  const double solves = static_cast<double>(std::max<int64_t>(stats_.solves, 1));
+  return {
+      {"skip_rate", static_cast<double>(stats_.skipped) / solves},
+      {"matvecs_per_solve", static_cast<double>(stats_.matvecs) / solves},
+      {"iterations_per_solve", static_cast<double>(stats_.iterations) / solves},
+      // The worst row's, in parts per million of its ||b_n|| (both tolerances are 1 ppm).
+      {"final_rel_residual_ppm", stats_.worst_residual * 1e6},
+  };
 }
 
 }  // namespace tb::cg

@@ -34,6 +34,17 @@ int64_t cpu_passes(const ParamSet& set, Kind kind) {
   return 0;
 }
 
+double reference_clip(double* grad, int64_t n, double max_norm) {
+  double sum_sq = 0;
+  for (int64_t i = 0; i < n; ++i) sum_sq += grad[i] * grad[i];
+  const double norm = std::sqrt(sum_sq);
+  if (max_norm > 0) {
+    const double coef = std::min(max_norm / (norm + defaults::clip_norm_eps), 1.0);
+    for (int64_t i = 0; i < n; ++i) grad[i] *= coef;
+  }
+  return norm;
+}
+
 HostGrads reference_grads(const ParamSet& set, Dtype dtype, int64_t calls) {
   HostGrads out;
   out.grad.resize(static_cast<std::size_t>(set.total));

@@ -2,7 +2,6 @@
 // cross-entropy backward), with the matrix products on the CPU BLAS.
 #include "step/cpu_ops.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -10,28 +9,17 @@
 #include <limits>
 #include <type_traits>
 
+#include "gradnorm/gradnorm.h"
 #include "runtime/comm.h"
+#include "runtime/cpu_blas.h"
 #include "runtime/defaults.h"
+#include "runtime/simd_math.h"
 
 namespace tb::step {
 
 namespace {
 
-// C[M, N] = alpha op(A) op(B) + beta C, row-major, in T.
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
-          int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(M),
-              static_cast<blasint>(N), static_cast<blasint>(K), alpha, A, static_cast<blasint>(lda), B,
-              static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
-}
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda, const double* B,
-          int64_t ldb, double beta, double* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<blasint>(M),
-              static_cast<blasint>(N), static_cast<blasint>(K), alpha, A, static_cast<blasint>(lda), B,
-              static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
-}
+using blas::gemm;
 
 constexpr double gelu_scale = 0.7978845608028654;  // sqrt(2 / pi)
 
@@ -57,12 +45,6 @@ template <class T>
 void CpuOps<T>::add(T* out, const T* a, const T* b, int64_t n) {
 #pragma omp parallel for schedule(static) if (parallel_worth(n))
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
-}
-
-template <class T>
-void CpuOps<T>::subtract(T* out, const T* a, const T* b, int64_t n) {
-#pragma omp parallel for schedule(static) if (parallel_worth(n))
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] - b[i];
 }
 
 template <class T>
@@ -170,92 +152,133 @@ void CpuOps<T>::matmul_forward(T* out, const T* inp, const T* w, const T* bias, 
 template <class T>
 void CpuOps<T>::matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int64_t N, int64_t C,
                                 int64_t OC, bool) {
-  gemm(false, false, N, C, OC, T(1), dout, OC, w, C, T(1), dinp, C);
+  gemm(false, false, N, C, OC, T(1), dout, OC, w, C, T(0), dinp, C);
   gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dw, C);
-  if (dbias) {
-#pragma omp parallel for schedule(static) if (parallel_worth(N * OC))
-    for (int64_t o = 0; o < OC; ++o) {
-      T sum = 0;
-      for (int64_t n = 0; n < N; ++n) sum += dout[n * OC + o];
-      dbias[o] += sum;
+  if (!dbias) return;
+  // Column sums row by row (contiguous, vectorised), each thread over its rows into its own partial.
+  const int threads = parallel_worth(N * OC) ? omp_get_max_threads() : 1;
+  std::vector<T> partial(static_cast<std::size_t>(threads * OC), T(0));
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
+    T* sum = partial.data() + me * OC;
+    for (int64_t n = N * me / team; n < N * (me + 1) / team; ++n) {
+      const T* row = dout + n * OC;
+#pragma omp simd
+      for (int64_t o = 0; o < OC; ++o) sum[o] += row[o];
     }
+  }
+  for (int t = 0; t < threads; ++t)
+    for (int64_t o = 0; o < OC; ++o) dbias[o] += partial[static_cast<std::size_t>(t * OC + o)];
+}
+
+// The attention stage's kernels on the packed rows: Q, K, V are columns [0, C), [C, 2C), [2C, 3C) of
+// qkv's rows, each head hs = C / NH of them; O is [B, T, C].
+template <class T>
+void CpuOps<T>::attention_forward(T* out, T* saved, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                                  bool fused) {
+  const attention::Shape shape{B, NH, Tn, C / NH};
+  const attention::Operands<T> x{qkv, qkv + C, qkv + 2 * C, out, attention::bshd(shape, 3 * C), attention::bshd(shape, C)};
+  if constexpr (std::is_same_v<T, double>) {
+    attention::reference_forward(shape, true, x, saved);  // the oracle: the same function both ways
+    (void)fused;
+  } else if (fused) {
+    if (!attention_ws_) attention_ws_ = std::make_unique<attention::FusedWorkspace>(shape.head_dim, Tn);
+    attention::cpu_fused_forward(shape, true, x, saved, *attention_ws_);
+  } else {
+    attention::cpu_naive_forward(shape, attention::Mask::implicit, x, saved);
   }
 }
 
-// Scores by BLAS per (batch, head) straight from the packed qkv rows (leading dimension 3C), the
-// causal softmax row by row, then att V into the head's columns of out.
 template <class T>
-void CpuOps<T>::attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH) {
-  const int64_t hs = C / NH;
-  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < NH; ++h) {
-      const T* q = qkv + b * Tn * 3 * C + h * hs;
-      T* a = att + (b * NH + h) * Tn * Tn;
-      gemm(false, true, Tn, Tn, hs, scale, q, 3 * C, q + C, 3 * C, T(0), a, Tn);
-#pragma omp parallel for schedule(static) if (parallel_worth(Tn * Tn))
-      for (int64_t i = 0; i < Tn; ++i) {
-        T* row = a + i * Tn;
-        T mx = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
-        T sum = 0;
-        for (int64_t j = 0; j <= i; ++j) sum += (row[j] = std::exp(row[j] - mx));
-        for (int64_t j = 0; j <= i; ++j) row[j] /= sum;
-        for (int64_t j = i + 1; j < Tn; ++j) row[j] = T(0);
-      }
-      gemm(false, false, Tn, hs, Tn, T(1), a, Tn, q + 2 * C, 3 * C, T(0), out + b * Tn * C + h * hs, C);
-    }
+void CpuOps<T>::attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* out, const T* saved,
+                                   int64_t B, int64_t Tn, int64_t C, int64_t NH, bool fused) {
+  const attention::Shape shape{B, NH, Tn, C / NH};
+  const attention::Operands<T> x{qkv, qkv + C, qkv + 2 * C, const_cast<T*>(out), attention::bshd(shape, 3 * C),
+                                 attention::bshd(shape, C)};
+  const attention::Gradients<T> g{dqkv, dqkv + C, dqkv + 2 * C, dout};
+  if constexpr (std::is_same_v<T, double>) {
+    attention::reference_backward(shape, true, x, g);
+    (void)fused, (void)scratch, (void)saved;
+  } else if (fused) {
+    if (!attention_ws_) attention_ws_ = std::make_unique<attention::FusedWorkspace>(shape.head_dim, Tn);
+    attention::cpu_fused_backward(shape, true, x, saved, g, *attention_ws_);
+  } else {
+    attention::cpu_naive_backward(shape, x, saved, g, scratch);
+  }
+}
+
+// GELU with the tanh approximation (GPT-2's), and its derivative. In float, 16 lanes at a time with a
+// vector tanh, as PyTorch's CPU kernel does; the double backend (the oracle) calls std::tanh.
+template <class T>
+T gelu_inner(T x) {
+  return static_cast<T>(gelu_scale) * (x + T(0.044715) * x * x * x);
 }
 
 template <class T>
-void CpuOps<T>::attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att, int64_t B, int64_t Tn,
-                                   int64_t C, int64_t NH) {
-  const int64_t hs = C / NH;
-  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < NH; ++h) {
-      const T* q = qkv + b * Tn * 3 * C + h * hs;
-      T* dq = dqkv + b * Tn * 3 * C + h * hs;
-      const T* a = att + (b * NH + h) * Tn * Tn;
-      T* da = datt + (b * NH + h) * Tn * Tn;
-      const T* d = dout + b * Tn * C + h * hs;
-      gemm(false, true, Tn, Tn, hs, T(1), d, C, q + 2 * C, 3 * C, T(0), da, Tn);       // dA = dO V^T
-      gemm(true, false, Tn, hs, Tn, T(1), a, Tn, d, C, T(1), dq + 2 * C, 3 * C);       // dV += A^T dO
-#pragma omp parallel for schedule(static) if (parallel_worth(Tn * Tn))
-      for (int64_t i = 0; i < Tn; ++i) {  // softmax backward: dS = A * (dA - sum(dA * A))
-        T* drow = da + i * Tn;
-        const T* arow = a + i * Tn;
-        T dot = 0;
-        for (int64_t j = 0; j <= i; ++j) dot += drow[j] * arow[j];
-        for (int64_t j = 0; j <= i; ++j) drow[j] = arow[j] * (drow[j] - dot);
-        for (int64_t j = i + 1; j < Tn; ++j) drow[j] = T(0);
-      }
-      gemm(false, false, Tn, hs, Tn, scale, da, Tn, q + C, 3 * C, T(1), dq, 3 * C);     // dQ += s dS K
-      gemm(true, false, Tn, hs, Tn, scale, da, Tn, q, 3 * C, T(1), dq + C, 3 * C);       // dK += s dS^T Q
-    }
+void gelu_forward_scalar(T* out, const T* inp, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) out[i] = T(0.5) * inp[i] * (T(1) + std::tanh(gelu_inner(inp[i])));
+}
+
+template <class T>
+void gelu_backward_scalar(T* dinp, const T* inp, const T* dout, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    const T x = inp[i], th = std::tanh(gelu_inner(x));
+    const T local = T(0.5) * (T(1) + th) +
+                    T(0.5) * x * (T(1) - th * th) * static_cast<T>(gelu_scale) * (T(1) + T(3) * T(0.044715) * x * x);
+    dinp[i] = local * dout[i];
+  }
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end) {
+  int64_t i = begin;
+  for (; i + simd::lanes <= end; i += simd::lanes) {
+    const simd::vf8 x = simd::load8(inp + i);
+    const simd::vf8 u = static_cast<float>(gelu_scale) * (x + 0.044715f * x * x * x);
+    simd::store8(out + i, 0.5f * x * (1.0f + simd::tanh8(u)));
+  }
+  gelu_forward_scalar(out, inp, i, end);
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64_t begin, int64_t end) {
+  int64_t i = begin;
+  for (; i + simd::lanes <= end; i += simd::lanes) {
+    const simd::vf8 x = simd::load8(inp + i);
+    const simd::vf8 th = simd::tanh8(static_cast<float>(gelu_scale) * (x + 0.044715f * x * x * x));
+    const simd::vf8 local =
+        0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * static_cast<float>(gelu_scale) * (1.0f + 3.0f * 0.044715f * x * x);
+    simd::store8(dinp + i, local * simd::load8(dout + i));
+  }
+  gelu_backward_scalar(dinp, inp, dout, i, end);
+}
+
+// Contiguous pieces per thread (whole vectors each, so only the last has a scalar tail).
+template <class F>
+void over_pieces(int64_t n, F&& piece) {
+#pragma omp parallel if (parallel_worth(n))
+  {
+    const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t vectors = (n + simd::lanes - 1) / simd::lanes;
+    piece(std::min(n, vectors * me / team * simd::lanes), std::min(n, vectors * (me + 1) / team * simd::lanes));
+  }
 }
 
 template <class T>
 void CpuOps<T>::gelu_forward(T* out, const T* inp, int64_t n) {
-#pragma omp parallel for schedule(static) if (parallel_worth(n))
-  for (int64_t i = 0; i < n; ++i) {
-    const T x = inp[i];
-    out[i] = T(0.5) * x * (T(1) + std::tanh(static_cast<T>(gelu_scale) * (x + T(0.044715) * x * x * x)));
-  }
+  if constexpr (std::is_same_v<T, float>)
+    over_pieces(n, [&](int64_t begin, int64_t end) { gelu_forward_range(out, inp, begin, end); });
+  else
+    over_pieces(n, [&](int64_t begin, int64_t end) { gelu_forward_scalar(out, inp, begin, end); });
 }
 
 template <class T>
 void CpuOps<T>::gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
-#pragma omp parallel for schedule(static) if (parallel_worth(n))
-  for (int64_t i = 0; i < n; ++i) {
-    const T x = inp[i];
-    const T u = static_cast<T>(gelu_scale) * (x + T(0.044715) * x * x * x);
-    const T th = std::tanh(u);
-    const T sech2 = T(1) - th * th;
-    const T local = T(0.5) * (T(1) + th) +
-                    T(0.5) * x * sech2 * static_cast<T>(gelu_scale) * (T(1) + T(3) * T(0.044715) * x * x);
-    dinp[i] += local * dout[i];
-  }
+  if constexpr (std::is_same_v<T, float>)
+    over_pieces(n, [&](int64_t begin, int64_t end) { gelu_backward_range(dinp, inp, dout, begin, end); });
+  else
+    over_pieces(n, [&](int64_t begin, int64_t end) { gelu_backward_scalar(dinp, inp, dout, begin, end); });
 }
 
 template <class T>
@@ -283,135 +306,38 @@ void CpuOps<T>::crossentropy_backward(T* dlogits, const T* probs, const int32_t*
 }
 
 template <class T>
-void CpuOps<T>::laplacian_apply(T* y, const T* x, int64_t N, int64_t C, int64_t k, T alpha) {
-#pragma omp parallel for schedule(static) if (parallel_worth(N * C * k))
-  for (int64_t n = 0; n < N; ++n) {
-    const T* xr = x + n * C;
-    for (int64_t i = 0; i < C; ++i) {
-      T neighbours = 0;
-      for (int64_t d = 1; d <= k / 2; ++d) neighbours += xr[(i - d + C) % C] + xr[(i + d) % C];
-      y[n * C + i] = xr[i] + alpha * (static_cast<T>(k) * xr[i] - neighbours);
-    }
-  }
-}
-
-template <class T>
-void CpuOps<T>::row_dots(T* out, const T* a, const T* b, int64_t N, int64_t C) {
-#pragma omp parallel for schedule(static) if (parallel_worth(N * C))
-  for (int64_t n = 0; n < N; ++n) {
-    T s = 0;
-    for (int64_t c = 0; c < C; ++c) s += a[n * C + c] * b[n * C + c];
-    out[n] = s;
-  }
-}
-
-template <class T>
-void CpuOps<T>::cg_step(T* x, T* r, T* p, const T* ap, T* rs, T* rs_new, const T* pap, int64_t N, int64_t C) {
-#pragma omp parallel for schedule(static) if (parallel_worth(N * C))
-  for (int64_t n = 0; n < N; ++n) {
-    const T a = pap[n] > T(0) ? rs[n] / pap[n] : T(0);  // a converged row (r = 0) stays put
-    T s = 0;
-    for (int64_t c = 0; c < C; ++c) {
-      x[n * C + c] += a * p[n * C + c];
-      r[n * C + c] -= a * ap[n * C + c];
-      s += r[n * C + c] * r[n * C + c];
-    }
-    const T beta = rs[n] > T(0) ? s / rs[n] : T(0);
-    for (int64_t c = 0; c < C; ++c) p[n * C + c] = r[n * C + c] + beta * p[n * C + c];
-    rs_new[n] = s;
-    rs[n] = s;
-  }
-}
-
-template <class T>
-double CpuOps<T>::max_relative(const T* rs, const T* bb, int64_t N) {
-  double worst = 0;
-  for (int64_t n = 0; n < N; ++n)
-    if (bb[n] > T(0)) worst = std::max(worst, std::sqrt(static_cast<double>(rs[n]) / static_cast<double>(bb[n])));
-  return worst;
-}
-
-template <class T>
-double CpuOps<T>::total_relative(const T* rs, const T* bb, int64_t N) {
-  double r = 0, b = 0;
-  for (int64_t n = 0; n < N; ++n) {
-    r += static_cast<double>(rs[n]);
-    b += static_cast<double>(bb[n]);
-  }
-  return b > 0 ? std::sqrt(r / b) : 0.0;
-}
-
-template <class T>
-void CpuOps<T>::grad_norm(T* norm, const T* grads, int64_t n) {
-  double sum = 0;
-#pragma omp parallel for schedule(static) reduction(+ : sum) if (parallel_worth(n))
-  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(grads[i]) * static_cast<double>(grads[i]);
-  *norm = static_cast<T>(std::sqrt(sum));
-}
-
-// AdamW as torch.optim.AdamW: per_tensor follows _single_tensor_adamw op by op for each tensor,
-// foreach runs each op over all tensors, fused does everything in one pass. Clipping multiplies the
-// gradients by the clip factor first (clip_grad_norm_'s foreach mul_), or inside the fused pass.
-template <class T>
-void CpuOps<T>::adamw(OptimizerKind kind, T* params, const T* grads_in, T* m, T* v,
-                      const std::vector<TensorSpan>& tensors, const AdamwScalars& s, const T* norm, double clip) {
-  const T factor = clip_factor(*norm, clip);
-  T* grads = const_cast<T*>(grads_in);  // clipping scales the gradients in place, as PyTorch does
-  const T lr = static_cast<T>(s.lr), b1 = static_cast<T>(s.beta1), b2 = static_cast<T>(s.beta2);
-  const T eps = static_cast<T>(s.eps), decay = static_cast<T>(1.0 - s.lr * s.weight_decay);
-  const T step_size = static_cast<T>(s.step_size), bc2 = static_cast<T>(s.bias_correction2_sqrt);
-  if (kind == OptimizerKind::fused) {
-    int64_t total = 0;
-    for (const auto& t : tensors) total = std::max(total, t.offset + t.size);
-#pragma omp parallel for schedule(static) if (parallel_worth(total))
-    for (int64_t i = 0; i < total; ++i) {
-      const T g = grads[i] * factor;
-      const T mi = b1 * m[i] + (T(1) - b1) * g;
-      const T vi = b2 * v[i] + (T(1) - b2) * g * g;
-      m[i] = mi;
-      v[i] = vi;
-      params[i] = params[i] * decay - step_size * mi / (std::sqrt(vi) / bc2 + eps);
-      grads[i] = g;
-    }
-    return;
-  }
-  (void)lr;
-  int64_t largest = 0;
-  for (const auto& t : tensors) largest = std::max(largest, t.size);
-  if (static_cast<int64_t>(denom_.size()) < largest) denom_.resize(static_cast<std::size_t>(largest));
-  T* denom = denom_.data();
-  // One elementwise pass of op `op` over tensor t (PyTorch parallelises each op over its elements).
-  auto pass = [&](int op, const TensorSpan& t) {
-    T* p = params + t.offset;
-    T* g = grads + t.offset;
-    T* mt = m + t.offset;
-    T* vt = v + t.offset;
-    const int64_t n = t.size;
-#pragma omp parallel for schedule(static) if (parallel_worth(n))
-    for (int64_t i = 0; i < n; ++i) {
-      switch (op) {
-        case 0: g[i] *= factor; break;                           // clip_grad_norm_: grads.mul_(clip_coef)
-        case 1: p[i] *= decay; break;                            // param.mul_(1 - lr * wd)
-        case 2: mt[i] += (T(1) - b1) * (g[i] - mt[i]); break;    // exp_avg.lerp_(grad, 1 - beta1)
-        case 3: vt[i] *= b2; break;                              // exp_avg_sq.mul_(beta2)
-        case 4: vt[i] += (T(1) - b2) * g[i] * g[i]; break;       // .addcmul_(grad, grad, 1 - beta2)
-        case 5: denom[i] = std::sqrt(vt[i]); break;              // denom = exp_avg_sq.sqrt()
-        case 6: denom[i] = denom[i] / bc2 + eps; break;          // .div_(bc2_sqrt).add_(eps)
-        case 7: p[i] -= step_size * mt[i] / denom[i]; break;     // param.addcdiv_(exp_avg, denom, -step_size)
-      }
-    }
-  };
-  if (kind == OptimizerKind::per_tensor) {
-    for (const auto& t : tensors) pass(0, t);
-    for (const auto& t : tensors)
-      for (int op = 1; op < 8; ++op) pass(op, t);
+void CpuOps<T>::clip_gradients(T* norm, T* grads, const adamw::ParamSet& set, OptimizerKind kind, double max_norm) {
+  if constexpr (std::is_same_v<T, double>) {
+    *norm = gradnorm::reference_clip(grads, set.total, max_norm);
+    (void)kind;
   } else {
-    // foreach: each op over every tensor before the next op; the denominator needs its own pass per
-    // tensor since the scratch holds one tensor (torch._foreach_sqrt allocates a list instead).
-    for (int op = 0; op < 5; ++op)
-      for (const auto& t : tensors) pass(op, t);
-    for (const auto& t : tensors)
-      for (int op = 5; op < 8; ++op) pass(op, t);
+    if (clip_chunks_.empty()) {
+      clip_chunks_ = adamw::make_chunks(set, gradnorm::chunk);
+      clip_partial_.resize(static_cast<std::size_t>(omp_get_max_threads()));
+    }
+    // clip_grad_norm_ as the optimizer's path runs it: per tensor beside the for-loop AdamW (PyTorch's
+    // CPU has no foreach kernels), one multi-tensor pass beside foreach, fused beside fused.
+    const gradnorm::Kind way = kind == OptimizerKind::per_tensor ? gradnorm::Kind::per_tensor
+                               : kind == OptimizerKind::foreach  ? gradnorm::Kind::multi_tensor
+                                                                 : gradnorm::Kind::fused;
+    *norm = static_cast<T>(gradnorm::cpu_clip(way, set, clip_chunks_, grads, max_norm, clip_partial_.data()));
+  }
+}
+
+template <class T>
+void CpuOps<T>::adamw(OptimizerKind kind, const adamw::ParamSet& set, T* params, const T* grads, T* m, T* v,
+                      const adamw::Hyper& h, int64_t step) {
+  if constexpr (std::is_same_v<T, double>) {
+    adamw::reference_step(set.total, params, grads, m, v, h, step);
+    (void)kind;
+  } else {
+    if (!adamw_plan_) {
+      const adamw::Kind way = kind == OptimizerKind::per_tensor ? adamw::Kind::per_tensor
+                              : kind == OptimizerKind::foreach  ? adamw::Kind::foreach
+                                                                : adamw::Kind::fused;
+      adamw_plan_ = std::make_unique<adamw::CpuPlan>(set, way);
+    }
+    adamw::cpu_step(*adamw_plan_, adamw::State<float>{params, grads, m, v}, adamw::step_scalars(h, step));
   }
 }
 

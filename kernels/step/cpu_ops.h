@@ -1,5 +1,7 @@
 // The CPU backend of the training step: OpenMP loops and the CPU BLAS, in float (what is measured)
 // or double (what the gradient check runs in). Every buffer is counted, for the peak-memory figure.
+// Attention, clipping and AdamW are the stages' kernels (attention, gradnorm, adamw) in float, and
+// their references in double: the double backend is the oracle the float step is checked against.
 #pragma once
 
 #include <chrono>
@@ -7,6 +9,9 @@
 #include <memory>
 #include <vector>
 
+#include "adamw/adamw.h"
+#include "attention/attention.h"
+#include "cg/rows.h"
 #include "runtime/host_buffer.h"
 #include "step/optimizer.h"
 #include "step/tracked_buffer.h"
@@ -65,7 +70,6 @@ class CpuOps {
   void zero(T* p, int64_t n);
   void copy(T* dst, const T* src, int64_t n);
   void add(T* out, const T* a, const T* b, int64_t n);
-  void subtract(T* out, const T* a, const T* b, int64_t n);
 
   void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B, int64_t Tn, int64_t C);
   void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tn, int64_t C);
@@ -74,29 +78,30 @@ class CpuOps {
                           const T* rstd, int64_t N, int64_t C);
   // out[N, OC] = inp[N, C] W^T + bias, W [OC, C]. The bf16 switch has no CPU form (rejected earlier).
   void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int64_t N, int64_t C, int64_t OC, bool bf16);
-  // dinp += dout W; dw += dout^T inp; dbias += column sums of dout.
+  // dinp = dout W (overwritten); dw += dout^T inp; dbias += column sums of dout (accumulated over
+  // micro-batches).
   void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int64_t N, int64_t C,
                        int64_t OC, bool bf16);
-  void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH);
-  void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att, int64_t B, int64_t Tn,
-                          int64_t C, int64_t NH);
+  // Causal attention of qkv [B, T, 3C] into out [B, T, C]; `saved` keeps P [B, NH, T, T] (naive) or
+  // the rows' log-sum-exp [B, NH, T] (fused) for backward, which overwrites dqkv. `scratch` is dP
+  // [B, NH, T, T] for the naive backward (unused by the fused one on the CPU).
+  void attention_forward(T* out, T* saved, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH, bool fused);
+  void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* out, const T* saved, int64_t B,
+                          int64_t Tn, int64_t C, int64_t NH, bool fused);
   void gelu_forward(T* out, const T* inp, int64_t n);
-  void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);
+  void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);  // dinp = gelu'(inp) dout
   void softmax_crossentropy(T* probs, T* losses, const T* logits, const int32_t* targets, int64_t N, int64_t V);
   void crossentropy_backward(T* dlogits, const T* probs, const int32_t* targets, T dloss, int64_t N, int64_t V);
 
-  // The propagator's pieces: A x = x + alpha (k x_i - sum of the k ring neighbours), per token row.
-  void laplacian_apply(T* y, const T* x, int64_t N, int64_t C, int64_t k, T alpha);
-  void row_dots(T* out, const T* a, const T* b, int64_t N, int64_t C);
-  // One CG iteration per row, given p.Ap: x += a p, r -= a Ap, rs' = r.r, p = r + (rs'/rs) p.
-  void cg_step(T* x, T* r, T* p, const T* ap, T* rs, T* rs_new, const T* pap, int64_t N, int64_t C);
-  double max_relative(const T* rs, const T* bb, int64_t N);    // max_n sqrt(rs_n / bb_n)
-  double total_relative(const T* rs, const T* bb, int64_t N);  // sqrt(sum rs / sum bb)
+  // The propagator's solve runs on the cg stage's primitives (cg/rows.h).
+  cg::CpuRows<T>& rows() { return rows_; }
 
-  // Optimizer: the global gradient norm into *norm (a backend scalar), AdamW over the tensors.
-  void grad_norm(T* norm, const T* grads, int64_t n);
-  void adamw(OptimizerKind kind, T* params, const T* grads, T* m, T* v, const std::vector<TensorSpan>& tensors,
-             const AdamwScalars& s, const T* norm, double clip);
+  // clip_grad_norm_(max_norm) the gradnorm stage's way that matches the optimizer's (per tensor, multi
+  // tensor, fused): the norm before clipping into *norm (a backend scalar); max_norm <= 0: norm only.
+  void clip_gradients(T* norm, T* grads, const adamw::ParamSet& set, OptimizerKind kind, double max_norm);
+  // AdamW step `step` (1 for the first) over the set's tensors, the adamw stage's `kind`.
+  void adamw(OptimizerKind kind, const adamw::ParamSet& set, T* params, const T* grads, T* m, T* v,
+             const adamw::Hyper& h, int64_t step);
   void sum_losses(T* acc, const T* losses, int64_t n, T scale);  // *acc += scale * sum(losses)
   // Data parallelism: `n` values summed in place across the ranks (MPI), `bucket` elements per call
   // from the end of the buffer (the order the backward finishes gradients, as DDP's buckets go).
@@ -105,7 +110,12 @@ class CpuOps {
  private:
   std::shared_ptr<MemoryMeter> meter_;
   int64_t marks_taken_ = 0;
-  std::vector<T> denom_;  // the temporary exp_avg_sq.sqrt() allocates in PyTorch's loop paths
+  cg::CpuRows<T> rows_;
+  // Made on first use, for the one model and optimizer a backend serves.
+  std::unique_ptr<attention::FusedWorkspace> attention_ws_;
+  std::unique_ptr<adamw::CpuPlan> adamw_plan_;
+  std::vector<adamw::Chunk> clip_chunks_;
+  std::vector<double> clip_partial_;
 };
 
 extern template class CpuOps<float>;

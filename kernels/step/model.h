@@ -5,7 +5,9 @@
 // and differentiated implicitly (the backward is a second solve; A is symmetric).
 //
 // Written once over a backend `Ops` (CPU in float or double, CUDA in float) in the layout of llm.c:
-// weights [out][in], activations [B, T, C], attention probabilities [B, NH, T, T] kept for backward.
+// weights [out][in], activations [B, T, C]. Attention is the attention stage's: naive keeps the
+// probabilities [B, NH, T, T] for backward (PyTorch eager), fused keeps each row's log-sum-exp
+// [B, NH, T] and recomputes them (scaled_dot_product_attention, FlashAttention-2).
 // Every buffer comes from ops.alloc, which counts bytes: peak_bytes() is the allocator's high-water
 // mark, so memory grows with the micro-batch exactly as the activations do.
 #pragma once
@@ -15,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "adamw/param_set.h"
+#include "cg/rows.h"
 #include "runtime/random.h"
 #include "step/optimizer.h"
 #include "step/workload.h"
@@ -54,10 +58,9 @@ inline std::vector<ParameterShape> parameter_shapes(const ModelSpec& m) {
   return out;
 }
 
-struct SolveStats {
-  int64_t solves = 0, skipped = 0, iterations = 0, matvecs = 0;
-  double worst_residual = 0;  // relative, of the solutions handed on (skipped ones included)
-};
+// What the propagator's solves did: the cg stage's statistics (solves, skipped, iterations, matvecs,
+// the worst relative residual handed on).
+using SolveStats = cg::RowStats;
 
 template <class Ops>
 class Model {
@@ -86,7 +89,7 @@ class Model {
         ops.zero(cache_.back().data(), N_ * C_);
       }
       if (sw.activation_checkpointing) residual3_.push_back(ops.template alloc<T>(N_ * C_));
-      solver_ = ops.template alloc<T>(6 * N_ * C_ + 6 * N_);
+      solver_ = ops.template alloc<T>(cg::rows_workspace(N_, C_));
     }
     lnf_ = ops.template alloc<T>(N_ * C_);
     lnf_mean_ = ops.template alloc<T>(N_);
@@ -102,6 +105,8 @@ class Model {
 
   int64_t parameter_count() const { return param_count_; }
   const std::vector<Tensor>& tensors() const { return tensors_; }
+  // The tensors as the optimizer stages see them: packed one after another (offsets == starts).
+  const adamw::ParamSet& parameter_set() const { return set_; }
   int64_t tokens() const { return N_; }
   T* losses() { return losses_.data(); }
   const SolveStats& solve_stats() const { return stats_; }
@@ -129,7 +134,6 @@ class Model {
   void backward(T loss_scale) {
     ops_.crossentropy_backward(dlogits_.data(), probs_.data(), targets_, loss_scale, N_, V_);
     const int64_t f = tensors_.size() - 2;
-    ops_.zero(dtmp_.data(), N_ * C_);
     ops_.matmul_backward(dtmp_.data(), grad(0), nullptr, dlogits_.data(), lnf_.data(), param(0), N_, C_, V_, sw_.bf16_matmuls);
     ops_.zero(dres_.data(), N_ * C_);
     ops_.layernorm_backward(dres_.data(), grad(f), grad(f + 1), dtmp_.data(), input(m_.layers), param(f),
@@ -154,8 +158,13 @@ class Model {
   void layout_parameters() {
     for (const ParameterShape& p : parameter_shapes(m_)) {
       tensors_.push_back(Tensor{param_count_, p.size()});
+      set_.sizes.push_back(p.size());
+      set_.starts.push_back(param_count_);
+      set_.offsets.push_back(param_count_);
       param_count_ += p.size();
     }
+    set_.total = set_.arena = param_count_;
+    set_.width = C_;
   }
 
   // GPT-2's initialisation: N(0, 0.02) (here uniform of the same spread), residual projections scaled
@@ -193,7 +202,7 @@ class Model {
     for (Buffer* b : {&a.ln1, &a.atty, &a.attproj, &a.residual2, &a.ln2, &a.fcproj}) *b = ops_.template alloc<T>(N_ * C_);
     for (Buffer* b : {&a.ln1_mean, &a.ln1_rstd, &a.ln2_mean, &a.ln2_rstd}) *b = ops_.template alloc<T>(N_);
     a.qkv = ops_.template alloc<T>(N_ * 3 * C_);
-    a.att = ops_.template alloc<T>(B_ * NH_ * T_ * T_);
+    a.att = ops_.template alloc<T>(attention_saved());
     a.fch = ops_.template alloc<T>(N_ * H_);
     a.fch_gelu = ops_.template alloc<T>(N_ * H_);
     return a;
@@ -204,11 +213,14 @@ class Model {
     Acts g;
     for (Buffer* b : {&g.ln1, &g.atty, &g.residual2, &g.ln2}) *b = ops_.template alloc<T>(N_ * C_);
     g.qkv = ops_.template alloc<T>(N_ * 3 * C_);
-    g.att = ops_.template alloc<T>(B_ * NH_ * T_ * T_);
+    g.att = ops_.template alloc<T>(attention_saved());  // dP (naive), or the rows' delta (fused, CUDA)
     g.fch = ops_.template alloc<T>(N_ * H_);
     g.fch_gelu = ops_.template alloc<T>(N_ * H_);
     return g;
   }
+
+  // What attention keeps per layer for backward: P (naive) or each row's log-sum-exp (fused).
+  int64_t attention_saved() const { return B_ * NH_ * T_ * (sw_.fused_attention ? 1 : T_); }
 
   Acts& acts_for(int64_t l) { return sw_.activation_checkpointing ? acts_[0] : acts_[l]; }
   T* input(int64_t l) { return layer_inputs_.data() + l * N_ * C_; }
@@ -223,7 +235,7 @@ class Model {
     T* x = input(l);
     ops_.layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, lparam(l, ln1w), lparam(l, ln1b), N_, C_);
     ops_.matmul_forward(a.qkv.data(), a.ln1.data(), lparam(l, qkvw), lparam(l, qkvb), N_, C_, 3 * C_, bf16);
-    ops_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B_, T_, C_, NH_);
+    ops_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B_, T_, C_, NH_, sw_.fused_attention);
     ops_.matmul_forward(a.attproj.data(), a.atty.data(), lparam(l, attprojw), lparam(l, attprojb), N_, C_, C_, bf16);
     ops_.add(a.residual2.data(), x, a.attproj.data(), N_ * C_);
     ops_.layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.residual2.data(), lparam(l, ln2w),
@@ -251,24 +263,19 @@ class Model {
       dr3 = dtmp_.data();
     }
     // residual3 = residual2 + fcproj: both branches receive dr3.
-    ops_.zero(g.fch_gelu.data(), N_ * H_);
     ops_.matmul_backward(g.fch_gelu.data(), lgrad(l, fcprojw), lgrad(l, fcprojb), dr3, a.fch_gelu.data(),
                          lparam(l, fcprojw), N_, H_, C_, bf16);
-    ops_.zero(g.fch.data(), N_ * H_);
     ops_.gelu_backward(g.fch.data(), a.fch.data(), g.fch_gelu.data(), N_ * H_);
-    ops_.zero(g.ln2.data(), N_ * C_);
     ops_.matmul_backward(g.ln2.data(), lgrad(l, fcw), lgrad(l, fcb), g.fch.data(), a.ln2.data(), lparam(l, fcw), N_, C_,
                          H_, bf16);
     ops_.copy(g.residual2.data(), dr3, N_ * C_);
     ops_.layernorm_backward(g.residual2.data(), lgrad(l, ln2w), lgrad(l, ln2b), g.ln2.data(), a.residual2.data(),
                             lparam(l, ln2w), a.ln2_mean.data(), a.ln2_rstd.data(), N_, C_);
     // residual2 = x + attproj.
-    ops_.zero(g.atty.data(), N_ * C_);
     ops_.matmul_backward(g.atty.data(), lgrad(l, attprojw), lgrad(l, attprojb), g.residual2.data(), a.atty.data(),
                          lparam(l, attprojw), N_, C_, C_, bf16);
-    ops_.zero(g.qkv.data(), N_ * 3 * C_);
-    ops_.attention_backward(g.qkv.data(), g.att.data(), g.atty.data(), a.qkv.data(), a.att.data(), B_, T_, C_, NH_);
-    ops_.zero(g.ln1.data(), N_ * C_);
+    ops_.attention_backward(g.qkv.data(), g.att.data(), g.atty.data(), a.qkv.data(), a.atty.data(), a.att.data(), B_, T_,
+                            C_, NH_, sw_.fused_attention);
     ops_.matmul_backward(g.ln1.data(), lgrad(l, qkvw), lgrad(l, qkvb), g.qkv.data(), a.ln1.data(), lparam(l, qkvw), N_, C_,
                          3 * C_, bf16);
     // dL/dx = d(residual2) (the skip) + layernorm_backward(d ln1).
@@ -277,9 +284,10 @@ class Model {
                             a.ln1_mean.data(), a.ln1_rstd.data(), N_, C_);
   }
 
-  // y = A^-1 b for every token vector, A = I + alpha L. With `cache`: the lazy gate (seeds/000) tries
-  // the cached solution with one matvec and keeps it when its relative residual is below lazy_tol,
-  // else CG starts from it; the solution is cached for the next call.
+  // y = A^-1 b for every token vector, A = I + alpha L: the cg stage's solve (cg/rows.h) on the
+  // backend's primitives. With `cache`: the lazy gate (seeds/000) tries the cached solution with one
+  // matvec and keeps it when its relative residual is below lazy_tol, else CG starts from it; the
+  // solution is cached for the next call.
   void propagate(T* y, const T* b, T* cache, bool lazy) {
     // Marks only when profiling: a timed step solves thousands of times (sem_v55: 1536 solves) and
     // each mark is an event the CUDA backend keeps until it next synchronises.
@@ -291,42 +299,8 @@ class Model {
         if (timed) m.solver_s_ += m.ops_.seconds_since(from);
       }
     } clock{*this, profiling_, profiling_ ? ops_.mark() : typename Ops::Mark{}};
-    const int64_t n = N_ * C_;
-    T* r = solver_.data();
-    T* p = r + n;
-    T* ap = p + n;
-    T* scalars = ap + n;  // rs, rs_new, pap, bnorm2: N each
-    T* rs = scalars;
-    T* rs_new = rs + N_;
-    T* pap = rs_new + N_;
-    T* bb = pap + N_;
-    ++stats_.solves;
-    const bool warm = cache != nullptr;
-    if (warm) ops_.copy(y, cache, n);
-    else ops_.zero(y, n);
-    ops_.row_dots(bb, b, b, N_, C_);
-    // r = b - A y
-    ops_.laplacian_apply(ap, y, N_, C_, prop_.sparsity, static_cast<T>(prop_.alpha));
-    ++stats_.matvecs;
-    ops_.subtract(r, b, ap, n);
-    ops_.row_dots(rs, r, r, N_, C_);
-    double residual = ops_.max_relative(rs, bb, N_);  // host read: one sync, the host-checked strategy
-    if (lazy && warm && ops_.total_relative(rs, bb, N_) < prop_.lazy_tol) {
-      ++stats_.skipped;
-      stats_.worst_residual = std::max(stats_.worst_residual, residual);
-      return;
-    }
-    ops_.copy(p, r, n);
-    for (int64_t it = 0; it < prop_.max_iters && residual > prop_.cg_tol; ++it) {
-      ops_.laplacian_apply(ap, p, N_, C_, prop_.sparsity, static_cast<T>(prop_.alpha));
-      ++stats_.matvecs;
-      ++stats_.iterations;
-      ops_.row_dots(pap, p, ap, N_, C_);
-      ops_.cg_step(y, r, p, ap, rs, rs_new, pap, N_, C_);
-      residual = ops_.max_relative(rs, bb, N_);
-    }
-    stats_.worst_residual = std::max(stats_.worst_residual, residual);
-    if (warm) ops_.copy(cache, y, n);
+    const cg::RowSystems system{N_, C_, prop_.sparsity, prop_.alpha, prop_.cg_tol, prop_.lazy_tol, prop_.max_iters};
+    stats_ += cg::solve_rows(ops_.rows(), system, y, b, cache, lazy, solver_.data());
   }
 
   Ops& ops_;
@@ -336,6 +310,7 @@ class Model {
   int64_t B_, T_, C_, NH_, V_, H_, N_;
   int64_t param_count_ = 0;
   std::vector<Tensor> tensors_;
+  adamw::ParamSet set_;
   std::vector<Acts> acts_;
   Acts grad_layer_;
   Buffer layer_inputs_, lnf_, lnf_mean_, lnf_rstd_, logits_, probs_, losses_, dlogits_, dres_, dtmp_, solver_;

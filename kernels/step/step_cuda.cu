@@ -1,21 +1,27 @@
 // The training step on the CUDA backend: the same Model and Trainer as the CPU, over CudaOps.
 // Matrix products on cuBLAS (row-major tensors seen as their column-major transposes), the rest as
-// grid-stride kernels on the benchmark's stream; the clip factor never leaves the device. With the
-// cuda_graphs switch, a micro-step (forward and backward) is captured once and replayed.
+// grid-stride kernels on the benchmark's stream. Attention, gradient clipping and AdamW are the
+// stages' functions (attention, gradnorm, adamw): the step runs the kernels those stages measure,
+// with no copy of its own; the clip factor never leaves the device. With the cuda_graphs switch, a
+// micro-step (forward and backward) is captured once and replayed.
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "adamw/adamw.h"
 #include "allreduce/allreduce.h"
+#include "attention/attention.h"
+#include "cg/rows.h"
+#include "gradnorm/gradnorm.h"
 #include "runtime/comm.h"
 #include "runtime/cuda_fill.cuh"
 #include "runtime/cuda_raii.h"
+#include "runtime/cuda_reduce.cuh"
 #include "runtime/defaults.h"
 #include "step/cpu_ops.h"
 #include "step/step.h"
@@ -33,30 +39,9 @@ constexpr int threads = 256;
 #define TB_GRID_STRIDE(i, n) \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); i += int64_t{gridDim.x} * blockDim.x)
 
-__device__ inline float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ inline float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-// Sum (or max) over the block; every thread gets the result.
-__device__ inline float block_reduce(float v, bool is_max) {
-  __shared__ float scratch[32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  v = is_max ? warp_max(v) : warp_sum(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  const int warps = (blockDim.x + 31) / 32;
-  v = lane < warps ? scratch[lane] : (is_max ? -INFINITY : 0.0f);
-  return is_max ? warp_max(v) : warp_sum(v);
-}
 
 __global__ void copy_kernel(float* d, const float* s, int64_t n) { TB_GRID_STRIDE(i, n) d[i] = s[i]; }
 __global__ void add_kernel(float* o, const float* a, const float* b, int64_t n) { TB_GRID_STRIDE(i, n) o[i] = a[i] + b[i]; }
-__global__ void sub_kernel(float* o, const float* a, const float* b, int64_t n) { TB_GRID_STRIDE(i, n) o[i] = a[i] - b[i]; }
 
 __global__ void gather_tokens_kernel(int32_t* tokens, int32_t* targets, const int32_t* dataset, const int32_t* indices,
                                      int64_t B, int64_t Tn) {
@@ -94,10 +79,10 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   const float* x = inp + row * C;
   float s = 0;
   for (int64_t c = lane; c < C; c += 32) s += x[c];
-  const float m = warp_sum(s) / static_cast<float>(C);
+  const float m = cuda::warp_sum(s) / static_cast<float>(C);
   float v = 0;
   for (int64_t c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
-  const float r = rsqrtf(warp_sum(v) / static_cast<float>(C) + eps);
+  const float r = rsqrtf(cuda::warp_sum(v) / static_cast<float>(C) + eps);
   for (int64_t c = lane; c < C; c += 32) out[row * C + c] = (x[c] - m) * r * w[c] + b[c];
   if (lane == 0) {
     mean[row] = m;
@@ -127,8 +112,8 @@ __global__ void layernorm_backward_kernel(float* dinp, float* dw, float* db, con
       dm += w[c] * d[c];
       dnm += w[c] * d[c] * norm;
     }
-    dm = warp_sum(dm) / static_cast<float>(C);
-    dnm = warp_sum(dnm) / static_cast<float>(C);
+    dm = cuda::warp_sum(dm) / static_cast<float>(C);
+    dnm = cuda::warp_sum(dnm) / static_cast<float>(C);
     for (int64_t c = lane; c < C; c += 32) {
       const float norm = (x[c] - mean[row]) * rstd[row];
       dinp[row * C + c] += (w[c] * d[c] - dm - norm * dnm) * rstd[row];
@@ -170,65 +155,6 @@ __global__ void bias_backward_kernel(float* dbias, const float* dout, int64_t N,
   atomicAdd(&dbias[col], s);
 }
 
-// [B, T, 3, NH, hs] <-> [B, NH, T, hs] for q, k, v (llm.c's permute), and back for y.
-__global__ void permute_kernel(float* q, float* k, float* v, const float* qkv, int64_t B, int64_t Tn, int64_t NH, int64_t hs) {
-  const int64_t C = NH * hs;
-  TB_GRID_STRIDE(e, B * NH * Tn * hs) {
-    const int64_t d = e % hs, t = (e / hs) % Tn, h = (e / (hs * Tn)) % NH, b = e / (hs * Tn * NH);
-    const int64_t src = (b * Tn + t) * 3 * C + h * hs + d;
-    q[e] = qkv[src];
-    k[e] = qkv[src + C];
-    v[e] = qkv[src + 2 * C];
-  }
-}
-__global__ void unpermute_kernel(float* out, const float* y, int64_t B, int64_t Tn, int64_t NH, int64_t hs) {
-  TB_GRID_STRIDE(e, B * NH * Tn * hs) {
-    const int64_t d = e % hs, t = (e / hs) % Tn, h = (e / (hs * Tn)) % NH, b = e / (hs * Tn * NH);
-    out[(b * Tn + t) * NH * hs + h * hs + d] = y[e];
-  }
-}
-__global__ void permute_grad_kernel(float* dy, const float* dout, int64_t B, int64_t Tn, int64_t NH, int64_t hs) {
-  TB_GRID_STRIDE(e, B * NH * Tn * hs) {
-    const int64_t d = e % hs, t = (e / hs) % Tn, h = (e / (hs * Tn)) % NH, b = e / (hs * Tn * NH);
-    dy[e] = dout[(b * Tn + t) * NH * hs + h * hs + d];
-  }
-}
-__global__ void unpermute_qkv_grad_kernel(float* dqkv, const float* dq, const float* dk, const float* dv, int64_t B,
-                                          int64_t Tn, int64_t NH, int64_t hs) {
-  const int64_t C = NH * hs;
-  TB_GRID_STRIDE(e, B * NH * Tn * hs) {
-    const int64_t d = e % hs, t = (e / hs) % Tn, h = (e / (hs * Tn)) % NH, b = e / (hs * Tn * NH);
-    const int64_t dst = (b * Tn + t) * 3 * C + h * hs + d;
-    dqkv[dst] += dq[e];
-    dqkv[dst + C] += dk[e];
-    dqkv[dst + 2 * C] += dv[e];
-  }
-}
-
-// Causal softmax of one score row per block (scale applied here); keys after the query are zero.
-__global__ void causal_softmax_kernel(float* att, int64_t Tn, float scale) {
-  const int64_t row = blockIdx.x, i = row % Tn;
-  float* a = att + row * Tn;
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) mx = fmaxf(mx, a[j] * scale);
-  mx = block_reduce(mx, true);
-  float sum = 0;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) sum += __expf(a[j] * scale - mx);
-  sum = block_reduce(sum, false);
-  for (int64_t j = threadIdx.x; j < Tn; j += blockDim.x) a[j] = j <= i ? __expf(a[j] * scale - mx) / sum : 0.0f;
-}
-
-// dS = A * (dA - sum(dA * A)) per row, in place over dA.
-__global__ void softmax_backward_kernel(float* datt, const float* att, int64_t Tn) {
-  const int64_t row = blockIdx.x, i = row % Tn;
-  float* d = datt + row * Tn;
-  const float* a = att + row * Tn;
-  float dot = 0;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) dot += d[j] * a[j];
-  dot = block_reduce(dot, false);
-  for (int64_t j = threadIdx.x; j < Tn; j += blockDim.x) d[j] = j <= i ? a[j] * (d[j] - dot) : 0.0f;
-}
-
 __global__ void gelu_forward_kernel(float* out, const float* inp, int64_t n) {
   TB_GRID_STRIDE(i, n) {
     const float x = inp[i];
@@ -239,7 +165,7 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
   TB_GRID_STRIDE(i, n) {
     const float x = inp[i], u = 0.7978845608f * (x + 0.044715f * x * x * x), th = tanhf(u);
     const float local = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * 0.7978845608f * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] += local * dout[i];
+    dinp[i] = local * dout[i];
   }
 }
 
@@ -250,10 +176,10 @@ __global__ void softmax_crossentropy_kernel(float* probs, float* losses, const f
   float* p = probs + row * V;
   float mx = -INFINITY;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, l[v]);
-  mx = block_reduce(mx, true);
+  mx = cuda::block_reduce(mx, true);
   float sum = 0;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) sum += __expf(l[v] - mx);
-  sum = block_reduce(sum, false);
+  sum = cuda::block_reduce(sum, false);
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) p[v] = __expf(l[v] - mx) / sum;
   if (threadIdx.x == 0) losses[row] = logf(sum) + mx - l[targets[row]];
 }
@@ -263,115 +189,10 @@ __global__ void crossentropy_backward_kernel(float* dlogits, const float* probs,
   TB_GRID_STRIDE(e, N * V) dlogits[e] = (probs[e] - (e % V == targets[e / V] ? 1.0f : 0.0f)) * dloss;
 }
 
-__global__ void laplacian_kernel(float* y, const float* x, int64_t N, int64_t C, int64_t k, float alpha) {
-  TB_GRID_STRIDE(e, N * C) {
-    const int64_t i = e % C;
-    const float* row = x + (e - i);
-    float neighbours = 0;
-    for (int64_t d = 1; d <= k / 2; ++d) neighbours += row[(i - d + C) % C] + row[(i + d) % C];
-    y[e] = x[e] + alpha * (static_cast<float>(k) * x[e] - neighbours);
-  }
-}
-
-__global__ void row_dots_kernel(float* out, const float* a, const float* b, int64_t C) {
-  const int64_t row = blockIdx.x;
-  float s = 0;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += a[row * C + c] * b[row * C + c];
-  s = block_reduce(s, false);
-  if (threadIdx.x == 0) out[row] = s;
-}
-
-// One CG iteration of one row per block (see CpuOps::cg_step).
-__global__ void cg_step_kernel(float* x, float* r, float* p, const float* ap, float* rs, float* rs_new, const float* pap,
-                               int64_t C) {
-  const int64_t row = blockIdx.x;
-  const float a = pap[row] > 0.0f ? rs[row] / pap[row] : 0.0f;
-  float s = 0;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    const int64_t e = row * C + c;
-    x[e] += a * p[e];
-    r[e] -= a * ap[e];
-    s += r[e] * r[e];
-  }
-  s = block_reduce(s, false);
-  const float beta = rs[row] > 0.0f ? s / rs[row] : 0.0f;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) p[row * C + c] = r[row * C + c] + beta * p[row * C + c];
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    rs_new[row] = s;
-    rs[row] = s;
-  }
-}
-
-// out[0] = max_n sqrt(rs/bb), out[1] = sum rs, out[2] = sum bb (one block).
-__global__ void residual_summary_kernel(float* out, const float* rs, const float* bb, int64_t N) {
-  float worst = 0, r = 0, b = 0;
-  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
-    if (bb[n] > 0.0f) worst = fmaxf(worst, sqrtf(rs[n] / bb[n]));
-    r += rs[n];
-    b += bb[n];
-  }
-  worst = block_reduce(worst, true);
-  r = block_reduce(r, false);
-  b = block_reduce(b, false);
-  if (threadIdx.x == 0) {
-    out[0] = worst;
-    out[1] = r;
-    out[2] = b;
-  }
-}
-
-__global__ void sum_squares_kernel(double* out, const float* g, int64_t n) {
-  double s = 0;
-  TB_GRID_STRIDE(i, n) s += static_cast<double>(g[i]) * g[i];
-  const float partial = block_reduce(static_cast<float>(s), false);
-  if (threadIdx.x == 0) atomicAdd(out, static_cast<double>(partial));
-}
-__global__ void sqrt_kernel(float* norm, const double* sum) { *norm = static_cast<float>(sqrt(*sum)); }
-
-__device__ inline float device_clip_factor(const float* norm, float clip) {
-  return clip > 0.0f ? fminf(1.0f, clip / (*norm + 1e-6f)) : 1.0f;
-}
-
-struct AdamwArgs {
-  float b1, b2, eps, decay, step_size, bc2, clip;
-};
-
-__global__ void adamw_fused_kernel(float* p, float* g, float* m, float* v, int64_t n, AdamwArgs a, const float* norm) {
-  const float f = device_clip_factor(norm, a.clip);
-  TB_GRID_STRIDE(i, n) {
-    const float gi = g[i] * f;
-    const float mi = a.b1 * m[i] + (1.0f - a.b1) * gi;
-    const float vi = a.b2 * v[i] + (1.0f - a.b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = p[i] * a.decay - a.step_size * mi / (sqrtf(vi) / a.bc2 + a.eps);
-    g[i] = gi;
-  }
-}
-
-// One elementwise op of PyTorch's loop paths over [offset, offset + n) (see CpuOps::adamw).
-__global__ void adamw_op_kernel(int op, float* p, float* g, float* m, float* v, float* denom, int64_t n, AdamwArgs a,
-                                const float* norm) {
-  const float f = op == 0 ? device_clip_factor(norm, a.clip) : 1.0f;
-  TB_GRID_STRIDE(i, n) {
-    switch (op) {
-      case 0: g[i] *= f; break;
-      case 1: p[i] *= a.decay; break;
-      case 2: m[i] += (1.0f - a.b1) * (g[i] - m[i]); break;
-      case 3: v[i] *= a.b2; break;
-      case 4: v[i] += (1.0f - a.b2) * g[i] * g[i]; break;
-      case 5: denom[i] = sqrtf(v[i]); break;
-      case 6: denom[i] = denom[i] / a.bc2 + a.eps; break;
-      case 7: p[i] -= a.step_size * m[i] / denom[i]; break;
-    }
-  }
-}
-
 __global__ void sum_losses_kernel(float* acc, const float* losses, int64_t n, float scale) {
   float s = 0;
   TB_GRID_STRIDE(i, n) s += losses[i];
-  s = block_reduce(s, false);
+  s = cuda::block_reduce(s, false);
   if (threadIdx.x == 0) atomicAdd(acc, s * scale);
 }
 
@@ -407,14 +228,13 @@ class CudaOps {
     cuda::Event copied_;
   };
 
-  CudaOps(cudaStream_t stream, int device) : stream_(stream), device_(device), meter_(std::make_shared<MemoryMeter>()) {
+  CudaOps(cudaStream_t stream, int device)
+      : stream_(stream), device_(device), meter_(std::make_shared<MemoryMeter>()), rows_(stream, device) {
     CUBLAS_CHECK(cublasSetStream(handle_, stream));
     // A fixed cuBLAS workspace: no allocation inside a captured graph.
     CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_.data(), workspace_.bytes()));
     events_.resize(64);
     read_slot_ = cuda::PinnedBuffer<float>(4);
-    scratch_double_ = cuda::DeviceBuffer<double>(1);
-    summary_ = cuda::DeviceBuffer<float>(3);
     // Once here, not per launch (the per-warp slices of a wide layernorm need more than the default).
     CUDA_CHECK(cudaDeviceGetAttribute(&max_shared_bytes_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared_bytes_));
@@ -488,7 +308,6 @@ class CudaOps {
   void zero(float* p, int64_t n) { CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), stream_)); }
   void copy(float* d, const float* s, int64_t n) { launch(copy_kernel, n, d, s, n); }
   void add(float* o, const float* a, const float* b, int64_t n) { launch(add_kernel, n, o, a, b, n); }
-  void subtract(float* o, const float* a, const float* b, int64_t n) { launch(sub_kernel, n, o, a, b, n); }
 
   void encoder_forward(float* out, const int32_t* tok, const float* wte, const float* wpe, int64_t B, int64_t Tn, int64_t C) {
     launch(encoder_forward_kernel, B * Tn * C, out, tok, wte, wpe, B, Tn, C);
@@ -530,7 +349,7 @@ class CudaOps {
   // dinp^T (C x N) += W^T dout^T; dW^T (C x OC) += inp^T dout; dbias += column sums of dout.
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int64_t N,
                        int64_t C, int64_t OC, bool bf16) {
-    gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, w, C, dout, OC, 1.0f, dinp, C, bf16);
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, w, C, dout, OC, 0.0f, dinp, C, bf16);  // dinp overwritten
     gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dw, C, bf16);
     if (dbias) {
       const dim3 block(32, bias_block_rows), blocks(static_cast<unsigned>((OC + 31) / 32), static_cast<unsigned>(std::min<int64_t>((N + 63) / 64, 1024)));
@@ -538,35 +357,25 @@ class CudaOps {
       check_launch();
     }
   }
-  void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH) {
-    const int64_t hs = C / NH, n = B * Tn * C;
-    float *q = scratch(0, n), *k = scratch(1, n), *v = scratch(2, n), *y = scratch(3, n);
-    launch(permute_kernel, n, q, k, v, qkv, B, Tn, NH, hs);
-    const int batch = static_cast<int>(B * NH);
-    // att^T = K Q^T per head (column-major), raw scores; the softmax scales them.
-    batched(CUBLAS_OP_T, CUBLAS_OP_N, Tn, Tn, hs, 1.0f, k, hs, Tn * hs, q, hs, Tn * hs, 0.0f, att, Tn, Tn * Tn, batch);
-    causal_softmax_kernel<<<static_cast<unsigned>(B * NH * Tn), threads, 0, stream_>>>(att, Tn, 1.0f / sqrtf(static_cast<float>(hs)));
-    check_launch();
-    // y^T = V^T att^T.
-    batched(CUBLAS_OP_N, CUBLAS_OP_N, hs, Tn, Tn, 1.0f, v, hs, Tn * hs, att, Tn, Tn * Tn, 0.0f, y, hs, Tn * hs, batch);
-    launch(unpermute_kernel, n, out, y, B, Tn, NH, hs);
+  // Causal attention through the attention stage's kernels, straight on the packed rows: Q, K, V
+  // are columns [0, C), [C, 2C), [2C, 3C) of qkv's rows of 3C, head h at column h * hs of each; out
+  // and dout are rows of C. saved: P [B, NH, T, T] (naive) or each row's log-sum-exp [B, NH, T] (fused).
+  void attention_forward(float* out, float* saved, const float* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
+                         bool fused) {
+    const attention::Shape s = attention_shape(B, Tn, C, NH);
+    const attention::Operands<float> x = attention_operands(s, qkv, out, C);
+    if (fused) attention::cuda_fused_forward(s, x, saved, stream_);
+    else attention::cuda_naive_forward(s, x, saved, handle_, stream_);
   }
-  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int64_t B,
-                          int64_t Tn, int64_t C, int64_t NH) {
-    const int64_t hs = C / NH, n = B * Tn * C;
-    float *q = scratch(0, n), *k = scratch(1, n), *v = scratch(2, n), *dy = scratch(3, n);
-    float *dq = scratch(4, n), *dk = scratch(5, n), *dv = scratch(6, n);
-    launch(permute_kernel, n, q, k, v, qkv, B, Tn, NH, hs);  // the forward's scratch may be stale
-    launch(permute_grad_kernel, n, dy, dout, B, Tn, NH, hs);
-    const int batch = static_cast<int>(B * NH);
-    const float scale = 1.0f / sqrtf(static_cast<float>(hs));
-    batched(CUBLAS_OP_T, CUBLAS_OP_N, Tn, Tn, hs, 1.0f, v, hs, Tn * hs, dy, hs, Tn * hs, 0.0f, datt, Tn, Tn * Tn, batch);
-    batched(CUBLAS_OP_N, CUBLAS_OP_T, hs, Tn, Tn, 1.0f, dy, hs, Tn * hs, att, Tn, Tn * Tn, 0.0f, dv, hs, Tn * hs, batch);
-    softmax_backward_kernel<<<static_cast<unsigned>(B * NH * Tn), threads, 0, stream_>>>(datt, att, Tn);
-    check_launch();
-    batched(CUBLAS_OP_N, CUBLAS_OP_N, hs, Tn, Tn, scale, k, hs, Tn * hs, datt, Tn, Tn * Tn, 0.0f, dq, hs, Tn * hs, batch);
-    batched(CUBLAS_OP_N, CUBLAS_OP_T, hs, Tn, Tn, scale, q, hs, Tn * hs, datt, Tn, Tn * Tn, 0.0f, dk, hs, Tn * hs, batch);
-    launch(unpermute_qkv_grad_kernel, n, dqkv, dq, dk, dv, B, Tn, NH, hs);
+  // dqkv overwritten. scratch: dP [B, NH, T, T] (naive) or delta [B, NH, T] (fused).
+  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
+                          const float* saved, int64_t B, int64_t Tn, int64_t C, int64_t NH, bool fused) {
+    const attention::Shape s = attention_shape(B, Tn, C, NH);
+    // O is only read in backward; Operands carries it writable for the forward.
+    const attention::Operands<float> x = attention_operands(s, qkv, const_cast<float*>(out), C);
+    const attention::Gradients<float> g{dqkv, dqkv + C, dqkv + 2 * C, dout};
+    if (fused) attention::cuda_fused_backward(s, x, saved, g, scratch, stream_);
+    else attention::cuda_naive_backward(s, x, saved, g, scratch, handle_, stream_);
   }
   void gelu_forward(float* out, const float* inp, int64_t n) { launch(gelu_forward_kernel, n, out, inp, n); }
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
@@ -579,23 +388,8 @@ class CudaOps {
   void crossentropy_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int64_t N, int64_t V) {
     launch(crossentropy_backward_kernel, N * V, dlogits, probs, targets, dloss, N, V);
   }
-  void laplacian_apply(float* y, const float* x, int64_t N, int64_t C, int64_t k, float alpha) {
-    launch(laplacian_kernel, N * C, y, x, N, C, k, alpha);
-  }
-  void row_dots(float* out, const float* a, const float* b, int64_t N, int64_t C) {
-    row_dots_kernel<<<static_cast<unsigned>(N), 128, 0, stream_>>>(out, a, b, C);
-    check_launch();
-  }
-  void cg_step(float* x, float* r, float* p, const float* ap, float* rs, float* rs_new, const float* pap, int64_t N, int64_t C) {
-    cg_step_kernel<<<static_cast<unsigned>(N), 128, 0, stream_>>>(x, r, p, ap, rs, rs_new, pap, C);
-    check_launch();
-  }
-  // The host-checked CG reads its convergence test back: one synchronisation per call.
-  double max_relative(const float* rs, const float* bb, int64_t N) { return summary(rs, bb, N)[0]; }
-  double total_relative(const float* rs, const float* bb, int64_t N) {
-    const auto s = summary(rs, bb, N);
-    return s[2] > 0 ? std::sqrt(s[1] / s[2]) : 0.0;
-  }
+  // The propagator's solve runs on the cg stage's primitives (cg/rows.h), on this stream.
+  cg::CudaRows& rows() { return rows_; }
 
   // Data parallelism: NCCL's all-reduce on this stream, `bucket` elements per call from the end.
   void allreduce_sum(float* data, int64_t n, int64_t bucket) {
@@ -604,46 +398,30 @@ class CudaOps {
     });
   }
 
-  void grad_norm(float* norm, const float* grads, int64_t n) {
-    CUDA_CHECK(cudaMemsetAsync(scratch_double_.data(), 0, sizeof(double), stream_));
-    sum_squares_kernel<<<grid(n), threads, 0, stream_>>>(scratch_double_.data(), grads, n);
-    sqrt_kernel<<<1, 1, 0, stream_>>>(norm, scratch_double_.data());
-    check_launch();
+  // clip_grad_norm_ the gradnorm stage's fused way for every optimizer kind: PyTorch's
+  // clip_grad_norm_ on CUDA never reads the norm back (torch.clamp of a device tensor, then
+  // _foreach_mul_), whichever optimizer follows; the per-tensor `.item()` pattern is the stage's
+  // anti-pattern, not what a training loop runs. The norm stays on the device, read with the loss.
+  void clip_gradients(float* norm, float* grads, const adamw::ParamSet& set, OptimizerKind /*kind*/, double grad_clip) {
+    if (!clip_plan_ || !same_layout(clip_plan_->set(), set)) {  // the first (eager) step: before any capture
+      if (clip_plan_) meter_->add(-clip_plan_->device_bytes());
+      clip_plan_ = gradnorm::make_cuda_clip_plan(set, stream_);
+      meter_->add(clip_plan_->device_bytes());
+    }
+    gradnorm::cuda_clip(gradnorm::Kind::fused, *clip_plan_, grads, grad_clip, norm, stream_);
   }
-  void adamw(OptimizerKind kind, float* params, const float* grads_in, float* m, float* v,
-             const std::vector<TensorSpan>& tensors, const AdamwScalars& s, const float* norm, double clip) {
-    float* grads = const_cast<float*>(grads_in);  // clipping scales the gradients in place, as PyTorch does
-    const AdamwArgs a{static_cast<float>(s.beta1), static_cast<float>(s.beta2), static_cast<float>(s.eps),
-                      static_cast<float>(1.0 - s.lr * s.weight_decay), static_cast<float>(s.step_size),
-                      static_cast<float>(s.bias_correction2_sqrt), static_cast<float>(clip)};
-    int64_t total = 0;
-    for (const auto& t : tensors) total = std::max(total, t.offset + t.size);
-    if (kind == OptimizerKind::fused) {
-      adamw_fused_kernel<<<grid(total), threads, 0, stream_>>>(params, grads, m, v, total, a, norm);
-      check_launch();
-      return;
+  // AdamW step `step` the adamw stage's `kind` way; its temporaries (the loop paths') are counted.
+  void adamw(OptimizerKind kind, const adamw::ParamSet& set, float* params, const float* grads, float* m, float* v,
+             const adamw::Hyper& h, int64_t step) {
+    const adamw::Kind stage_kind = kind == OptimizerKind::per_tensor ? adamw::Kind::per_tensor
+                                   : kind == OptimizerKind::foreach  ? adamw::Kind::foreach
+                                                                     : adamw::Kind::fused;
+    if (!adamw_plan_ || adamw_plan_->kind() != stage_kind || !same_layout(adamw_plan_->set(), set)) {
+      if (adamw_plan_) meter_->add(-adamw_plan_->device_bytes());
+      adamw_plan_ = adamw::make_cuda_plan(set, stage_kind, stream_);
+      meter_->add(adamw_plan_->device_bytes());
     }
-    float* denom = scratch(7, total);
-    auto pass = [&](int op, int64_t offset, int64_t n) {
-      if (n == 0) return;
-      adamw_op_kernel<<<grid(n), threads, 0, stream_>>>(op, params + offset, grads + offset, m + offset, v + offset,
-                                                         denom + offset, n, a, norm);
-      check_launch();
-    };
-    if (kind == OptimizerKind::per_tensor) {
-      for (const auto& t : tensors) pass(0, t.offset, t.size);
-      for (const auto& t : tensors)
-        for (int op = 1; op < 8; ++op) pass(op, t.offset, t.size);
-      return;
-    }
-    // foreach: each op over lists of up to 48 tensors per launch (multi_tensor_apply's bound for the
-    // deepest ops); the tensors of a list are contiguous here, so one launch covers their span.
-    constexpr std::size_t per_launch = 48;
-    for (int op = 0; op < 8; ++op)
-      for (std::size_t first = 0; first < tensors.size(); first += per_launch) {
-        const std::size_t last = std::min(tensors.size(), first + per_launch) - 1;
-        pass(op, tensors[first].offset, tensors[last].offset + tensors[last].size - tensors[first].offset);
-      }
+    adamw::cuda_step(*adamw_plan_, adamw::State<float>{params, grads, m, v}, adamw::step_scalars(h, step), stream_);
   }
   void sum_losses(float* acc, const float* losses, int64_t n, float scale) {
     sum_losses_kernel<<<grid(n), threads, 0, stream_>>>(acc, losses, n, scale);
@@ -702,30 +480,16 @@ class CudaOps {
                               static_cast<int>(ldc), bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));
   }
-  void batched(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A,
-               int64_t lda, int64_t sa, const float* B, int64_t ldb, int64_t sb, float beta, float* C, int64_t ldc,
-               int64_t sc, int batch) {
-    CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle_, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                                            &alpha, A, CUDA_R_32F, static_cast<int>(lda), sa, B, CUDA_R_32F,
-                                            static_cast<int>(ldb), sb, &beta, C, CUDA_R_32F, static_cast<int>(ldc), sc, batch,
-                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  static attention::Shape attention_shape(int64_t B, int64_t Tn, int64_t C, int64_t NH) {
+    return attention::Shape{B, NH, Tn, C / NH};
   }
-  // Scratch buffers by slot, grown on first use to the largest size asked for (counted).
-  float* scratch(int slot, int64_t n) {
-    if (static_cast<int>(scratch_.size()) <= slot) scratch_.resize(slot + 1), scratch_size_.resize(slot + 1, 0);
-    if (scratch_size_[slot] < n) {
-      scratch_[slot] = alloc<float>(n);
-      scratch_size_[slot] = n;
-    }
-    return scratch_[slot].data();
+  static attention::Operands<float> attention_operands(const attention::Shape& s, const float* qkv, float* out,
+                                                       int64_t C) {
+    return attention::Operands<float>{qkv, qkv + C, qkv + 2 * C, out, attention::bshd(s, 3 * C), attention::bshd(s, C)};
   }
-  std::array<float, 3> summary(const float* rs, const float* bb, int64_t N) {
-    residual_summary_kernel<<<1, 1024, 0, stream_>>>(summary_.data(), rs, bb, N);
-    check_launch();
-    std::array<float, 3> out{};
-    CUDA_CHECK(cudaMemcpyAsync(out.data(), summary_.data(), sizeof(out), cudaMemcpyDeviceToHost, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return out;
+  // Whether a plan made for `a` serves `b`: the same tensors at the same offsets.
+  static bool same_layout(const adamw::ParamSet& a, const adamw::ParamSet& b) {
+    return a.sizes == b.sizes && a.offsets == b.offsets && a.arena == b.arena;
   }
 
   cudaStream_t stream_;
@@ -737,13 +501,13 @@ class CudaOps {
   std::vector<cuda::Event> events_;
   int next_event_ = 0;
   int64_t marks_taken_ = 0;
-  std::vector<Buffer<float>> scratch_;
-  std::vector<int64_t> scratch_size_;
   cuda::PinnedBuffer<float> read_slot_;
   cuda::Event async_done_;
   bool async_pending_ = false;
-  cuda::DeviceBuffer<double> scratch_double_;
-  cuda::DeviceBuffer<float> summary_;
+  // The optimizer stages' plans, made at the first (eager) step for the model's parameter set.
+  std::unique_ptr<gradnorm::CudaClipPlan> clip_plan_;
+  std::unique_ptr<adamw::CudaPlan> adamw_plan_;
+  cg::CudaRows rows_;
   GraphExec exec_;
 };
 

@@ -36,12 +36,14 @@ Work step_work(const Problem& p, const char* axis, Backend backend) {
 
 namespace step {
 // Parameters, gradients and two moments in fp32, the activations kept for backward (one layer's
-// with checkpointing), the logits, probabilities and their gradient.
+// with checkpointing), the logits, probabilities and their gradient. Attention keeps P [B, NH, T, T]
+// per layer, plus dP for the layer in backward (naive), or one log-sum-exp per row (fused): fused
+// attention frees the only activation that grows with T^2.
 double estimate_bytes(const Workload& w) {
   const double N = static_cast<double>(w.batch.micro * w.model.seq_len), C = static_cast<double>(w.model.d_model);
   const double H = static_cast<double>(w.model.mlp_ratio) * C, V = static_cast<double>(w.model.vocab);
   const double att = static_cast<double>(w.batch.micro * w.model.heads) * static_cast<double>(w.model.seq_len) *
-                     static_cast<double>(w.model.seq_len);
+                     (w.switches.fused_attention ? 1.0 : static_cast<double>(w.model.seq_len));
   const double layer = N * (9 * C + 2 * H + 4) + att;
   const double layers = w.switches.activation_checkpointing ? 1.0 : static_cast<double>(w.model.layers);
   const double floats = 4.0 * static_cast<double>(w.parameter_count()) + layers * layer + layer +

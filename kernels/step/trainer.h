@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "adamw/adamw.h"
 #include "runtime/comm.h"
 #include "runtime/random.h"
 #include "runtime/stats.h"
@@ -170,11 +171,11 @@ class Trainer {
       ops_.allreduce_sum(model_.grads.data(), model_.parameter_count(), bucket);
       if (profile) marks.push_back(ops_.mark());
     }
-    ops_.grad_norm(scalars_.data() + 1, model_.grads.data(), model_.parameter_count());
-    const auto s = AdamwScalars::at(w_.optimizer.lr, w_.optimizer.beta1, w_.optimizer.beta2, w_.optimizer.eps,
-                                    w_.optimizer.weight_decay, step_);
-    ops_.adamw(kind_, model_.params.data(), model_.grads.data(), m_.data(), v_.data(), model_.tensors(), s,
-               scalars_.data() + 1, w_.optimizer.grad_clip);
+    ops_.clip_gradients(scalars_.data() + 1, model_.grads.data(), model_.parameter_set(), kind_, w_.optimizer.grad_clip);
+    const adamw::Hyper hyper{w_.optimizer.lr, w_.optimizer.beta1, w_.optimizer.beta2, w_.optimizer.eps,
+                             w_.optimizer.weight_decay};
+    ops_.adamw(kind_, model_.parameter_set(), model_.params.data(), model_.grads.data(), m_.data(), v_.data(), hyper,
+               step_);
     ops_.zero(model_.grads.data(), model_.parameter_count());
     if (profile) marks.push_back(ops_.mark());
     read_per_policy(report);

@@ -202,9 +202,10 @@ Workload parse_workload(const std::string& yaml_text, const std::string& path) {
         else if (k == "interval") w.logging.interval = p.integer(x, k, 1);
       });
     } else if (key == "switches") {
-      p.mapping(v, "switches", {"cuda_graphs", "activation_checkpointing", "bf16_matmuls", "lazy_cg"},
+      p.mapping(v, "switches", {"attention", "cuda_graphs", "activation_checkpointing", "bf16_matmuls", "lazy_cg"},
                 [&](const std::string& k, const YAML::Node& x) {
-        if (k == "cuda_graphs") w.switches.cuda_graphs = p.boolean(x, k);
+        if (k == "attention") w.switches.fused_attention = p.choice(x, k, {"fused", "naive"}) == "fused";
+        else if (k == "cuda_graphs") w.switches.cuda_graphs = p.boolean(x, k);
         else if (k == "activation_checkpointing") w.switches.activation_checkpointing = p.boolean(x, k);
         else if (k == "bf16_matmuls") w.switches.bf16_matmuls = p.boolean(x, k);
         else if (k == "lazy_cg") w.switches.lazy_cg = p.boolean(x, k);

@@ -58,6 +58,7 @@ struct DistributedSpec {
 };
 
 struct Switches {
+  bool fused_attention = true;  // `attention: fused | naive`: scaled_dot_product_attention, PyTorch's default
   bool cuda_graphs = false;
   bool activation_checkpointing = false;
   bool bf16_matmuls = false;

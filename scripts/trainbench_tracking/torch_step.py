@@ -45,7 +45,9 @@ from .errors import UsageError
 from .torch_peers import _M64, _fisher_yates, _splitmix64_np, uniform_array
 
 DUMP_SCHEMA = "trainbench-step-dump/1"   # tests/dump_step.cpp's
-ATTENTION = ("naive", "sdpa")            # matmul-softmax-matmul (CpuOps::attention_forward's), or fused SDPA
+ATTENTION = ("naive", "sdpa")            # matmul-softmax-matmul (the attention stage's naive), or fused SDPA
+# the workload's `switches: {attention: ...}` as the twin runs it: the C++ step's fused is FlashAttention-2, SDPA's
+ATTENTION_OF_SWITCH = {"naive": "naive", "fused": "sdpa"}
 OPTIMIZER_VARIANTS = {"per_tensor": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 # clip_grad_norm_'s max_norm / (norm + 1e-6) is fixed in PyTorch: a C++ step with another cannot be twinned
 TORCH_CLIP_NORM_EPS = 1e-6
@@ -287,7 +289,7 @@ def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _max_relative(rs: torch.Tensor, bb: torch.Tensor) -> float:
-    """CpuOps::max_relative: max over rows with b != 0 of sqrt(r.r / b.b), read to the host."""
+    """cg::CpuRows::residual's worst: max over rows with b != 0 of sqrt(r.r / b.b), read to the host."""
     nonzero = bb > 0
     if not bool(nonzero.any()):
         return 0.0
@@ -295,7 +297,7 @@ def _max_relative(rs: torch.Tensor, bb: torch.Tensor) -> float:
 
 
 def _total_relative(rs: torch.Tensor, bb: torch.Tensor) -> float:
-    """CpuOps::total_relative: sqrt(sum r.r / sum b.b), the lazy gate's test."""
+    """cg::CpuRows::residual's total: sqrt(sum r.r / sum b.b), the lazy gate's test."""
     b = bb.double().sum().item()
     return math.sqrt(rs.double().sum().item() / b) if b > 0 else 0.0
 
@@ -315,7 +317,7 @@ class RingSolver:
         self.stats = SolveStats()
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """A x = x + alpha (k x_i - the k ring neighbours' sum), summed as CpuOps::laplacian_apply sums it."""
+        """A x = x + alpha (k x_i - the k ring neighbours' sum), summed as cg::CpuRows::laplacian_apply sums it."""
         neighbours = torch.zeros_like(x)
         for d in range(1, self.sparsity // 2 + 1):
             neighbours = neighbours + (torch.roll(x, d, dims=-1) + torch.roll(x, -d, dims=-1))
@@ -435,9 +437,11 @@ class Block(nn.Module):
 class TwinModel(nn.Module):
     """model.h's Model: tokens [B, T] -> logits [B, T, vocab]."""
 
-    def __init__(self, workload: dict, constants: dict, attention: str = "naive", dtype=torch.float64,
+    def __init__(self, workload: dict, constants: dict, attention: Optional[str] = None, dtype=torch.float64,
                  device=None):
         super().__init__()
+        if attention is None:   # the workload's own switch (older dumps have none: the naive step they came from)
+            attention = ATTENTION_OF_SWITCH[workload["switches"].get("attention", "naive")]
         if attention not in ATTENTION:
             raise UsageError(f"attention must be one of {', '.join(ATTENTION)}, not {attention!r}")
         model, prop, switches = workload["model"], workload["propagator"], workload["switches"]
@@ -514,9 +518,10 @@ class TrainingStep:
     the step's gradient is that of the mean over all its tokens), then clip_grad_norm_ (when grad_clip > 0),
     AdamW, the gradients cleared, and the host reads the logging policy asks for.
 
-    `resolved` is dump_step's document (its "workload" and "constants"); `attention` picks naive or SDPA."""
+    `resolved` is dump_step's document (its "workload" and "constants"); `attention` picks naive or SDPA, by
+    default what the workload's attention switch says."""
 
-    def __init__(self, resolved: dict, dtype=torch.float64, attention: str = "naive", device=None):
+    def __init__(self, resolved: dict, dtype=torch.float64, attention: Optional[str] = None, device=None):
         if resolved.get("schema") != DUMP_SCHEMA:
             raise UsageError(f"not a {DUMP_SCHEMA} document (schema {resolved.get('schema')!r})")
         w, constants = resolved["workload"], resolved["constants"]

@@ -159,7 +159,7 @@ def run_trial(request: dict) -> dict:
             warm_lazy_imports(workload["optimizer"]["variant"])
             limit_host_memory(int(request.get("memory_limit_bytes", 0)))
         global_batch = int(workload["batch"]["global"])
-        step = TrainingStep(resolved, dtype=torch.float32, attention=request.get("attention", "naive"), device=device)
+        step = TrainingStep(resolved, dtype=torch.float32, attention=request.get("attention"), device=device)
         clock = Clock(on_gpu)
 
         # The first step: its first sequence is checked against the C++ double-precision reference.
