@@ -164,7 +164,7 @@ void run_foreach(CpuPlan& plan, const State<P>& x, const StepScalars& s) {
   const std::vector<Chunk>& chunks = plan.chunks();
   const auto count = static_cast<int64_t>(chunks.size());
   for (int op = 0; op < op_count; ++op) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (set.total > cpu_grain)
     for (int64_t c = 0; c < count; ++c) {
       const Chunk ch = chunks[c];
       float* root = plan.root() + set.offsets[ch.tensor];  // divided in place: denom is root
@@ -179,7 +179,7 @@ void run_fused(CpuPlan& plan, const State<P>& x, const StepScalars& s) {
   const ParamSet& set = plan.set();
   const std::vector<Chunk>& chunks = plan.chunks();
   const auto count = static_cast<int64_t>(chunks.size());
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (set.total > cpu_grain)
   for (int64_t c = 0; c < count; ++c) {
     const Chunk ch = chunks[c];
     const int64_t o = set.offsets[ch.tensor] + ch.begin;  // the fused pass has no temporary

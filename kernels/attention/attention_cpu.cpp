@@ -59,6 +59,10 @@ float exp_shifted_sum(float* x, int64_t n, float shift) {
 
 using blas::gemm;
 
+// Below about 2M multiply-adds (a few heads of a short sequence) a parallel region costs more than it
+// saves: its fork and barriers take tens of microseconds, milliseconds when ranks share the cores.
+bool worth_threads(const Shape& s) { return s.batch * s.heads * s.seq * s.seq * s.head_dim >= (int64_t{1} << 21); }
+
 // (b, h) of flat head index bh, and the offsets of its rows in an operand.
 int64_t head_offset(const Shape& s, const Strides& st, int64_t bh) { return bh / s.heads * st.batch + bh % s.heads * st.head; }
 
@@ -70,7 +74,7 @@ void cpu_naive_forward(const Shape& s, Mask mask, const Operands<float>& x, floa
                        int64_t mask_ld) {
   const int64_t S = s.seq, D = s.head_dim, bhs = s.batch * s.heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(s))
   for (int64_t bh = 0; bh < bhs; ++bh) {
     const int64_t in = head_offset(s, x.in, bh);
     gemm(false, true, S, S, D, scale, x.q + in, x.in.row, x.k + in, x.in.row, 0.0f, probs + bh * S * S, S);
@@ -79,25 +83,25 @@ void cpu_naive_forward(const Shape& s, Mask mask, const Operands<float>& x, floa
   if (mask == Mask::rebuilt) {
     // torch.triu(torch.ones(S, S), diagonal=1).bool() on every forward: a fresh allocation and fill.
     std::vector<uint8_t> fresh(static_cast<std::size_t>(S * S));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(s))
     for (int64_t i = 0; i < S; ++i)
       for (int64_t j = 0; j < S; ++j) fresh[i * S + j] = j > i;
     cached_mask = fresh.data();
     mask_ld = S;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (worth_threads(s))
     for (int64_t bh = 0; bh < bhs; ++bh)
       for (int64_t i = 0; i < S; ++i)
         for (int64_t j = 0; j < S; ++j)
           if (cached_mask[i * mask_ld + j]) probs[(bh * S + i) * S + j] = neg_inf;
   } else if (mask == Mask::cached) {  // masked_fill with a slice of the registered buffer
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (worth_threads(s))
     for (int64_t bh = 0; bh < bhs; ++bh)
       for (int64_t i = 0; i < S; ++i)
         for (int64_t j = 0; j < S; ++j)
           if (cached_mask[i * mask_ld + j]) probs[(bh * S + i) * S + j] = neg_inf;
   }
 
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(s))
   for (int64_t r = 0; r < bhs * S; ++r) {
     float* row = probs + r * S;
     // implicit causal: keys after the query are skipped (and zeroed for the P V product).
@@ -110,7 +114,7 @@ void cpu_naive_forward(const Shape& s, Mask mask, const Operands<float>& x, floa
     for (int64_t j = n; j < S; ++j) row[j] = 0.0f;
   }
 
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(s))
   for (int64_t bh = 0; bh < bhs; ++bh)
     gemm(false, false, S, D, S, 1.0f, probs + bh * S * S, S, x.v + head_offset(s, x.in, bh), x.in.row, 0.0f,
           x.o + head_offset(s, x.out, bh), x.out.row);
@@ -122,7 +126,7 @@ void cpu_naive_backward(const Shape& s, const Operands<float>& x, const float* p
                         float* dprobs) {
   const int64_t S = s.seq, D = s.head_dim, bhs = s.batch * s.heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(s))
   for (int64_t bh = 0; bh < bhs; ++bh) {
     const int64_t in = head_offset(s, x.in, bh), out = head_offset(s, x.out, bh);
     const float* p = probs + bh * S * S;
@@ -185,7 +189,7 @@ void cpu_fused_forward(const Shape& s, bool causal, const Operands<float>& x, fl
   const int64_t S = s.seq, D = s.head_dim, bhs = s.batch * s.heads, tiles = (S + tile_rows - 1) / tile_rows;
   const int64_t ld = x.in.row, ldo = x.out.row;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-#pragma omp parallel for collapse(2) schedule(dynamic)
+#pragma omp parallel for collapse(2) schedule(dynamic) if (worth_threads(s))
   for (int64_t bh = 0; bh < bhs; ++bh)
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t in = head_offset(s, x.in, bh), i0 = t * tile_rows, rows = std::min(tile_rows, S - i0);
@@ -216,7 +220,7 @@ void cpu_fused_backward(const Shape& s, bool causal, const Operands<float>& x, c
                         const Gradients<float>& g, FusedWorkspace& ws) {
   const int64_t S = s.seq, D = s.head_dim, bhs = s.batch * s.heads, ld = x.in.row, ldo = x.out.row;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if (worth_threads(s))
   for (int64_t bh = 0; bh < bhs; ++bh) {
     const int64_t in = head_offset(s, x.in, bh), out = head_offset(s, x.out, bh);
     const float *q = x.q + in, *k = x.k + in, *v = x.v + in, *o = x.o + out, *dout = g.dout + out;

@@ -80,13 +80,13 @@ template <class G>
 double clip_multi_tensor(const ParamSet& set, const std::vector<adamw::Chunk>& chunks, G* grad, double max_norm) {
   const auto count = static_cast<int64_t>(chunks.size());
   double total_sq = 0;
-#pragma omp parallel for schedule(static) reduction(+ : total_sq)
+#pragma omp parallel for schedule(static) reduction(+ : total_sq) if (set.total > cpu_grain)
   for (int64_t c = 0; c < count; ++c)
     total_sq += sum_of_squares(grad + set.offsets[chunks[c].tensor] + chunks[c].begin, chunks[c].len);
   const double norm = std::sqrt(total_sq);
   if (max_norm <= 0) return norm;
   const auto coef = static_cast<float>(clip_coefficient(norm, max_norm));
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (set.total > cpu_grain)
   for (int64_t c = 0; c < count; ++c) scale(grad + set.offsets[chunks[c].tensor] + chunks[c].begin, chunks[c].len, coef);
   return norm;
 }
@@ -98,7 +98,7 @@ double clip_fused(const ParamSet& set, const std::vector<adamw::Chunk>& chunks, 
                   double* partial) {
   const auto count = static_cast<int64_t>(chunks.size());
   double norm = 0;
-#pragma omp parallel
+#pragma omp parallel if (set.total > cpu_grain)
   {
     const int team = omp_get_num_threads(), me = omp_get_thread_num();
     double acc = 0;
