@@ -2,7 +2,9 @@
 
 #include <cuda_runtime.h>
 
+#include "collate/collate.h"
 #include "runtime/cuda_check.h"
+#include "runtime/cuda_raii.h"
 
 namespace tb::testing {
 
@@ -51,6 +53,22 @@ bool stream_capturing(void* stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status));
   return status != cudaStreamCaptureStatusNone;
+}
+
+std::vector<int32_t> gather_token_rows_on_device(const std::vector<int32_t>& rows, int64_t T,
+                                                 const std::vector<int32_t>& picked) {
+  const auto B = static_cast<int64_t>(picked.size());
+  std::vector<int32_t> out(static_cast<std::size_t>(2 * B * T));
+  cuda::DeviceBuffer<int32_t> rows_on_device(rows.size()), picked_on_device(picked.size()), out_on_device(out.size());
+  cuda::Stream stream;
+  CUDA_CHECK(
+      cudaMemcpyAsync(rows_on_device.data(), rows.data(), rows_on_device.bytes(), cudaMemcpyHostToDevice, stream));
+  CUDA_CHECK(cudaMemcpyAsync(picked_on_device.data(), picked.data(), picked_on_device.bytes(), cudaMemcpyHostToDevice,
+                             stream));
+  collate::cuda_gather_token_rows(rows_on_device.data(), T, picked_on_device.data(), B, out_on_device.data(), stream);
+  CUDA_CHECK(cudaMemcpyAsync(out.data(), out_on_device.data(), out_on_device.bytes(), cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  return out;
 }
 
 }  // namespace tb::testing

@@ -15,5 +15,8 @@ bool legacy_stream_idle() { no_cuda(); }
 void wait_legacy_stream() { no_cuda(); }
 int stream_device(void*) { no_cuda(); }
 bool stream_capturing(void*) { no_cuda(); }
+std::vector<int32_t> gather_token_rows_on_device(const std::vector<int32_t>&, int64_t, const std::vector<int32_t>&) {
+  no_cuda();
+}
 
 }  // namespace tb::testing

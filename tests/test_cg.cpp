@@ -561,7 +561,7 @@ TEST(CgAgreement, RowsCpuAndCudaSolutionsAgree) {
         diff += (static_cast<double>(xa[i]) - xb[i]) * (static_cast<double>(xa[i]) - xb[i]);
         bb += static_cast<double>(rhs.b(defaults::cg_window)[i]) * rhs.b(defaults::cg_window)[i];
       }
-      const double limit = 2 * (cg::rows_defaults::lazy_tol + cg::rows_defaults::residual_fp32_atol);
+      const double limit = 2 * (defaults::cg_rows_lazy_tol + tolerance::cg_rows_residual_fp32_atol);
       EXPECT_LE(std::sqrt(diff / bb), limit) << id << " at drift " << drift;
     }
   }

@@ -1,6 +1,8 @@
 // Stage `collate`: every variant against the reference at odd sizes, shuffled and sequential, after
 // one call and after wrapping past the end of the epoch; and the reference itself catches a wrong
-// batch (a flipped byte, the wrong order, the wrong batch).
+// batch (a flipped byte, the wrong order, the wrong batch). The token rows (the training step's data
+// path): the host copies and the device gather against the oracle at odd sizes, the oracle against a
+// batch written out by hand, and the check against a shift off by one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 #include <set>
 
 #include "collate/collate.h"
+#include "cuda_testing.h"
 #include "runtime/error.h"
 #include "stage_testing.h"
 
@@ -26,12 +29,20 @@ struct Case {
 
 // One sample; odd rows (28-byte embeddings take the gather kernel's 4-byte path) wrapping a
 // two-batch epoch; token sequences alone; the report's 768-d rows in sequential order; a batch
-// above defaults::collate_parallel_min_bytes, so the host copies run on the OpenMP team.
+// above defaults::collate_parallel_min_bytes, so the host copies run on the OpenMP team. Token rows
+// (the variants that have a form for them): one token of one sample; 7 tokens wrapping a two-batch
+// epoch; 130 tokens (a row longer than a warp) in batches of 17; a batch above the parallel size.
 const Case cases[] = {
     {"text_pair", "shuffled", 1, 1, 1, 1, 1},          {"text_pair", "shuffled", 7, 3, 7, 5, 3},
     {"tokens", "shuffled", 7, 3, 1, 3, 2},             {"text_pair", "sequential", 1003, 64, 768, 128, 2},
     {"text_pair", "shuffled", 1000, 160, 768, 128, 7}, {"tokens", "sequential", 1000003, 4099, 1, 1, 3},
+    {"token_rows", "shuffled", 1, 1, 1, 1, 1},         {"token_rows", "shuffled", 7, 3, 1, 7, 3},
+    {"token_rows", "sequential", 40, 17, 1, 130, 2},   {"token_rows", "shuffled", 20000, 4099, 1, 33, 3},
 };
+
+bool runs_token_rows(const Variant& v) {
+  return v.backend == Backend::cpu ? (v.id == "per_sample" || v.id == "gather") : v.id == "resident";
+}
 
 Problem problem_for(const Variant& v, const Case& c, const char* compute_us) {
   Problem p({{"layout", c.layout},
@@ -54,6 +65,7 @@ TEST_P(CollateVariant, MatchesReferenceByteForByte) {
     // With a compute kernel (5 us) the check also compares the checksum it took of its batch.
     for (const char* compute_us : {"0", "5"}) {
       const Problem p = problem_for(v, c, compute_us);
+      if (std::string(c.layout) == "token_rows" && !runs_token_rows(v)) break;  // TokenRowsRunsTheStepsPaths
       ASSERT_EQ(v.unsupported(p), "") << p.label();
       const Verdict verdict = testing::run_and_check(v, p, c.runs);
       EXPECT_TRUE(verdict.passed) << to_string(v.backend) << "/" << v.id << " at " << p.label() << " after " << c.runs
@@ -137,6 +149,185 @@ TEST(CollateReference, ChecksumIsTheWrappingSumOfWords) {
   unsigned char bytes[sizeof words];
   std::memcpy(bytes, words, sizeof words);
   EXPECT_EQ(collate::batch_checksum(bytes, sizeof words), 8u);
+}
+
+// ---- token rows -------------------------------------------------------------------------------
+
+// `samples` rows of T + 1 tokens, every token distinct (its index in the dataset), so that a token from
+// the wrong row or the wrong place shows.
+std::vector<int32_t> numbered_rows(int64_t samples, int64_t T) {
+  std::vector<int32_t> rows(static_cast<std::size_t>(samples * (T + 1)));
+  std::iota(rows.begin(), rows.end(), 0);
+  return rows;
+}
+
+// B picks among `samples` rows from `start` backwards by 3, wrapping (with repeats when B is large),
+// as a shuffled order may pick them.
+std::vector<int32_t> picks(int64_t B, int64_t samples, int64_t start) {
+  std::vector<int32_t> picked(static_cast<std::size_t>(B));
+  for (int64_t b = 0; b < B; ++b)
+    picked[static_cast<std::size_t>(b)] = static_cast<int32_t>(((start - 3 * b) % samples + samples) % samples);
+  return picked;
+}
+
+std::vector<int32_t> reference_token_rows(const std::vector<int32_t>& rows, int64_t T,
+                                          const std::vector<int32_t>& picked) {
+  const auto B = static_cast<int64_t>(picked.size());
+  std::vector<int32_t> out(static_cast<std::size_t>(2 * B * T));
+  collate::reference_token_rows(rows.data(), T, picked.data(), B, out.data());
+  return out;
+}
+
+struct TokenRowsSize {
+  int64_t T, B;
+};
+// The odd sizes, and one batch above defaults::collate_parallel_min_bytes (the copies on the team).
+std::vector<TokenRowsSize> token_rows_sizes() {
+  std::vector<TokenRowsSize> sizes;
+  for (int64_t T : {1, 7, 130})
+    for (int64_t B : {1, 3, 17}) sizes.push_back({T, B});
+  sizes.push_back({33, 4099});
+  return sizes;
+}
+
+// Written out by hand: two rows of three tokens picked in reverse. Inputs are each row's first two
+// tokens, targets its last two; a shift off by one either way changes this batch.
+TEST(CollateTokenRows, ReferenceShiftsTheTargetsByOneToken) {
+  const std::vector<int32_t> rows{10, 11, 12, 20, 21, 22};
+  EXPECT_EQ(reference_token_rows(rows, 2, {1, 0}), (std::vector<int32_t>{20, 21, 10, 11, 21, 22, 11, 12}));
+}
+
+TEST(CollateTokenRows, HostPathsEqualTheReferenceAtOddSizes) {
+  for (const auto [T, B] : token_rows_sizes()) {
+    const int64_t samples = B + 5;  // some rows are never picked
+    const auto rows = numbered_rows(samples, T);
+    const auto picked = picks(B, samples, samples - 1);
+    const auto want = reference_token_rows(rows, T, picked);
+    std::vector<int32_t> straight(want.size(), -1), per_sample(want.size(), -1);
+    collate::stack_token_rows(rows.data(), T, picked.data(), B, straight.data());
+    EXPECT_EQ(straight, want) << "stack_token_rows, T=" << T << " B=" << B;
+    // The sample buffers are reused: a first batch of other rows leaves nothing behind.
+    collate::TokenRowSamples buffers(B, T);
+    const auto other = picks(B, samples, 2);
+    collate::stack_token_rows_per_sample(rows.data(), T, other.data(), B, buffers, per_sample.data());
+    EXPECT_EQ(per_sample, reference_token_rows(rows, T, other)) << "first batch, T=" << T << " B=" << B;
+    collate::stack_token_rows_per_sample(rows.data(), T, picked.data(), B, buffers, per_sample.data());
+    EXPECT_EQ(per_sample, want) << "stack_token_rows_per_sample, T=" << T << " B=" << B;
+    EXPECT_EQ(per_sample, straight) << "T=" << T << " B=" << B;
+  }
+}
+
+TEST(CollateTokenRows, PerSampleRefusesBuffersOfTheWrongSize) {
+  const auto rows = numbered_rows(8, 7);
+  const auto picked = picks(3, 8, 7);
+  std::vector<int32_t> out(2 * 3 * 7);
+  collate::TokenRowSamples too_few(2, 7), too_short(3, 6);
+  for (collate::TokenRowSamples* buffers : {&too_few, &too_short})
+    EXPECT_THROW(collate::stack_token_rows_per_sample(rows.data(), 7, picked.data(), 3, *buffers, out.data()),
+                 CallError);
+}
+
+TEST(CollateTokenRows, CudaGatherEqualsTheReferenceAtOddSizes) {
+  if (!cuda_status().available()) GTEST_SKIP() << "no CUDA device: " << cuda_status().unavailable_reason;
+  std::vector<TokenRowsSize> sizes = token_rows_sizes();
+  sizes.push_back({1000, 3});   // a row over several blocks
+  sizes.push_back({1, 70001});  // more rows than a grid has along y
+  for (const auto [T, B] : sizes) {
+    const int64_t samples = B + 5;
+    const auto rows = numbered_rows(samples, T);
+    const auto picked = picks(B, samples, samples - 1);
+    EXPECT_EQ(testing::gather_token_rows_on_device(rows, T, picked), reference_token_rows(rows, T, picked))
+        << "T=" << T << " B=" << B;
+  }
+}
+
+collate::Shape token_rows_shape() {
+  collate::Shape s;
+  s.layout = collate::Layout::token_rows;
+  s.order = collate::Order::shuffled;
+  s.samples = 50;
+  s.batch = 8;
+  s.seq_len = 5;
+  return s;
+}
+
+// The stage's reference batch is the generator's rows shifted by one token; a batch built with no
+// shift, or with both blocks one token late, fails the check, which names the block.
+TEST(CollateTokenRows, StageCheckCatchesAShiftOffByOne) {
+  const auto shape = token_rows_shape();
+  const auto order = collate::epoch_order(shape);
+  const int64_t k = 1, B = shape.batch, T = shape.seq_len;
+  const auto bytes = collate::reference_batch(shape, order, k);
+  ASSERT_EQ(static_cast<int64_t>(bytes.size()), 2 * B * T * 4);
+  std::vector<int32_t> batch(bytes.size() / 4);
+  std::memcpy(batch.data(), bytes.data(), bytes.size());
+  for (int64_t i = 0; i < B; ++i) {
+    const int64_t sample = order[static_cast<std::size_t>(k * B + i)];
+    for (int64_t t = 0; t < T; ++t) {
+      ASSERT_EQ(batch[i * T + t], collate::token_row_value(sample, t, T)) << "input " << i << ", " << t;
+      ASSERT_EQ(batch[B * T + i * T + t], collate::token_row_value(sample, t + 1, T)) << "target " << i << ", " << t;
+    }
+  }
+  EXPECT_TRUE(collate::check_batch(shape, order, k, bytes.data()).passed);
+
+  auto check = [&](const std::vector<int32_t>& wrong) {
+    std::vector<unsigned char> b(bytes.size());
+    std::memcpy(b.data(), wrong.data(), b.size());
+    return collate::check_batch(shape, order, k, b.data());
+  };
+  std::vector<int32_t> unshifted = batch;
+  std::copy(batch.begin(), batch.begin() + B * T, unshifted.begin() + B * T);  // targets = inputs
+  const Verdict no_shift = check(unshifted);
+  EXPECT_FALSE(no_shift.passed);
+  EXPECT_NE(no_shift.detail.find("targets of sample 0"), std::string::npos) << no_shift.detail;
+  std::vector<int32_t> late = batch;
+  for (int64_t i = 0; i < B; ++i) {
+    const int64_t sample = order[static_cast<std::size_t>(k * B + i)];
+    for (int64_t t = 0; t < T; ++t) {
+      late[i * T + t] = collate::token_row_value(sample, t + 1, T);
+      late[B * T + i * T + t] = t + 2 <= T ? collate::token_row_value(sample, t + 2, T) : 0;
+    }
+  }
+  const Verdict one_late = check(late);
+  EXPECT_FALSE(one_late.passed);
+  EXPECT_NE(one_late.detail.find("inputs of sample 0"), std::string::npos) << one_late.detail;
+}
+
+// layout=token_rows is the step's data path: per_sample and gather on the CPU and resident on CUDA run
+// it; every other variant says why not (the registry, before any make), and its factory refuses it.
+TEST(CollateStage, TokenRowsRunsTheStepsPaths) {
+  const Case c{"token_rows", "shuffled", 64, 8, 1, 16, 1};
+  int running = 0;
+  for (const auto& v : collate_stage().variants) {
+    const std::string why = v.unsupported(problem_for(v, c, "0"));
+    if (runs_token_rows(v)) {
+      ++running;
+      EXPECT_EQ(why, "") << to_string(v.backend) << "/" << v.id;
+    } else {
+      EXPECT_NE(why.find("layout=token_rows"), std::string::npos) << to_string(v.backend) << "/" << v.id << ": " << why;
+    }
+  }
+  EXPECT_EQ(running, 3);
+  const Variant& prebatched = *collate_stage().find_variant("prebatched", Backend::cpu);
+  EXPECT_THROW(prebatched.make(problem_for(prebatched, c, "0"), RunContext{}), UsageError);
+  EXPECT_EQ(collate_stage().axes.front().name, "layout");
+  EXPECT_EQ(collate_stage().axes.front().values, (std::vector<std::string>{"text_pair", "tokens"}));  // not a default
+}
+
+// A token-rows copy reads each picked row (T + 1 int32) once and writes inputs and targets (2T): the
+// rows, not a second batch, are what it reads; the resident gather's picks are int32.
+TEST(CollateStage, WorkModelReadsTheTokenRowsOnce) {
+  const Stage& s = collate_stage();
+  const Case c{"token_rows", "shuffled", 4096, 64, 768, 128, 1};
+  const double batch = 64.0 * 2 * 128 * 4, rows = 64.0 * 129 * 4, epoch = 64 * rows;
+  const Variant& gather = *s.find_variant("gather", Backend::cpu);
+  const Work w = gather.work(problem_for(gather, c, "0"));
+  EXPECT_EQ(w.bytes, rows + batch);
+  EXPECT_EQ(w.footprint_bytes, epoch + batch);
+  const Variant& resident = *s.find_variant("resident", Backend::cuda);
+  const Work r = resident.work(problem_for(resident, c, "0"));
+  EXPECT_EQ(r.bytes, rows + batch + 4 * 64);
+  EXPECT_EQ(r.footprint_bytes, epoch + batch + 4.0 * 4096);
 }
 
 TEST(CollateStage, NoFullBatchIsUnsupportedWithTheReason) {

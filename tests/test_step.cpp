@@ -12,6 +12,7 @@
 #include <map>
 #include <unistd.h>
 
+#include "attention/attention.h"
 #include "runtime/error.h"
 #include "runtime/tolerance.h"
 #include "stage_testing.h"
@@ -258,6 +259,30 @@ TEST(StepMemory, FusedAttentionFreesTheQuadraticActivations) {
   EXPECT_NEAR(estimates[0] - estimates[1], (w.model.layers + 1) * quadratic, 0.02 * quadratic);
 }
 
+// The CPU's fused attention workspace (made by the first forward) is the step's memory too: the meter
+// counts it, so the peak includes it. The backward's per-thread partial sums are kept and reused: a
+// second step allocates nothing.
+TEST(StepMemory, PeakCountsTheFusedAttentionWorkspaceAndLaterStepsAllocateNothing) {
+  Workload w = tiny_workload(false);
+  w.model.seq_len = 70;  // past one 64-key tile
+  w.switches.fused_attention = true;
+  const std::vector<int32_t> tokens = first_micro_batch(w);
+  CpuOps<float> ops;
+  Model<CpuOps<float>> model(ops, w.model, w.propagator, w.switches, w.batch.micro);
+  const int64_t before = ops.memory().current;
+  model.forward(tokens.data(), tokens.data() + model.tokens());
+  const int64_t workspace = attention::FusedWorkspace(w.model.d_model / w.model.heads, w.model.seq_len).bytes();
+  ASSERT_GT(workspace, 0);
+  EXPECT_EQ(ops.memory().current - before, workspace);
+  EXPECT_GE(ops.memory().peak, before + workspace);
+  model.backward(1.0f);
+  const MemoryMeter first = ops.memory();
+  model.forward(tokens.data(), tokens.data() + model.tokens());
+  model.backward(1.0f);
+  EXPECT_EQ(ops.memory().current, first.current);
+  EXPECT_EQ(ops.memory().peak, first.peak);
+}
+
 TEST(StepWorkload, AttentionSwitchIsFusedUnlessSaid) {
   const std::string base = "name: t\nmodel: {layers: 1, d_model: 8, heads: 2, seq_len: 4, vocab: 5}\nbatch: {global: 2}\n";
   EXPECT_TRUE(parse_workload(base, "w.yaml").switches.fused_attention) << "PyTorch's default: SDPA";
@@ -385,7 +410,9 @@ std::string write_workload(const std::string& file, const std::string& yaml) {
 // forward. lr 0 keeps the parameters at their initialisation, so the fresh model's reference holds
 // for every micro-batch of every step. Accumulation 4 and the async read let the host run ahead of
 // the device; graph replays (from the capturing step on) let it run furthest. A batch refilled
-// while its copy is still queued trains on the wrong tokens: its losses match no reference.
+// while its copy is still queued trains on the wrong tokens: its losses match no reference. Each of
+// the data paths (collate's token rows: one gather, per-sample copies and a stack, the resident
+// gather) loads the batches.
 void expect_every_micro_batch_matches(Backend backend) {
   if (const std::string why = testing::cannot_run_here(train_variant(backend)); !why.empty()) GTEST_SKIP() << why;
   // On the GPU a model whose kernels outlast their launches, so that copies queue up behind them;
@@ -398,13 +425,14 @@ void expect_every_micro_batch_matches(Backend backend) {
   constexpr int64_t steps = graph_capture_step + 2;  // eager, capturing, replays only
   std::vector<bool> graphs{false};
   if (backend == Backend::cuda) graphs.push_back(true);
-  for (const char* location : {"host_pinned", "device"})
+  for (const char* data :
+       {"location: host_pinned", "location: device", "location: host_pageable, per_sample_copy: true"})
     for (const bool graph : graphs) {
-      const std::string label = std::string(location) + (graph ? ", cuda_graphs" : "");
+      const std::string label = std::string(data) + (graph ? ", cuda_graphs" : "");
       const std::string path = write_workload(
           "every_micro.yaml", "name: every_micro\n" + model +
                                   "optimizer: {lr: 0.0, weight_decay: 0.0}\n"
-                                  "data: {samples: 64, location: " + location + "}\n"
+                                  "data: {samples: 64, " + data + "}\n"
                                   "logging: {sync: async}\n"
                                   "switches: {cuda_graphs: " + (graph ? "true" : "false") + "}\n");
       const Workload w = load_workload(path);
@@ -436,7 +464,30 @@ void expect_every_micro_batch_matches(Backend backend) {
 }
 
 TEST(StepData, EveryMicroBatchOfEveryStepMatchesTheReferenceOnTheCpu) { expect_every_micro_batch_matches(Backend::cpu); }
+
 TEST(StepData, EveryMicroBatchOfEveryStepMatchesTheReferenceOnCuda) { expect_every_micro_batch_matches(Backend::cuda); }
+
+// The step's batch is the collate stage's token rows: the first micro-batch as this file writes it out
+// is collate's oracle over the step's dataset, and the CPU backend's resident gather equals the oracle.
+TEST(StepData, TheBatchIsTheCollateStagesTokenRows) {
+  const Workload w = tiny_workload(false);
+  const auto data = make_dataset(w.data.samples, w.model.seq_len, w.model.vocab);
+  const int64_t Tn = w.model.seq_len;
+  auto oracle = [&](const std::vector<int32_t>& picked) {
+    std::vector<int32_t> batch(2 * picked.size() * static_cast<std::size_t>(Tn));
+    collate::reference_token_rows(data.data(), Tn, picked.data(), static_cast<int64_t>(picked.size()), batch.data());
+    return batch;
+  };
+  std::vector<int32_t> first(static_cast<std::size_t>(w.batch.micro));
+  std::iota(first.begin(), first.end(), 0);
+  EXPECT_EQ(first_micro_batch(w), oracle(first));
+
+  const std::vector<int32_t> picked{static_cast<int32_t>(w.data.samples - 1), 2, 2, 0};
+  std::vector<int32_t> gathered(2 * picked.size() * static_cast<std::size_t>(Tn), -1);
+  CpuOps<float> ops;
+  ops.gather_tokens(gathered.data(), data.data(), picked.data(), static_cast<int64_t>(picked.size()), Tn);
+  EXPECT_EQ(gathered, oracle(picked));
+}
 
 // Timing marks belong to profiled steps only: a timed step with the propagator solves many times
 // per step, and CUDA's event pool is reset only at a synchronisation, which a timed step never has.
@@ -499,7 +550,7 @@ void expect_gradients_match_double(Backend backend) {
   for (const char* model : {"model: {layers: 2, d_model: 48, heads: 2, seq_len: 32, vocab: 50, mlp_ratio: 4}\n"
                             "batch: {global: 8, micro: 4}\n",
                             "model: {layers: 1, d_model: 1040, heads: 2, seq_len: 8, vocab: 17, mlp_ratio: 1}\n"
-                            "batch: {global: 4, micro: 2}\n"}) {
+                            "batch: {global: 4, micro: 2}\nswitches: {attention: naive}\n"}) {
     const std::string path = write_workload("grad_match.yaml", std::string("name: grad_match\n") + model +
                                                                    "optimizer: {grad_clip: 0.0}\n"
                                                                    "data: {samples: 64}\n");
@@ -543,6 +594,19 @@ TEST(StepRegistry, SwitchesTheCpuCannotRunAreUnsupportedWithAReason) {
   w.switches.bf16_matmuls = false;
   w.switches.cuda_graphs = true;
   EXPECT_NE(unsupported_reason(w, true).find("fixed length"), std::string::npos);  // tiny has a propagator
+}
+
+// Heads wider than the fused CUDA backward takes: refused with the switch that runs them, not a
+// throw from inside the first step.
+TEST(StepRegistry, HeadsTooWideForFusedCudaAttentionNameTheNaiveSwitch) {
+  Workload w = load_workload("tiny");
+  w.model.heads = 2;
+  w.model.d_model = 2 * (attention::cuda_fused_backward_max_head_dim + 8);
+  ASSERT_TRUE(w.switches.fused_attention);
+  EXPECT_NE(unsupported_reason(w, true).find("switches: {attention: naive}"), std::string::npos);
+  EXPECT_EQ(unsupported_reason(w, false).find("attention"), std::string::npos);  // the CPU kernels take any width
+  w.switches.fused_attention = false;
+  EXPECT_EQ(unsupported_reason(w, true).find("attention"), std::string::npos);
 }
 
 }  // namespace

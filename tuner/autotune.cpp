@@ -836,6 +836,18 @@ int run(int argc, char** argv) {
     if (race_rounds >= 2 && own_result.ok()) race_share = kRaceShare * seconds_left();
     out.report = search(executor, space, options);
     race_share = 0;
+    // A trial of the workload's own configuration can take most of a short budget (sem_v55 at its
+    // batch of 4096: 73 s on an H100, 31 s of it set-up) and leave the search no time for one of its
+    // own: that measured configuration is then the answer, and nothing is raced against it.
+    const bool only_own = !out.report.found && own_result.ok();
+    if (only_own) {
+      out.report = best_so_far(seen, options.noise_margin);
+      out.report.budget_exhausted = true;
+      out.report.seconds = elapsed();
+      std::cerr << "autotune: the search ran no trial of its own within the budget (" << human_seconds(budget)
+                << "; the workload's own configuration took " << human_seconds(own_result.seconds)
+                << "): reporting that configuration, measured; give a larger --budget to search" << std::endl;
+    }
     // Trials run one after another compare the machine's drift as much as the candidates: the
     // finalists and the workload's own configuration are measured again, interleaved, and the
     // losers dropped. The race's slices are not journaled, as they repeat finished trials: a resumed
@@ -843,7 +855,7 @@ int run(int argc, char** argv) {
     const double memory_limit = static_cast<double>(executor.memory_capacity()) * (1 - out.report.headroom);
     const std::vector<RaceEntrant> entrants =
         out.report.found ? finalists(out.report, *out.baseline, memory_limit, space.memory_switches) : std::vector<RaceEntrant>{};
-    if (out.report.found && !stop_requested) {
+    if (out.report.found && !stop_requested && !only_own) {
       const bool own_chosen = out.report.best.candidate == own;
       if (entrants.size() < 2) {
         std::cerr << "autotune: one configuration ran within the memory headroom: nothing to race it against" << std::endl;

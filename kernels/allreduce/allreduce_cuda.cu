@@ -146,13 +146,19 @@ class CudaAllreduce final : public Instance {
     if constexpr (std::is_same_v<G, float>) {
       std::vector<float> host(static_cast<std::size_t>(set_.arena));
       adamw::fill_arena(set_, chunks, seed, host.data());
-      CUDA_CHECK(cudaMemcpy(grad_.data(), host.data(), grad_.bytes(), cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpyAsync(grad_.data(), host.data(), grad_.bytes(), cudaMemcpyHostToDevice, stream_));
+      CUDA_CHECK(cudaStreamSynchronize(stream_));  // before `host` goes
     } else {
       std::vector<uint16_t> host(static_cast<std::size_t>(set_.arena));
       adamw::fill_arena_bf16(set_, chunks, seed, host.data());
-      CUDA_CHECK(cudaMemcpy(grad_.data(), host.data(), grad_.bytes(), cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpyAsync(grad_.data(), host.data(), grad_.bytes(), cudaMemcpyHostToDevice, stream_));
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
-    CUDA_CHECK(cudaMemset(reduced_.data(), 0, reduced_.bytes()));
+    // On the benchmark stream, which does not wait for the legacy stream: a plain cudaMemset could
+    // still be zeroing `reduced_` after the first all-reduce wrote it (seen on an H100: a few hundred
+    // elements read back as 0 for the variants that start with the all-reduce).
+    CUDA_CHECK(cudaMemsetAsync(reduced_.data(), 0, reduced_.bytes(), stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (kind_ == Kind::overlap) bucket_ready_.resize(calls_.size());
   }
 

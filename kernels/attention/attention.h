@@ -34,6 +34,9 @@ enum class DType { fp32, bf16 };
 inline constexpr uint64_t seed_q = 21, seed_k = 22, seed_v = 23, seed_x = 24, seed_w = 25;
 // Query rows per block of the fused CUDA kernels (a warp per row in fp32; 4 warps x 16 in bf16).
 inline constexpr int fused_fp32_query_rows = 8, fused_bf16_query_rows = 64;
+// The widest head the fp32 fused CUDA kernels take: the forward keeps head_dim/32 <= 8 columns per
+// lane, the backward 4. Training needs both.
+inline constexpr int64_t cuda_fused_forward_max_head_dim = 256, cuda_fused_backward_max_head_dim = 128;
 
 // Inputs of (b, h, s, d) in [B, H, S, D] order, regenerated on demand; bf16 rounds them.
 float input_q(int64_t index, DType t);

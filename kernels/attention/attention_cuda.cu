@@ -243,7 +243,7 @@ void causal_softmax(const Shape& s, float* scores, cudaStream_t stream) {
 
 constexpr int f32_rows = fused_fp32_query_rows;  // query rows (warps) per block
 constexpr int f32_keys = 32;  // keys per tile: one per lane
-constexpr int f32_max_cols = 8;  // output columns per lane: head_dim <= 256
+constexpr int f32_max_cols = cuda_fused_forward_max_head_dim / 32;  // output columns per lane
 constexpr int f32_max_head_dim = 32 * f32_max_cols;
 
 // Each lane scores one key of the tile and owns head_dim/32 output columns; the key tile is shared by
@@ -345,7 +345,7 @@ constexpr int bwd_keys = 32;   // keys per tile: one per lane
 constexpr int bwd_rows = 16;   // query rows per tile: two per warp
 constexpr int bwd_warps = 8;
 constexpr int bwd_threads = 32 * bwd_warps;
-constexpr int bwd_max_cols = 4;  // gradient columns per lane: head_dim <= 128
+constexpr int bwd_max_cols = cuda_fused_backward_max_head_dim / 32;  // gradient columns per lane
 constexpr int bwd_max_head_dim = 32 * bwd_max_cols;
 constexpr int bwd_rows_per_warp = bwd_rows / bwd_warps;  // of the dQ pass, and of the P and dS tile
 constexpr int bwd_keys_per_warp = bwd_keys / bwd_warps;  // of the dK and dV pass
@@ -522,22 +522,93 @@ __global__ void __launch_bounds__(bwd_threads)
 }
 
 // ---- fused bf16: tensor cores ---------------------------------------------------------------------
+//
+// FlashAttention-2's forward on mma.sync m16n8k16, after its sm80 kernel: a block of 4 warps owns 64
+// query rows (16 a warp) and walks the key tiles of 64. What keeps the tensor cores fed:
+// - cp.async copies the next tile while the current one is computed, FlashAttention-2's order: V(j)
+//   is copied during S = Q K(j)^T, K(j+1) during O += P V(j); one K and one V buffer (52 KiB at
+//   head_dim 128, so 4 blocks fit an SM's shared memory);
+// - every mma operand comes from ldmatrix (.trans for V), four 8x8 matrices a load; the scores stay
+//   in registers and become the A operand of P V;
+// - the mask is applied only to the tiles that need it (the diagonal tile, the tile past S);
+// - the query tiles go out heaviest first (causal: the last rows see the most keys), so the grid's
+//   tail is short tiles.
 
+constexpr int tc_warps = 4;
+constexpr int tc_threads = 32 * tc_warps;       // a compile-time block: every copy loop unrolls
 constexpr int tc_rows = fused_bf16_query_rows;  // queries per block: 4 warps x 16 rows
-constexpr int tc_keys = 64;  // keys per tile
-constexpr int tc_pad = 8;    // bf16 of padding per shared row: conflict-free fragment loads
+constexpr int tc_keys = 64;                     // keys per tile
+constexpr int tc_pad = 8;  // bf16 per shared row: rows 16 B apart mod 128, so ldmatrix's 8 rows hit 8 bank groups
+static_assert(tc_rows == tc_warps * 16 && tc_keys == tc_rows, "one tile copier serves Q, K and V");
+
+template <int D>
+constexpr int tc_stride = D + tc_pad;  // bf16 between shared rows
+
+// sm_80 and newer; below, never write zeros that look like a result (the registry refuses such
+// devices; this catches a build or a --device that slipped past it).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define TB_TENSOR_CORES 1
+#endif
 
 __device__ inline void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#ifdef TB_TENSOR_CORES
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #else
-  // No bf16 mma.sync below sm_80: never write zeros that look like a result (the registry refuses
-  // such devices; this catches a build or a --device that slipped past it).
   __trap();
 #endif
+}
+
+// Four 8x8 bf16 matrices from shared memory: lane l gives the address of row l % 8 of matrix l / 8,
+// and receives of each matrix row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (.trans: column l / 4,
+// rows 2 (l % 4) and 2 (l % 4) + 1).
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const bf16* row) {
+#ifdef TB_TENSOR_CORES
+  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+#else
+  __trap();
+#endif
+}
+__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* row) {
+#ifdef TB_TENSOR_CORES
+  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+#else
+  __trap();
+#endif
+}
+
+// 16 bytes global -> shared without passing through registers; `valid` false writes zeros (a row
+// past S) and reads nothing.
+__device__ inline void cp_async_16(bf16* dst, const bf16* src, bool valid) {
+#ifdef TB_TENSOR_CORES
+  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+#else
+  __trap();
+#endif
+}
+__device__ inline void cp_async_commit() {
+#ifdef TB_TENSOR_CORES
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+__device__ inline void cp_async_wait_all() {
+#ifdef TB_TENSOR_CORES
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// 2^x on the special-function unit; 2^-inf = 0, which the masked scores rely on.
+__device__ inline float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 __device__ inline uint32_t pack_bf16(float lo, float hi) {
@@ -545,127 +616,164 @@ __device__ inline uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-__device__ inline uint32_t pack_bf16_bits(const bf16& lo, const bf16& hi) {
-  return static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&lo)) |
-         (static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&hi)) << 16);
-}
-
-// Copies rows [r0, r0 + 64) of a [S, D] bf16 matrix into shared memory (row stride D + pad), 16
-// bytes at a time; rows past S are zero.
+// Starts copying rows [r0, r0 + 64) of a [S, D] bf16 matrix into shared memory (row stride
+// tc_stride<D>); rows past S become zeros.
 template <int D>
-__device__ inline void load_tile(bf16* dst, const bf16* src, int r0, int S) {
-  constexpr int chunks = D / 8;
-  for (int e = threadIdx.x; e < tc_rows * chunks; e += blockDim.x) {
+__device__ inline void copy_tile_async(bf16* dst, const bf16* src, int r0, int S) {
+  constexpr int chunks = D / 8;  // 16 B each
+  static_assert(tc_rows * chunks % tc_threads == 0, "whole chunks per thread");
+#pragma unroll
+  for (int i = 0; i < tc_rows * chunks / tc_threads; ++i) {
+    const int e = static_cast<int>(threadIdx.x) + i * tc_threads;
     const int r = e / chunks, c = (e % chunks) * 8;
-    uint4 value = make_uint4(0, 0, 0, 0);
-    if (r0 + r < S) value = *reinterpret_cast<const uint4*>(src + int64_t{r0 + r} * D + c);
-    *reinterpret_cast<uint4*>(dst + r * (D + tc_pad) + c) = value;
+    const bool valid = r0 + r < S;
+    cp_async_16(dst + r * tc_stride<D> + c, src + int64_t{valid ? r0 + r : 0} * D + c, valid);
   }
 }
 
-// Layouts (PTX m16n8k16, g = lane / 4, t = lane % 4): A a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g,
-// 2t+8..), a3 (g+8, 2t+8..); B b0 (k 2t..2t+1, n g), b1 (k 2t+8..2t+9, n g); C c0,c1 (g, 2t..2t+1),
-// c2,c3 (g+8, 2t..2t+1). A score tile's C fragments are exactly the A fragments of P V.
+// Fragment layouts (PTX m16n8k16, g = lane / 4, t = lane % 4): A a0 (g, 2t..2t+1), a1 (g+8, 2t..),
+// a2 (g, 2t+8..), a3 (g+8, 2t+8..); B b0 (k 2t..2t+1, n g), b1 (k 2t+8..2t+9, n g); C c0,c1 (g,
+// 2t..2t+1), c2,c3 (g+8, 2t..2t+1). A score tile's C fragments are exactly the A fragments of P V.
+// One block per (query tile, batch x head), folded into grid.x heaviest tile first: grid.y would cap
+// batch x heads at 65535.
 template <int D>
-__global__ void __launch_bounds__(128) fused_bf16_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                                         const bf16* __restrict__ v, bf16* __restrict__ o, int S,
-                                                         bool causal, float scale_log2) {
+__global__ void __launch_bounds__(tc_threads) fused_bf16_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                                                const bf16* __restrict__ v, bf16* __restrict__ o, int S,
+                                                                int64_t heads_total, bool causal, float scale_log2) {
+  constexpr int stride = tc_stride<D>;
   extern __shared__ __align__(16) unsigned char raw[];
   bf16* qs = reinterpret_cast<bf16*>(raw);
-  bf16* ks = qs + tc_rows * (D + tc_pad);
-  bf16* vs = ks + tc_keys * (D + tc_pad);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int tiles = (S + tc_rows - 1) / tc_rows;  // (batch x head, query tile) folded into grid.x
-  const int64_t base = int64_t{blockIdx.x / tiles} * S * D;
-  const int q0 = static_cast<int>(blockIdx.x % tiles) * tc_rows;
+  bf16* ks = qs + tc_rows * stride;
+  bf16* vs = ks + tc_keys * stride;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int tiles = (S + tc_rows - 1) / tc_rows;
+  const int64_t bh = blockIdx.x % heads_total;
+  const int q0 = (tiles - 1 - static_cast<int>(blockIdx.x / heads_total)) * tc_rows;
+  const int64_t base = bh * S * D;
+  const bf16 *qb = q + base, *kb = k + base, *vb = v + base;
+  const int key_end = causal ? min(S, q0 + tc_rows) : S;
+  const int key_tiles = (key_end + tc_keys - 1) / tc_keys;
 
-  load_tile<D>(qs, q + base, q0, S);
-  __syncthreads();
+  copy_tile_async<D>(qs, qb, q0, S);
+  copy_tile_async<D>(ks, kb, 0, S);
+  cp_async_commit();
+
+  // Where this lane points ldmatrix: A (Q) rows of the warp's 16, B (K) and B^T (V) key rows.
+  const int a_row = warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2), a_col = 8 * (lane / 16);
+  const int k_row = (lane % 8) + 8 * (lane / 16), k_col = 8 * ((lane / 8) % 2);
+  const int v_row = (lane % 8) + 8 * ((lane / 8) % 2), v_col = 8 * (lane / 16);
+
   uint32_t qa[D / 16][4];
-  const int r_lo = warp * 16 + g, r_hi = r_lo + 8;
-  for (int kc = 0; kc < D / 16; ++kc) {
-    qa[kc][0] = *reinterpret_cast<const uint32_t*>(qs + r_lo * (D + tc_pad) + kc * 16 + 2 * t);
-    qa[kc][1] = *reinterpret_cast<const uint32_t*>(qs + r_hi * (D + tc_pad) + kc * 16 + 2 * t);
-    qa[kc][2] = *reinterpret_cast<const uint32_t*>(qs + r_lo * (D + tc_pad) + kc * 16 + 2 * t + 8);
-    qa[kc][3] = *reinterpret_cast<const uint32_t*>(qs + r_hi * (D + tc_pad) + kc * 16 + 2 * t + 8);
-  }
   float oacc[D / 8][4];
+#pragma unroll
   for (int n = 0; n < D / 8; ++n) oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.0f;
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;  // this lane's share of the row sums
-  const int query_lo = q0 + r_lo, query_hi = q0 + r_hi;
-  const int key_end = causal ? min(S, q0 + tc_rows) : S;
+  const int query_lo = q0 + warp * 16 + g, query_hi = query_lo + 8;
 
-  for (int k0 = 0; k0 < key_end; k0 += tc_keys) {
-    __syncthreads();  // the previous tile is no longer read
-    load_tile<D>(ks, k + base, k0, S);
-    load_tile<D>(vs, v + base, k0, S);
-    __syncthreads();
+  for (int j = 0; j < key_tiles; ++j) {
+    const int k0 = j * tc_keys;
+    cp_async_wait_all();
+    __syncthreads();  // K(j) (and Q) landed for every thread; no warp still reads V(j-1)
+    copy_tile_async<D>(vs, vb, k0, S);
+    cp_async_commit();
+    if (j == 0) {
+#pragma unroll
+      for (int kc = 0; kc < D / 16; ++kc) ldmatrix_x4(qa[kc], qs + a_row * stride + kc * 16 + a_col);
+    }
 
+    // S = Q K^T: per 16 keys, one ldmatrix gives the B fragments of two n-blocks.
     float sacc[tc_keys / 8][4];
+#pragma unroll
     for (int n = 0; n < tc_keys / 8; ++n) sacc[n][0] = sacc[n][1] = sacc[n][2] = sacc[n][3] = 0.0f;
+#pragma unroll
     for (int kc = 0; kc < D / 16; ++kc)
-      for (int n = 0; n < tc_keys / 8; ++n) {
-        const bf16* krow = ks + (n * 8 + g) * (D + tc_pad) + kc * 16 + 2 * t;
-        mma_bf16_16816(sacc[n], qa[kc], *reinterpret_cast<const uint32_t*>(krow),
-                       *reinterpret_cast<const uint32_t*>(krow + 8));
+#pragma unroll
+      for (int np = 0; np < tc_keys / 16; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4(b, ks + (np * 16 + k_row) * stride + kc * 16 + k_col);
+        mma_bf16_16816(sacc[2 * np], qa[kc], b[0], b[1]);
+        mma_bf16_16816(sacc[2 * np + 1], qa[kc], b[2], b[3]);
       }
-    // Scale into log2 units, mask, and find the tile's row maxima.
+
+    // Scale into log2 units; mask where a key can be past S or past the warp's first query.
+    const bool masked = k0 + tc_keys > S || (causal && k0 + tc_keys - 1 > q0 + warp * 16);
     float tmax_lo = -INFINITY, tmax_hi = -INFINITY;
+#pragma unroll
     for (int n = 0; n < tc_keys / 8; ++n)
+#pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = k0 + n * 8 + 2 * t + (e & 1);
-        const int query = e < 2 ? query_lo : query_hi;
-        const bool visible = key < S && (!causal || key <= query);
-        sacc[n][e] = visible ? sacc[n][e] * scale_log2 : -INFINITY;
-        if (e < 2) tmax_lo = fmaxf(tmax_lo, sacc[n][e]);
-        else tmax_hi = fmaxf(tmax_hi, sacc[n][e]);
+        float x = sacc[n][e] * scale_log2;
+        if (masked) {
+          const int key = k0 + n * 8 + 2 * t + (e & 1);
+          const int query = e < 2 ? query_lo : query_hi;
+          if (key >= S || (causal && key > query)) x = -INFINITY;
+        }
+        sacc[n][e] = x;
+        if (e < 2) tmax_lo = fmaxf(tmax_lo, x);
+        else tmax_hi = fmaxf(tmax_hi, x);
       }
+#pragma unroll
     for (int off = 1; off < 4; off <<= 1) {  // the four lanes of a quad share a row
       tmax_lo = fmaxf(tmax_lo, __shfl_xor_sync(0xffffffffu, tmax_lo, off));
       tmax_hi = fmaxf(tmax_hi, __shfl_xor_sync(0xffffffffu, tmax_hi, off));
     }
     const float new_lo = fmaxf(m_lo, tmax_lo), new_hi = fmaxf(m_hi, tmax_hi);
-    // A row with nothing visible yet keeps a zero contribution (exp2 of -inf).
+    // A row with nothing visible yet keeps a zero contribution (2^-inf).
     const float ref_lo = new_lo == -INFINITY ? 0.0f : new_lo, ref_hi = new_hi == -INFINITY ? 0.0f : new_hi;
-    const float alpha_lo = exp2f(m_lo - ref_lo), alpha_hi = exp2f(m_hi - ref_hi);
+    const float alpha_lo = fast_exp2(m_lo - ref_lo), alpha_hi = fast_exp2(m_hi - ref_hi);
     m_lo = new_lo;
     m_hi = new_hi;
     float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
     for (int n = 0; n < tc_keys / 8; ++n) {
-      sacc[n][0] = exp2f(sacc[n][0] - ref_lo);
-      sacc[n][1] = exp2f(sacc[n][1] - ref_lo);
-      sacc[n][2] = exp2f(sacc[n][2] - ref_hi);
-      sacc[n][3] = exp2f(sacc[n][3] - ref_hi);
+      sacc[n][0] = fast_exp2(sacc[n][0] - ref_lo);
+      sacc[n][1] = fast_exp2(sacc[n][1] - ref_lo);
+      sacc[n][2] = fast_exp2(sacc[n][2] - ref_hi);
+      sacc[n][3] = fast_exp2(sacc[n][3] - ref_hi);
       sum_lo += sacc[n][0] + sacc[n][1];
       sum_hi += sacc[n][2] + sacc[n][3];
     }
     l_lo = l_lo * alpha_lo + sum_lo;
     l_hi = l_hi * alpha_hi + sum_hi;
+#pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       oacc[n][0] *= alpha_lo;
       oacc[n][1] *= alpha_lo;
       oacc[n][2] *= alpha_hi;
       oacc[n][3] *= alpha_hi;
     }
-    // O += P V, P straight from the score registers.
+
+    cp_async_wait_all();
+    __syncthreads();  // V(j) landed for every thread; no warp still reads K(j)
+    if (j + 1 < key_tiles) {
+      copy_tile_async<D>(ks, kb, k0 + tc_keys, S);
+      cp_async_commit();
+    }
+
+    // O += P V, P straight from the score registers; per 16 keys, one ldmatrix.trans gives the B
+    // fragments of two 8-column blocks of V.
+#pragma unroll
     for (int kc = 0; kc < tc_keys / 16; ++kc) {
       const uint32_t pa[4] = {pack_bf16(sacc[2 * kc][0], sacc[2 * kc][1]), pack_bf16(sacc[2 * kc][2], sacc[2 * kc][3]),
                               pack_bf16(sacc[2 * kc + 1][0], sacc[2 * kc + 1][1]),
                               pack_bf16(sacc[2 * kc + 1][2], sacc[2 * kc + 1][3])};
-      const bf16* v0 = vs + (kc * 16 + 2 * t) * (D + tc_pad) + g;
-      for (int n = 0; n < D / 8; ++n) {
-        const bf16* vn = v0 + n * 8;
-        const uint32_t b0 = pack_bf16_bits(vn[0], vn[D + tc_pad]);
-        const uint32_t b1 = pack_bf16_bits(vn[8 * (D + tc_pad)], vn[9 * (D + tc_pad)]);
-        mma_bf16_16816(oacc[n], pa, b0, b1);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, vs + (kc * 16 + v_row) * stride + dp * 16 + v_col);
+        mma_bf16_16816(oacc[2 * dp], pa, b[0], b[1]);
+        mma_bf16_16816(oacc[2 * dp + 1], pa, b[2], b[3]);
       }
     }
   }
+#pragma unroll
   for (int off = 1; off < 4; off <<= 1) {
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
   }
   const float inv_lo = 1.0f / l_lo, inv_hi = 1.0f / l_hi;
+#pragma unroll
   for (int n = 0; n < D / 8; ++n) {
     const int col = n * 8 + 2 * t;
     if (query_lo < S)
@@ -677,7 +785,7 @@ __global__ void __launch_bounds__(128) fused_bf16_kernel(const bf16* __restrict_
 
 template <int D>
 constexpr std::size_t bf16_smem_bytes() {
-  return static_cast<std::size_t>(tc_rows + 2 * tc_keys) * (D + tc_pad) * sizeof(bf16);
+  return static_cast<std::size_t>(tc_rows + 2 * tc_keys) * tc_stride<D> * sizeof(bf16);
 }
 
 // The stage's fused forward: fp32 through the kernel the step also runs, bf16 on tensor cores.
@@ -691,13 +799,14 @@ void fused_attention(const Shape& s, bool causal, const Tensors& x, cudaStream_t
   const int64_t bhs = s.batch * s.heads;  // fused_reason refuses shapes whose grid would not fit
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const auto grid = static_cast<unsigned>((S + tc_rows - 1) / tc_rows * bhs);
+  if (grid == 0) return;
   const float scale_log2 = scale * 1.4426950408889634f;
   if (D == 64)
-    fused_bf16_kernel<64><<<grid, 128, bf16_smem_bytes<64>(), stream>>>(x.q16.data(), x.k16.data(), x.v16.data(),
-                                                                        x.o16.data(), S, causal, scale_log2);
+    fused_bf16_kernel<64><<<grid, tc_threads, bf16_smem_bytes<64>(), stream>>>(
+        x.q16.data(), x.k16.data(), x.v16.data(), x.o16.data(), S, bhs, causal, scale_log2);
   else
-    fused_bf16_kernel<128><<<grid, 128, bf16_smem_bytes<128>(), stream>>>(x.q16.data(), x.k16.data(), x.v16.data(),
-                                                                          x.o16.data(), S, causal, scale_log2);
+    fused_bf16_kernel<128><<<grid, tc_threads, bf16_smem_bytes<128>(), stream>>>(
+        x.q16.data(), x.k16.data(), x.v16.data(), x.o16.data(), S, bhs, causal, scale_log2);
   CUDA_CHECK(cudaGetLastError());
 }
 

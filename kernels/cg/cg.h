@@ -153,24 +153,8 @@ std::unique_ptr<Instance> make_cuda_solver(const Problem&, const RunContext&, St
 // ways of Start: cold as the step's backward solve (x = 0), warm as its forward with lazy_cg off (from
 // the cache), lazy as its forward with lazy_cg on (the gate). The cache is set back to b_0's solution
 // at the start of every window, so every call takes the same decisions.
-namespace rows_defaults {
-// sem_v55 (tuner/workloads/sem_v55.yaml): micro-batch 128 x seq_len 256 tokens of d_model 384.
-inline constexpr const char* shape = "32768x384";
-// --quick: 16 sequences of 256 tokens of the same width.
-inline constexpr const char* quick_shape = "4096x384";
-// sem_v55's propagator section: sparsity 8, alpha 0.1, cg_tol 1e-6, lazy_tol 1e-6, max_iters 50.
-inline constexpr int64_t neighbours = 8;
-inline constexpr double alpha = 0.1;
-inline constexpr double tol = 1e-6;
-inline constexpr double lazy_tol = 1e-6;
-inline constexpr int64_t max_iterations = 50;
-inline constexpr uint64_t seed_rhs = 43;
-// A float solve stops on its recursively updated residual, in float; the true residual of the float x
-// (computed in double) may exceed it by float rounding of A x and of x itself, about
-// eps_fp32 x ||A|| <= 6e-8 x (1 + 2 k alpha) per row, and by the drift of the recursion over the
-// iterations. The check allows this much above tol (or lazy_tol); in double, tolerance::cg_residual_atol.
-inline constexpr double residual_fp32_atol = 5e-7;
-}  // namespace rows_defaults
+// Sizes and the solver's settings: defaults::cg_rows_*; the float residual's allowance:
+// tolerance::cg_rows_residual_fp32_atol.
 
 struct RowsShape {
   int64_t tokens = 0, width = 0;
@@ -183,7 +167,7 @@ struct RowsSettings {
   double drift = 0;
   int window = 0;  // batches solved per call (defaults::cg_window)
 };
-RowsSettings rows_settings_of(const Problem& p);  // axes rows_shape, drift; the rest from rows_defaults
+RowsSettings rows_settings_of(const Problem& p);  // axes rows_shape, drift; the rest from defaults::cg_rows_*
 
 // b_0 .. b_S of one window, each [N, C] in float. Row n of b_t moves from row n of b_{t-1} by
 // drift_of(t) of that row's norm in a random direction, drift_of(t) stratified as RhsSequence's.

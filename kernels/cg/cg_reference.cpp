@@ -121,9 +121,9 @@ RowsShape parse_rows_shape(const std::string& text) {
 RowsSettings rows_settings_of(const Problem& p) {
   const RowsShape shape = parse_rows_shape(p.get("rows_shape"));
   RowsSettings s;
-  s.system = RowSystems{shape.tokens,         shape.width,           rows_defaults::neighbours,
-                        rows_defaults::alpha, rows_defaults::tol,    rows_defaults::lazy_tol,
-                        rows_defaults::max_iterations};
+  s.system = RowSystems{shape.tokens,         shape.width,           defaults::cg_rows_neighbours,
+                        defaults::cg_rows_alpha, defaults::cg_rows_tol,    defaults::cg_rows_lazy_tol,
+                        defaults::cg_rows_max_iterations};
   s.drift = p.get_double("drift");
   s.window = defaults::cg_window;
   return s;
@@ -134,9 +134,9 @@ RowsRhs::RowsRhs(int64_t rows, int64_t width, double drift, int steps)
       drift_(window_drifts(drift, steps)) {
   float* b0 = data_.data();
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n_; ++i) b0[i] = uniform_at(rows_defaults::seed_rhs, static_cast<uint64_t>(i));
+  for (int64_t i = 0; i < n_; ++i) b0[i] = uniform_at(defaults::cg_rows_seed_rhs, static_cast<uint64_t>(i));
   for (int t = 1; t <= steps; ++t) {
-    const uint64_t seed = rows_defaults::seed_rhs + 1000 + static_cast<uint64_t>(t);
+    const uint64_t seed = defaults::cg_rows_seed_rhs + 1000 + static_cast<uint64_t>(t);
     const float* prev = b(t - 1);
     float* next = data_.data() + static_cast<std::size_t>(t) * static_cast<std::size_t>(n_);
 #pragma omp parallel for schedule(static)

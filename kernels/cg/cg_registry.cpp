@@ -1,7 +1,7 @@
 // Stage `cg`: host-checked vs device-resident CG, each started cold, warm, or warm with the lazy gate,
 // over a window of drifting right-hand sides; and the training step's own solve (rows.h: a batch of
 // ring-lattice rows) started the same three ways. Sizes in runtime/defaults.h (from seeds/000) and
-// cg::rows_defaults (from sem_v55), the model in cg.h.
+// defaults::cg_rows_* (from sem_v55), the model in cg.h.
 #include <cstdio>
 
 #include "cg/cg.h"
@@ -134,10 +134,10 @@ void register_stage_cg(Registry& registry) {
            "relative change of b (of each row of it, rows_*) per solve (each step 0.5x..1.5x of it); the gate skips "
            "below lazy_cg_tol = 1e-6",
            {}},
-      Axis{"rows_shape", AxisKind::text, {cg::rows_defaults::shape}, {cg::rows_defaults::quick_shape},
+      Axis{"rows_shape", AxisKind::text, {defaults::cg_rows_shape}, {defaults::quick_cg_rows_shape},
            "TOKENSxWIDTH of the propagator's rows (rows_*): a micro-batch's tokens, each a system over d_model "
-           "features; ring k = " + str(cg::rows_defaults::neighbours) + ", alpha " + str(cg::rows_defaults::alpha) +
-               ", tol " + str(cg::rows_defaults::tol) + " (sem_v55's propagator)",
+           "features; ring k = " + str(defaults::cg_rows_neighbours) + ", alpha " + str(defaults::cg_rows_alpha) +
+               ", tol " + str(defaults::cg_rows_tol) + " (sem_v55's propagator)",
            {}, cg::rows_shape_invalid_reason},
   };
   const std::vector<std::string> axes{"graph", "rows", "alpha", "drift"};

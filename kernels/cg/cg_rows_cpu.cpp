@@ -6,35 +6,26 @@
 
 #include "cg/cg.h"
 #include "cg/rows.h"
+#include "runtime/cpu_elementwise.h"
 #include "runtime/host_buffer.h"
 
 namespace tb::cg {
 
-namespace {
-
-// Below this much work a parallel region costs more than it saves (fork, join and a barrier: tens of
-// microseconds on a loaded machine); the step's small models are all small loops.
-constexpr int64_t parallel_threshold = 32768;
-inline bool parallel_worth(int64_t work) { return work >= parallel_threshold; }
-
-}  // namespace
+using cpu::parallel_worth;
 
 template <class T>
 void CpuRows<T>::zero(T* x, int64_t n) {
-#pragma omp parallel for schedule(static) if (parallel_worth(n))
-  for (int64_t i = 0; i < n; ++i) x[i] = T(0);
+  cpu::zero(x, n);
 }
 
 template <class T>
 void CpuRows<T>::copy(T* dst, const T* src, int64_t n) {
-#pragma omp parallel for schedule(static) if (parallel_worth(n))
-  for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+  cpu::copy(dst, src, n);
 }
 
 template <class T>
 void CpuRows<T>::subtract(T* out, const T* a, const T* b, int64_t n) {
-#pragma omp parallel for schedule(static) if (parallel_worth(n))
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] - b[i];
+  cpu::subtract(out, a, b, n);
 }
 
 // Features whose k/2 neighbours on both sides lie inside the row skip the index wrap (two integer

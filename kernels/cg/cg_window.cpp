@@ -4,6 +4,7 @@
 
 #include "cg/cg.h"
 #include "runtime/defaults.h"
+#include "runtime/tolerance.h"
 
 namespace tb::cg {
 
@@ -107,7 +108,7 @@ Verdict RowsWindow::check() {
     if (skipped && start_ != Start::lazy)
       return Verdict{false, worst, "batch " + std::to_string(t) + " was skipped by a solver without the gate"};
     const std::vector<float> x = solution();
-    const Verdict v = check_rows(settings_.system, rhs_.b(t), x.data(), skipped, t, rows_defaults::residual_fp32_atol);
+    const Verdict v = check_rows(settings_.system, rhs_.b(t), x.data(), skipped, t, tolerance::cg_rows_residual_fp32_atol);
     worst = std::max(worst, v.max_error);
     if (!v.passed) return Verdict{false, worst, v.detail};
   }

@@ -77,10 +77,61 @@ class Gather final : public CpuCollate {
   HostBuffer<unsigned char> batch_;
 };
 
+// layout=token_rows: the training step's host paths, through the functions its Trainer::load_batch
+// calls. The epoch's order is kept as the step keeps its picks, int32 sample ids.
+class TokenRowsCollate : public CpuCollate {
+ public:
+  explicit TokenRowsCollate(const Problem& p)
+      : CpuCollate(p), picked_(order_.begin(), order_.end()),
+        batch_(static_cast<std::size_t>(shape_.batch_bytes()) / sizeof(int32_t)) {
+    first_touch(reinterpret_cast<unsigned char*>(batch_.data()), shape_.batch_bytes());
+  }
+  Verdict check() override { return check_host(reinterpret_cast<const unsigned char*>(batch_.data())); }
+
+ protected:
+  const int32_t* picked(int64_t k) const { return picked_.data() + k * shape_.batch; }
+
+  std::vector<int32_t> picked_;
+  HostBuffer<int32_t> batch_;
+};
+
+// The step with per_sample_copy: each row copied out into its reused sample buffer, then stacked.
+class TokenRowsPerSample final : public TokenRowsCollate {
+ public:
+  explicit TokenRowsPerSample(const Problem& p) : TokenRowsCollate(p), samples_(shape_.batch, shape_.seq_len) {}
+  void run() override {
+    stack_token_rows_per_sample(data_.token_rows(), shape_.seq_len, picked(next_batch()), shape_.batch, samples_,
+                                batch_.data());
+  }
+
+ private:
+  TokenRowSamples samples_;
+};
+
+// The step without it: each row's inputs and targets straight into the batch.
+class TokenRowsGather final : public TokenRowsCollate {
+ public:
+  explicit TokenRowsGather(const Problem& p) : TokenRowsCollate(p) {}
+  void run() override {
+    stack_token_rows(data_.token_rows(), shape_.seq_len, picked(next_batch()), shape_.batch, batch_.data());
+  }
+};
+
+bool is_token_rows(const Problem& p) { return shape_of(p).layout == Layout::token_rows; }
+
 }  // namespace
 
-std::unique_ptr<Instance> make_cpu_per_sample(const Problem& p, const RunContext&) { return std::make_unique<PerSample>(p); }
-std::unique_ptr<Instance> make_cpu_prebatched(const Problem& p, const RunContext&) { return std::make_unique<Prebatched>(p); }
-std::unique_ptr<Instance> make_cpu_gather(const Problem& p, const RunContext&) { return std::make_unique<Gather>(p); }
+std::unique_ptr<Instance> make_cpu_per_sample(const Problem& p, const RunContext&) {
+  if (is_token_rows(p)) return std::make_unique<TokenRowsPerSample>(p);
+  return std::make_unique<PerSample>(p);
+}
+std::unique_ptr<Instance> make_cpu_prebatched(const Problem& p, const RunContext&) {
+  require_field_layout(p);
+  return std::make_unique<Prebatched>(p);
+}
+std::unique_ptr<Instance> make_cpu_gather(const Problem& p, const RunContext&) {
+  if (is_token_rows(p)) return std::make_unique<TokenRowsGather>(p);
+  return std::make_unique<Gather>(p);
+}
 
 }  // namespace tb::collate

@@ -19,6 +19,7 @@ constexpr int warps_per_block = block_size / 32;
 // together and the kernel lasts compute_us.
 constexpr int consume_blocks_per_sm = 4;
 constexpr int gather_blocks_per_sm = 8;
+constexpr int64_t max_grid_extent = 65535;  // gridDim.y's limit; grid-stride loops cover the rest
 
 __device__ __forceinline__ uint64_t global_ns() {
   uint64_t t;
@@ -81,6 +82,24 @@ __global__ void gather_kernel(GatherArgs a) {
       const auto* s = reinterpret_cast<const uint32_t*>(src);
       auto* d = reinterpret_cast<uint32_t*>(dst);
       for (int64_t w = lane; w < f.row_bytes / 4; w += 32) d[w] = s[w];
+    }
+  }
+}
+
+// The token rows' gather (the step's resident data path). A row of T + 1 int32 starts at any 4-byte
+// offset and its targets one token after its inputs, so no access wider than 4 bytes is aligned in
+// general: consecutive threads take consecutive tokens of one row (coalesced reads and writes, no
+// division per token; the target read row[t + 1] is the neighbouring thread's input read, an L1 hit),
+// and blockIdx.y walks the picked rows.
+__global__ void gather_token_rows_kernel(const int32_t* __restrict__ rows, int64_t T,
+                                         const int32_t* __restrict__ picked, int64_t B, int32_t* __restrict__ out) {
+  int32_t* inputs = out;
+  int32_t* targets = out + B * T;
+  for (int64_t b = blockIdx.y; b < B; b += gridDim.y) {
+    const int32_t* row = rows + static_cast<int64_t>(picked[b]) * (T + 1);
+    for (int64_t t = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; t < T; t += int64_t{gridDim.x} * blockDim.x) {
+      inputs[b * T + t] = row[t];
+      targets[b * T + t] = row[t + 1];
     }
   }
 }
@@ -288,6 +307,38 @@ class Resident final : public CudaCollate {
   dim3 grid_;
 };
 
+// layout=token_rows: the training step's device path (data.location=device), the rows and the
+// epoch's order (int32 sample ids, as the step keeps them) in device memory, a batch is
+// cuda_gather_token_rows.
+class TokenRowsResident final : public CudaCollate {
+ public:
+  TokenRowsResident(const Problem& p, const RunContext& ctx)
+      : CudaCollate(p, ctx), rows_(static_cast<std::size_t>(shape_.dataset_bytes() / 4)), picked_(order_.size()),
+        device_batch_(batch_bytes()), partials_(make_partials()) {
+    const std::vector<int32_t> picked(order_.begin(), order_.end());
+    CUDA_CHECK(cudaMemcpyAsync(rows_.data(), data_.token_rows(), rows_.bytes(), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(picked_.data(), picked.data(), picked_.bytes(), cudaMemcpyHostToDevice, stream_));
+    // Waited for: pageable sources, and `picked` goes out of scope.
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void run() override {
+    cuda_gather_token_rows(rows_.data(), shape_.seq_len, picked_.data() + next_batch() * shape_.batch, shape_.batch,
+                           reinterpret_cast<int32_t*>(device_batch_.data()), stream_);
+    consume(device_batch_.data(), partials_.data(), stream_);
+  }
+  Verdict check() override {
+    if (calls_ == 0) return not_run();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return check_device(device_batch_.data(), batch_of_call(calls_ - 1), partials_.data());
+  }
+
+ private:
+  cuda::DeviceBuffer<int32_t> rows_;
+  cuda::DeviceBuffer<int32_t> picked_;
+  cuda::DeviceBuffer<unsigned char> device_batch_;
+  cuda::DeviceBuffer<uint32_t> partials_;
+};
+
 // Double buffering on two streams. Call i computes on batch i (already in device buffer i%2) on the
 // context stream while a copy stream brings batch i+1 into the other buffer; the host meanwhile
 // stacks batch i+2 into the pinned buffer batch i came from. The copy stream is forked from the
@@ -393,17 +444,37 @@ class Prefetch final : public CudaCollate {
 
 }  // namespace
 
+void cuda_gather_token_rows(const int32_t* rows_on_device, int64_t T, const int32_t* picked_on_device, int64_t B,
+                            int32_t* out, CUstream_st* stream) {
+  if (B == 0 || T == 0) return;
+  // A block as wide as the row in whole warps (up to block_size), so that short rows leave no
+  // threads idle; enough blocks along x to cover the row, one row per block along y.
+  const int64_t threads = std::min<int64_t>(block_size, (T + 31) / 32 * 32);
+  const dim3 grid(static_cast<unsigned>(std::min((T + threads - 1) / threads, max_grid_extent)),
+                  static_cast<unsigned>(std::min(B, max_grid_extent)));
+  gather_token_rows_kernel<<<grid, static_cast<unsigned>(threads), 0, stream>>>(rows_on_device, T, picked_on_device, B,
+                                                                              out);
+  CUDA_CHECK(cudaGetLastError());
+}
+
 std::unique_ptr<Instance> make_cuda_per_sample(const Problem& p, const RunContext& ctx) {
+  require_field_layout(p);
   return std::make_unique<PerSample>(p, ctx);
 }
-std::unique_ptr<Instance> make_cuda_pinned(const Problem& p, const RunContext& ctx) { return std::make_unique<Pinned>(p, ctx); }
+std::unique_ptr<Instance> make_cuda_pinned(const Problem& p, const RunContext& ctx) {
+  require_field_layout(p);
+  return std::make_unique<Pinned>(p, ctx);
+}
 std::unique_ptr<Instance> make_cuda_prebatched(const Problem& p, const RunContext& ctx, bool pinned_slab) {
+  require_field_layout(p);
   return std::make_unique<Prebatched>(p, ctx, pinned_slab);
 }
 std::unique_ptr<Instance> make_cuda_resident(const Problem& p, const RunContext& ctx) {
+  if (shape_of(p).layout == Layout::token_rows) return std::make_unique<TokenRowsResident>(p, ctx);
   return std::make_unique<Resident>(p, ctx);
 }
 std::unique_ptr<Instance> make_cuda_prefetch(const Problem& p, const RunContext& ctx) {
+  require_field_layout(p);
   return std::make_unique<Prefetch>(p, ctx);
 }
 

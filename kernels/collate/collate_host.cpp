@@ -7,10 +7,30 @@
 #include <cstring>
 
 #include "collate.h"
+#include "runtime/defaults.h"
+#include "runtime/error.h"
 
 namespace tb::collate {
 
+namespace {
+
+// A token-rows batch (2 * B * T int32) goes to the team by the same rule as a Shape's batch.
+bool token_rows_parallel(int64_t T, int64_t B) {
+  return 2 * B * T * static_cast<int64_t>(sizeof(int32_t)) >= defaults::collate_parallel_min_bytes;
+}
+
+}  // namespace
+
 HostDataset::HostDataset(const Shape& shape) {
+  if (shape.layout == Layout::token_rows) {
+    fields_.emplace_back(static_cast<std::size_t>(shape.dataset_bytes()));
+    auto* rows = reinterpret_cast<int32_t*>(fields_.front().data());
+    const int64_t n = shape.samples, T = shape.seq_len;
+#pragma omp parallel for schedule(static)
+    for (int64_t s = 0; s < n; ++s)
+      for (int64_t t = 0; t <= T; ++t) rows[s * (T + 1) + t] = token_row_value(s, t, T);
+    return;
+  }
   const Fields fields = shape.fields();
   for (const auto& f : fields) fields_.emplace_back(static_cast<std::size_t>(shape.samples * f.row_bytes));
   const int64_t n = shape.samples, dim = shape.embed_dim, seq = shape.seq_len;
@@ -78,6 +98,47 @@ void gather_batch(const Shape& shape, const HostDataset& data, const int64_t* in
     for (std::size_t f = 0; f < fields.size(); ++f)
       std::memcpy(batch_out + offset[f] + i * fields[f].row_bytes, data.field(f) + indices[i] * fields[f].row_bytes,
                   static_cast<std::size_t>(fields[f].row_bytes));
+}
+
+void stack_token_rows(const int32_t* rows, int64_t T, const int32_t* picked, int64_t B, int32_t* out) {
+  int32_t* inputs = out;
+  int32_t* targets = out + B * T;
+  const auto row_bytes = static_cast<std::size_t>(T) * sizeof(int32_t);
+#pragma omp parallel for schedule(static) if (token_rows_parallel(T, B))
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* row = rows + static_cast<int64_t>(picked[b]) * (T + 1);
+    std::memcpy(inputs + b * T, row, row_bytes);
+    std::memcpy(targets + b * T, row + 1, row_bytes);
+  }
+}
+
+TokenRowSamples::TokenRowSamples(int64_t samples, int64_t T) : tokens_(T + 1) {
+  rows_.reserve(static_cast<std::size_t>(samples));
+  for (int64_t i = 0; i < samples; ++i) {
+    rows_.emplace_back(static_cast<std::size_t>(tokens_));
+    std::memset(rows_.back().data(), 0, rows_.back().bytes());
+  }
+}
+
+void stack_token_rows_per_sample(const int32_t* rows, int64_t T, const int32_t* picked, int64_t B,
+                                 TokenRowSamples& samples, int32_t* out) {
+  TB_REQUIRE(samples.samples() >= B && samples.tokens() == T + 1,
+             "the sample buffers hold " + std::to_string(samples.samples()) + " rows of " +
+                 std::to_string(samples.tokens()) + " tokens; the batch needs " + std::to_string(B) + " of " +
+                 std::to_string(T + 1));
+  const bool parallel = token_rows_parallel(T, B);
+  const auto sample_bytes = static_cast<std::size_t>(T + 1) * sizeof(int32_t);
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t b = 0; b < B; ++b)
+    std::memcpy(samples.row(b), rows + static_cast<int64_t>(picked[b]) * (T + 1), sample_bytes);
+  int32_t* inputs = out;
+  int32_t* targets = out + B * T;
+  const auto row_bytes = static_cast<std::size_t>(T) * sizeof(int32_t);
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t b = 0; b < B; ++b) {
+    std::memcpy(inputs + b * T, samples.row(b), row_bytes);
+    std::memcpy(targets + b * T, samples.row(b) + 1, row_bytes);
+  }
 }
 
 double build_slab(const Shape& shape, const HostDataset& data, const std::vector<int64_t>& order, unsigned char* slab) {

@@ -1,5 +1,6 @@
 // The problem (shape, epoch order, generated values) and the oracle for `collate`: plain loops.
 #include <cstring>
+#include <limits>
 #include <sstream>
 #include <utility>
 
@@ -12,11 +13,16 @@ namespace tb::collate {
 
 Fields Shape::fields() const {
   Fields out;
+  if (layout == Layout::token_rows) {
+    out.add(Field{"inputs", seq_len * 4, 4, true});
+    out.add(Field{"targets", seq_len * 4, 4, true});
+    return out;
+  }
   if (layout == Layout::text_pair) {
     out.add(Field{"input_embedding", embed_dim * 4, 4});
     out.add(Field{"target_embedding", embed_dim * 4, 4});
   }
-  out.add(Field{"tokens", seq_len * 8, 8});
+  out.add(Field{"tokens", seq_len * 8, 8, true});
   return out;
 }
 
@@ -25,6 +31,8 @@ int64_t Shape::sample_bytes() const {
   for (const auto& f : fields()) bytes += f.row_bytes;
   return bytes;
 }
+
+int64_t Shape::dataset_row_bytes() const { return layout == Layout::token_rows ? (seq_len + 1) * 4 : sample_bytes(); }
 
 int64_t Shape::field_offset(std::size_t f) const {
   const Fields all = fields();
@@ -40,7 +48,8 @@ Shape shape_of(const Problem& p) {
   const std::string& layout = p.get("layout");
   if (layout == "text_pair") s.layout = Layout::text_pair;
   else if (layout == "tokens") s.layout = Layout::tokens;
-  else throw UsageError("collate: layout=" + layout + " (text_pair, tokens)");
+  else if (layout == "token_rows") s.layout = Layout::token_rows;
+  else throw UsageError("collate: layout=" + layout + " (text_pair, tokens, token_rows)");
   const std::string& order = p.get("order");
   if (order == "shuffled") s.order = Order::shuffled;
   else if (order == "sequential") s.order = Order::sequential;
@@ -58,6 +67,8 @@ std::string invalid_reason(const Shape& s) {
     return "samples=" + std::to_string(s.samples) + " < batch=" + std::to_string(s.batch) +
            ": the dataset holds no full batch (the last partial batch is dropped)";
   if (!(s.compute_us >= 0 && s.compute_us <= 1e6)) return "compute_us must be between 0 and 1e6";
+  if (s.layout == Layout::token_rows && s.samples > std::numeric_limits<int32_t>::max())
+    return "layout=token_rows picks rows by int32 sample id, as the step does: at most 2^31 - 1 samples";
   return "";
 }
 
@@ -65,6 +76,16 @@ Shape runnable_shape(const Problem& problem) {
   Shape shape = shape_of(problem);
   if (const std::string why = invalid_reason(shape); !why.empty()) throw UsageError("collate: " + why);
   return shape;
+}
+
+std::string field_layout_reason(const Shape& shape) {
+  if (shape.layout != Layout::token_rows) return "";
+  return "layout=token_rows (the training step's data path) has a form in per_sample and gather on the CPU and "
+         "resident on CUDA only";
+}
+
+void require_field_layout(const Problem& problem) {
+  if (const std::string why = field_layout_reason(shape_of(problem)); !why.empty()) throw UsageError("collate: " + why);
 }
 
 std::vector<int64_t> epoch_order(const Shape& shape) {
@@ -87,6 +108,22 @@ int64_t token_value(int64_t sample, int64_t t, int64_t seq_len) {
                               static_cast<uint64_t>(vocab));
 }
 
+int32_t token_row_value(int64_t sample, int64_t t, int64_t seq_len) {
+  return static_cast<int32_t>(token_value(sample, t, seq_len + 1));  // below vocab: fits int32
+}
+
+void reference_token_rows(const int32_t* rows, int64_t T, const int32_t* picked, int64_t B, int32_t* out) {
+  int32_t* inputs = out;
+  int32_t* targets = out + B * T;
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* row = rows + static_cast<int64_t>(picked[b]) * (T + 1);
+    for (int64_t t = 0; t < T; ++t) {
+      inputs[b * T + t] = row[t];
+      targets[b * T + t] = row[t + 1];
+    }
+  }
+}
+
 namespace {
 
 // Element j of field f of dataset sample `sample`, as bytes.
@@ -104,8 +141,12 @@ void write_element(const Shape& shape, std::size_t f, int64_t sample, int64_t j,
 std::string element_text(const Field& field, const unsigned char* at) {
   std::ostringstream out;
   out.precision(9);
-  if (field.elem_bytes == 4) {
+  if (!field.integer) {
     float v;
+    std::memcpy(&v, at, sizeof v);
+    out << v;
+  } else if (field.elem_bytes == 4) {
+    int32_t v;
     std::memcpy(&v, at, sizeof v);
     out << v;
   } else {
@@ -116,9 +157,27 @@ std::string element_text(const Field& field, const unsigned char* at) {
   return out.str();
 }
 
+// Token rows: the batch's rows regenerated (row i is sample order[k * batch + i]), then the oracle.
+std::vector<unsigned char> reference_token_rows_batch(const Shape& shape, const std::vector<int64_t>& order,
+                                                      int64_t k) {
+  const int64_t B = shape.batch, T = shape.seq_len;
+  std::vector<int32_t> rows(static_cast<std::size_t>(B * (T + 1))), picked(static_cast<std::size_t>(B));
+  for (int64_t i = 0; i < B; ++i) {
+    const int64_t sample = order[static_cast<std::size_t>(k * B + i)];
+    picked[static_cast<std::size_t>(i)] = static_cast<int32_t>(i);
+    for (int64_t t = 0; t <= T; ++t) rows[static_cast<std::size_t>(i * (T + 1) + t)] = token_row_value(sample, t, T);
+  }
+  std::vector<int32_t> batch(static_cast<std::size_t>(2 * B * T));
+  reference_token_rows(rows.data(), T, picked.data(), B, batch.data());
+  std::vector<unsigned char> out(batch.size() * sizeof(int32_t));
+  std::memcpy(out.data(), batch.data(), out.size());
+  return out;
+}
+
 }  // namespace
 
 std::vector<unsigned char> reference_batch(const Shape& shape, const std::vector<int64_t>& order, int64_t k) {
+  if (shape.layout == Layout::token_rows) return reference_token_rows_batch(shape, order, k);
   std::vector<unsigned char> out(static_cast<std::size_t>(shape.batch_bytes()));
   const auto fields = shape.fields();
   for (std::size_t f = 0; f < fields.size(); ++f) {

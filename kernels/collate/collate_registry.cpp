@@ -18,11 +18,16 @@ struct Footprint {
   double host_datasets = 1, host_batches = 0, device_datasets = 0, device_batches = 0;
 };
 
-std::function<std::string(const Problem&)> unsupported(Footprint fp) {
-  return [fp](const Problem& p) -> std::string {
+// Whether a variant has a form for layout=token_rows (the training step's data path).
+enum class TokenRows { runs, field_layouts_only };
+
+std::function<std::string(const Problem&)> unsupported(Footprint fp, TokenRows token_rows) {
+  return [fp, token_rows](const Problem& p) -> std::string {
     const collate::Shape s = collate::shape_of(p);
     if (const std::string why = collate::invalid_reason(s); !why.empty()) return why;
-    const double dataset = static_cast<double>(s.samples) * static_cast<double>(s.sample_bytes());
+    if (token_rows == TokenRows::field_layouts_only)
+      if (const std::string why = collate::field_layout_reason(s); !why.empty()) return why;
+    const double dataset = static_cast<double>(s.dataset_bytes());
     const double batch = static_cast<double>(s.batch_bytes());
     const std::string host = host_memory_reason(fp.host_datasets * dataset + fp.host_batches * batch);
     if (!host.empty()) return host;
@@ -39,22 +44,29 @@ struct Touched {
   double batches = 0;  // batch-sized buffers, host and device
 };
 
+// What the timed region moves: nothing (a view), the batch across the link, or a copy inside one memory.
+enum class Moves { nothing, transfer, copy };
+
 // Bytes per call: for a transfer, the batch that crosses the link (as `peak`'s H2D rows count it);
-// for a copy inside one memory, the batch read and written once (as `peak`'s copy rows count it),
-// the least any collate moves; 0 for a view, whose timed region moves nothing. Counters: samples
-// per call (samples/s = samples / time), copies across the link, kernels, and bytes the host copies.
-std::function<Work(const Problem&)> work(double bytes_per_batch_byte, const char* peak_key, double h2d_copies_per_field,
+// for a copy inside one memory, the batch's dataset rows read and the batch written once (as `peak`'s
+// copy rows count it; for the field layouts twice the batch), the least any collate moves; 0 for a
+// view, whose timed region moves nothing. Counters: samples per call (samples/s = samples / time),
+// copies across the link, kernels, and bytes the host copies.
+std::function<Work(const Problem&)> work(Moves moves, const char* peak_key, double h2d_copies_per_field,
                                          double fixed_h2d_copies, double host_copies, bool gather_kernel,
                                          Touched touched) {
   return [=](const Problem& p) {
     const collate::Shape s = collate::shape_of(p);
     const double batch = static_cast<double>(s.batch_bytes());
-    const double epoch = static_cast<double>(s.batches_per_epoch()) * batch;
-    double bytes = bytes_per_batch_byte * batch;
+    const double batch_rows = static_cast<double>(s.batch * s.dataset_row_bytes());  // what a batch reads
+    const double epoch = static_cast<double>(s.batches_per_epoch()) * batch_rows;
+    double bytes = moves == Moves::copy ? batch_rows + batch : moves == Moves::transfer ? batch : 0.0;
     double footprint = touched.epochs * epoch + touched.batches * batch;
     if (gather_kernel) {
-      bytes += 8.0 * static_cast<double>(s.batch);                                  // the batch's indices
-      footprint += 8.0 * static_cast<double>(s.batches_per_epoch() * s.batch);  // the epoch's order
+      // The batch's indices and the epoch's order: int64, or the step's int32 sample ids for token rows.
+      const double index_bytes = s.layout == collate::Layout::token_rows ? 4.0 : 8.0;
+      bytes += index_bytes * static_cast<double>(s.batch);
+      footprint += index_bytes * static_cast<double>(s.batches_per_epoch() * s.batch);
     }
     const double kernels = (gather_kernel ? 1.0 : 0.0) + (s.compute_us > 0 ? 1.0 : 0.0);
     Work w{bytes, 0.0, Work::Bound::memory, peak_key, {}};
@@ -83,8 +95,9 @@ void register_stage_collate(Registry& registry) {
   s.axes = {
       Axis{"layout", AxisKind::choice, {"text_pair", "tokens"}, {"text_pair"},
            "text_pair: two embed_dim fp32 embeddings + seq_len int64 token ids a sample (seeds/001); tokens: the "
-           "token ids alone",
-           {"text_pair", "tokens"}},
+           "token ids alone; token_rows (not a default): the training step's data path, rows of seq_len + 1 int32 "
+           "tokens batched as inputs then next-token targets (per_sample, gather, resident)",
+           {"text_pair", "tokens", "token_rows"}},
       Axis{"order", AxisKind::choice, {"shuffled"}, {}, "the epoch's order: a seeded permutation, or sequential",
            {"shuffled", "sequential"}},
       Axis{"samples", AxisKind::positive_int, {str(defaults::collate_samples)}, {str(defaults::quick_collate_samples)},
@@ -95,7 +108,9 @@ void register_stage_collate(Registry& registry) {
            "samples per batch (seeds/001: 16 -> 64; seeds/000: 4096)", {}},
       Axis{"embed_dim", AxisKind::positive_int, {str(defaults::collate_embed_dim)}, {},
            "fp32 elements per embedding (text_pair; seeds/001)", {}},
-      Axis{"seq_len", AxisKind::positive_int, {str(defaults::collate_seq_len)}, {}, "int64 token ids per sample", {}},
+      Axis{"seq_len", AxisKind::positive_int, {str(defaults::collate_seq_len)}, {},
+           "int64 token ids per sample (token_rows: int32 inputs and as many targets, from a row one token longer)",
+           {}},
       Axis{"compute_us", AxisKind::number, {"0", str(defaults::collate_compute_us)}, {},
            "the step's compute per batch on the GPU in microseconds, after the batch lands (0: none, the data path "
            "alone); prefetch overlaps the next copy with it",
@@ -108,40 +123,49 @@ void register_stage_collate(Registry& registry) {
   s.variants = {
       Variant{"per_sample", Backend::cpu,
               "__getitem__ copies each sample's tensors out, collate_fn stacks them: every byte copied twice",
-              cpu_axes, work(2, "cpu.copy", 0, 0, 2, false, {1, 2}), unsupported({1, 2, 0, 0}), make_cpu_per_sample, ""},
+              cpu_axes, work(Moves::copy, "cpu.copy", 0, 0, 2, false, {1, 2}),
+              unsupported({1, 2, 0, 0}, TokenRows::runs), make_cpu_per_sample, ""},
       Variant{"prebatched", Backend::cpu,
               "samples stored batch by batch in the epoch's order (rebuilt once per epoch when shuffled: "
               "slab_build_ms, outside the timed region): a batch is a view, nothing is copied",
-              cpu_axes, work(0, "", 0, 0, 0, false, {0, 0}), unsupported({2, 0, 0, 0}), make_cpu_prebatched, ""},
+              cpu_axes, work(Moves::nothing, "", 0, 0, 0, false, {0, 0}),
+              unsupported({2, 0, 0, 0}, TokenRows::field_layouts_only), make_cpu_prebatched, ""},
       Variant{"gather", Backend::cpu, "each row from the dataset straight into a reused batch buffer: one copy",
-              cpu_axes, work(2, "cpu.copy", 0, 0, 1, false, {1, 1}), unsupported({1, 1, 0, 0}), make_cpu_gather, ""},
+              cpu_axes, work(Moves::copy, "cpu.copy", 0, 0, 1, false, {1, 1}),
+              unsupported({1, 1, 0, 0}, TokenRows::runs), make_cpu_gather, ""},
 
       Variant{"per_sample", Backend::cuda,
               "__getitem__ copies out, torch.stack into pageable tensors, one pageable H2D per tensor: the default "
               "DataLoader path",
-              cuda_axes, work(1, "cuda.h2d_pageable", 1, 0, 2, false, {1, 3}), unsupported({1, 2, 0, 1}),
+              cuda_axes, work(Moves::transfer, "cuda.h2d_pageable", 1, 0, 2, false, {1, 3}),
+              unsupported({1, 2, 0, 1}, TokenRows::field_layouts_only),
               cuda_factory(make_cuda_per_sample), ""},
       Variant{"pinned", Backend::cuda,
               "rows stacked straight into a pinned batch (double-buffered), one async H2D: pin_memory without the "
               "per-sample copies",
-              cuda_axes, work(1, "cuda.h2d_pinned", 0, 1, 1, false, {1, 3}), unsupported({1, 2, 0, 1}),
+              cuda_axes, work(Moves::transfer, "cuda.h2d_pinned", 0, 1, 1, false, {1, 3}),
+              unsupported({1, 2, 0, 1}, TokenRows::field_layouts_only),
               cuda_factory(make_cuda_pinned), ""},
       Variant{"prebatched", Backend::cuda,
               "a pageable slab stored batch by batch (reshuffled once per epoch, slab_build_ms, untimed): a batch is "
               "a view, one H2D",
-              cuda_axes, work(1, "cuda.h2d_pageable", 0, 1, 0, false, {1, 1}), unsupported({2, 0, 0, 1}),
+              cuda_axes, work(Moves::transfer, "cuda.h2d_pageable", 0, 1, 0, false, {1, 1}),
+              unsupported({2, 0, 0, 1}, TokenRows::field_layouts_only),
               cuda_factory([](const Problem& p, const RunContext& c) { return make_cuda_prebatched(p, c, false); }), ""},
       Variant{"prebatched_pinned", Backend::cuda,
               "the same slab in pinned memory: one async H2D and no host work, the best a host-side dataset gets",
-              cuda_axes, work(1, "cuda.h2d_pinned", 0, 1, 0, false, {1, 1}), unsupported({2, 0, 0, 1}),
+              cuda_axes, work(Moves::transfer, "cuda.h2d_pinned", 0, 1, 0, false, {1, 1}),
+              unsupported({2, 0, 0, 1}, TokenRows::field_layouts_only),
               cuda_factory([](const Problem& p, const RunContext& c) { return make_cuda_prebatched(p, c, true); }), ""},
       Variant{"resident", Backend::cuda,
               "the dataset in device memory (torch.load to cuda, seeds/001): a gather kernel by index, no transfer",
-              cuda_axes, work(2, "cuda.copy", 0, 0, 0, true, {1, 1}), unsupported({1, 0, 1, 1}),
+              cuda_axes, work(Moves::copy, "cuda.copy", 0, 0, 0, true, {1, 1}),
+              unsupported({1, 0, 1, 1}, TokenRows::runs),
               cuda_factory(make_cuda_resident), ""},
       Variant{"prefetch", Backend::cuda,
               "pinned double buffering on two streams: batch i+1's copy runs under batch i's compute (copy_hidden)",
-              cuda_axes, work(1, "cuda.h2d_pinned", 0, 1, 1, false, {1, 4}), unsupported({1, 2, 0, 2}),
+              cuda_axes, work(Moves::transfer, "cuda.h2d_pinned", 0, 1, 1, false, {1, 4}),
+              unsupported({1, 2, 0, 2}, TokenRows::field_layouts_only),
               cuda_factory(make_cuda_prefetch), ""},
   };
   // A pre-batched slab is built outside the timed region, once per epoch: its pairs add that cost

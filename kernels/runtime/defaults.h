@@ -190,4 +190,17 @@ inline constexpr int64_t quick_cg_rows = int64_t{1} << 16;
 // With the gate at 1e-6 these give about 0%, 40% and 75% skips (the rows measure it).
 inline constexpr const char* cg_drifts[] = {"2e-6", "1e-6", "5e-7"};
 
+// The cg stage's rows_* variants: the propagator as the step runs it, at sem_v55's size
+// (tuner/workloads/sem_v55.yaml): micro-batch 128 x seq_len 256 tokens of d_model 384; --quick: 16
+// sequences of 256 tokens of the same width.
+inline constexpr const char* cg_rows_shape = "32768x384";
+inline constexpr const char* quick_cg_rows_shape = "4096x384";
+// sem_v55's propagator section: sparsity 8, alpha 0.1, cg_tol 1e-6, lazy_tol 1e-6, max_iters 50.
+inline constexpr int64_t cg_rows_neighbours = 8;
+inline constexpr double cg_rows_alpha = 0.1;
+inline constexpr double cg_rows_tol = 1e-6;
+inline constexpr double cg_rows_lazy_tol = 1e-6;
+inline constexpr int64_t cg_rows_max_iterations = 50;
+inline constexpr uint64_t cg_rows_seed_rhs = 43;
+
 }  // namespace tb::defaults

@@ -9,9 +9,11 @@
 #include <limits>
 #include <type_traits>
 
+#include "collate/collate.h"
 #include "gradnorm/gradnorm.h"
 #include "runtime/comm.h"
 #include "runtime/cpu_blas.h"
+#include "runtime/cpu_elementwise.h"
 #include "runtime/defaults.h"
 #include "runtime/simd_math.h"
 
@@ -21,40 +23,30 @@ namespace {
 
 using blas::gemm;
 
-constexpr double gelu_scale = 0.7978845608028654;  // sqrt(2 / pi)
+using cpu::parallel_worth;
 
-// Below this much work a parallel region costs more than it saves (fork, join and a barrier: tens
-// of microseconds on a loaded machine), and small models are all small loops.
-inline bool parallel_worth(int64_t work) { return work >= 32768; }
+constexpr double gelu_scale = 0.7978845608028654;  // sqrt(2 / pi)
 
 }  // namespace
 
 template <class T>
 void CpuOps<T>::zero(T* p, int64_t n) {
-#pragma omp parallel for schedule(static) if (parallel_worth(n))
-  for (int64_t i = 0; i < n; ++i) p[i] = T(0);
+  cpu::zero(p, n);
 }
 
 template <class T>
 void CpuOps<T>::copy(T* dst, const T* src, int64_t n) {
-#pragma omp parallel for schedule(static) if (parallel_worth(n))
-  for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+  cpu::copy(dst, src, n);
 }
 
 template <class T>
 void CpuOps<T>::add(T* out, const T* a, const T* b, int64_t n) {
-#pragma omp parallel for schedule(static) if (parallel_worth(n))
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  cpu::add(out, a, b, n);
 }
 
 template <class T>
-void CpuOps<T>::gather_tokens(int32_t* tokens, int32_t* targets, const int32_t* dataset, const int32_t* indices,
-                              int64_t B, int64_t Tn) {
-  for (int64_t b = 0; b < B; ++b) {
-    const int32_t* row = dataset + static_cast<int64_t>(indices[b]) * (Tn + 1);
-    std::copy(row, row + Tn, tokens + b * Tn);
-    std::copy(row + 1, row + Tn + 1, targets + b * Tn);
-  }
+void CpuOps<T>::gather_tokens(int32_t* batch, const int32_t* rows, const int32_t* picked, int64_t B, int64_t Tn) {
+  collate::stack_token_rows(rows, Tn, picked, B, batch);
 }
 
 template <class T>
@@ -104,14 +96,36 @@ void CpuOps<T>::layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const 
 }
 
 template <class T>
+T* CpuOps<T>::partials(int64_t n) {
+  if (n > partials_size_) {
+    partials_ = Buffer<T>();  // freed before the larger one is allocated
+    partials_ = alloc<T>(n);
+    partials_size_ = n;
+  }
+  return partials_.data();
+}
+
+template <class T>
+attention::FusedWorkspace& CpuOps<T>::fused_workspace(int64_t head_dim, int64_t seq) {
+  if (!attention_ws_) {
+    attention_ws_ = std::make_unique<attention::FusedWorkspace>(head_dim, seq);
+    attention_ws_bytes_ = MeteredBytes(attention_ws_->bytes(), meter_);
+  }
+  return *attention_ws_;
+}
+
+template <class T>
 void CpuOps<T>::layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, const T* mean,
                                    const T* rstd, int64_t N, int64_t C) {
-  const int threads = omp_get_max_threads();
-  std::vector<T> partial(static_cast<std::size_t>(threads) * 2 * C, T(0));  // per-thread dw, db
+  T* partial = partials(static_cast<int64_t>(omp_get_max_threads()) * 2 * C);  // per-thread dw, db
+  int team = 1;
 #pragma omp parallel
   {
-    T* pdw = partial.data() + static_cast<int64_t>(omp_get_thread_num()) * 2 * C;
+    const int me = omp_get_thread_num();
+    if (me == 0) team = omp_get_num_threads();
+    T* pdw = partial + static_cast<int64_t>(me) * 2 * C;
     T* pdb = pdw + C;
+    std::fill(pdw, pdw + 2 * C, T(0));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
       const T* x = inp + n * C;
@@ -134,7 +148,7 @@ void CpuOps<T>::layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T
       }
     }
   }
-  for (int t = 0; t < threads; ++t)
+  for (int t = 0; t < team; ++t)
     for (int64_t c = 0; c < C; ++c) {
       dw[c] += partial[static_cast<int64_t>(t) * 2 * C + c];
       db[c] += partial[static_cast<int64_t>(t) * 2 * C + C + c];
@@ -157,19 +171,22 @@ void CpuOps<T>::matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T
   if (!dbias) return;
   // Column sums row by row (contiguous, vectorised), each thread over its rows into its own partial.
   const int threads = parallel_worth(N * OC) ? omp_get_max_threads() : 1;
-  std::vector<T> partial(static_cast<std::size_t>(threads * OC), T(0));
+  T* partial = partials(static_cast<int64_t>(threads) * OC);
+  int64_t used = 1;
 #pragma omp parallel num_threads(threads)
   {
     const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
-    T* sum = partial.data() + me * OC;
+    if (me == 0) used = team;
+    T* sum = partial + me * OC;
+    std::fill(sum, sum + OC, T(0));
     for (int64_t n = N * me / team; n < N * (me + 1) / team; ++n) {
       const T* row = dout + n * OC;
 #pragma omp simd
       for (int64_t o = 0; o < OC; ++o) sum[o] += row[o];
     }
   }
-  for (int t = 0; t < threads; ++t)
-    for (int64_t o = 0; o < OC; ++o) dbias[o] += partial[static_cast<std::size_t>(t * OC + o)];
+  for (int64_t t = 0; t < used; ++t)
+    for (int64_t o = 0; o < OC; ++o) dbias[o] += partial[t * OC + o];
 }
 
 // The attention stage's kernels on the packed rows: Q, K, V are columns [0, C), [C, 2C), [2C, 3C) of
@@ -183,8 +200,7 @@ void CpuOps<T>::attention_forward(T* out, T* saved, const T* qkv, int64_t B, int
     attention::reference_forward(shape, true, x, saved);  // the oracle: the same function both ways
     (void)fused;
   } else if (fused) {
-    if (!attention_ws_) attention_ws_ = std::make_unique<attention::FusedWorkspace>(shape.head_dim, Tn);
-    attention::cpu_fused_forward(shape, true, x, saved, *attention_ws_);
+    attention::cpu_fused_forward(shape, true, x, saved, fused_workspace(shape.head_dim, Tn));
   } else {
     attention::cpu_naive_forward(shape, attention::Mask::implicit, x, saved);
   }
@@ -201,8 +217,7 @@ void CpuOps<T>::attention_backward(T* dqkv, T* scratch, const T* dout, const T* 
     attention::reference_backward(shape, true, x, g);
     (void)fused, (void)scratch, (void)saved;
   } else if (fused) {
-    if (!attention_ws_) attention_ws_ = std::make_unique<attention::FusedWorkspace>(shape.head_dim, Tn);
-    attention::cpu_fused_backward(shape, true, x, saved, g, *attention_ws_);
+    attention::cpu_fused_backward(shape, true, x, saved, g, fused_workspace(shape.head_dim, Tn));
   } else {
     attention::cpu_naive_backward(shape, x, saved, g, scratch);
   }

@@ -58,9 +58,9 @@ class CpuOps {
   template <class U>
   void wait_until_free(Staging<U>& /*staging*/) {}
   void upload_staged(int32_t* dst, Staging<int32_t>& src, int64_t n, bool async) { upload_tokens(dst, src.data(), n, async); }
-  // tokens[b] = dataset row indices[b] (inputs), targets[b] = the same row shifted by one.
-  void gather_tokens(int32_t* tokens, int32_t* targets, const int32_t* dataset, const int32_t* indices, int64_t B,
-                     int64_t Tn);
+  // The batch (inputs [B, T], then targets [B, T]) of the token rows at `picked` from a resident
+  // dataset, which on the CPU is host memory: the host path's straight copy, collate's stack_token_rows.
+  void gather_tokens(int32_t* batch, const int32_t* rows, const int32_t* picked, int64_t B, int64_t Tn);
   void read_scalars(T* host, const T* src, int64_t n) { std::copy(src, src + n, host); }
   bool read_scalars_async(T* host, const T* src, int64_t n) {
     read_scalars(host, src, n);
@@ -108,11 +108,21 @@ class CpuOps {
   void allreduce_sum(T* data, int64_t n, int64_t bucket);
 
  private:
+  // The fused attention's scratch, made on first use for the one model a backend serves, and counted
+  // in the meter (attention_ws_bytes_) like the buffers alloc hands out.
+  attention::FusedWorkspace& fused_workspace(int64_t head_dim, int64_t seq);
+  // Per-thread partial sums of the reductions over rows (matmul_backward's dbias, layernorm_backward's
+  // dw and db): at least n elements, grown on demand and kept, so a timed step allocates none.
+  T* partials(int64_t n);
+
   std::shared_ptr<MemoryMeter> meter_;
   int64_t marks_taken_ = 0;
   cg::CpuRows<T> rows_;
-  // Made on first use, for the one model and optimizer a backend serves.
   std::unique_ptr<attention::FusedWorkspace> attention_ws_;
+  MeteredBytes attention_ws_bytes_;
+  Buffer<T> partials_;
+  int64_t partials_size_ = 0;
+  // Made on first use, for the one model and optimizer a backend serves.
   std::unique_ptr<adamw::CpuPlan> adamw_plan_;
   std::vector<adamw::Chunk> clip_chunks_;
   std::vector<double> clip_partial_;

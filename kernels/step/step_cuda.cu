@@ -43,16 +43,6 @@ constexpr int threads = 256;
 __global__ void copy_kernel(float* d, const float* s, int64_t n) { TB_GRID_STRIDE(i, n) d[i] = s[i]; }
 __global__ void add_kernel(float* o, const float* a, const float* b, int64_t n) { TB_GRID_STRIDE(i, n) o[i] = a[i] + b[i]; }
 
-__global__ void gather_tokens_kernel(int32_t* tokens, int32_t* targets, const int32_t* dataset, const int32_t* indices,
-                                     int64_t B, int64_t Tn) {
-  TB_GRID_STRIDE(e, B * Tn) {
-    const int64_t b = e / Tn, t = e % Tn;
-    const int32_t* row = dataset + static_cast<int64_t>(indices[b]) * (Tn + 1);
-    tokens[e] = row[t];
-    targets[e] = row[t + 1];
-  }
-}
-
 __global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t B,
                                        int64_t Tn, int64_t C) {
   TB_GRID_STRIDE(e, B * Tn * C) {
@@ -299,10 +289,9 @@ class CudaOps {
     CUDA_CHECK(cudaEventRecord(src.copied(), stream_));
     if (!async) CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
-  void gather_tokens(int32_t* tokens, int32_t* targets, const int32_t* dataset, const int32_t* indices, int64_t B,
-                     int64_t Tn) {
-    gather_tokens_kernel<<<grid(B * Tn), threads, 0, stream_>>>(tokens, targets, dataset, indices, B, Tn);
-    check_launch();
+  // The collate stage's resident gather (what its cuda/resident layout=token_rows measures).
+  void gather_tokens(int32_t* batch, const int32_t* rows, const int32_t* picked, int64_t B, int64_t Tn) {
+    collate::cuda_gather_token_rows(rows, Tn, picked, B, batch, stream_);
   }
 
   void zero(float* p, int64_t n) { CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), stream_)); }

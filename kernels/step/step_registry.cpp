@@ -1,4 +1,5 @@
 // Stage `step`. Workloads are presets in tuner/workloads/ (from the reports) or a user's YAML file.
+#include "attention/attention.h"
 #include "runtime/device_info.h"
 #include "runtime/error.h"
 #include "runtime/registry.h"
@@ -56,6 +57,11 @@ std::string unsupported_reason(const Workload& w, bool cuda) {
   if (!cuda && w.switches.cuda_graphs) return "CUDA graphs need the CUDA backend";
   if (w.switches.cuda_graphs && w.propagator.enabled)
     return "CUDA graphs need a step of fixed length; the host-checked CG of the propagator is not";
+  if (const int64_t head_dim = w.model.d_model / w.model.heads;
+      cuda && w.switches.fused_attention && head_dim > attention::cuda_fused_backward_max_head_dim)
+    return "fused attention on CUDA trains heads of at most " +
+           std::to_string(attention::cuda_fused_backward_max_head_dim) + " dims, this model's have " +
+           std::to_string(head_dim) + ": set switches: {attention: naive}";
   const double bytes = estimate_bytes(w);
   return cuda ? device_memory_reason(bytes) : host_memory_reason(bytes);
 }

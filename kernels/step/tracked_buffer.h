@@ -50,4 +50,30 @@ class TrackedBuffer {
   int64_t bytes_ = 0;
 };
 
+// Bytes that something the meter cannot see allocates itself (a stage's workspace), counted for as
+// long as this lives.
+class MeteredBytes {
+ public:
+  MeteredBytes() = default;
+  MeteredBytes(int64_t bytes, std::shared_ptr<MemoryMeter> meter) : meter_(std::move(meter)), bytes_(bytes) {
+    meter_->add(bytes_);
+  }
+  MeteredBytes(MeteredBytes&& o) noexcept { swap(o); }
+  MeteredBytes& operator=(MeteredBytes&& o) noexcept {
+    swap(o);
+    return *this;
+  }
+  ~MeteredBytes() {
+    if (meter_) meter_->add(-bytes_);
+  }
+
+ private:
+  void swap(MeteredBytes& o) {
+    std::swap(meter_, o.meter_);
+    std::swap(bytes_, o.bytes_);
+  }
+  std::shared_ptr<MemoryMeter> meter_;
+  int64_t bytes_ = 0;
+};
+
 }  // namespace tb::step

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "adamw/adamw.h"
+#include "collate/collate.h"
 #include "runtime/comm.h"
 #include "runtime/random.h"
 #include "runtime/stats.h"
@@ -26,7 +27,8 @@ namespace tb::step {
 
 inline constexpr uint64_t seed_data = 41;
 
-// The dataset as the host holds it: samples x (seq_len + 1) tokens (inputs and shifted targets).
+// The dataset as the host holds it: samples x (seq_len + 1) tokens, the collate stage's token rows
+// (inputs and next-token targets; collate/collate.h).
 inline std::vector<int32_t> make_dataset(int64_t samples, int64_t seq_len, int64_t vocab) {
   std::vector<int32_t> data(static_cast<std::size_t>(samples * (seq_len + 1)));
   for (int64_t s = 0; s < samples; ++s) {
@@ -92,6 +94,7 @@ class Trainer {
       for (auto& slot : index_staging_) slot = ops.template alloc_host<int32_t>(w.batch.micro, true);
     } else {
       for (auto& slot : staging_) slot = ops.template alloc_host<int32_t>(2 * N, pinned);
+      if (w.data.per_sample_copy) row_samples_ = collate::TokenRowSamples(w.batch.micro, w.model.seq_len);
     }
     order_.resize(static_cast<std::size_t>(w.data.samples));
     std::iota(order_.begin(), order_.end(), 0);
@@ -230,9 +233,10 @@ class Trainer {
     cursor_ = 0;
   }
 
-  // The workload's data path: per-sample copies and a stack (what __getitem__ + collate do), or one
-  // gather; then the copy to the backend from pageable or pinned memory, or a gather on the backend
-  // from a resident dataset. Two staging slots: the host fills one while the copy queued from the
+  // The workload's data path, the collate stage's token-rows functions (what its layout=token_rows
+  // measures): per-sample copies and a stack (what __getitem__ + collate do), or one gather; then
+  // the copy to the backend from pageable or pinned memory, or a gather on the backend from a
+  // resident dataset. Two staging slots: the host fills one while the copy queued from the
   // other may not have run yet (accumulation, an async read, graph replays let the host run ahead),
   // and waits only when the slot it is about to refill still has a copy pending.
   void load_batch() {
@@ -250,24 +254,15 @@ class Trainer {
       ops_.wait_until_free(staging);
       std::copy(picked_.begin(), picked_.end(), staging.data());
       ops_.upload_staged(indices_.data(), staging, B, true);
-      ops_.gather_tokens(tokens_.data(), tokens_.data() + N, resident_.data(), indices_.data(), B, Tn);
+      ops_.gather_tokens(tokens_.data(), resident_.data(), indices_.data(), B, Tn);
       return;
     }
     auto& staging = staging_[slot];
     ops_.wait_until_free(staging);
-    int32_t* tokens = staging.data();
-    int32_t* targets = tokens + N;
-    for (int64_t b = 0; b < B; ++b) {
-      const int32_t* row = dataset_.data() + static_cast<int64_t>(picked_[b]) * (Tn + 1);
-      if (w_.data.per_sample_copy) {
-        const std::vector<int32_t> sample(row, row + Tn + 1);  // the tensor __getitem__ returns
-        std::copy_n(sample.data(), Tn, tokens + b * Tn);
-        std::copy_n(sample.data() + 1, Tn, targets + b * Tn);
-      } else {
-        std::copy(row, row + Tn, tokens + b * Tn);
-        std::copy(row + 1, row + Tn + 1, targets + b * Tn);
-      }
-    }
+    if (w_.data.per_sample_copy)
+      collate::stack_token_rows_per_sample(dataset_.data(), Tn, picked_.data(), B, row_samples_, staging.data());
+    else
+      collate::stack_token_rows(dataset_.data(), Tn, picked_.data(), B, staging.data());
     ops_.upload_staged(tokens_.data(), staging, 2 * N, w_.data.location == "host_pinned");
   }
 
@@ -311,6 +306,7 @@ class Trainer {
   Model<Ops> model_;
   OptimizerKind kind_;
   std::vector<int32_t> dataset_;
+  collate::TokenRowSamples row_samples_;  // what __getitem__ returns, with per_sample_copy on the host
   std::vector<int32_t> order_;
   std::size_t cursor_ = 0;
   uint64_t epoch_ = 0;

@@ -190,6 +190,9 @@ class Peer:
 
 FP32 = (("dtype", ("fp32",)),)
 NO_COMPUTE = (("compute_us", ("0",)),)   # the data path alone: no stand-in compute kernel to overlap
+# The field-major layouts only: layout=token_rows (the training step's rows, --axis collate.layout=token_rows)
+# has no PyTorch peer here, and a peer must not time another layout under its label.
+FIELD_LAYOUTS = (("layout", ("text_pair", "tokens")),)
 
 CPU_FP32 = (("dtype", "fp32"),)   # attention's CPU variants have no dtype axis: fp32
 
@@ -273,17 +276,17 @@ PEERS: Tuple[Peer, ...] = (
     Peer("alloc", "reuse", "reuse", "the same kernels on buffers allocated once: the floor", needs_cuda=True),
     # On the CPU the .to(device) is a no-op: __getitem__ clones and the stack, as the CPU stage's per_sample.
     Peer("collate", "per_sample", "per_sample",
-         "__getitem__ clones, torch.stack per field, .to('cuda') from pageable memory (on the CPU: no copy)", NO_COMPUTE,
+         "__getitem__ clones, torch.stack per field, .to('cuda') from pageable memory (on the CPU: no copy)", NO_COMPUTE + FIELD_LAYOUTS,
          mirrors_cpu="per_sample"),
     # The PyTorch fix on the CPU, where there is no copy to the device to pin for: no CUDA row stands for it.
     Peer("collate", "index_select", "",
          "torch.index_select(field, 0, batch_indices, out=batch) per field into reused batch tensors: the "
-         "dataset pre-stacked, no __getitem__, no stack", NO_COMPUTE, mirrors_cpu="gather"),
+         "dataset pre-stacked, no __getitem__, no stack", NO_COMPUTE + FIELD_LAYOUTS, mirrors_cpu="gather"),
     Peer("collate", "pin_memory", "per_sample",
-         "the same + .pin_memory() + .to('cuda', non_blocking=True): DataLoader(pin_memory=True)", NO_COMPUTE,
+         "the same + .pin_memory() + .to('cuda', non_blocking=True): DataLoader(pin_memory=True)", NO_COMPUTE + FIELD_LAYOUTS,
          needs_cuda=True),
     Peer("collate", "pinned", "pinned",
-         "index_select straight into a pinned batch (double-buffered), one non_blocking copy", NO_COMPUTE,
+         "index_select straight into a pinned batch (double-buffered), one non_blocking copy", NO_COMPUTE + FIELD_LAYOUTS,
          needs_cuda=True),
 )
 

@@ -894,3 +894,15 @@ def test_a_cpu_row_under_load_takes_its_samples_again(monkeypatch, on_cpu, load,
     row = tp.make_row(bench, outcome)
     assert (row["retaken_samples"], row["disturbed"], row["others_cpu_share"]) == (retaken, disturbed, pytest.approx(share))
     assert tp.result_text(row).startswith("passed") and ("disturbed" in tp.result_text(row)) == disturbed
+
+
+def test_collate_peers_leave_the_token_rows_layout_out():
+    # layout=token_rows (the training step's rows) has no PyTorch peer: none may time a field layout
+    # under its label.
+    problem = {"layout": "text_pair", "order": "shuffled", "samples": "32768", "batch": "16", "embed_dim": "768",
+               "seq_len": "128", "compute_us": "0"}
+    collate_peers = [p for p in tp.PEERS if p.stage == "collate"]
+    assert collate_peers
+    for peer in collate_peers:
+        assert peer.accepts(problem), peer.variant
+        assert not peer.accepts(dict(problem, layout="token_rows")), peer.variant
