@@ -283,6 +283,21 @@ TEST(StepMemory, PeakCountsTheFusedAttentionWorkspaceAndLaterStepsAllocateNothin
   EXPECT_EQ(ops.memory().peak, first.peak);
 }
 
+// The optimizer's temporaries are the step's memory too (foreach keeps one the size of every
+// parameter), counted once, when its plan is made, as the CUDA backend counts its plan.
+TEST(StepMemory, TheForeachOptimizersTemporaryIsMetered) {
+  const adamw::ParamSet set = adamw::make_param_set(1000, 4);
+  CpuOps<float> ops;
+  std::vector<float> params(static_cast<std::size_t>(set.arena), 0.5f), grads(params.size(), 0.1f),
+      m(params.size(), 0.0f), v(params.size(), 0.0f);
+  const int64_t before = ops.memory().current;
+  ops.adamw(OptimizerKind::foreach, set, params.data(), grads.data(), m.data(), v.data(), adamw::stage_hyper(), 1);
+  const int64_t after = ops.memory().current;
+  EXPECT_GE(after - before, set.arena * static_cast<int64_t>(sizeof(float)));
+  ops.adamw(OptimizerKind::foreach, set, params.data(), grads.data(), m.data(), v.data(), adamw::stage_hyper(), 2);
+  EXPECT_EQ(ops.memory().current, after);
+}
+
 TEST(StepWorkload, AttentionSwitchIsFusedUnlessSaid) {
   const std::string base = "name: t\nmodel: {layers: 1, d_model: 8, heads: 2, seq_len: 4, vocab: 5}\nbatch: {global: 2}\n";
   EXPECT_TRUE(parse_workload(base, "w.yaml").switches.fused_attention) << "PyTorch's default: SDPA";

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "adamw/param_set.h"
+#include "runtime/cpu_elementwise.h"
 #include "runtime/registry.h"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*: the CUDA functions below take one without this
@@ -58,7 +59,7 @@ inline constexpr int64_t fused_chunk = 8192;
 // CPU multi-tensor loops: work items of this many elements, statically scheduled over the team.
 inline constexpr int64_t cpu_chunk = 16384;
 // PyTorch's CPU ops (at::internal::GRAIN_SIZE) run on one thread below this many elements.
-inline constexpr int64_t cpu_grain = 32768;
+inline constexpr int64_t cpu_grain = cpu::parallel_threshold;
 
 // Per call: kernel launches (CUDA) or passes over memory, i.e. parallel loops (CPU).
 int64_t cuda_launches(const ParamSet& set, Kind kind);
@@ -107,6 +108,8 @@ class CpuPlan {
   const std::vector<Chunk>& chunks() const { return chunks_; }
   float* root() { return root_.data(); }
   float* denom() { return denom_.data(); }
+  // The temporaries it holds (foreach: one the size of every parameter), for a caller's memory meter.
+  int64_t host_bytes() const { return static_cast<int64_t>((root_.size() + denom_.size()) * sizeof(float)); }
 
  private:
   ParamSet set_;

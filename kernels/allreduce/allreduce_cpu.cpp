@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "allreduce.h"
+#include "runtime/cpu_elementwise.h"
 #include "runtime/error.h"
 #include "runtime/host_buffer.h"
 
@@ -38,7 +39,7 @@ double agreed_seconds(comm::Group& group, F&& call) {
 template <class G>
 void backward_tensor(G* grad, int64_t n, int64_t fmas, float one, float zero) {
   constexpr int64_t lanes = 64;
-#pragma omp parallel for schedule(static) if (n > 32768)
+#pragma omp parallel for schedule(static) if (n > cpu::parallel_threshold)
   for (int64_t block = 0; block < (n + lanes - 1) / lanes; ++block) {
     const int64_t begin = block * lanes, len = std::min(lanes, n - begin);
     float y[lanes] = {};

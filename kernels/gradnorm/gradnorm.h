@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "adamw/param_set.h"
+#include "runtime/cpu_elementwise.h"
 #include "runtime/registry.h"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*: the CUDA functions below take one without this
@@ -25,7 +26,7 @@ enum class Kind { per_tensor, multi_tensor, fused };
 // Elements per chunk of the multi-tensor passes (a CUDA block's, or a CPU loop iteration's, work).
 inline constexpr int64_t chunk = 8192;
 // PyTorch's CPU ops run on one thread below this many elements (at::internal::GRAIN_SIZE).
-inline constexpr int64_t cpu_grain = 32768;
+inline constexpr int64_t cpu_grain = cpu::parallel_threshold;
 
 // Per call: kernel launches (CUDA) or parallel loops (CPU), and device-to-host reads with a stream
 // synchronisation (CUDA; what `.item()` costs).

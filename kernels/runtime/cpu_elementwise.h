@@ -7,7 +7,9 @@
 namespace tb::cpu {
 
 // Below this much work a parallel region costs more than it saves (fork, join and a barrier: tens of
-// microseconds on a loaded machine); the step's small models are all small loops.
+// microseconds on a loaded machine); the step's small models are all small loops. The same number as
+// PyTorch's CPU ops (at::internal::GRAIN_SIZE), which run on one thread below it; the stages' CPU
+// variants (adamw, gradnorm, allreduce) use it too.
 inline constexpr int64_t parallel_threshold = 32768;
 inline bool parallel_worth(int64_t work) { return work >= parallel_threshold; }
 

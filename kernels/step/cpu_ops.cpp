@@ -351,6 +351,7 @@ void CpuOps<T>::adamw(OptimizerKind kind, const adamw::ParamSet& set, T* params,
                               : kind == OptimizerKind::foreach  ? adamw::Kind::foreach
                                                                 : adamw::Kind::fused;
       adamw_plan_ = std::make_unique<adamw::CpuPlan>(set, way);
+      adamw_plan_bytes_ = MeteredBytes(adamw_plan_->host_bytes(), meter_);  // as CudaOps meters its plan
     }
     adamw::cpu_step(*adamw_plan_, adamw::State<float>{params, grads, m, v}, adamw::step_scalars(h, step));
   }

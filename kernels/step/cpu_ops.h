@@ -124,6 +124,7 @@ class CpuOps {
   int64_t partials_size_ = 0;
   // Made on first use, for the one model and optimizer a backend serves.
   std::unique_ptr<adamw::CpuPlan> adamw_plan_;
+  MeteredBytes adamw_plan_bytes_;
   std::vector<adamw::Chunk> clip_chunks_;
   std::vector<double> clip_partial_;
 };
