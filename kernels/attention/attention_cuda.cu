@@ -526,8 +526,9 @@ __global__ void __launch_bounds__(bwd_threads)
 // FlashAttention-2's forward on mma.sync m16n8k16, after its sm80 kernel: a block of 4 warps owns 64
 // query rows (16 a warp) and walks the key tiles of 64. What keeps the tensor cores fed:
 // - cp.async copies the next tile while the current one is computed, FlashAttention-2's order: V(j)
-//   is copied during S = Q K(j)^T, K(j+1) during O += P V(j); one K and one V buffer (52 KiB at
-//   head_dim 128, so 4 blocks fit an SM's shared memory);
+//   is copied during S = Q K(j)^T, K(j+1) during O += P V(j); one K and one V buffer (with Q, 52 KiB
+//   at head_dim 128: shared memory would hold 4 blocks an SM, the registers hold 2 (ptxas: 220 a
+//   thread, no spills; bounded to 3 blocks it spills);
 // - every mma operand comes from ldmatrix (.trans for V), four 8x8 matrices a load; the scores stay
 //   in registers and become the A operand of P V;
 // - the mask is applied only to the tiles that need it (the diagonal tile, the tile past S);
