@@ -127,10 +127,10 @@ TEST(AttentionReference, CatchesAWrongGradient) {
   const attention::Operands<double> x{q.data(), k.data(), v.data(), o.data(), attention::bhsd(s), attention::bhsd(s)};
   attention::reference_backward(s, true, x, attention::Gradients<double>{dq.data(), dk.data(), dv.data(), dout.data()});
   std::vector<float> fq(dq.begin(), dq.end()), fk(dk.begin(), dk.end()), fv(dv.begin(), dv.end());
-  EXPECT_TRUE(attention::check_gradients(s, true, fq, fk, fv).passed);
-  EXPECT_FALSE(attention::check_gradients(s, false, fq, fk, fv).passed) << "the mask changes every gradient";
+  EXPECT_TRUE(attention::check_gradients(s, true, attention::DType::fp32, fq, fk, fv).passed);
+  EXPECT_FALSE(attention::check_gradients(s, false, attention::DType::fp32, fq, fk, fv).passed) << "the mask changes every gradient";
   fk[(1 * s.seq + 3) * s.head_dim + 1] += 1e-3f;
-  const Verdict verdict = attention::check_gradients(s, true, fq, fk, fv);
+  const Verdict verdict = attention::check_gradients(s, true, attention::DType::fp32, fq, fk, fv);
   EXPECT_FALSE(verdict.passed);
   EXPECT_NE(verdict.detail.find("dk[1][3][1]"), std::string::npos) << verdict.detail;
 }

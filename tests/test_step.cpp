@@ -557,15 +557,18 @@ TEST(StepGraphs, AFailedCaptureLeavesTheStreamUsable) {
 // unclipped step (m = (1 - beta1) g): layernorm's and the biases' column reductions included, at an
 // odd width (48: lanes past the last channel, a partial column block), over several row blocks, and
 // at a width whose per-warp slices leave fewer than 8 warps a block (1040).
-void expect_gradients_match_double(Backend backend) {
-  // Of the tensor's largest gradient: float sums over a few hundred tokens stay far below it; one
-  // row of 128 lost or counted twice is near 1e-2 of it.
-  constexpr double relative_tolerance = 1e-3;
+// Of the tensor's largest gradient: float sums over a few hundred tokens stay far below it; one row
+// of 128 lost or counted twice is near 1e-2 of it.
+constexpr double fp32_gradient_tolerance = 1e-3;
+const std::vector<std::string> fp32_gradient_models = {
+    "model: {layers: 2, d_model: 48, heads: 2, seq_len: 32, vocab: 50, mlp_ratio: 4}\nbatch: {global: 8, micro: 4}\n",
+    "model: {layers: 1, d_model: 1040, heads: 2, seq_len: 8, vocab: 17, mlp_ratio: 1}\n"
+    "batch: {global: 4, micro: 2}\nswitches: {attention: naive}\n"};
+
+void expect_gradients_match_double(Backend backend, const std::vector<std::string>& models = fp32_gradient_models,
+                                   double relative_tolerance = fp32_gradient_tolerance) {
   if (const std::string why = testing::cannot_run_here(train_variant(backend)); !why.empty()) GTEST_SKIP() << why;
-  for (const char* model : {"model: {layers: 2, d_model: 48, heads: 2, seq_len: 32, vocab: 50, mlp_ratio: 4}\n"
-                            "batch: {global: 8, micro: 4}\n",
-                            "model: {layers: 1, d_model: 1040, heads: 2, seq_len: 8, vocab: 17, mlp_ratio: 1}\n"
-                            "batch: {global: 4, micro: 2}\nswitches: {attention: naive}\n"}) {
+  for (const std::string& model : models) {
     const std::string path = write_workload("grad_match.yaml", std::string("name: grad_match\n") + model +
                                                                    "optimizer: {grad_clip: 0.0}\n"
                                                                    "data: {samples: 64}\n");
@@ -591,6 +594,21 @@ void expect_gradients_match_double(Backend backend) {
 
 TEST(StepGradients, CpuFloatMatchesDouble) { expect_gradients_match_double(Backend::cpu); }
 TEST(StepGradients, CudaMatchesTheCpuInDouble) { expect_gradients_match_double(Backend::cuda); }
+// bf16 matmuls: the tensor-core attention (head sizes 64 and 32, a sequence with a partial tile of
+// keys and queries) and bf16 products everywhere else, and the naive attention's bf16 products.
+// A few percent of the tensor's largest gradient: bf16's unit roundoff is 0.4%, and the gradients
+// go through five bf16 products a layer; a lost tile or a wrong row is of the order of the gradient.
+TEST(StepGradients, CudaBf16MatchesTheCpuInDoubleWithinBf16Rounding) {
+  expect_gradients_match_double(
+      Backend::cuda,
+      {"model: {layers: 2, d_model: 128, heads: 2, seq_len: 80, vocab: 50, mlp_ratio: 2}\n"
+       "batch: {global: 4, micro: 2}\nswitches: {bf16_matmuls: true}\n",
+       "model: {layers: 1, d_model: 64, heads: 2, seq_len: 70, vocab: 50, mlp_ratio: 2}\n"
+       "batch: {global: 4, micro: 2}\nswitches: {bf16_matmuls: true}\n",
+       "model: {layers: 1, d_model: 64, heads: 2, seq_len: 33, vocab: 50, mlp_ratio: 2}\n"
+       "batch: {global: 4, micro: 2}\nswitches: {bf16_matmuls: true, attention: naive}\n"},
+      5e-2);
+}
 
 TEST(StepReference, CatchesAWrongLoss) {
   const Workload w = load_workload("tiny");

@@ -431,6 +431,7 @@ TEST(AutotuneCli, BadInputExitsTwoAndRunsNothing) {
            {"--compare /no/such/a.yaml /no/such/b.yaml", "/no/such/a.yaml: not a configuration autotune wrote"},
            {"--compare a.yaml b.yaml --resume", "excludes"},
            {"--workload tiny --executor jax", "--executor"},
+           {"--workload tiny --executor native,torch", "give it --compare FILE"},
            {"--workload tiny --memory-limit 3Q", "--memory-limit '3Q': expected a size"},
            {"--workload tiny --memory-limit -1G", "--memory-limit '-1G'"}}) {
     const Outcome o = autotune(args);

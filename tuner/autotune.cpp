@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cctype>
 #include <cmath>
+#include <climits>
 #include <cstdlib>
 #include <chrono>
 #include <csignal>
@@ -21,6 +22,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -59,6 +61,7 @@ Examples:
   autotune --compare a.yaml b.yaml --gpu cpu             two tunes' choices raced interleaved: within noise?
   autotune --workload small_gpt --gpu cpu --executor torch > torch.yaml   tuned in the PyTorch twin of the step
   autotune --compare native.yaml torch.yaml --executor torch   both choices raced in PyTorch
+  autotune --compare tuned.yaml --executor native,torch    the C++ step against its PyTorch twin, one configuration
 
 Presets: tuner/workloads/*.yaml (the source reports' pipelines). Switches: optimizer, attention (fused
 frees the T^2 probabilities, so a larger micro-batch fits), sync, activation_checkpointing, lazy_cg (with a
@@ -452,6 +455,37 @@ void take_race(TuneOutput& out, const RaceReport& race, double noise_margin) {
   }
 }
 
+// Runs each candidate in the executor its "executor" switch names, without that switch: what
+// `--compare FILE --executor native,torch` races, the C++ step against its PyTorch twin on one
+// configuration, interleaved round by round like any two configurations.
+class ByExecutor final : public Executor {
+ public:
+  explicit ByExecutor(std::map<std::string, std::unique_ptr<Executor>> inner) : inner_(std::move(inner)) {}
+  TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override {
+    Candidate plain = candidate;
+    const std::string which = plain.switches.at(executor_switch);
+    plain.switches.erase(executor_switch);
+    return inner_.at(which)->run(plain, policy);
+  }
+  int64_t memory_capacity() const override {
+    int64_t least = INT64_MAX;
+    for (const auto& [name, e] : inner_) least = std::min(least, e->memory_capacity());
+    return least;
+  }
+  static constexpr const char* executor_switch = "executor";
+
+ private:
+  std::map<std::string, std::unique_ptr<Executor>> inner_;
+};
+
+// "native,torch" -> {"native", "torch"}.
+std::vector<std::string> executor_names(const std::string& text) {
+  std::vector<std::string> names;
+  std::stringstream in(text);
+  for (std::string name; std::getline(in, name, ',');) names.push_back(name);
+  return names;
+}
+
 // A tuned file's choice, for --compare.
 struct TunedFile {
   std::string path;
@@ -485,7 +519,10 @@ int compare_tuned(const std::vector<std::string>& paths, const std::string& work
                   const std::string& out_path) {
   const auto started = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
-  if (paths.size() < 2) throw UsageError("--compare: give two tuned files or more");
+  const std::vector<std::string> executors = executor_names(executor_name);
+  if (paths.size() * executors.size() < 2)
+    throw UsageError("--compare: give two tuned files or more, or one with --executor native,torch (the C++ step "
+                     "against its PyTorch twin)");
   if (format != OutFormat::yaml && format != OutFormat::json) throw UsageError("--compare writes --format yaml or json");
   std::vector<TunedFile> tuned;
   for (const auto& p : paths) tuned.push_back(read_tuned_file(p));
@@ -497,7 +534,23 @@ int compare_tuned(const std::vector<std::string>& paths, const std::string& work
       throw UsageError(t.path + " was tuned for another workload file (digest " + t.workload_digest + ", " + workload.path +
                        " has " + workload_digest + ")");
   const Machine machine = pick_machine(gpu);
-  TrialRunner runner = make_runner(executor_name, workload, machine);
+  // One runner per executor; with two, every file's configuration is raced in each.
+  std::map<std::string, TrialRunner> runners;
+  for (const auto& name : executors) runners.emplace(name, make_runner(name, workload, machine));
+  TrialRunner runner;
+  if (executors.size() == 1) {
+    runner = std::move(runners.begin()->second);
+  } else {
+    std::map<std::string, std::unique_ptr<Executor>> inner;
+    runner.description = {{"name", executor_name}};
+    for (auto& [name, r] : runners) {
+      runner.description[name] = r.description;
+      runner.extra_startup = std::max(runner.extra_startup, r.extra_startup);
+      runner.torch = runner.torch || r.torch;
+      inner.emplace(name, std::move(r.executor));
+    }
+    runner.executor = std::make_unique<ByExecutor>(std::move(inner));
+  }
   const auto available = available_switches(workload, machine.use_cuda);
   for (const auto& t : tuned)
     for (const auto& [name, value] : t.chosen.switches)
@@ -512,27 +565,37 @@ int compare_tuned(const std::vector<std::string>& paths, const std::string& work
   out.workload_path = workload.path;
   out.workload_digest = workload_digest;
   std::vector<RaceEntrant> entrants;
-  for (const auto& t : tuned) {
-    out.files.push_back(t.path);
-    out.configs.push_back(t.chosen);
-    std::size_t k = 0;
-    while (k < entrants.size() && !(entrants[k].candidate == t.chosen)) ++k;
-    if (k == entrants.size()) entrants.push_back(RaceEntrant{t.chosen, TrialResult{}, true});
-    out.raced.push_back(k);
-  }
+  for (const auto& t : tuned)
+    for (const auto& name : executors) {
+      Candidate c = t.chosen;
+      std::string label = t.path;
+      if (executors.size() > 1) {
+        c.switches[ByExecutor::executor_switch] = name;
+        label += name == "torch" ? " in the PyTorch twin" : " in the C++ step";
+      }
+      out.files.push_back(label);
+      out.configs.push_back(c);
+      std::size_t k = 0;
+      while (k < entrants.size() && !(entrants[k].candidate == c)) ++k;
+      if (k == entrants.size()) entrants.push_back(RaceEntrant{c, TrialResult{}, true});
+      out.raced.push_back(k);
+    }
 
   if (entrants.size() >= 2) {
     SearchOptions search;
     search.measure.max_seconds = trial_seconds;
     Executor& executor = *runner.executor;
-    TrialEstimate shortest = shortest_trial(apply(workload, entrants.front().candidate), search.measure.min_steps,
-                                            machine.use_cuda, machine.device);
+    Candidate first = entrants.front().candidate;
+    first.switches.erase(ByExecutor::executor_switch);
+    TrialEstimate shortest = shortest_trial(apply(workload, first), search.measure.min_steps, machine.use_cuda,
+                                            machine.device);
     shortest.seconds += runner.extra_startup;
-    refuse_budget_below_one_trial(workload, entrants.front().candidate, shortest, search.measure, budget, elapsed());
+    refuse_budget_below_one_trial(workload, first, shortest, search.measure, budget, elapsed());
     const double deadline = budget - output_reserve(budget);
     std::signal(SIGINT, [](int) { stop_requested = true; });
     std::cerr << "autotune: comparing " << entrants.size() << " configurations of " << workload.name << " on " << machine.name
-              << (runner.torch ? " in the PyTorch twin" : "") << ", interleaved, " << budget << " s budget" << std::endl;
+              << (executors.size() > 1 ? " in the C++ step and in its PyTorch twin" : runner.torch ? " in the PyTorch twin" : "")
+              << ", interleaved, " << budget << " s budget" << std::endl;
     for (std::size_t f = 0; f < tuned.size(); ++f) std::cerr << "autotune:   " << tuned[f].path << ": " << describe(tuned[f].chosen) << std::endl;
     RaceOptions ro = race_options(search, rounds, trial_seconds, [&] { return deadline - elapsed(); }, shortest.seconds,
                                   elapsed, budget);
@@ -597,8 +660,9 @@ int run(int argc, char** argv) {
   app.add_option("--executor", executor_name,
                  "native (trainbench's C++ step, the default) or torch (the PyTorch twin of the step, scripts/torch-step: "
                  "the same model, data, optimizer and switches written as a PyTorch program; needs PyTorch, see "
-                 "scripts/install-deps --torch)")
-      ->check(CLI::IsMember({"native", "torch"}));
+                 "scripts/install-deps --torch); with --compare, native,torch races each configuration in both, the C++ "
+                 "step against its PyTorch twin")
+      ->check(CLI::IsMember({"native", "torch", "native,torch"}));
   app.add_option("--ranks", ranks,
                  "data-parallel ranks: every trial runs the step on N ranks (LAUNCHER -n N), the global batch split as "
                  "micro-batch x accumulation x N, DDP's bucket size a switch; the output's DeepSpeed / Lightning keys are for N")
@@ -627,8 +691,9 @@ int run(int argc, char** argv) {
   auto* compare_opt = app.add_option("--compare", compare_files,
                                      "FILE FILE...: race the configurations these tuned files (--format yaml or json) chose, "
                                      "interleaved, each against the first, instead of tuning; says whether they are "
-                                     "within noise (the workload is the files' unless --workload names it)")
-                          ->expected(2, 64);
+                                     "within noise (the workload is the files' unless --workload names it). One FILE with "
+                                     "--executor native,torch: its configuration in the C++ step against its PyTorch twin")
+                          ->expected(1, 64);
   for (const char* tuning_only : {"--batch", "--batch-range", "--strategy", "--switches", "--journal", "--resume"})
     compare_opt->excludes(tuning_only);
   try {
@@ -644,6 +709,8 @@ int run(int argc, char** argv) {
   if (ranks > 1 && executor_name == "torch")
     throw UsageError("--ranks runs the native step on every rank; --executor torch is one process");
   if (ranks > 1 && !compare_files.empty()) throw UsageError("--compare races one-rank configurations: leave out --ranks");
+  if (executor_names(executor_name).size() > 1 && compare_files.empty())
+    throw UsageError("--executor native,torch races configurations in both executors: give it --compare FILE");
   if (!compare_files.empty())
     return compare_tuned(compare_files, workload_opt->count() ? workload_name : "", gpu, executor_name, budget,
                          trial_seconds, std::max(race_rounds, 2), out_format_from_string(format), out_path);

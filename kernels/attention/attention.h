@@ -32,8 +32,8 @@ enum class Mask { none, implicit, cached, rebuilt };  // none: not causal
 enum class DType { fp32, bf16 };
 
 inline constexpr uint64_t seed_q = 21, seed_k = 22, seed_v = 23, seed_x = 24, seed_w = 25;
-// Query rows per block of the fused CUDA kernels (a warp per row in fp32; 4 warps x 16 in bf16).
-inline constexpr int fused_fp32_query_rows = 8, fused_bf16_query_rows = 64;
+// Query rows per block of the fused CUDA forward kernels (a warp per row in fp32; 8 warps x 16 in bf16).
+inline constexpr int fused_fp32_query_rows = 8, fused_bf16_query_rows = 128;
 // The widest head the fp32 fused CUDA kernels take: the forward keeps head_dim/32 <= 8 columns per
 // lane, the backward 4. Training needs both.
 inline constexpr int64_t cuda_fused_forward_max_head_dim = 256, cuda_fused_backward_max_head_dim = 128;
@@ -136,14 +136,51 @@ void cpu_fused_backward(const Shape& s, bool causal, const Operands<float>& x, c
 
 // The CUDA kernels (fp32, causal), on `stream`, with the cuBLAS `handle` (bound to that stream) for
 // the naive path's products. The naive backward's dprobs is [B, H, S, S].
+// bf16_products: the products in bf16 on tensor cores with fp32 accumulation (cuBLAS's fp32-storage
+// bf16 mode, the step's bf16 matmuls); the softmax and its backward stay fp32.
 void cuda_naive_forward(const Shape& s, const Operands<float>& x, float* probs, cublasContext* handle,
-                        CUstream_st* stream);
+                        CUstream_st* stream, bool bf16_products = false);
 void cuda_naive_backward(const Shape& s, const Operands<float>& x, const float* probs, const Gradients<float>& g,
-                         float* dprobs, cublasContext* handle, CUstream_st* stream);
+                         float* dprobs, cublasContext* handle, CUstream_st* stream, bool bf16_products = false);
 void cuda_fused_forward(const Shape& s, const Operands<float>& x, float* lse, CUstream_st* stream);
 // delta: [B, H, S] of scratch (rowsum(dO * O), FlashAttention-2's D).
 void cuda_fused_backward(const Shape& s, const Operands<float>& x, const float* lse, const Gradients<float>& g,
                          float* delta, CUstream_st* stream);
+
+// bf16 on tensor cores (mma.sync, compute capability 8.0 and newer), FlashAttention-2's forward and
+// backward: what the stage's bf16 fused rows and the step with bf16 matmuls run. Operands are bf16
+// [B, H, S, D] (raw bits here: this header stays free of CUDA types), accumulation is fp32.
+using bf16_bits = uint16_t;
+inline constexpr int64_t cuda_bf16_key_tile = 64;  // keys per tile (and query rows per backward tile)
+struct Bf16Operands {
+  const bf16_bits* q;
+  const bf16_bits* k;
+  const bf16_bits* v;
+  const bf16_bits* o;     // the forward's output, read by the backward (delta = rowsum(dO O))
+  const bf16_bits* dout;  // backward only
+};
+bool cuda_bf16_supports_head_dim(int64_t head_dim);
+std::string cuda_bf16_reason(const Shape& s);  // "" when the kernels take the shape
+// O, and each row's log-sum-exp of the scaled scores (natural units, as the fp32 kernels keep it;
+// lse may be null).
+void cuda_bf16_forward(const Shape& s, bool causal, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
+                       bf16_bits* o, float* lse, CUstream_st* stream);
+// Floats of scratch the backward takes: delta per row and the dQ accumulator.
+int64_t cuda_bf16_backward_scratch(const Shape& s);
+// dQ, dK, dV in fp32 laid out as `grads` (overwritten; g.dout is unused: dO comes in x.dout).
+void cuda_bf16_backward(const Shape& s, bool causal, const Bf16Operands& x, const float* lse, const Gradients<float>& g,
+                        const Strides& grads, float* scratch, CUstream_st* stream);
+// The kernels' tile configurations by index, the default (what the functions above run) first:
+// what tests/attention_tiles checks and times against each other, interleaved.
+std::vector<std::string> cuda_bf16_forward_tilings();
+std::vector<std::string> cuda_bf16_backward_tilings();
+void cuda_bf16_forward_tiled(std::size_t tiling, const Shape& s, bool causal, const bf16_bits* q, const bf16_bits* k,
+                             const bf16_bits* v, bf16_bits* o, float* lse, CUstream_st* stream);
+void cuda_bf16_backward_tiled(std::size_t tiling, const Shape& s, bool causal, const Bf16Operands& x, const float* lse,
+                              const Gradients<float>& g, const Strides& grads, float* scratch, CUstream_st* stream);
+// fp32 rows laid out as `from` -> bf16 [B, H, S, D] (the step's packed rows into the kernels' operands), and back.
+void cuda_pack_bf16(const Shape& s, const float* src, const Strides& from, bf16_bits* dst, CUstream_st* stream);
+void cuda_unpack_bf16(const Shape& s, const bf16_bits* src, float* dst, const Strides& to, CUstream_st* stream);
 
 // ---- variants ------------------------------------------------------------------------------------
 std::unique_ptr<Instance> make_cpu_naive(const Shape&, bool causal, Mask mask);
@@ -154,10 +191,10 @@ std::unique_ptr<Instance> make_cuda_fused(const Shape&, bool causal, DType t, co
 std::unique_ptr<Instance> make_cuda_block(const Shape&, bool fused_attention, const RunContext&);
 // Backward alone (the forward ran at construction): dQ, dK, dV from dO, naive or fused.
 std::unique_ptr<Instance> make_cpu_backward(const Shape&, bool causal, bool fused);
-std::unique_ptr<Instance> make_cuda_backward(const Shape&, bool fused, const RunContext&);
+std::unique_ptr<Instance> make_cuda_backward(const Shape&, bool fused, DType t, const RunContext&);
 // The gradients' check: dQ, dK, dV (fp32, [B, H, S, D]) against reference_backward in double at the
-// heads of checked_rows, from the regenerated inputs and dO.
-Verdict check_gradients(const Shape& s, bool causal, const std::vector<float>& dq, const std::vector<float>& dk,
+// heads of checked_rows, from the regenerated inputs and dO (rounded to bf16 for t = bf16).
+Verdict check_gradients(const Shape& s, bool causal, DType t, const std::vector<float>& dq, const std::vector<float>& dk,
                         const std::vector<float>& dv);
 inline constexpr uint64_t seed_dout = 26;
 float input_dout(int64_t index);

@@ -329,7 +329,7 @@ class Backward final : public Instance {
     if (fused_) cpu_fused_backward(s_, causal_, operands(), saved_.data(), g, ws_);
     else cpu_naive_backward(s_, operands(), saved_.data(), g, dprobs_.data());
   }
-  Verdict check() override { return check_gradients(s_, causal_, to_vector(dq_), to_vector(dk_), to_vector(dv_)); }
+  Verdict check() override { return check_gradients(s_, causal_, DType::fp32, to_vector(dq_), to_vector(dk_), to_vector(dv_)); }
 
  private:
   Operands<float> operands() { return Operands<float>{q_.data(), k_.data(), v_.data(), o_.data(), bhsd(s_), bhsd(s_)}; }

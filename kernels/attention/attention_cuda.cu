@@ -157,6 +157,8 @@ struct Tensors {
   std::vector<float> output(int64_t n, cudaStream_t stream) const {
     return type == DType::bf16 ? download_as_float(o16.data(), n, stream) : download_as_float(o32.data(), n, stream);
   }
+  // A bf16 buffer as the tensor-core functions take it.
+  static bf16_bits* bits(const cuda::DeviceBuffer<bf16>& b) { return reinterpret_cast<bf16_bits*>(b.data()); }
   DType type;
   cuda::DeviceBuffer<float> q32, k32, v32, o32;
   cuda::DeviceBuffer<bf16> q16, k16, v16, o16;
@@ -220,13 +222,13 @@ HeadMatrix probs_matrix(const float* base, const Shape& s) {  // [B, H, S, S]
 // [B, S, 3C] rows, where b and h step by unrelated amounts).
 void gemm_per_head(cublasHandle_t handle, const Shape& s, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
                    int64_t n, int64_t k, float alpha, const HeadMatrix& a, const HeadMatrix& b, float beta,
-                   const HeadMatrix& c) {
+                   const HeadMatrix& c, cublasComputeType_t compute) {
   auto call = [&](int64_t offset_a, int64_t offset_b, int64_t offset_c, int64_t count) {
     CUBLAS_CHECK(cublasGemmStridedBatchedEx(
         handle, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, a.base + offset_a,
         CUDA_R_32F, static_cast<int>(a.ld), a.head, b.base + offset_b, CUDA_R_32F, static_cast<int>(b.ld), b.head, &beta,
         const_cast<float*>(c.base) + offset_c, CUDA_R_32F, static_cast<int>(c.ld), c.head, static_cast<int>(count),
-        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        compute, CUBLAS_GEMM_DEFAULT));
   };
   const auto flat = [&](const HeadMatrix& x) { return x.batch == s.heads * x.head; };
   if (flat(a) && flat(b) && flat(c)) return call(0, 0, 0, s.batch * s.heads);
@@ -521,305 +523,15 @@ __global__ void __launch_bounds__(bwd_threads)
   }
 }
 
-// ---- fused bf16: tensor cores ---------------------------------------------------------------------
-//
-// FlashAttention-2's forward on mma.sync m16n8k16, after its sm80 kernel: a block of 4 warps owns 64
-// query rows (16 a warp) and walks the key tiles of 64. What keeps the tensor cores fed:
-// - cp.async copies the next tile while the current one is computed, FlashAttention-2's order: V(j)
-//   is copied during S = Q K(j)^T, K(j+1) during O += P V(j); one K and one V buffer (with Q, 52 KiB
-//   at head_dim 128: shared memory would hold 4 blocks an SM, the registers hold 2 (ptxas: 220 a
-//   thread, no spills; bounded to 3 blocks it spills);
-// - every mma operand comes from ldmatrix (.trans for V), four 8x8 matrices a load; the scores stay
-//   in registers and become the A operand of P V;
-// - the mask is applied only to the tiles that need it (the diagonal tile, the tile past S);
-// - the query tiles go out heaviest first (causal: the last rows see the most keys), so the grid's
-//   tail is short tiles.
-
-constexpr int tc_warps = 4;
-constexpr int tc_threads = 32 * tc_warps;       // a compile-time block: every copy loop unrolls
-constexpr int tc_rows = fused_bf16_query_rows;  // queries per block: 4 warps x 16 rows
-constexpr int tc_keys = 64;                     // keys per tile
-constexpr int tc_pad = 8;  // bf16 per shared row: rows 16 B apart mod 128, so ldmatrix's 8 rows hit 8 bank groups
-static_assert(tc_rows == tc_warps * 16 && tc_keys == tc_rows, "one tile copier serves Q, K and V");
-
-template <int D>
-constexpr int tc_stride = D + tc_pad;  // bf16 between shared rows
-
-// sm_80 and newer; below, never write zeros that look like a result (the registry refuses such
-// devices; this catches a build or a --device that slipped past it).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define TB_TENSOR_CORES 1
-#endif
-
-__device__ inline void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#ifdef TB_TENSOR_CORES
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  __trap();
-#endif
-}
-
-// Four 8x8 bf16 matrices from shared memory: lane l gives the address of row l % 8 of matrix l / 8,
-// and receives of each matrix row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (.trans: column l / 4,
-// rows 2 (l % 4) and 2 (l % 4) + 1).
-__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const bf16* row) {
-#ifdef TB_TENSOR_CORES
-  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-#else
-  __trap();
-#endif
-}
-__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* row) {
-#ifdef TB_TENSOR_CORES
-  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-#else
-  __trap();
-#endif
-}
-
-// 16 bytes global -> shared without passing through registers; `valid` false writes zeros (a row
-// past S) and reads nothing.
-__device__ inline void cp_async_16(bf16* dst, const bf16* src, bool valid) {
-#ifdef TB_TENSOR_CORES
-  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-#else
-  __trap();
-#endif
-}
-__device__ inline void cp_async_commit() {
-#ifdef TB_TENSOR_CORES
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-__device__ inline void cp_async_wait_all() {
-#ifdef TB_TENSOR_CORES
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-#endif
-}
-
-// 2^x on the special-function unit; 2^-inf = 0, which the masked scores rely on.
-__device__ inline float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ inline uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// Starts copying rows [r0, r0 + 64) of a [S, D] bf16 matrix into shared memory (row stride
-// tc_stride<D>); rows past S become zeros.
-template <int D>
-__device__ inline void copy_tile_async(bf16* dst, const bf16* src, int r0, int S) {
-  constexpr int chunks = D / 8;  // 16 B each
-  static_assert(tc_rows * chunks % tc_threads == 0, "whole chunks per thread");
-#pragma unroll
-  for (int i = 0; i < tc_rows * chunks / tc_threads; ++i) {
-    const int e = static_cast<int>(threadIdx.x) + i * tc_threads;
-    const int r = e / chunks, c = (e % chunks) * 8;
-    const bool valid = r0 + r < S;
-    cp_async_16(dst + r * tc_stride<D> + c, src + int64_t{valid ? r0 + r : 0} * D + c, valid);
-  }
-}
-
-// Fragment layouts (PTX m16n8k16, g = lane / 4, t = lane % 4): A a0 (g, 2t..2t+1), a1 (g+8, 2t..),
-// a2 (g, 2t+8..), a3 (g+8, 2t+8..); B b0 (k 2t..2t+1, n g), b1 (k 2t+8..2t+9, n g); C c0,c1 (g,
-// 2t..2t+1), c2,c3 (g+8, 2t..2t+1). A score tile's C fragments are exactly the A fragments of P V.
-// One block per (query tile, batch x head), folded into grid.x heaviest tile first: grid.y would cap
-// batch x heads at 65535.
-template <int D>
-__global__ void __launch_bounds__(tc_threads) fused_bf16_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                                                const bf16* __restrict__ v, bf16* __restrict__ o, int S,
-                                                                int64_t heads_total, bool causal, float scale_log2) {
-  constexpr int stride = tc_stride<D>;
-  extern __shared__ __align__(16) unsigned char raw[];
-  bf16* qs = reinterpret_cast<bf16*>(raw);
-  bf16* ks = qs + tc_rows * stride;
-  bf16* vs = ks + tc_keys * stride;
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int g = lane / 4, t = lane % 4;
-  const int tiles = (S + tc_rows - 1) / tc_rows;
-  const int64_t bh = blockIdx.x % heads_total;
-  const int q0 = (tiles - 1 - static_cast<int>(blockIdx.x / heads_total)) * tc_rows;
-  const int64_t base = bh * S * D;
-  const bf16 *qb = q + base, *kb = k + base, *vb = v + base;
-  const int key_end = causal ? min(S, q0 + tc_rows) : S;
-  const int key_tiles = (key_end + tc_keys - 1) / tc_keys;
-
-  copy_tile_async<D>(qs, qb, q0, S);
-  copy_tile_async<D>(ks, kb, 0, S);
-  cp_async_commit();
-
-  // Where this lane points ldmatrix: A (Q) rows of the warp's 16, B (K) and B^T (V) key rows.
-  const int a_row = warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2), a_col = 8 * (lane / 16);
-  const int k_row = (lane % 8) + 8 * (lane / 16), k_col = 8 * ((lane / 8) % 2);
-  const int v_row = (lane % 8) + 8 * ((lane / 8) % 2), v_col = 8 * (lane / 16);
-
-  uint32_t qa[D / 16][4];
-  float oacc[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.0f;
-  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;  // this lane's share of the row sums
-  const int query_lo = q0 + warp * 16 + g, query_hi = query_lo + 8;
-
-  for (int j = 0; j < key_tiles; ++j) {
-    const int k0 = j * tc_keys;
-    cp_async_wait_all();
-    __syncthreads();  // K(j) (and Q) landed for every thread; no warp still reads V(j-1)
-    copy_tile_async<D>(vs, vb, k0, S);
-    cp_async_commit();
-    if (j == 0) {
-#pragma unroll
-      for (int kc = 0; kc < D / 16; ++kc) ldmatrix_x4(qa[kc], qs + a_row * stride + kc * 16 + a_col);
-    }
-
-    // S = Q K^T: per 16 keys, one ldmatrix gives the B fragments of two n-blocks.
-    float sacc[tc_keys / 8][4];
-#pragma unroll
-    for (int n = 0; n < tc_keys / 8; ++n) sacc[n][0] = sacc[n][1] = sacc[n][2] = sacc[n][3] = 0.0f;
-#pragma unroll
-    for (int kc = 0; kc < D / 16; ++kc)
-#pragma unroll
-      for (int np = 0; np < tc_keys / 16; ++np) {
-        uint32_t b[4];
-        ldmatrix_x4(b, ks + (np * 16 + k_row) * stride + kc * 16 + k_col);
-        mma_bf16_16816(sacc[2 * np], qa[kc], b[0], b[1]);
-        mma_bf16_16816(sacc[2 * np + 1], qa[kc], b[2], b[3]);
-      }
-
-    // Scale into log2 units; mask where a key can be past S or past the warp's first query.
-    const bool masked = k0 + tc_keys > S || (causal && k0 + tc_keys - 1 > q0 + warp * 16);
-    float tmax_lo = -INFINITY, tmax_hi = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < tc_keys / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = sacc[n][e] * scale_log2;
-        if (masked) {
-          const int key = k0 + n * 8 + 2 * t + (e & 1);
-          const int query = e < 2 ? query_lo : query_hi;
-          if (key >= S || (causal && key > query)) x = -INFINITY;
-        }
-        sacc[n][e] = x;
-        if (e < 2) tmax_lo = fmaxf(tmax_lo, x);
-        else tmax_hi = fmaxf(tmax_hi, x);
-      }
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {  // the four lanes of a quad share a row
-      tmax_lo = fmaxf(tmax_lo, __shfl_xor_sync(0xffffffffu, tmax_lo, off));
-      tmax_hi = fmaxf(tmax_hi, __shfl_xor_sync(0xffffffffu, tmax_hi, off));
-    }
-    const float new_lo = fmaxf(m_lo, tmax_lo), new_hi = fmaxf(m_hi, tmax_hi);
-    // A row with nothing visible yet keeps a zero contribution (2^-inf).
-    const float ref_lo = new_lo == -INFINITY ? 0.0f : new_lo, ref_hi = new_hi == -INFINITY ? 0.0f : new_hi;
-    const float alpha_lo = fast_exp2(m_lo - ref_lo), alpha_hi = fast_exp2(m_hi - ref_hi);
-    m_lo = new_lo;
-    m_hi = new_hi;
-    float sum_lo = 0.0f, sum_hi = 0.0f;
-#pragma unroll
-    for (int n = 0; n < tc_keys / 8; ++n) {
-      sacc[n][0] = fast_exp2(sacc[n][0] - ref_lo);
-      sacc[n][1] = fast_exp2(sacc[n][1] - ref_lo);
-      sacc[n][2] = fast_exp2(sacc[n][2] - ref_hi);
-      sacc[n][3] = fast_exp2(sacc[n][3] - ref_hi);
-      sum_lo += sacc[n][0] + sacc[n][1];
-      sum_hi += sacc[n][2] + sacc[n][3];
-    }
-    l_lo = l_lo * alpha_lo + sum_lo;
-    l_hi = l_hi * alpha_hi + sum_hi;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      oacc[n][0] *= alpha_lo;
-      oacc[n][1] *= alpha_lo;
-      oacc[n][2] *= alpha_hi;
-      oacc[n][3] *= alpha_hi;
-    }
-
-    cp_async_wait_all();
-    __syncthreads();  // V(j) landed for every thread; no warp still reads K(j)
-    if (j + 1 < key_tiles) {
-      copy_tile_async<D>(ks, kb, k0 + tc_keys, S);
-      cp_async_commit();
-    }
-
-    // O += P V, P straight from the score registers; per 16 keys, one ldmatrix.trans gives the B
-    // fragments of two 8-column blocks of V.
-#pragma unroll
-    for (int kc = 0; kc < tc_keys / 16; ++kc) {
-      const uint32_t pa[4] = {pack_bf16(sacc[2 * kc][0], sacc[2 * kc][1]), pack_bf16(sacc[2 * kc][2], sacc[2 * kc][3]),
-                              pack_bf16(sacc[2 * kc + 1][0], sacc[2 * kc + 1][1]),
-                              pack_bf16(sacc[2 * kc + 1][2], sacc[2 * kc + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, vs + (kc * 16 + v_row) * stride + dp * 16 + v_col);
-        mma_bf16_16816(oacc[2 * dp], pa, b[0], b[1]);
-        mma_bf16_16816(oacc[2 * dp + 1], pa, b[2], b[3]);
-      }
-    }
-  }
-#pragma unroll
-  for (int off = 1; off < 4; off <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
-  }
-  const float inv_lo = 1.0f / l_lo, inv_hi = 1.0f / l_hi;
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) {
-    const int col = n * 8 + 2 * t;
-    if (query_lo < S)
-      *reinterpret_cast<uint32_t*>(o + base + int64_t{query_lo} * D + col) = pack_bf16(oacc[n][0] * inv_lo, oacc[n][1] * inv_lo);
-    if (query_hi < S)
-      *reinterpret_cast<uint32_t*>(o + base + int64_t{query_hi} * D + col) = pack_bf16(oacc[n][2] * inv_hi, oacc[n][3] * inv_hi);
-  }
-}
-
-template <int D>
-constexpr std::size_t bf16_smem_bytes() {
-  return static_cast<std::size_t>(tc_rows + 2 * tc_keys) * tc_stride<D> * sizeof(bf16);
-}
-
-// The stage's fused forward: fp32 through the kernel the step also runs, bf16 on tensor cores.
+// The stage's fused forward: fp32 through the kernel the step also runs, bf16 on tensor cores
+// (attention_bf16.cu).
 void fused_attention(const Shape& s, bool causal, const Tensors& x, cudaStream_t stream) {
   if (x.type == DType::fp32) {
     if (causal) cuda_fused_forward(s, x.operands(s), nullptr, stream);
     else fused_fp32(s, false, x.operands(s), nullptr, stream);
     return;
   }
-  const int S = static_cast<int>(s.seq), D = static_cast<int>(s.head_dim);
-  const int64_t bhs = s.batch * s.heads;  // fused_reason refuses shapes whose grid would not fit
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const auto grid = static_cast<unsigned>((S + tc_rows - 1) / tc_rows * bhs);
-  if (grid == 0) return;
-  const float scale_log2 = scale * 1.4426950408889634f;
-  if (D == 64)
-    fused_bf16_kernel<64><<<grid, tc_threads, bf16_smem_bytes<64>(), stream>>>(
-        x.q16.data(), x.k16.data(), x.v16.data(), x.o16.data(), S, bhs, causal, scale_log2);
-  else
-    fused_bf16_kernel<128><<<grid, tc_threads, bf16_smem_bytes<128>(), stream>>>(
-        x.q16.data(), x.k16.data(), x.v16.data(), x.o16.data(), S, bhs, causal, scale_log2);
-  CUDA_CHECK(cudaGetLastError());
-}
-
-// The bf16 kernel's tiles exceed the default limit; the fp32 launchers raise theirs themselves.
-void allow_large_shared_memory(const Shape& s, DType t) {
-  if (t != DType::bf16) return;
-  if (s.head_dim == 64)
-    CUDA_CHECK(cudaFuncSetAttribute(fused_bf16_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(bf16_smem_bytes<64>())));
-  else
-    CUDA_CHECK(cudaFuncSetAttribute(fused_bf16_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(bf16_smem_bytes<128>())));
+  cuda_bf16_forward(s, causal, x.bits(x.q16), x.bits(x.k16), x.bits(x.v16), x.bits(x.o16), nullptr, stream);
 }
 
 class Naive final : public Instance {
@@ -882,7 +594,6 @@ class Fused final : public Instance {
       CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx.cuda_device));
       TB_REQUIRE(major >= 8, "the bf16 tensor-core kernel (mma.sync) needs compute capability 8.0 or newer");
     }
-    allow_large_shared_memory(s, t);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void run() override { fused_attention(s_, causal_, x_, stream_); }
@@ -1060,41 +771,64 @@ class Block final : public Instance {
 
 // Q, K, V and dO in [B, H, S, D] from the reference's inputs; the forward runs once here (naive keeps
 // P, fused keeps O and each row's log-sum-exp), and run() is the backward only, which overwrites the
-// gradients: every run computes the same dQ, dK, dV.
+// gradients: every run computes the same dQ, dK, dV. bf16: fused is the tensor-core backward on bf16
+// operands; naive is autograd's backward with its products in bf16 on tensor cores (cuBLAS's
+// fp32-storage bf16 mode, the step's bf16 matmuls), the softmax backward in fp32.
 class Backward final : public Instance {
  public:
-  Backward(const Shape& s, bool fused, const RunContext& ctx)
-      : s_(s), fused_(fused), stream_(cuda::as_stream(ctx.cuda_stream)), x_(s, DType::fp32, stream_, ctx.cuda_device),
-        dout_(static_cast<std::size_t>(s.elements())), dq_(dout_.size()), dk_(dout_.size()), dv_(dout_.size()),
+  Backward(const Shape& s, bool fused, DType t, const RunContext& ctx)
+      : s_(s), fused_(fused), type_(t), stream_(cuda::as_stream(ctx.cuda_stream)),
+        x_(s, fused ? t : DType::fp32, stream_, ctx.cuda_device), dq_(static_cast<std::size_t>(s.elements())),
+        dk_(dq_.size()), dv_(dq_.size()),
         probs_(fused ? 0 : static_cast<std::size_t>(s.batch * s.heads * s.seq * s.seq)), dprobs_(probs_.size()),
-        lse_(fused ? static_cast<std::size_t>(s.rows()) : 0), delta_(lse_.size()) {
-    cuda::fill_uniform(dout_.data(), s.elements(), seed_dout, stream_, ctx.cuda_device);
+        lse_(fused ? static_cast<std::size_t>(s.rows()) : 0) {
+    const bool tensor_core_fused = fused && t == DType::bf16;
+    if (tensor_core_fused) {
+      dout16_ = cuda::DeviceBuffer<bf16>(dq_.size());
+      cuda::fill_uniform(dout16_.data(), s.elements(), seed_dout, stream_, ctx.cuda_device);
+      scratch_ = cuda::DeviceBuffer<float>(static_cast<std::size_t>(cuda_bf16_backward_scratch(s)));
+    } else {
+      dout_ = cuda::DeviceBuffer<float>(dq_.size());
+      cuda::fill_uniform(dout_.data(), s.elements(), seed_dout, stream_, ctx.cuda_device);
+      if (fused) scratch_ = cuda::DeviceBuffer<float>(lse_.size());  // delta
+    }
     CUBLAS_CHECK(cublasSetStream(handle_, stream_));
-    if (fused) cuda_fused_forward(s_, x_.operands(s_), lse_.data(), stream_);
-    else cuda_naive_forward(s_, x_.operands(s_), probs_.data(), handle_, stream_);
+    if (tensor_core_fused)
+      cuda_bf16_forward(s_, true, x_.bits(x_.q16), x_.bits(x_.k16), x_.bits(x_.v16), x_.bits(x_.o16), lse_.data(), stream_);
+    else if (fused) cuda_fused_forward(s_, x_.operands(s_), lse_.data(), stream_);
+    else cuda_naive_forward(s_, x_.operands(s_), probs_.data(), handle_, stream_, t == DType::bf16);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void run() override {
+    if (fused_ && type_ == DType::bf16) {
+      const Bf16Operands x{x_.bits(x_.q16), x_.bits(x_.k16), x_.bits(x_.v16), x_.bits(x_.o16), x_.bits(dout16_)};
+      cuda_bf16_backward(s_, true, x, lse_.data(), Gradients<float>{dq_.data(), dk_.data(), dv_.data(), nullptr},
+                         bhsd(s_), scratch_.data(), stream_);
+      return;
+    }
     const Gradients<float> g{dq_.data(), dk_.data(), dv_.data(), dout_.data()};
-    if (fused_) cuda_fused_backward(s_, x_.operands(s_), lse_.data(), g, delta_.data(), stream_);
-    else cuda_naive_backward(s_, x_.operands(s_), probs_.data(), g, dprobs_.data(), handle_, stream_);
+    if (fused_) cuda_fused_backward(s_, x_.operands(s_), lse_.data(), g, scratch_.data(), stream_);
+    else cuda_naive_backward(s_, x_.operands(s_), probs_.data(), g, dprobs_.data(), handle_, stream_, type_ == DType::bf16);
   }
   Verdict check() override {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     const int64_t n = s_.elements();
-    return check_gradients(s_, true, download_as_float(dq_.data(), n, stream_), download_as_float(dk_.data(), n, stream_),
-                           download_as_float(dv_.data(), n, stream_));
+    return check_gradients(s_, true, type_, download_as_float(dq_.data(), n, stream_),
+                           download_as_float(dk_.data(), n, stream_), download_as_float(dv_.data(), n, stream_));
   }
 
  private:
   Shape s_;
   bool fused_;
+  DType type_;
   cudaStream_t stream_;
   cuda::CublasHandle handle_;
   Tensors x_;
-  cuda::DeviceBuffer<float> dout_, dq_, dk_, dv_;
+  cuda::DeviceBuffer<float> dq_, dk_, dv_;
+  cuda::DeviceBuffer<float> dout_;            // fp32 inputs (and the naive bf16 path, rounded by cuBLAS)
+  cuda::DeviceBuffer<bf16> dout16_;           // the tensor-core backward's dO
   cuda::DeviceBuffer<float> probs_, dprobs_;  // naive: P [B, H, S, S] and dP's scratch
-  cuda::DeviceBuffer<float> lse_, delta_;     // fused: [B, H, S] each
+  cuda::DeviceBuffer<float> lse_, scratch_;   // fused: lse [B, H, S]; delta (and bf16: the dQ accumulator)
 };
 
 }  // namespace
@@ -1102,38 +836,40 @@ class Backward final : public Instance {
 // ---- the kernels as functions over buffers ------------------------------------------------------
 
 void cuda_naive_forward(const Shape& s, const Operands<float>& x, float* probs, cublasContext* handle,
-                        CUstream_st* stream) {
+                        CUstream_st* stream, bool bf16_products) {
   if (s.rows() == 0) return;
   const int64_t S = s.seq, D = s.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const cublasComputeType_t compute = bf16_products ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
   const HeadMatrix p = probs_matrix(probs, s);
   // Column-major view of row-major operands: scores^T (S x S) = K Q^T, C[j + i S] = scale sum_d K[j][d] Q[i][d].
   gemm_per_head(handle, s, CUBLAS_OP_T, CUBLAS_OP_N, S, S, D, scale, head_matrix(x.k, x.in), head_matrix(x.q, x.in),
-                0.0f, p);
+                0.0f, p, compute);
   causal_softmax(s, probs, stream);
   // O^T (D x S) = V^T P^T: C[d + i ld] = sum_j V[j][d] P[i][j].
   gemm_per_head(handle, s, CUBLAS_OP_N, CUBLAS_OP_N, D, S, S, 1.0f, head_matrix(x.v, x.in), p, 0.0f,
-                head_matrix(x.o, x.out));
+                head_matrix(x.o, x.out), compute);
 }
 
 void cuda_naive_backward(const Shape& s, const Operands<float>& x, const float* probs, const Gradients<float>& g,
-                         float* dprobs, cublasContext* handle, CUstream_st* stream) {
+                         float* dprobs, cublasContext* handle, CUstream_st* stream, bool bf16_products) {
   if (s.rows() == 0) return;
   const int64_t S = s.seq, D = s.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const cublasComputeType_t compute = bf16_products ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
   const HeadMatrix p = probs_matrix(probs, s), dp = probs_matrix(dprobs, s), dout = head_matrix(g.dout, x.out);
   // dV = P^T dO: dV^T (D x S) = dO^T P, C[d + j ld] = sum_i dO[i][d] P[i][j].
-  gemm_per_head(handle, s, CUBLAS_OP_N, CUBLAS_OP_T, D, S, S, 1.0f, dout, p, 0.0f, head_matrix(g.dv, x.in));
+  gemm_per_head(handle, s, CUBLAS_OP_N, CUBLAS_OP_T, D, S, S, 1.0f, dout, p, 0.0f, head_matrix(g.dv, x.in), compute);
   // dP = dO V^T: C[j + i S] = sum_d V[j][d] dO[i][d].
-  gemm_per_head(handle, s, CUBLAS_OP_T, CUBLAS_OP_N, S, S, D, 1.0f, head_matrix(x.v, x.in), dout, 0.0f, dp);
+  gemm_per_head(handle, s, CUBLAS_OP_T, CUBLAS_OP_N, S, S, D, 1.0f, head_matrix(x.v, x.in), dout, 0.0f, dp, compute);
   causal_softmax_backward_kernel<<<static_cast<unsigned>(s.rows()), 256, 0, stream>>>(dprobs, probs, S);
   CUDA_CHECK(cudaGetLastError());
   // dQ = scale dS K: C[d + i ld] = sum_j K[j][d] dS[i][j].
   gemm_per_head(handle, s, CUBLAS_OP_N, CUBLAS_OP_N, D, S, S, scale, head_matrix(x.k, x.in), dp, 0.0f,
-                head_matrix(g.dq, x.in));
+                head_matrix(g.dq, x.in), compute);
   // dK = scale dS^T Q: C[d + j ld] = sum_i Q[i][d] dS[i][j].
   gemm_per_head(handle, s, CUBLAS_OP_N, CUBLAS_OP_T, D, S, S, scale, head_matrix(x.q, x.in), dp, 0.0f,
-                head_matrix(g.dk, x.in));
+                head_matrix(g.dk, x.in), compute);
 }
 
 void cuda_fused_forward(const Shape& s, const Operands<float>& x, float* lse, CUstream_st* stream) {
@@ -1178,8 +914,8 @@ std::unique_ptr<Instance> make_cuda_fused(const Shape& s, bool causal, DType t, 
 std::unique_ptr<Instance> make_cuda_block(const Shape& s, bool fused_attention, const RunContext& ctx) {
   return std::make_unique<Block>(s, fused_attention, ctx);
 }
-std::unique_ptr<Instance> make_cuda_backward(const Shape& s, bool fused, const RunContext& ctx) {
-  return std::make_unique<Backward>(s, fused, ctx);
+std::unique_ptr<Instance> make_cuda_backward(const Shape& s, bool fused, DType t, const RunContext& ctx) {
+  return std::make_unique<Backward>(s, fused, t, ctx);
 }
 
 }  // namespace tb::attention

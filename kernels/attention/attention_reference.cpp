@@ -1,5 +1,6 @@
 // The oracle for `attention`: plain loops in double over regenerated inputs.
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -139,43 +140,67 @@ void reference_backward(const Shape& s, bool causal, const Operands<T>& x, const
 template void reference_forward<double>(const Shape&, bool, const Operands<double>&, double*);
 template void reference_backward<double>(const Shape&, bool, const Operands<double>&, const Gradients<double>&);
 
-// The gradients of the heads checked_rows touches, each whole head from the regenerated inputs.
-Verdict check_gradients(const Shape& s, bool causal, const std::vector<float>& dq, const std::vector<float>& dk,
+// The gradients of the heads checked_rows touches, each whole head from the regenerated inputs. A
+// head costs O(S^2 D) in double (tens of GFLOP at 4096 x 128): the heads are checked in parallel,
+// and the first failing one (in the listed order) is reported.
+Verdict check_gradients(const Shape& s, bool causal, DType t, const std::vector<float>& dq, const std::vector<float>& dk,
                         const std::vector<float>& dv) {
+  const Tolerance tol = t == DType::bf16 ? tolerance::attention_bf16_backward : tolerance::attention_fp32;
+  for (const auto* got : {&dq, &dk, &dv})
+    if (got->size() != static_cast<std::size_t>(s.elements()))
+      return Verdict{false, INFINITY, std::string(got == &dq ? "dq" : got == &dk ? "dk" : "dv") +
+                                          " has the wrong number of elements"};
   std::vector<int64_t> heads;
   for (const auto& [bh, i] : checked_rows(s))
     if (std::find(heads.begin(), heads.end(), bh) == heads.end()) heads.push_back(bh);
-  if (heads.size() > 4) heads.resize(4);  // a head costs S^2 D in double
+  if (heads.size() > 4) heads.resize(4);
   const int64_t per_head = s.seq * s.head_dim;
   const Shape one{1, 1, s.seq, s.head_dim};
-  std::vector<double> q(per_head), k(per_head), v(per_head), o(per_head), dout(per_head), rq(per_head), rk(per_head),
-      rv(per_head);
-  double worst = 0;
-  for (const int64_t bh : heads) {
-    const int64_t base = bh * per_head;
+  std::vector<Verdict> verdicts(heads.size(), Verdict{true, 0, ""});
+#pragma omp parallel for schedule(dynamic, 1) if (s.seq * s.seq * s.head_dim >= (int64_t{1} << 24))
+  for (std::size_t h = 0; h < heads.size(); ++h) {
+    const int64_t bh = heads[h], base = bh * per_head;
+    std::vector<double> q(per_head), k(per_head), v(per_head), o(per_head), dout(per_head), rq(per_head),
+        rk(per_head), rv(per_head);
     for (int64_t e = 0; e < per_head; ++e) {
-      q[e] = input_q(base + e, DType::fp32);
-      k[e] = input_k(base + e, DType::fp32);
-      v[e] = input_v(base + e, DType::fp32);
-      dout[e] = input_dout(base + e);
+      q[e] = input_q(base + e, t);
+      k[e] = input_k(base + e, t);
+      v[e] = input_v(base + e, t);
+      dout[e] = maybe_bf16(input_dout(base + e), t);
     }
     const Operands<double> x{q.data(), k.data(), v.data(), o.data(), bhsd(one), bhsd(one)};
     reference_backward(one, causal, x, Gradients<double>{rq.data(), rk.data(), rv.data(), dout.data()});
     const std::pair<const char*, std::pair<const std::vector<double>*, const std::vector<float>*>> fields[] = {
         {"dq", {&rq, &dq}}, {"dk", {&rk, &dk}}, {"dv", {&rv, &dv}}};
+    double worst = 0;
     for (const auto& [name, pair] : fields) {
       const auto& [want, got] = pair;
-      if (got->size() != static_cast<std::size_t>(s.elements()))
-        return Verdict{false, INFINITY, std::string(name) + " has the wrong number of elements"};
-      for (int64_t i = 0; i < s.seq; ++i) {
-        const Verdict verdict = compare_row(name, bh, i, std::vector<double>(want->begin() + i * s.head_dim,
-                                                                             want->begin() + (i + 1) * s.head_dim),
-                                            got->data() + base + i * s.head_dim, tolerance::attention_fp32, worst);
-        if (!verdict.passed) return verdict;
-      }
+      for (int64_t i = 0; i < s.seq && verdicts[h].passed; ++i)
+        verdicts[h] = compare_row(name, bh, i,
+                                  std::vector<double>(want->begin() + i * s.head_dim, want->begin() + (i + 1) * s.head_dim),
+                                  got->data() + base + i * s.head_dim, tol, worst);
     }
+    verdicts[h].max_error = worst;
+  }
+  double worst = 0;
+  for (const Verdict& v : verdicts) {
+    if (!v.passed) return v;
+    worst = std::max(worst, v.max_error);
   }
   return Verdict{true, worst, ""};
+}
+
+// Host-side, so that a build without CUDA lists the same reasons.
+bool cuda_bf16_supports_head_dim(int64_t head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
+
+std::string cuda_bf16_reason(const Shape& s) {
+  if (!cuda_bf16_supports_head_dim(s.head_dim))
+    return "the bf16 tensor-core kernels are built for head_dim 32, 64 and 128, not " + std::to_string(s.head_dim);
+  // One block per (batch x head, tile) in grid.x, whose limit is 2^31 - 1; S fits an int.
+  const int64_t blocks = (s.seq + cuda_bf16_key_tile - 1) / cuda_bf16_key_tile * s.batch * s.heads;
+  if (blocks > INT_MAX || s.seq > INT_MAX / 2)
+    return "batch x heads x tiles = " + std::to_string(blocks) + " blocks, above the grid's 2^31 - 1";
+  return "";
 }
 
 double attention_flops(const Shape& s, bool causal) {

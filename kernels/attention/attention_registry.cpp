@@ -48,20 +48,28 @@ double tensors_bytes(const Shape& s, DType t) { return 4.0 * static_cast<double>
 
 // The backward's four products (dV, dP, dQ, dK), twice the forward's; fused recomputes the scores on
 // top, which is overhead, not work. Traffic: Q, K, V, O, dO read, dQ, dK, dV written.
+// bf16 (CUDA): the operands in bf16, the gradients written in fp32.
 Work backward_work(const Problem& p, const char* axis, Backend backend, bool naive) {
   const Shape s = shape_of(p, axis);
+  const DType t = dtype_of(p);
   Work w;
   w.flops = 2 * attention_flops(s, causal_of(p));
-  w.bytes = 8.0 * 4.0 * static_cast<double>(s.elements());
+  w.bytes = (5.0 * element_bytes(t) + 3.0 * 4.0) * static_cast<double>(s.elements());
   w.bound = Work::Bound::compute;
-  w.peak_key = backend == Backend::cpu ? "cpu.gemm_fp32" : "cuda.gemm_fp32";
+  w.peak_key = backend == Backend::cpu ? "cpu.gemm_fp32" : (t == DType::bf16 ? "cuda.gemm_bf16" : "cuda.gemm_fp32");
   w.counters = {{"scores_mib", naive ? 2 * scores_bytes(s) / (1 << 20) : 0.0}};
   return w;
 }
 
 std::string backward_reason(const Problem& p, const char* axis, Backend b, bool naive) {
   const Shape s = shape_of(p, axis);
-  if (b == Backend::cuda && !naive && s.head_dim > 128) return "the fused backward keeps head_dim <= 128 per row";
+  if (b == Backend::cuda && !naive && dtype_of(p) == DType::bf16) {
+    if (std::string why = cuda_bf16_reason(s); !why.empty()) return why;
+    if (std::string why = device_capability_reason(8, 0, "the bf16 tensor-core backward (mma.sync)"); !why.empty())
+      return why;
+  } else if (b == Backend::cuda && !naive && s.head_dim > 128) {
+    return "the fused backward keeps head_dim <= 128 per row";
+  }
   const double bytes = 9.0 * 4.0 * static_cast<double>(s.elements()) + (naive ? 2 * scores_bytes(s) : 0.0);
   return b == Backend::cpu ? host_memory_reason(bytes) : device_memory_reason(bytes);
 }
@@ -76,8 +84,8 @@ std::string naive_reason(const Problem& p, const char* axis, Backend b) {
 std::string fused_reason(const Problem& p, const char* axis, Backend b) {
   const Shape s = shape_of(p, axis);
   const DType t = dtype_of(p);
-  if (b == Backend::cuda && t == DType::bf16 && s.head_dim != 64 && s.head_dim != 128)
-    return "the tensor-core kernel is built for head_dim 64 and 128";
+  if (b == Backend::cuda && t == DType::bf16)
+    if (std::string why = cuda_bf16_reason(s); !why.empty()) return why;
   if (b == Backend::cuda && s.head_dim > 256) return "the fp32 kernel keeps head_dim/32 <= 8 columns per lane";
   if (b == Backend::cuda) {
     // One block per (batch x head, query tile) in grid.x, whose limit is 2^31 - 1.
@@ -201,13 +209,15 @@ void register_stage_attention(Registry& registry) {
   };
   auto cuda_backward = [](bool fused) {
     return Variant{fused ? "backward_fused" : "backward_naive", Backend::cuda,
-                   fused ? "FlashAttention-2 backward in fp32: P recomputed from the saved log-sum-exp"
-                         : "autograd's backward from the saved probabilities: cuBLAS products, softmax backward kernel",
-                   {"shape"},
+                   fused ? "FlashAttention-2 backward from the saved log-sum-exp: fp32 on CUDA cores; bf16 on tensor "
+                           "cores (dK, dV per key tile, dQ by atomics)"
+                         : "autograd's backward from the saved probabilities: cuBLAS products (bf16: on tensor cores), "
+                           "softmax backward kernel",
+                   {"shape", "dtype"},
                    [fused](const Problem& p) { return backward_work(p, "shape", Backend::cuda, !fused); },
                    [fused](const Problem& p) { return backward_reason(p, "shape", Backend::cuda, !fused); },
                    cuda_factory([fused](const Problem& p, const RunContext& c) {
-                     return make_cuda_backward(shape_of(p, "shape"), fused, c);
+                     return make_cuda_backward(shape_of(p, "shape"), fused, dtype_of(p), c);
                    })};
   };
   for (bool fused : {false, true}) {

@@ -29,6 +29,9 @@ inline constexpr double gemm_bf16 = 1.6e-2;
 // Attention outputs are convex combinations of V rows (|v| <= 1): errors are absolute in scale.
 inline constexpr Tolerance attention_fp32{2e-5, 2e-4};
 inline constexpr Tolerance attention_bf16{2e-2, 2e-2};  // bf16 inputs, P and output
+// Gradients from bf16 operands, with P and dS rounded to bf16 before their products (FlashAttention's
+// backward), against the double backward of the same bf16-rounded inputs.
+inline constexpr Tolerance attention_bf16_backward{3e-2, 3e-2};
 inline constexpr Tolerance block_fp32{2e-4, 2e-3};      // five GEMMs, two layernorms, GELU
 // Per-token losses of a training step's forward (about ln(vocab)) against a double forward.
 inline constexpr Tolerance step_fp32{2e-4, 1e-4};

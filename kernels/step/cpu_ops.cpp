@@ -193,7 +193,7 @@ void CpuOps<T>::matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T
 // qkv's rows, each head hs = C / NH of them; O is [B, T, C].
 template <class T>
 void CpuOps<T>::attention_forward(T* out, T* saved, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
-                                  bool fused) {
+                                  bool fused, bool /*bf16*/) {
   const attention::Shape shape{B, NH, Tn, C / NH};
   const attention::Operands<T> x{qkv, qkv + C, qkv + 2 * C, out, attention::bshd(shape, 3 * C), attention::bshd(shape, C)};
   if constexpr (std::is_same_v<T, double>) {
@@ -208,7 +208,7 @@ void CpuOps<T>::attention_forward(T* out, T* saved, const T* qkv, int64_t B, int
 
 template <class T>
 void CpuOps<T>::attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* out, const T* saved,
-                                   int64_t B, int64_t Tn, int64_t C, int64_t NH, bool fused) {
+                                   int64_t B, int64_t Tn, int64_t C, int64_t NH, bool fused, bool /*bf16*/) {
   const attention::Shape shape{B, NH, Tn, C / NH};
   const attention::Operands<T> x{qkv, qkv + C, qkv + 2 * C, const_cast<T*>(out), attention::bshd(shape, 3 * C),
                                  attention::bshd(shape, C)};

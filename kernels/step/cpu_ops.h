@@ -84,10 +84,12 @@ class CpuOps {
                        int64_t OC, bool bf16);
   // Causal attention of qkv [B, T, 3C] into out [B, T, C]; `saved` keeps P [B, NH, T, T] (naive) or
   // the rows' log-sum-exp [B, NH, T] (fused) for backward, which overwrites dqkv. `scratch` is dP
-  // [B, NH, T, T] for the naive backward (unused by the fused one on the CPU).
-  void attention_forward(T* out, T* saved, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH, bool fused);
+  // [B, NH, T, T] for the naive backward (unused by the fused one on the CPU). bf16 is a CUDA switch
+  // (the registry refuses it here): the CPU computes in T.
+  void attention_forward(T* out, T* saved, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH, bool fused,
+                         bool bf16);
   void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* out, const T* saved, int64_t B,
-                          int64_t Tn, int64_t C, int64_t NH, bool fused);
+                          int64_t Tn, int64_t C, int64_t NH, bool fused, bool bf16);
   void gelu_forward(T* out, const T* inp, int64_t n);
   void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);  // dinp = gelu'(inp) dout
   void softmax_crossentropy(T* probs, T* losses, const T* logits, const int32_t* targets, int64_t N, int64_t V);

@@ -235,7 +235,7 @@ class Model {
     T* x = input(l);
     ops_.layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, lparam(l, ln1w), lparam(l, ln1b), N_, C_);
     ops_.matmul_forward(a.qkv.data(), a.ln1.data(), lparam(l, qkvw), lparam(l, qkvb), N_, C_, 3 * C_, bf16);
-    ops_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B_, T_, C_, NH_, sw_.fused_attention);
+    ops_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B_, T_, C_, NH_, sw_.fused_attention, bf16);
     ops_.matmul_forward(a.attproj.data(), a.atty.data(), lparam(l, attprojw), lparam(l, attprojb), N_, C_, C_, bf16);
     ops_.add(a.residual2.data(), x, a.attproj.data(), N_ * C_);
     ops_.layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.residual2.data(), lparam(l, ln2w),
@@ -275,7 +275,7 @@ class Model {
     ops_.matmul_backward(g.atty.data(), lgrad(l, attprojw), lgrad(l, attprojb), g.residual2.data(), a.atty.data(),
                          lparam(l, attprojw), N_, C_, C_, bf16);
     ops_.attention_backward(g.qkv.data(), g.att.data(), g.atty.data(), a.qkv.data(), a.atty.data(), a.att.data(), B_, T_,
-                            C_, NH_, sw_.fused_attention);
+                            C_, NH_, sw_.fused_attention, bf16);
     ops_.matmul_backward(g.ln1.data(), lgrad(l, qkvw), lgrad(l, qkvb), g.qkv.data(), a.ln1.data(), lparam(l, qkvw), N_, C_,
                          3 * C_, bf16);
     // dL/dx = d(residual2) (the skip) + layernorm_backward(d ln1).

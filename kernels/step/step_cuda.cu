@@ -349,22 +349,43 @@ class CudaOps {
   // Causal attention through the attention stage's kernels, straight on the packed rows: Q, K, V
   // are columns [0, C), [C, 2C), [2C, 3C) of qkv's rows of 3C, head h at column h * hs of each; out
   // and dout are rows of C. saved: P [B, NH, T, T] (naive) or each row's log-sum-exp [B, NH, T] (fused).
+  // bf16: fused runs the tensor-core kernels on bf16 copies of the operands (autocast's SDPA), where
+  // they take the head size (32, 64, 128; else the fp32 kernel); naive runs its products in bf16.
   void attention_forward(float* out, float* saved, const float* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
-                         bool fused) {
+                         bool fused, bool bf16) {
     const attention::Shape s = attention_shape(B, Tn, C, NH);
     const attention::Operands<float> x = attention_operands(s, qkv, out, C);
-    if (fused) attention::cuda_fused_forward(s, x, saved, stream_);
-    else attention::cuda_naive_forward(s, x, saved, handle_, stream_);
+    if (fused && bf16 && attention::cuda_bf16_reason(s).empty()) {
+      Bf16Attention& ws = bf16_attention(s);
+      pack_qkv(s, qkv, ws);
+      attention::cuda_bf16_forward(s, true, ws.q.data(), ws.k.data(), ws.v.data(), ws.o.data(), saved, stream_);
+      attention::cuda_unpack_bf16(s, ws.o.data(), out, x.out, stream_);
+    } else if (fused) {
+      attention::cuda_fused_forward(s, x, saved, stream_);
+    } else {
+      attention::cuda_naive_forward(s, x, saved, handle_, stream_, bf16);
+    }
   }
-  // dqkv overwritten. scratch: dP [B, NH, T, T] (naive) or delta [B, NH, T] (fused).
+  // dqkv overwritten. scratch: dP [B, NH, T, T] (naive) or delta [B, NH, T] (fused, fp32).
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
-                          const float* saved, int64_t B, int64_t Tn, int64_t C, int64_t NH, bool fused) {
+                          const float* saved, int64_t B, int64_t Tn, int64_t C, int64_t NH, bool fused, bool bf16) {
     const attention::Shape s = attention_shape(B, Tn, C, NH);
     // O is only read in backward; Operands carries it writable for the forward.
     const attention::Operands<float> x = attention_operands(s, qkv, const_cast<float*>(out), C);
     const attention::Gradients<float> g{dqkv, dqkv + C, dqkv + 2 * C, dout};
-    if (fused) attention::cuda_fused_backward(s, x, saved, g, scratch, stream_);
-    else attention::cuda_naive_backward(s, x, saved, g, scratch, handle_, stream_);
+    if (fused && bf16 && attention::cuda_bf16_reason(s).empty()) {
+      // The forward's bf16 operands again: Q, K, V round the same way, and O came from bf16 exactly.
+      Bf16Attention& ws = bf16_attention(s);
+      pack_qkv(s, qkv, ws);
+      attention::cuda_pack_bf16(s, out, x.out, ws.o.data(), stream_);
+      attention::cuda_pack_bf16(s, dout, x.out, ws.dout.data(), stream_);
+      const attention::Bf16Operands operands{ws.q.data(), ws.k.data(), ws.v.data(), ws.o.data(), ws.dout.data()};
+      attention::cuda_bf16_backward(s, true, operands, saved, g, x.in, ws.scratch.data(), stream_);
+    } else if (fused) {
+      attention::cuda_fused_backward(s, x, saved, g, scratch, stream_);
+    } else {
+      attention::cuda_naive_backward(s, x, saved, g, scratch, handle_, stream_, bf16);
+    }
   }
   void gelu_forward(float* out, const float* inp, int64_t n) { launch(gelu_forward_kernel, n, out, inp, n); }
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
@@ -476,6 +497,33 @@ class CudaOps {
                                                        int64_t C) {
     return attention::Operands<float>{qkv, qkv + C, qkv + 2 * C, out, attention::bshd(s, 3 * C), attention::bshd(s, C)};
   }
+  // The bf16 attention's operands [B, NH, T, hs] and the backward's scratch, made at the first
+  // (eager) step for the one model a backend serves, metered like every buffer.
+  struct Bf16Attention {
+    int64_t elements = 0;
+    Buffer<attention::bf16_bits> q, k, v, o, dout;
+    Buffer<float> scratch;
+  };
+  Bf16Attention& bf16_attention(const attention::Shape& s) {
+    if (!bf16_attention_) {
+      bf16_attention_ = std::make_unique<Bf16Attention>();
+      bf16_attention_->elements = s.elements();
+      for (auto* b : {&bf16_attention_->q, &bf16_attention_->k, &bf16_attention_->v, &bf16_attention_->o,
+                      &bf16_attention_->dout})
+        *b = alloc<attention::bf16_bits>(s.elements());
+      bf16_attention_->scratch = alloc<float>(attention::cuda_bf16_backward_scratch(s));
+    }
+    TB_REQUIRE(bf16_attention_->elements == s.elements(),
+               "one bf16 attention workspace serves one model shape");
+    return *bf16_attention_;
+  }
+  void pack_qkv(const attention::Shape& s, const float* qkv, Bf16Attention& ws) {
+    const int64_t C = s.d_model();
+    const attention::Strides rows = attention::bshd(s, 3 * C);
+    attention::cuda_pack_bf16(s, qkv, rows, ws.q.data(), stream_);
+    attention::cuda_pack_bf16(s, qkv + C, rows, ws.k.data(), stream_);
+    attention::cuda_pack_bf16(s, qkv + 2 * C, rows, ws.v.data(), stream_);
+  }
   // Whether a plan made for `a` serves `b`: the same tensors at the same offsets.
   static bool same_layout(const adamw::ParamSet& a, const adamw::ParamSet& b) {
     return a.sizes == b.sizes && a.offsets == b.offsets && a.arena == b.arena;
@@ -497,6 +545,7 @@ class CudaOps {
   std::unique_ptr<gradnorm::CudaClipPlan> clip_plan_;
   std::unique_ptr<adamw::CudaPlan> adamw_plan_;
   cg::CudaRows rows_;
+  std::unique_ptr<Bf16Attention> bf16_attention_;
   GraphExec exec_;
 };
 

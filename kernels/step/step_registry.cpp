@@ -39,7 +39,8 @@ namespace step {
 // Parameters, gradients and two moments in fp32, the activations kept for backward (one layer's
 // with checkpointing), the logits, probabilities and their gradient. Attention keeps P [B, NH, T, T]
 // per layer, plus dP for the layer in backward (naive), or one log-sum-exp per row (fused): fused
-// attention frees the only activation that grows with T^2.
+// attention frees the only activation that grows with T^2. bf16 fused attention (CUDA) adds one
+// workspace: bf16 Q, K, V, O, dO and the backward's dQ accumulator and delta.
 double estimate_bytes(const Workload& w) {
   const double N = static_cast<double>(w.batch.micro * w.model.seq_len), C = static_cast<double>(w.model.d_model);
   const double H = static_cast<double>(w.model.mlp_ratio) * C, V = static_cast<double>(w.model.vocab);
@@ -48,7 +49,8 @@ double estimate_bytes(const Workload& w) {
   const double layer = N * (9 * C + 2 * H + 4) + att;
   const double layers = w.switches.activation_checkpointing ? 1.0 : static_cast<double>(w.model.layers);
   const double floats = 4.0 * static_cast<double>(w.parameter_count()) + layers * layer + layer +
-                        static_cast<double>(w.model.layers + 1) * N * C + 3 * N * V + (w.propagator.enabled ? 8 * N * C : 0);
+                        static_cast<double>(w.model.layers + 1) * N * C + 3 * N * V + (w.propagator.enabled ? 8 * N * C : 0) +
+                        (w.switches.bf16_matmuls && w.switches.fused_attention ? 3.5 * N * C + att : 0);
   return 4.0 * floats;
 }
 
