@@ -319,6 +319,7 @@ class Runner {
 
   void add_observed(std::size_t i) {
     if (!live_ || live_->index != i || !rows_[i].timed()) return;
+    rows_[i].configuration = live_->instance->configuration();
     for (const auto& [key, value] : live_->instance->observed()) {
       auto& counters = rows_[i].counters;
       const auto same = std::find_if(counters.begin(), counters.end(), [&](const auto& c) { return c.first == key; });
@@ -656,7 +657,7 @@ void finish_results(const Registry& registry, const Settings& settings, Results&
     const double fastest_ns = *std::min_element(r.samples_ns.begin(), r.samples_ns.end());
     const double rate = (r.bound == "compute" ? r.flops : r.bytes) / (fastest_ns * 1e-9);
     PeakValue& peak = results.peaks[v->provides_peak];
-    if (rate > peak.value) peak = PeakValue{rate, r.bound == "compute" ? "FLOP/s" : "B/s", r.name};
+    if (rate > peak.value) peak = PeakValue{rate, r.bound == "compute" ? "FLOP/s" : "B/s", r.name, r.configuration};
   }
   attach_pct_of_peak(settings, results);
   // Pairs: at every problem both variants ran at on the same backend.

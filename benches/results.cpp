@@ -61,6 +61,7 @@ static json row_to_json(const Row& r) {
     j["tflop_per_s"] = r.tflop_per_s();
     if (r.pct_of_peak) j["pct_of_peak"] = *r.pct_of_peak;
     if (!r.pct_note.empty()) j["pct_of_peak_note"] = r.pct_note;
+    if (!r.configuration.empty()) j["configuration"] = r.configuration;
     if (r.others_share >= 0) j["others_cpu_share"] = r.others_share;
     j["disturbed"] = r.disturbed;
     j["retaken_samples"] = r.retaken;
@@ -119,8 +120,10 @@ json to_json(const Results& results) {
     withheld.push_back({{"stage", w.stage}, {"label", w.label}, {"baseline", w.baseline}, {"improved", w.improved}, {"why", w.why}});
   json context = results.context;
   json peaks = json::object();
-  for (const auto& [key, peak] : results.peaks)
+  for (const auto& [key, peak] : results.peaks) {
     peaks[key] = {{"value", peak.value}, {"unit", peak.unit}, {"benchmark", peak.benchmark}};
+    if (!peak.configuration.empty()) peaks[key]["configuration"] = peak.configuration;
+  }
   context["peaks"] = peaks;
   return json{{"schema", results_schema}, {"context", context}, {"benchmarks", rows}, {"pairs", pairs},
               {"pairs_withheld", withheld}};
@@ -146,7 +149,8 @@ Results results_from_json(const json& doc) {
   if (results.context.contains("peaks")) {
     for (const auto& [key, p] : results.context["peaks"].items())
       results.peaks[key] = PeakValue{field<double>(p, "value", "peak " + key), field<std::string>(p, "unit", "peak " + key),
-                                     field<std::string>(p, "benchmark", "peak " + key)};
+                                     field<std::string>(p, "benchmark", "peak " + key),
+                                     p.value("configuration", std::string())};
     results.context.erase("peaks");
   }
   const json rows = field<json>(doc, "benchmarks", "document");
@@ -195,6 +199,7 @@ Results results_from_json(const json& doc) {
           r.summary.median > 0 ? (r.summary.ci_high - r.summary.ci_low) / (2 * r.summary.median) : 0;
       if (j.contains("pct_of_peak")) r.pct_of_peak = j["pct_of_peak"].get<double>();
       r.pct_note = j.value("pct_of_peak_note", std::string());
+      r.configuration = j.value("configuration", std::string());
       r.others_share = j.value("others_cpu_share", -1.0);
       r.disturbed = j.value("disturbed", false);
       r.retaken = j.value("retaken_samples", 0);
@@ -381,7 +386,7 @@ static std::string render_console(const Results& results) {
     for (const auto& [key, peak] : results.peaks)
       out << "  " << std::left << std::setw(20) << key
           << (peak.unit == "FLOP/s" ? fixed(peak.value * 1e-12, 2) + " TFLOP/s" : fixed(peak.value * 1e-9, 2) + " GB/s")
-          << "\n";
+          << (peak.configuration.empty() ? "" : "  by " + peak.configuration) << "\n";
   }
   return out.str();
 }

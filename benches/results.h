@@ -49,6 +49,7 @@ struct Row {
   uint64_t clock_reasons = 0;
   double throttled_share = -1;
   std::vector<std::pair<std::string, double>> counters;  // from the work model, e.g. launches per call
+  std::string configuration;  // Instance::configuration(): which searched way ran ("" when one)
 
   bool timed() const { return disposition == "passed" && !samples_ns.empty(); }
   // The timed region moves and computes nothing (Work::moves_nothing): no rate of any kind.
@@ -102,6 +103,7 @@ struct PeakValue {
   double value = 0;
   std::string unit;       // "B/s" or "FLOP/s"
   std::string benchmark;  // the row it came from
+  std::string configuration;  // that row's configuration, when it searched
 };
 
 struct Results {

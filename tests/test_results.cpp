@@ -51,6 +51,8 @@ Results sample_results() {
   r.pairs = {PairRow{"peak", "triad: OpenMP team vs one thread", "peak/cpu/triad_1thread/n=7", "peak/cpu/triad/n=7",
                      RatioEstimate{1.9, 1.8, 2.0, 0.95}}};
   r.peaks["cpu.triad"] = PeakValue{3.2e10, "B/s", "peak/cpu/triad/n=7"};
+  r.peaks["cuda.copy"] = PeakValue{2.9e12, "B/s", "peak/cuda/copy/n=7", "cudaMemcpyAsync"};
+  r.rows[0].configuration = "triad kernel x4 grid 16";
   return r;
 }
 
@@ -69,6 +71,12 @@ TEST(Results, JsonRoundTripKeepsEverything) {
   EXPECT_EQ(back.rows[1].reason, original.rows[1].reason);
   EXPECT_DOUBLE_EQ(back.pairs[0].ratio.ci_high, 2.0);
   EXPECT_DOUBLE_EQ(back.peaks.at("cpu.triad").value, 3.2e10);
+  // What a searching peak row ran, on the row and on the peak it set; absent where there was no search.
+  EXPECT_EQ(back.rows[0].configuration, "triad kernel x4 grid 16");
+  EXPECT_FALSE(doc["benchmarks"][1].contains("configuration"));
+  EXPECT_EQ(back.peaks.at("cuda.copy").configuration, "cudaMemcpyAsync");
+  EXPECT_FALSE(doc["context"]["peaks"]["cpu.triad"].contains("configuration"));
+  EXPECT_NE(render(original, Format::console).find("by cudaMemcpyAsync"), std::string::npos);
 }
 
 TEST(Results, RejectsDocumentsThatAreNotTheSchema) {

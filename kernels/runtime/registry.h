@@ -101,6 +101,9 @@ class Instance {
   // copy hidden behind compute). Read once after the last sample; added to the row's counters,
   // replacing a work-model counter of the same name.
   virtual std::vector<std::pair<std::string, double>> observed() const { return {}; }
+  // Which of the ways it searched the variant runs (a peak row's fastest kernel or cuBLASLt
+  // algorithm), for the row and the peaks it sets; "" when it runs one way.
+  virtual std::string configuration() const { return ""; }
 };
 
 using InstanceFactory = std::function<std::unique_ptr<Instance>(const Problem&, const RunContext&)>;
