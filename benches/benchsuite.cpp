@@ -320,6 +320,13 @@ int run(int argc, char** argv) {
     torch.repetitions = settings.repetitions;
     torch.min_time_s = settings.min_time_s;
     torch.out_path = (fs::temp_directory_path() / ("trainbench-torch-" + std::to_string(::getpid()) + ".json")).string();
+    // The problems this run selected (--axis and --quick applied) as the script's listing, so that the
+    // PyTorch rows measure exactly those; the filter is the script's to apply to its own rows' names.
+    tb::Settings listed = settings;
+    listed.filter.clear();
+    torch.listing_path =
+        (fs::temp_directory_path() / ("trainbench-torch-list-" + std::to_string(::getpid()) + ".json")).string();
+    tb::write_file_atomically(torch.listing_path, list_json(registry, listed).dump() + "\n");
     std::cerr << "benchsuite: the PyTorch rows (" << tb::torch_peers_script() << " --device " << torch.device << ")"
               << std::endl;
     try {
@@ -332,6 +339,7 @@ int run(int argc, char** argv) {
       torch_error = e.what();
     }
     fs::remove(torch.out_path, ec);
+    fs::remove(torch.listing_path, ec);
   }
 
   if (!out_path.empty()) {

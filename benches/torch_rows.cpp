@@ -104,8 +104,10 @@ void require_torch(const std::string& who, const std::string& script) {
 }
 
 nlohmann::json run_torch_peers(const TorchRun& run) {
-  std::vector<std::string> argv{torch_python(), torch_peers_script(), "--device", run.device, "--benchsuite",
-                                run.benchsuite, "--out", run.out_path, "--empty-ok"};
+  std::vector<std::string> argv{torch_python(), torch_peers_script(), "--device", run.device, "--out", run.out_path,
+                                "--empty-ok"};
+  if (!run.listing_path.empty()) argv.insert(argv.end(), {"--listing", run.listing_path});
+  else argv.insert(argv.end(), {"--benchsuite", run.benchsuite});
   if (run.quick) argv.push_back("--quick");
   if (!run.filter.empty()) argv.insert(argv.end(), {"--filter", run.filter});
   if (run.repetitions > 0) argv.insert(argv.end(), {"--repetitions", std::to_string(run.repetitions)});

@@ -16,7 +16,8 @@ namespace tb {
 
 struct TorchRun {
   std::string device = "cpu";  // cpu (rows `torch`) or cuda (rows `torch_cuda`)
-  std::string benchsuite;      // this binary: the script lists the problems through it
+  std::string benchsuite;      // this binary: the script lists the problems through it, unless...
+  std::string listing_path;    // ... this run's `--list --format json` document is here: its problems are measured
   bool quick = false;
   std::string filter;
   int repetitions = 0;

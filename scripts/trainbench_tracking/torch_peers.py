@@ -386,6 +386,20 @@ def problems_from_list(doc: dict, peer: Peer, backend: str = "cuda") -> List[Tup
     return [(label, problem) for label, problem, _ in listed_rows(doc, peer, backend)]
 
 
+def read_listing(path: str) -> dict:
+    """A benchsuite --list --format json document from a file (benchsuite --backend ...,torch writes one)."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise UsageError(f"--listing {path}: cannot read ({e.strerror or e})") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--listing {path}: not JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != "trainbench-list/1":
+        raise UsageError(f"--listing {path}: not a benchsuite --list --format json document (schema trainbench-list/1)")
+    return doc
+
+
 def benchsuite_list(benchsuite: str, quick: bool, timeout: float = 120.0, backend: str = "cuda") -> dict:
     """Runs `benchsuite --list --format json --backend <backend> [--quick]` and returns the document."""
     cmd = [benchsuite, "--list", "--format", "json", "--backend", backend] + (["--quick"] if quick else [])
@@ -1296,6 +1310,9 @@ def parser() -> argparse.ArgumentParser:
                    help="take the problems from PATH --list --format json --backend cuda (default: the copy of "
                         "the stages' axes in this script); with --device cpu, --backend cpu: mirror the CPU "
                         "variants, on their problems and labels")
+    p.add_argument("--listing", metavar="FILE",
+                   help="the problems to measure: a benchsuite --list --format json document (what benchsuite "
+                        "--backend ...,torch hands over, its --axis and --quick applied); instead of --benchsuite")
     p.add_argument("--list", action="store_true", help="print the rows that would be measured and exit")
     p.add_argument("--device", choices=tuple(BACKENDS), default="cuda",
                    help="cuda (default; rows torch_cuda) or cpu (rows torch: the peers that are no GPU pattern, "
@@ -1315,9 +1332,15 @@ def _fail(message: str) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     args = parser().parse_args(argv)
     use_device(args.device)
-    mirror = "cpu" if args.device == "cpu" and args.benchsuite else "cuda"   # whose variants the rows mirror
+    given = args.benchsuite or args.listing
+    mirror = "cpu" if args.device == "cpu" and given else "cuda"   # whose variants the rows mirror
     try:
-        listing = benchsuite_list(args.benchsuite, args.quick, backend=mirror) if args.benchsuite else None
+        if args.benchsuite and args.listing:
+            raise UsageError("--benchsuite and --listing both name the problems: give one")
+        if args.listing:
+            listing = read_listing(args.listing)
+        else:
+            listing = benchsuite_list(args.benchsuite, args.quick, backend=mirror) if args.benchsuite else None
         benches = select_benches(args.quick, args.filter, listing, mirror, args.empty_ok)
         if args.out and os.path.isdir(args.out):
             raise UsageError(f"--out {args.out} is a directory")
@@ -1342,7 +1365,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 "noise_target": NOISE_TARGET, "backend": BACKEND, "filter": args.filter or "", "device": index,
                 "mirrors": mirror,
                 "problems_from": f"{args.benchsuite} --list --backend {mirror}" if args.benchsuite
-                else "built-in copy of benchsuite's axes"}
+                else f"the listing {args.listing}" if args.listing else "built-in copy of benchsuite's axes"}
     devices, torch_info = cases.device_context()
     context = make_context(devices, torch_info, settings)
     rows: List[dict] = []

@@ -906,3 +906,59 @@ def test_collate_peers_leave_the_token_rows_layout_out():
     for peer in collate_peers:
         assert peer.accepts(problem), peer.variant
         assert not peer.accepts(dict(problem, layout="token_rows")), peer.variant
+
+
+# ---- benchsuite hands torch-peers the problems it selected ----------------------------------------------
+def test_a_listing_file_gives_the_rows_its_problems(tmp_path, on_cpu):
+    """--listing: the problems of the document, not the built-in copy's (here an attention shape no default has)."""
+    doc, seen = cpu_listing(), set()
+    rows = []
+    for b in doc["benchmarks"]:   # every attention problem at one shape, as --axis attention.cpu_shape=... lists it
+        if b["stage"] == "attention" and "cpu_shape" in b["problem"]:
+            old = b["problem"]["cpu_shape"]
+            b = dict(b, name=b["name"].replace(old, "1x2x7x16"), problem=dict(b["problem"], cpu_shape="1x2x7x16"))
+            if b["name"] in seen:
+                continue
+            seen.add(b["name"])
+        rows.append(b)
+    doc["benchmarks"] = rows
+    listing = write_json(tmp_path / "list.json", doc)
+    p = run_script("torch-peers", "--device", "cpu", "--quick", "--listing", listing, "--list", "--filter", "attention")
+    assert p.returncode == 0, p.stderr
+    names = p.stdout.split()
+    assert names and all("cpu_shape=1x2x7x16" in n for n in names), names
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "something-else"}')
+    p = run_script("torch-peers", "--device", "cpu", "--listing", str(bad), "--list")
+    assert p.returncode == 2 and "not a benchsuite --list --format json document" in p.stderr
+    p = run_script("torch-peers", "--listing", listing, "--benchsuite", "/bin/true", "--list")
+    assert p.returncode == 2 and "give one" in p.stderr
+
+
+def test_benchsuite_hands_the_torch_rows_exactly_its_selection(tmp_path):
+    """benchsuite --backend cpu,torch with --axis: the script it starts (a fake here, as TRAINBENCH_TORCH_PEERS)
+    receives a listing with the requested shape and none of the defaults, and no --benchsuite to list from."""
+    benchsuite = live_tool("TRAINBENCH_BENCHSUITE", "build", "benches", "benchsuite")
+    if benchsuite is None:
+        pytest.skip("no built benchsuite (set TRAINBENCH_BENCHSUITE or build build/benches/benchsuite)")
+    record = tmp_path / "received.json"
+    peers = tmp_path / "fake_torch_peers"
+    peers.write_text(
+        "import json, shutil, sys\n"
+        "a = sys.argv[1:]\n"
+        "assert '--benchsuite' not in a, a\n"
+        f"shutil.copy(a[a.index('--listing') + 1], {str(record)!r})\n"
+        "json.dump({'schema': 'trainbench-results/1', 'context': {}, 'benchmarks': [], 'pairs': [],\n"
+        "           'pairs_withheld': []}, open(a[a.index('--out') + 1], 'w'))\n")
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\n[ \"$1\" = -c ] && exit 0\nexec {sys.executable} \"$@\"\n")   # imports 'work'
+    python.chmod(0o755)
+    env = dict(os.environ, TRAINBENCH_TORCH_PEERS=str(peers), TRAINBENCH_PYTHON=str(python))
+    p = subprocess.run([benchsuite, "--backend", "cpu,torch", "--filter", "attention/cpu/fused/", "--axis",
+                        "attention.cpu_shape=1x2x7x16", "--axis", "attention.causal=causal", "--repetitions", "3",
+                        "--min-time", "0.001"], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    listed = json.loads(record.read_text())
+    shapes = {b["problem"]["cpu_shape"] for b in listed["benchmarks"] if "cpu_shape" in b["problem"]}
+    assert shapes == {"1x2x7x16"}, shapes
+    assert any(b["name"].startswith("adamw/") for b in listed["benchmarks"]), "the filter is the script's to apply"
