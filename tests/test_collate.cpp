@@ -380,7 +380,7 @@ TEST(CollateStage, APrebatchedViewMovesNothing) {
 }
 
 // Back-to-back calls gather consecutive batches of the epoch, so the working set a cache would have
-// to hold is the whole epoch's samples plus the buffers, not one batch: seeds/000's batch of 4096
+// to hold is the whole epoch's samples plus the buffers, not one batch: docs/sources.md#000-sem-v55's batch of 4096
 // from 8192 samples touches 117 MB, which no 32 MiB last-level cache holds.
 TEST(CollateStage, FootprintCountsTheEpochAGatherCyclesThrough) {
   const Stage& s = collate_stage();

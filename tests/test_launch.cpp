@@ -22,7 +22,7 @@ const Stage& stage() { return *builtin_registry().find("launch"); }
 
 TEST(LaunchWindow, IsTheTrainer2Window) {
   const auto window = launch::build_window(defaults::launch_window_steps, defaults::launch_kernels_per_step);
-  ASSERT_EQ(window.size(), 64u * 12u);  // seeds/002: 64 steps x ~12 kernels
+  ASSERT_EQ(window.size(), 64u * 12u);  // docs/sources.md#002-trainer2: 64 steps x ~12 kernels
   std::set<int64_t> steps_with_update;
   for (std::size_t i = 0; i < window.size(); ++i) {
     const launch::WindowKernel& k = window[i];
@@ -123,7 +123,7 @@ TEST(LaunchEconomics, BreakEvenReplays) {
   EXPECT_DOUBLE_EQ(launch::breakeven_replays(1e-6, 1.5e-3, 0.5e-3), 1);  // at least one replay
   EXPECT_TRUE(std::isinf(launch::breakeven_replays(1e-3, 0.5e-3, 0.5e-3)));  // no saving: never
   EXPECT_TRUE(std::isinf(launch::breakeven_replays(1e-3, 0.4e-3, 0.5e-3)));
-  // seeds/002's own estimate: 64 x 12 kernels at 7 us, a graph launch ~50 us.
+  // docs/sources.md#002-trainer2's own estimate: 64 x 12 kernels at 7 us, a graph launch ~50 us.
   const double eager = 64 * 12 * 7e-6, replay = 50e-6;
   EXPECT_NEAR(launch::saving_per_kernel_s(eager, replay, 768), 7e-6 - 50e-6 / 768, 1e-12);
   EXPECT_DOUBLE_EQ(launch::saving_per_kernel_s(eager, replay, 0), 0);

@@ -49,7 +49,7 @@ TEST(Workload, EveryPresetLoads) {
     EXPECT_FALSE(w.source.empty()) << n;
     EXPECT_EQ(w.batch.global % w.batch.micro, 0) << n;
   }
-  // seeds/000: 29.9M parameters, batch 4096 = 128 x 32.
+  // docs/sources.md#000-sem-v55: 29.9M parameters, batch 4096 = 128 x 32.
   const Workload sem = load_workload("sem_v55");
   EXPECT_NEAR(static_cast<double>(sem.parameter_count()), 29.9e6, 0.015 * 29.9e6);
   EXPECT_EQ(sem.batch.accumulation(), 32);

@@ -65,7 +65,7 @@ void register_stage_adamw(Registry& registry) {
   Stage s;
   s.name = "adamw";
   s.question = "what fusing the optimizer buys at 29.9M params in ~200 tensors: per-tensor ops, foreach lists, one pass";
-  s.source = "seeds/004 (AdamW 27.5% of the step, in addcmul_/addcdiv_), seeds/003; 29.9M params: seeds/000";
+  s.source = "docs/sources.md#004-small-gpt (AdamW 27.5% of the step, in addcmul_/addcdiv_), docs/sources.md#003-t4-transformer; 29.9M params: docs/sources.md#000-sem-v55";
   s.axes = {
       Axis{"params", AxisKind::positive_int, {str(defaults::adamw_params)}, {str(defaults::quick_adamw_params)},
            "parameters in the set (all tensors together)", {}},

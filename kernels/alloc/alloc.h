@@ -2,7 +2,7 @@
 // activation-sized buffers, has a kernel write each, reads them all back into a checksum and frees
 // them: with cudaMalloc/cudaFree, with a stream-ordered pool (cudaMallocAsync), with buffers
 // allocated once and reused, and with the pool emptied after the step (the `empty_cache` of
-// seeds/002, "10-100 ms stall"). GPU-only; this header and the reference are tested anywhere.
+// docs/sources.md#002-trainer2, "10-100 ms stall"). GPU-only; this header and the reference are tested anywhere.
 #pragma once
 
 #include <cstdint>

@@ -37,7 +37,7 @@ void register_stage_alloc(Registry& registry) {
   s.name = "alloc";
   s.question = "what allocating and freeing a step's activations costs with cudaMalloc, a stream-ordered pool or "
                "reuse, and what an empty_cache-style release stalls";
-  s.source = "seeds/002 (Trainer2: in-place accumulation, conditional empty_cache, '10-100 ms stall')";
+  s.source = "docs/sources.md#002-trainer2 (Trainer2: in-place accumulation, conditional empty_cache, '10-100 ms stall')";
   s.axes = {
       Axis{"buffers", AxisKind::positive_int, {std::to_string(defaults::alloc_buffers)}, {},
            "activation buffers allocated and freed per step", {}},

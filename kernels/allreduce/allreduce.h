@@ -1,5 +1,5 @@
-// Stage `allreduce`: the gradient all-reduce of data-parallel training (seeds/000's batch of 4096 and
-// seeds/003's 256 are trained on several GPUs as soon as they can be). The gradients of the adamw
+// Stage `allreduce`: the gradient all-reduce of data-parallel training (docs/sources.md#000-sem-v55's batch of 4096 and
+// docs/sources.md#003-t4-transformer's 256 are trained on several GPUs as soon as they can be). The gradients of the adamw
 // stage's parameter set, summed across ranks: one call per tensor (a hand-written loop of
 // dist.all_reduce), DDP's buckets (bucket_cap_mb, 25 by default) or one flat buffer; a large flat
 // all-reduce as the link's measured peak; and DDP's overlap, each bucket all-reduced as the backward

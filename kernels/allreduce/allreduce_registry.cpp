@@ -86,7 +86,7 @@ void register_stage_allreduce(Registry& registry) {
   s.name = "allreduce";
   s.question = "what the gradient all-reduce of data-parallel training costs per step, bucketed as DDP does or not, "
                "against the link's peak, and how much of it hides behind the backward";
-  s.source = "seeds/000 (batch 4096, 29.9M params) and seeds/003 (batch 256), trained data-parallel; "
+  s.source = "docs/sources.md#000-sem-v55 (batch 4096, 29.9M params) and docs/sources.md#003-t4-transformer (batch 256), trained data-parallel; "
              "DDP's bucket_cap_mb=25";
   s.axes = {
       Axis{"params", AxisKind::positive_int, {str(defaults::adamw_params)}, {str(defaults::quick_adamw_params)},

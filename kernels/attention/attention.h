@@ -1,6 +1,6 @@
 // Stage `attention`: scaled dot-product attention, naive (scores materialised) vs fused (tiled,
 // online softmax), the causal mask rebuilt vs cached vs implicit, and the whole transformer block
-// with the time of each part. seeds/004 finds attention at 85% of a block's time; seeds/003 rebuilds
+// with the time of each part. docs/sources.md#004-small-gpt finds attention at 85% of a block's time; docs/sources.md#003-t4-transformer rebuilds
 // the causal mask on every forward.
 #pragma once
 

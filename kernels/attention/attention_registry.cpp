@@ -118,7 +118,7 @@ void register_stage_attention(Registry& registry) {
   Stage s;
   s.name = "attention";
   s.question = "attention's share of the block, and what fusing and caching the mask buy";
-  s.source = "seeds/004 (attention 85% of the block), seeds/003 (causal mask rebuilt every forward)";
+  s.source = "docs/sources.md#004-small-gpt (attention 85% of the block), docs/sources.md#003-t4-transformer (causal mask rebuilt every forward)";
   s.axes = {
       shape_axis("cpu_shape", {defaults::attention_small_gpt, defaults::attention_t4, defaults::attention_seq1024},
                  {defaults::attention_small_gpt, defaults::attention_seq1024}, "BATCHxHEADSxSEQxHEAD_DIM for CPU variants"),
@@ -157,7 +157,7 @@ void register_stage_attention(Registry& registry) {
               cpu_naive(Mask::implicit)},
       Variant{"naive_mask_cached", cpu, "causal mask built once at max length and sliced (register_buffer)",
               {"cpu_shape"}, work("cpu_shape", cpu, true), naive_unsupported("cpu_shape", cpu), cpu_naive(Mask::cached)},
-      Variant{"naive_mask_rebuilt", cpu, "causal mask allocated and filled on every forward (seeds/003)",
+      Variant{"naive_mask_rebuilt", cpu, "causal mask allocated and filled on every forward (docs/sources.md#003-t4-transformer)",
               {"cpu_shape"}, work("cpu_shape", cpu, true), naive_unsupported("cpu_shape", cpu), cpu_naive(Mask::rebuilt)},
       Variant{"fused", cpu, "64-query tiles by BLAS, softmax in the tile: scores never [S,S], causal keys past a tile skipped",
               {"cpu_shape", "causal"}, work("cpu_shape", cpu, false), fused_unsupported("cpu_shape", cpu),
@@ -176,7 +176,7 @@ void register_stage_attention(Registry& registry) {
               cuda_naive(Mask::implicit)},
       Variant{"naive_mask_cached", gpu, "cached causal mask, sliced: one masked_fill pass per forward",
               {"shape", "dtype"}, work("shape", gpu, true), naive_unsupported("shape", gpu), cuda_naive(Mask::cached)},
-      Variant{"naive_mask_rebuilt", gpu, "mask allocated, filled and applied on every forward (seeds/003)",
+      Variant{"naive_mask_rebuilt", gpu, "mask allocated, filled and applied on every forward (docs/sources.md#003-t4-transformer)",
               {"shape", "dtype"}, work("shape", gpu, true), naive_unsupported("shape", gpu), cuda_naive(Mask::rebuilt)},
       Variant{"fused", gpu, "fp32: warp per row on CUDA cores; bf16: FlashAttention-2 tiles on tensor cores",
               {"shape", "causal", "dtype"}, work("shape", gpu, false), fused_unsupported("shape", gpu),

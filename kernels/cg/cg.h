@@ -1,5 +1,5 @@
 // Stage `cg`: solve (I + alpha L) x = b (spmv/laplacian.h) by conjugate gradients, the way the SEM
-// Cayley propagator does (seeds/000), over a window of right-hand sides that drift between steps.
+// Cayley propagator does (docs/sources.md#000-sem-v55), over a window of right-hand sides that drift between steps.
 //
 // Strategies: host-checked (the residual norm is read back every iteration: one sync each), and on
 // CUDA device-resident ones (the convergence flag is read every k iterations of a captured CUDA

@@ -1,6 +1,6 @@
 // Stage `cg`: host-checked vs device-resident CG, each started cold, warm, or warm with the lazy gate,
 // over a window of drifting right-hand sides; and the training step's own solve (rows.h: a batch of
-// ring-lattice rows) started the same three ways. Sizes in runtime/defaults.h (from seeds/000) and
+// ring-lattice rows) started the same three ways. Sizes in runtime/defaults.h (from docs/sources.md#000-sem-v55) and
 // defaults::cg_rows_* (from sem_v55), the model in cg.h.
 #include <cstdio>
 
@@ -121,7 +121,7 @@ void register_stage_cg(Registry& registry) {
   s.name = "cg";
   s.question = "whether the lazy CG gate's claimed 30-50% skips and ~2x hold, and what per-iteration syncs cost, on "
                "one system and on the training step's own batch of per-token solves";
-  s.source = "seeds/000 (lazy CG: 1-matvec residual gate, lazy_cg_tol 1e-6, 'Expected skip rate: 30-50%', '~2x')";
+  s.source = "docs/sources.md#000-sem-v55 (lazy CG: 1-matvec residual gate, lazy_cg_tol 1e-6, 'Expected skip rate: 30-50%', '~2x')";
   std::vector<std::string> drifts(std::begin(defaults::cg_drifts), std::end(defaults::cg_drifts));
   s.axes = {
       Axis{"graph", AxisKind::choice, {"ring" + str(int64_t{defaults::laplacian_sparsity})}, {},

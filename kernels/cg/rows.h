@@ -8,7 +8,7 @@
 // row's relative residual after every iteration (one sync on a GPU), and CG stops when it is at most
 // tol or after max_iterations; a row that has converged stays put (its step length is 0 once p.Ap is
 // 0). With a cache (the previous solution) it starts warm and leaves the solution in the cache; with
-// the lazy gate of seeds/000 it keeps the cache and skips the solve when the TOTAL relative residual
+// the lazy gate of docs/sources.md#000-sem-v55 it keeps the cache and skips the solve when the TOTAL relative residual
 // sqrt(sum_n ||r_n||^2 / sum_n ||b_n||^2) is below lazy_tol.
 //
 // The primitives come from a backend: CpuRows<T> (OpenMP, float as measured, double as the step's

@@ -1,5 +1,5 @@
 // Stage `collate`: how a batch gets from a dataset in host memory to where the step reads it.
-// Per-sample `__getitem__` copies + `torch.stack` + a pageable copy (seeds/001) against stacking
+// Per-sample `__getitem__` copies + `torch.stack` + a pageable copy (docs/sources.md#001-energy-flow-bridge) against stacking
 // straight into pinned memory, a pre-batched slab, a GPU-resident dataset gathered by index, and a
 // double-buffered prefetch that overlaps the copy with the step's compute.
 //

@@ -1,4 +1,4 @@
-// CPU collates: the batch ends in host memory, where a CPU step (seeds/004) reads it. Each call
+// CPU collates: the batch ends in host memory, where a CPU step (docs/sources.md#004-small-gpt) reads it. Each call
 // delivers the next batch of the epoch (wrapping to the first after the last).
 #include "collate.h"
 

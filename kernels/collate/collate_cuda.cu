@@ -231,7 +231,7 @@ class Pinned final : public CudaCollate {
 
 // The epoch stored batch by batch (the slab rebuilt in a new order once per epoch when shuffled,
 // reported by slab_counters, not timed; the stage's pairs add it back per batch): a batch is a view
-// and one copy, with no host work. The slab is pageable (seeds/001's torch.split of a loaded tensor,
+// and one copy, with no host work. The slab is pageable (docs/sources.md#001-energy-flow-bridge's torch.split of a loaded tensor,
 // first-touched so that the build timed is a rebuild) or pinned.
 class Prebatched final : public CudaCollate {
  public:
@@ -266,7 +266,7 @@ class Prebatched final : public CudaCollate {
   cuda::DeviceBuffer<uint32_t> partials_;
 };
 
-// The whole dataset in device memory (seeds/001's torch.load(map_location='cuda')) and the epoch's
+// The whole dataset in device memory (docs/sources.md#001-energy-flow-bridge's torch.load(map_location='cuda')) and the epoch's
 // order with it: a batch is one gather kernel, no host work and no transfer.
 class Resident final : public CudaCollate {
  public:

@@ -1,6 +1,6 @@
 // The host dataset and the host-side collate steps shared by the CPU and CUDA variants. A copy of
 // at least defaults::collate_parallel_min_bytes is spread over the OpenMP team by sample, as a
-// loader's workers would share it (seeds/000); all host paths follow the same rule, so a pair's
+// loader's workers would share it (docs/sources.md#000-sem-v55); all host paths follow the same rule, so a pair's
 // ratio is never one path's threads against another's single core.
 #include <algorithm>
 #include <chrono>

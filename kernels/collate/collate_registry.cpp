@@ -90,11 +90,11 @@ void register_stage_collate(Registry& registry) {
   s.name = "collate";
   s.question = "what the __getitem__ copy + torch.stack + pageable copy pattern costs against one copy, a resident "
                "dataset and a prefetch that hides the copy";
-  s.source = "seeds/001 (tensor copies in __getitem__, stack in collate_fn, whole dataset to the GPU, pin_memory, "
-             "prefetch), seeds/000 (loader workers, shuffle)";
+  s.source = "docs/sources.md#001-energy-flow-bridge (tensor copies in __getitem__, stack in collate_fn, whole dataset to the GPU, pin_memory, "
+             "prefetch), docs/sources.md#000-sem-v55 (loader workers, shuffle)";
   s.axes = {
       Axis{"layout", AxisKind::choice, {"text_pair", "tokens"}, {"text_pair"},
-           "text_pair: two embed_dim fp32 embeddings + seq_len int64 token ids a sample (seeds/001); tokens: the "
+           "text_pair: two embed_dim fp32 embeddings + seq_len int64 token ids a sample (docs/sources.md#001-energy-flow-bridge); tokens: the "
            "token ids alone; token_rows (not a default): the training step's data path, rows of seq_len + 1 int32 "
            "tokens batched as inputs then next-token targets (per_sample, gather, resident)",
            {"text_pair", "tokens", "token_rows"}},
@@ -105,9 +105,9 @@ void register_stage_collate(Registry& registry) {
       Axis{"batch", AxisKind::positive_int,
            {str(defaults::collate_batch_before), str(defaults::collate_batch_after), str(defaults::collate_batch_large)},
            {str(defaults::collate_batch_after), str(defaults::collate_batch_large)},
-           "samples per batch (seeds/001: 16 -> 64; seeds/000: 4096)", {}},
+           "samples per batch (docs/sources.md#001-energy-flow-bridge: 16 -> 64; docs/sources.md#000-sem-v55: 4096)", {}},
       Axis{"embed_dim", AxisKind::positive_int, {str(defaults::collate_embed_dim)}, {},
-           "fp32 elements per embedding (text_pair; seeds/001)", {}},
+           "fp32 elements per embedding (text_pair; docs/sources.md#001-energy-flow-bridge)", {}},
       Axis{"seq_len", AxisKind::positive_int, {str(defaults::collate_seq_len)}, {},
            "int64 token ids per sample (token_rows: int32 inputs and as many targets, from a row one token longer)",
            {}},
@@ -158,7 +158,7 @@ void register_stage_collate(Registry& registry) {
               unsupported({2, 0, 0, 1}, TokenRows::field_layouts_only),
               cuda_factory([](const Problem& p, const RunContext& c) { return make_cuda_prebatched(p, c, true); }), ""},
       Variant{"resident", Backend::cuda,
-              "the dataset in device memory (torch.load to cuda, seeds/001): a gather kernel by index, no transfer",
+              "the dataset in device memory (torch.load to cuda, docs/sources.md#001-energy-flow-bridge): a gather kernel by index, no transfer",
               cuda_axes, work(Moves::copy, "cuda.copy", 0, 0, 0, true, {1, 1}),
               unsupported({1, 0, 1, 1}, TokenRows::runs),
               cuda_factory(make_cuda_resident), ""},

@@ -1,7 +1,7 @@
 // Stage `gradnorm`: clip_grad_norm_ over a model-shaped set of gradients (the `adamw` stage's
 // parameter set): the 2-norm of all gradients together, then every gradient scaled by
 // min(1, max_norm / (norm + 1e-6)). Three ways: a norm per tensor read back by the host each time
-// (the K-1 pattern of seeds/003, `p.grad.norm().item()` per node), one multi-tensor norm read once,
+// (the K-1 pattern of docs/sources.md#003-t4-transformer, `p.grad.norm().item()` per node), one multi-tensor norm read once,
 // and norm and clip both on the device with no host read (the clip factor never leaves the GPU).
 #pragma once
 

@@ -64,7 +64,7 @@ void register_stage_gradnorm(Registry& registry) {
   Stage s;
   s.name = "gradnorm";
   s.question = "what a per-tensor norm with a host read each costs against one multi-tensor norm, and clipping with no read";
-  s.source = "seeds/003 (K-1: p.grad.norm().item() per node; clip_grad_norm_(max_norm=1.0)); 29.9M params: seeds/000";
+  s.source = "docs/sources.md#003-t4-transformer (K-1: p.grad.norm().item() per node; clip_grad_norm_(max_norm=1.0)); 29.9M params: docs/sources.md#000-sem-v55";
   s.axes = {
       Axis{"params", AxisKind::positive_int, {str(defaults::adamw_params)}, {str(defaults::quick_gradnorm_params)},
            "gradient elements (all tensors together)", {}},

@@ -1,5 +1,5 @@
-// Stage `hostsync`: what reading a loss on the host costs a training loop (seeds/003's `loss.item()`
-// every step, seeds/002's three metrics read one by one) and how it amortises. Every pattern runs
+// Stage `hostsync`: what reading a loss on the host costs a training loop (docs/sources.md#003-t4-transformer's `loss.item()`
+// every step, docs/sources.md#002-trainer2's three metrics read one by one) and how it amortises. Every pattern runs
 // the same steps (a prediction, its loss and two metrics, their accumulation on the device) and
 // differs only in how and when the host reads; GPU-only, so this header and the reference are what
 // a CPU-only machine tests.
@@ -24,10 +24,10 @@ inline constexpr int kernels_per_step = 3;
 
 enum class Pattern {
   no_reads,          // the same loop with no reads at all: the floor every pattern is compared with
-  item_every_step,   // the step's loss, 4 bytes to the host and a wait, every step (seeds/003)
-  sync_every_n,      // the running sum, read once per call of N steps (seeds/003's fix)
-  metrics_separate,  // the three running sums, three transfers and three waits (seeds/002 before)
-  metrics_batched,   // the three running sums in one transfer and one wait (seeds/002 after)
+  item_every_step,   // the step's loss, 4 bytes to the host and a wait, every step (docs/sources.md#003-t4-transformer)
+  sync_every_n,      // the running sum, read once per call of N steps (docs/sources.md#003-t4-transformer's fix)
+  metrics_separate,  // the three running sums, three transfers and three waits (docs/sources.md#002-trainer2 before)
+  metrics_batched,   // the three running sums in one transfer and one wait (docs/sources.md#002-trainer2 after)
   async_pinned,      // the step's loss copied to pinned memory after an event, read when it is done
 };
 const char* to_string(Pattern pattern);

@@ -31,7 +31,7 @@ void register_stage_hostsync(Registry& registry) {
   s.name = "hostsync";
   s.question = "what a host read of the loss (loss.item()) costs per step, and how reading every N steps, "
                "batching the metrics or reading asynchronously amortises it";
-  s.source = "seeds/003 (loss.item() every step -> every 500), seeds/002 (three metrics, one transfer)";
+  s.source = "docs/sources.md#003-t4-transformer (loss.item() every step -> every 500), docs/sources.md#002-trainer2 (three metrics, one transfer)";
   s.axes = {
       Axis{"steps", AxisKind::positive_int, hostsync::interval_sweep(), {},
            "steps per call, i.e. the read interval N of sync_every_n and the metrics patterns", {}},
@@ -48,10 +48,10 @@ void register_stage_hostsync(Registry& registry) {
   };
   s.variants = {
       variant(Pattern::no_reads, "the same steps with no host reads at all: the floor of every pattern"),
-      variant(Pattern::item_every_step, "loss.item() every step: a 4-byte copy and a wait per step (seeds/003 before)"),
-      variant(Pattern::sync_every_n, "loss accumulated on the device, the running sum read once per N steps (seeds/003 after)"),
-      variant(Pattern::metrics_separate, "three running metrics read with three .item() calls per N steps (seeds/002 before)"),
-      variant(Pattern::metrics_batched, "the same three metrics in one transfer and one wait (seeds/002 after)"),
+      variant(Pattern::item_every_step, "loss.item() every step: a 4-byte copy and a wait per step (docs/sources.md#003-t4-transformer before)"),
+      variant(Pattern::sync_every_n, "loss accumulated on the device, the running sum read once per N steps (docs/sources.md#003-t4-transformer after)"),
+      variant(Pattern::metrics_separate, "three running metrics read with three .item() calls per N steps (docs/sources.md#002-trainer2 before)"),
+      variant(Pattern::metrics_batched, "the same three metrics in one transfer and one wait (docs/sources.md#002-trainer2 after)"),
       variant(Pattern::async_pinned, "each step's loss copied to pinned memory behind an event and read once done: no wait"),
   };
   s.pairs = {

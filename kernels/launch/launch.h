@@ -1,4 +1,4 @@
-// Stage `launch`: what launching small kernels costs, and what a CUDA graph buys back (seeds/002's
+// Stage `launch`: what launching small kernels costs, and what a CUDA graph buys back (docs/sources.md#002-trainer2's
 // Trainer2 window: 64 steps x ~12 kernels, "5 ms of launch overhead per window"). The window is a
 // plain-C++ program of small kernels; the device runs it eagerly, as a captured graph, with the
 // capture counted, and as a graph updated in place; the reference runs the same program in loops.

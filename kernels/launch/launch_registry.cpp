@@ -41,7 +41,7 @@ void register_stage_launch(Registry& registry) {
   s.name = "launch";
   s.question = "what launching small kernels costs per kernel, and how many replays of a CUDA graph pay for "
                "capturing and instantiating it";
-  s.source = "seeds/002 (Trainer2: 64-step windows of ~12 kernels per step, CUDA graph capture/replay)";
+  s.source = "docs/sources.md#002-trainer2 (Trainer2: 64-step windows of ~12 kernels per step, CUDA graph capture/replay)";
   s.axes = {
       Axis{"steps", AxisKind::positive_int, {std::to_string(defaults::launch_window_steps)}, {},
            "steps per window", {}},

@@ -1,5 +1,5 @@
 // Problem sizes and harness settings, in one place. Sizes come from the source reports
-// (../shared/seeds, cited per constant); every one of them can be changed with --axis.
+// (docs/sources.md, cited per constant); every one of them can be changed with --axis.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +43,7 @@ inline constexpr int gemm_checked_entries = 256;  // output entries checked agai
 
 // ---- adamw, gradnorm -------------------------------------------------------------------------
 // A parameter set shaped like a real model: 29.9M parameters, the SEM V5.5 model's count
-// (seeds/000: "P = 29.9M parameters"; the small GPT of seeds/004 spends 27.5% of its step in AdamW),
+// (docs/sources.md#000-sem-v55: "P = 29.9M parameters"; the small GPT of docs/sources.md#004-small-gpt spends 27.5% of its step in AdamW),
 // in ~200 tensors (embeddings, per-layer attention and MLP weights, biases, norm scales).
 inline constexpr int64_t adamw_params = 29'900'000;
 // --quick: 10M parameters touch 160 MB (fp32) or 120 MB (bf16) per step, above twice the 50 MiB L2
@@ -72,7 +72,7 @@ inline constexpr double adamw_beta1 = 0.9;
 inline constexpr double adamw_beta2 = 0.999;
 inline constexpr double adamw_eps = 1e-8;
 inline constexpr double adamw_weight_decay = 1e-2;
-// clip_grad_norm_(model.parameters(), max_norm=1.0) (seeds/003, "Missing Gradient Clipping"); the
+// clip_grad_norm_(model.parameters(), max_norm=1.0) (docs/sources.md#003-t4-transformer, "Missing Gradient Clipping"); the
 // clip factor is max_norm / (total_norm + 1e-6), clamped to 1, as torch.nn.utils computes it.
 inline constexpr double clip_max_norm = 1.0;
 inline constexpr double clip_norm_eps = 1e-6;
@@ -80,9 +80,9 @@ inline constexpr double clip_norm_eps = 1e-6;
 // ---- attention --------------------------------------------------------------------------------
 // Shapes are batch x heads x seq x head_dim. The reports give batch sizes but not the model
 // dimensions, so these are plausible choices, said as such:
-//  - small GPT of seeds/004: batch 4 (its figure), 6 heads x 64 = 384-d, 256 tokens (assumed: the
+//  - small GPT of docs/sources.md#004-small-gpt: batch 4 (its figure), 6 heads x 64 = 384-d, 256 tokens (assumed: the
 //    usual configuration of a 4-block character-level GPT);
-//  - T4 baseline transformer of seeds/003: batch 32 (its figure), 8 heads x 64 = 512-d, 128 tokens
+//  - T4 baseline transformer of docs/sources.md#003-t4-transformer: batch 32 (its figure), 8 heads x 64 = 512-d, 128 tokens
 //    (assumed);
 //  - the CPU comparison at seq 1024 of the attention issue: 1 x 8 x 1024 x 64;
 //  - an LLM-size case: 4 x 16 x 4096 x 128 (2048-d, the FlashAttention-2 benchmark setting).
@@ -90,7 +90,7 @@ inline constexpr const char* attention_small_gpt = "4x6x256x64";
 inline constexpr const char* attention_t4 = "32x8x128x64";
 inline constexpr const char* attention_seq1024 = "1x8x1024x64";
 inline constexpr const char* attention_llm = "4x16x4096x128";
-// The cached causal mask is built once for this many positions and sliced (seeds/003's
+// The cached causal mask is built once for this many positions and sliced (docs/sources.md#003-t4-transformer's
 // register_buffer of max_seq_len x max_seq_len).
 inline constexpr int64_t attention_mask_max_seq = 4096;
 inline constexpr int attention_checked_rows = 48;  // rows checked against the double reference
@@ -98,58 +98,58 @@ inline constexpr int block_mlp_ratio = 4;
 inline constexpr double layernorm_eps = 1e-5;
 
 // ---- collate ---------------------------------------------------------------------------------
-// seeds/001: a text-pair sample is two 768-d fp32 embeddings (input_embeddings, target_embeddings)
-// plus its text, here a token sequence; the batch goes from 16 to 64. seeds/000: micro-batch 128,
+// docs/sources.md#001-energy-flow-bridge: a text-pair sample is two 768-d fp32 embeddings (input_embeddings, target_embeddings)
+// plus its text, here a token sequence; the batch goes from 16 to 64. docs/sources.md#000-sem-v55: micro-batch 128,
 // global batch 4096, 6 -> 12 loader workers and a shuffle buffer.
-inline constexpr int64_t collate_embed_dim = 768;       // seeds/001
+inline constexpr int64_t collate_embed_dim = 768;       // docs/sources.md#001-energy-flow-bridge
 // Not in the reports: a sentence-length text of 128 int64 (torch.long) token ids, 1 KiB a sample.
 inline constexpr int64_t collate_seq_len = 128;
-inline constexpr int64_t collate_batch_before = 16;     // seeds/001, batch_size=16
-inline constexpr int64_t collate_batch_after = 64;      // seeds/001, batch_size=64
-// seeds/000's global batch: 28 MiB of text pairs, 4 MiB of token sequences, the ">= 4 MB" range
+inline constexpr int64_t collate_batch_before = 16;     // docs/sources.md#001-energy-flow-bridge, batch_size=16
+inline constexpr int64_t collate_batch_after = 64;      // docs/sources.md#001-energy-flow-bridge, batch_size=64
+// docs/sources.md#000-sem-v55's global batch: 28 MiB of text pairs, 4 MiB of token sequences, the ">= 4 MB" range
 // in which a copy should reach the link's bandwidth.
 inline constexpr int64_t collate_batch_large = 4096;
-// Eight batches of 4096: 224 MiB of text pairs, more than an H100's 50 MiB L2 (seeds/001's whole
+// Eight batches of 4096: 224 MiB of text pairs, more than an H100's 50 MiB L2 (docs/sources.md#001-energy-flow-bridge's whole
 // 31 MB dataset would sit in it), so a resident gather reads HBM and a shuffled host gather DRAM.
-// seeds/001's own 31 MB is about --axis collate.samples=4400.
+// docs/sources.md#001-energy-flow-bridge's own 31 MB is about --axis collate.samples=4400.
 inline constexpr int64_t collate_samples = 32768;
 inline constexpr int64_t quick_collate_samples = 8192;
 // The training step's compute per batch for the overlap case: longer than the 28 MiB copy at PCIe 5
 // rates (about 0.6 ms), so a prefetch can hide all of it. 0: no compute, the data path alone.
 inline constexpr int64_t collate_compute_us = 1000;
 // Host-side collates of at least this many bytes are spread over the OpenMP team (the loader's
-// workers, seeds/000); smaller ones stay on one thread, where a fork/join would cost more.
+// workers, docs/sources.md#000-sem-v55); smaller ones stay on one thread, where a fork/join would cost more.
 inline constexpr int64_t collate_parallel_min_bytes = int64_t{1} << 20;
 inline constexpr uint64_t collate_shuffle_seed = 5;     // the epoch permutation's seed
 
 // ---- hostsync, launch, alloc: the runtime overheads of a training loop -------------------------
-// hostsync: one call is N steps, and N is swept. seeds/003 reads `loss.item()` every step before its
-// fix and every 500 steps after it; seeds/000 logs every 5; 50 lies between.
+// hostsync: one call is N steps, and N is swept. docs/sources.md#003-t4-transformer reads `loss.item()` every step before its
+// fix and every 500 steps after it; docs/sources.md#000-sem-v55 logs every 5; 50 lies between.
 inline constexpr int64_t hostsync_intervals[] = {1, 5, 50, 500};
-// The loss of a step is over one prediction per sample of seeds/000's 4096-sample batch: a few small
+// The loss of a step is over one prediction per sample of docs/sources.md#000-sem-v55's 4096-sample batch: a few small
 // kernels, each launch-bound, which is what makes a per-step sync visible.
 inline constexpr int64_t hostsync_elements = 4096;
 // async_pinned keeps this many steps' copies in flight; the host waits only when all are (a stall,
 // counted). A loop of small kernels is rarely more than a step or two behind the host.
 inline constexpr int hostsync_async_slots = 8;
-// launch: the Trainer2 window of seeds/002: 64 steps x ~12 kernels per step ("10-15").
+// launch: the Trainer2 window of docs/sources.md#002-trainer2: 64 steps x ~12 kernels per step ("10-15").
 inline constexpr int64_t launch_window_steps = 64;
 inline constexpr int64_t launch_kernels_per_step = 12;
-// Elements each window kernel updates. seeds/002 gives no tensor sizes; 4096 floats is one wave of
+// Elements each window kernel updates. docs/sources.md#002-trainer2 gives no tensor sizes; 4096 floats is one wave of
 // 16 blocks, so each kernel is launch-bound, as the report's per-step kernels are.
 inline constexpr int64_t launch_elements = 4096;
 // Repetitions of the self-timed eager / replay / capture comparison the `graph` variant reports.
 inline constexpr int launch_breakeven_windows = 20;
 inline constexpr int launch_breakeven_captures = 5;
-// alloc: one buffer per kernel of a step (seeds/002: ~12 kernels per step), each activation-sized:
-// a micro-batch of 128 (seeds/000) x 768-d embeddings (seeds/001) in fp32, and the 4096-sample
-// global batch (seeds/000) of the same, which is past the allocator's small-block sizes.
+// alloc: one buffer per kernel of a step (docs/sources.md#002-trainer2: ~12 kernels per step), each activation-sized:
+// a micro-batch of 128 (docs/sources.md#000-sem-v55) x 768-d embeddings (docs/sources.md#001-energy-flow-bridge) in fp32, and the 4096-sample
+// global batch (docs/sources.md#000-sem-v55) of the same, which is past the allocator's small-block sizes.
 inline constexpr int64_t alloc_buffers = 12;
 inline constexpr int64_t alloc_buffer_bytes_small = int64_t{128} * 768 * 4;
 inline constexpr int64_t alloc_buffer_bytes_large = int64_t{4096} * 768 * 4;
 inline constexpr int64_t alloc_max_buffers = 64;  // buffers one consume kernel takes by value
 
-// ---- spmv and cg (seeds/000: the SEM Cayley propagator) ------------------------------------------
+// ---- spmv and cg (docs/sources.md#000-sem-v55: the SEM Cayley propagator) ------------------------------------------
 // "Sparse Hamiltonian: 5-8 neighbors per dimension (laplacian_sparsity=8)": a k = 8 graph by default.
 inline constexpr int laplacian_sparsity = 8;
 // A = I + alpha L. Chosen so that a warm-started solve takes the report's "CG iterations: 3-5" (a cold

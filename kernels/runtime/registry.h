@@ -168,7 +168,7 @@ struct Pair {
 struct Stage {
   std::string name;      // "peak"
   std::string question;  // what it answers
-  std::string source;    // which report(s), e.g. "all", "seeds/004"
+  std::string source;    // which report(s), e.g. "all", "docs/sources.md#004-small-gpt"
   std::vector<Axis> axes;
   std::vector<Variant> variants;
   std::vector<Pair> pairs;

@@ -1,4 +1,4 @@
-// The sparse operator of the SEM Cayley propagator (seeds/000): a graph Laplacian L, k neighbours per
+// The sparse operator of the SEM Cayley propagator (docs/sources.md#000-sem-v55): a graph Laplacian L, k neighbours per
 // node ("5-8 neighbors per dimension", laplacian_sparsity 8) or a 2D/3D grid, shifted to
 // A = I + alpha L, symmetric positive definite for alpha >= 0 (L is positive semi-definite, so every
 // eigenvalue of A is at least 1). Deterministic: a graph depends only on (family, k, n, seed), so a

@@ -1,5 +1,5 @@
 // Stage `spmv`: the propagator's sparse matvec against the bandwidth floor. Sizes in
-// runtime/defaults.h (from seeds/000), the bytes model in spmv.h.
+// runtime/defaults.h (from docs/sources.md#000-sem-v55), the bytes model in spmv.h.
 #include "runtime/defaults.h"
 #include "runtime/device_info.h"
 #include "spmv/spmv.h"
@@ -73,7 +73,7 @@ void register_stage_spmv(Registry& registry) {
   Stage s;
   s.name = "spmv";
   s.question = "the cost of the propagator's sparse matvec (and SpMM over many tokens) against the bandwidth floor";
-  s.source = "seeds/000 (Cayley propagator: sparse Laplacian, 5-8 neighbours, laplacian_sparsity 8)";
+  s.source = "docs/sources.md#000-sem-v55 (Cayley propagator: sparse Laplacian, 5-8 neighbours, laplacian_sparsity 8)";
   s.axes = {
       Axis{"graph", AxisKind::choice, {"ring" + str(defaults::laplacian_sparsity), "random" + str(defaults::laplacian_sparsity), "grid3d"},
            {"ring" + str(defaults::laplacian_sparsity)},

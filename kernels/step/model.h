@@ -1,7 +1,7 @@
 // The model of the training step: a GPT-style stack (token + position embedding, pre-norm blocks of
 // causal attention and a GELU MLP, final layernorm, LM head tied to the token embedding,
 // cross-entropy), optionally with a propagator after every block: y = (I + alpha L)^-1 x per token,
-// L the Laplacian of a ring lattice over the features, solved by CG with the lazy gate of seeds/000,
+// L the Laplacian of a ring lattice over the features, solved by CG with the lazy gate of docs/sources.md#000-sem-v55,
 // and differentiated implicitly (the backward is a second solve; A is symmetric).
 //
 // Written once over a backend `Ops` (CPU in float or double, CUDA in float) in the layout of llm.c:
@@ -285,7 +285,7 @@ class Model {
   }
 
   // y = A^-1 b for every token vector, A = I + alpha L: the cg stage's solve (cg/rows.h) on the
-  // backend's primitives. With `cache`: the lazy gate (seeds/000) tries the cached solution with one
+  // backend's primitives. With `cache`: the lazy gate (docs/sources.md#000-sem-v55) tries the cached solution with one
   // matvec and keeps it when its relative residual is below lazy_tol, else CG starts from it; the
   // solution is cached for the next call.
   void propagate(T* y, const T* b, T* cache, bool lazy) {

@@ -13,7 +13,7 @@ struct ModelSpec {
   int64_t layers = 0, d_model = 0, heads = 0, seq_len = 0, vocab = 0, mlp_ratio = 4;
 };
 
-// A Cayley-style diffusion after every block (seeds/000): y = (I + alpha L)^-1 x for each token's
+// A Cayley-style diffusion after every block (docs/sources.md#000-sem-v55): y = (I + alpha L)^-1 x for each token's
 // hidden vector, L the Laplacian of a ring lattice over the d_model features with `sparsity`
 // neighbours, solved by CG; backward by a second solve.
 struct PropagatorSpec {
@@ -67,7 +67,7 @@ struct Switches {
 
 struct Workload {
   std::string name;    // "small_gpt"
-  std::string source;  // "seeds/004: ..."
+  std::string source;  // "docs/sources.md#004-small-gpt: ..."
   std::string path;    // the file it came from
   ModelSpec model;
   PropagatorSpec propagator;

@@ -35,7 +35,7 @@ DEVICE = torch.device("cuda")   # use_device() sets it before any case is made
 # torch.optim.AdamW's defaults, which the stage's are (kernels/runtime/defaults.h adamw_*)
 ADAMW = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2}
 ADAMW_SEEDS = (41, 42)                    # parameters, gradients (adamw::seed_param, seed_grad)
-CLIP_MAX_NORM = 1.0                       # defaults::clip_max_norm (clip_grad_norm_(max_norm=1.0), seeds/003)
+CLIP_MAX_NORM = 1.0                       # defaults::clip_max_norm (clip_grad_norm_(max_norm=1.0), docs/sources.md#003-t4-transformer)
 CLIP_NORM_EPS = 1e-6                      # defaults::clip_norm_eps, torch.nn.utils' max_norm / (norm + 1e-6)
 ATTENTION_SEEDS = (21, 22, 23)            # q, k, v (attention::seed_q, seed_k, seed_v)
 ATTENTION_CHECKED_ROWS = 48               # query rows checked against fp64 (defaults::attention_checked_rows)
