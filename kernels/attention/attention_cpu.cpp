@@ -17,6 +17,7 @@
 #include "runtime/host_buffer.h"
 #include "runtime/simd_math.h"
 #include "runtime/stats.h"
+#include "runtime/gelu.h"
 
 namespace tb::attention {
 
@@ -438,7 +439,7 @@ class Block final : public Instance {
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; ++i) {
           const float x = f[i];
-          f[i] = 0.5f * x * (1.0f + std::tanh(0.7978845608f * (x + 0.044715f * x * x * x)));
+          f[i] = 0.5f * x * (1.0f + std::tanh(static_cast<float>(gelu::scale) * (x + static_cast<float>(gelu::cubic) * x * x * x)));
         }
         linear(f_.data(), w_.w_fc2, w_.b_fc2, y_.data(), tokens_, w_.hidden, d_, r1_.data());
         break;

@@ -10,6 +10,7 @@
 #include "runtime/error.h"
 #include "runtime/random.h"
 #include "runtime/tolerance.h"
+#include "runtime/gelu.h"
 
 namespace tb::attention {
 
@@ -330,7 +331,7 @@ static std::vector<double> linear(const std::vector<double>& x, const std::vecto
 }
 
 static double gelu(double x) {  // the tanh approximation GPT-2 uses
-  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+  return 0.5 * x * (1.0 + std::tanh(gelu::scale * (x + gelu::cubic * x * x * x)));
 }
 
 Verdict check_block_output(const Shape& s, const BlockWeights& w, const std::vector<float>& y) {

@@ -16,6 +16,7 @@
 #include "runtime/cpu_elementwise.h"
 #include "runtime/defaults.h"
 #include "runtime/simd_math.h"
+#include "runtime/gelu.h"
 
 namespace tb::step {
 
@@ -25,7 +26,6 @@ using blas::gemm;
 
 using cpu::parallel_worth;
 
-constexpr double gelu_scale = 0.7978845608028654;  // sqrt(2 / pi)
 
 }  // namespace
 
@@ -227,7 +227,7 @@ void CpuOps<T>::attention_backward(T* dqkv, T* scratch, const T* dout, const T* 
 // vector tanh, as PyTorch's CPU kernel does; the double backend (the oracle) calls std::tanh.
 template <class T>
 T gelu_inner(T x) {
-  return static_cast<T>(gelu_scale) * (x + T(0.044715) * x * x * x);
+  return static_cast<T>(gelu::scale) * (x + static_cast<T>(gelu::cubic) * x * x * x);
 }
 
 template <class T>
@@ -240,7 +240,7 @@ void gelu_backward_scalar(T* dinp, const T* inp, const T* dout, int64_t begin, i
   for (int64_t i = begin; i < end; ++i) {
     const T x = inp[i], th = std::tanh(gelu_inner(x));
     const T local = T(0.5) * (T(1) + th) +
-                    T(0.5) * x * (T(1) - th * th) * static_cast<T>(gelu_scale) * (T(1) + T(3) * T(0.044715) * x * x);
+                    T(0.5) * x * (T(1) - th * th) * static_cast<T>(gelu::scale) * (T(1) + T(3) * static_cast<T>(gelu::cubic) * x * x);
     dinp[i] = local * dout[i];
   }
 }
@@ -250,7 +250,7 @@ void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end
   int64_t i = begin;
   for (; i + simd::lanes <= end; i += simd::lanes) {
     const simd::vf8 x = simd::load8(inp + i);
-    const simd::vf8 u = static_cast<float>(gelu_scale) * (x + 0.044715f * x * x * x);
+    const simd::vf8 u = static_cast<float>(gelu::scale) * (x + static_cast<float>(gelu::cubic) * x * x * x);
     simd::store8(out + i, 0.5f * x * (1.0f + simd::tanh8(u)));
   }
   gelu_forward_scalar(out, inp, i, end);
@@ -261,9 +261,9 @@ void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64
   int64_t i = begin;
   for (; i + simd::lanes <= end; i += simd::lanes) {
     const simd::vf8 x = simd::load8(inp + i);
-    const simd::vf8 th = simd::tanh8(static_cast<float>(gelu_scale) * (x + 0.044715f * x * x * x));
+    const simd::vf8 th = simd::tanh8(static_cast<float>(gelu::scale) * (x + static_cast<float>(gelu::cubic) * x * x * x));
     const simd::vf8 local =
-        0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * static_cast<float>(gelu_scale) * (1.0f + 3.0f * 0.044715f * x * x);
+        0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * static_cast<float>(gelu::scale) * (1.0f + 3.0f * static_cast<float>(gelu::cubic) * x * x);
     simd::store8(dinp + i, local * simd::load8(dout + i));
   }
   gelu_backward_scalar(dinp, inp, dout, i, end);

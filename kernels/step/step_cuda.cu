@@ -26,6 +26,7 @@
 #include "step/cpu_ops.h"
 #include "step/step.h"
 #include "step/trainer.h"
+#include "runtime/gelu.h"
 
 namespace tb::step {
 
@@ -145,16 +146,18 @@ __global__ void bias_backward_kernel(float* dbias, const float* dout, int64_t N,
   atomicAdd(&dbias[col], s);
 }
 
+constexpr float gelu_scale = static_cast<float>(gelu::scale), gelu_cubic = static_cast<float>(gelu::cubic);
+
 __global__ void gelu_forward_kernel(float* out, const float* inp, int64_t n) {
   TB_GRID_STRIDE(i, n) {
     const float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+    out[i] = 0.5f * x * (1.0f + tanhf(gelu_scale * (x + gelu_cubic * x * x * x)));
   }
 }
 __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, int64_t n) {
   TB_GRID_STRIDE(i, n) {
-    const float x = inp[i], u = 0.7978845608f * (x + 0.044715f * x * x * x), th = tanhf(u);
-    const float local = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * 0.7978845608f * (1.0f + 3.0f * 0.044715f * x * x);
+    const float x = inp[i], u = gelu_scale * (x + gelu_cubic * x * x * x), th = tanhf(u);
+    const float local = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * gelu_scale * (1.0f + 3.0f * gelu_cubic * x * x);
     dinp[i] = local * dout[i];
   }
 }
