@@ -166,7 +166,7 @@ int run(int argc, char** argv) {
   int device = -1;
 
   CLI::App app{"trainbench benchsuite: the training hot path, one stage at a time, measured on this machine"};
-  app.footer(examples);
+  app.footer(std::string(examples) + "\n" + tb::table_key_help());
   app.set_version_flag("--version", std::string(tb::build::version) + " (" + tb::build::git_commit + ")");
   app.add_option("--filter", settings.filter, "Run benchmarks whose name matches this regular expression");
   app.add_option("--backend", backend,
@@ -208,6 +208,10 @@ int run(int argc, char** argv) {
   app.add_option("--format", format_name, "console, json, csv or md (default: console on stdout, json for --out)")
       ->check(CLI::IsMember({"console", "json", "csv", "md"}));
   app.add_flag("--no-peak-prepass", no_prepass, "Do not measure the peaks that filtered rows are compared with");
+  app.add_option("--max-time", settings.max_time_s,
+                 "Seconds a row may measure before it stops with the samples it has, after its first (as nvbench's "
+                 "--timeout); the rows it cut short are listed under the table (default: no limit)")
+      ->check(CLI::Range(1e-3, 1e7));
 
   std::vector<std::string> reversed(ours.rbegin(), ours.rend());
   try {
@@ -302,6 +306,10 @@ int run(int argc, char** argv) {
   std::signal(SIGINT, [](int) { tb::request_stop(); });
   std::signal(SIGTERM, [](int) { tb::request_stop(); });
   std::ostream quiet(nullptr);  // the other ranks' progress: rank 0 says it
+  if (leader) {
+    if (const std::string notice = tb::take_blas_kernel_notice(); !notice.empty()) std::cerr << notice << std::endl;
+    std::cerr << "benchsuite: " << tb::expected_time_text(entries, settings) << std::endl;
+  }
   tb::Results results = tb::run_entries(registry, entries, settings, leader ? std::cerr : quiet);
   if (!leader) return tb::stop_requested() ? 130 : tb::exit_code_for(results);  // verdicts are agreed
   std::string torch_error;
@@ -338,7 +346,9 @@ int run(int argc, char** argv) {
     tb::write_file_atomically(out_path, tb::render(results, file_format));
     std::cerr << "benchsuite: wrote " << out_path << std::endl;
   }
-  std::cout << tb::render(results, stdout_format) << std::flush;
+  // The key under the console table: what its columns and marks mean, at this run's levels.
+  const std::string key = stdout_format == tb::Format::console ? tb::table_key(results, settings) : "";
+  std::cout << tb::render(results, stdout_format) << key << std::flush;
   if (tb::stop_requested()) {
     std::cerr << "benchsuite: interrupted; the results above are what was measured before" << std::endl;
     return 130;
