@@ -147,18 +147,18 @@ std::string default_journal_path(const std::string& out_path, const std::string&
   return (dir / (workload_name + "." + backend + "." + key.substr(0, 12) + ".autotune.jsonl")).string();
 }
 
-std::vector<int64_t> global_batches(const step::Workload& w, int64_t batch, const std::string& range) {
-  if (batch > 0) return {batch};
-  if (range.empty()) return {w.batch.global};
-  const auto colon = range.find(':');
-  double a = 0, b = 0;
-  if (colon == std::string::npos || !parse_number(range.substr(0, colon), a) || !parse_number(range.substr(colon + 1), b) ||
-      a < 1 || b < a || a != std::floor(a) || b != std::floor(b))
-    throw UsageError("--batch-range '" + range + "': expected A:B with 1 <= A <= B, e.g. 32:256");
-  std::vector<int64_t> out;
-  for (auto g = static_cast<int64_t>(a); g <= static_cast<int64_t>(b); g *= 2) out.push_back(g);
-  if (out.back() != static_cast<int64_t>(b)) out.push_back(static_cast<int64_t>(b));
-  return out;
+// --batch, --batch-range, or the workload's global_range: the global batches searched (search.h).
+GlobalBatchPlan global_batches(const step::Workload& w, int64_t batch, const std::string& range) {
+  BatchRange option;
+  if (!range.empty()) {
+    const auto colon = range.find(':');
+    double a = 0, b = 0;
+    if (colon == std::string::npos || !parse_number(range.substr(0, colon), a) || !parse_number(range.substr(colon + 1), b) ||
+        a < 1 || b < a || a != std::floor(a) || b != std::floor(b))
+      throw UsageError("--batch-range '" + range + "': expected A:B with 1 <= A <= B, e.g. 32:256");
+    option = {static_cast<int64_t>(a), static_cast<int64_t>(b)};
+  }
+  return plan_global_batches(w.batch.global, {w.batch.global_min, w.batch.global_max}, batch, option);
 }
 
 // The race of the finalists after the search (race.h).
@@ -531,6 +531,7 @@ int compare_tuned(const std::vector<std::string>& paths, const std::string& work
     refuse_budget_below_one_trial(workload, entrants.front().candidate, shortest, search.measure, budget, elapsed());
     const double deadline = budget - output_reserve(budget);
     std::signal(SIGINT, [](int) { stop_requested = true; });
+    if (const std::string notice = take_blas_kernel_notice(); !notice.empty()) std::cerr << notice << std::endl;
     std::cerr << "autotune: comparing " << entrants.size() << " configurations of " << workload.name << " on " << machine.name
               << (runner.torch ? " in the PyTorch twin" : "") << ", interleaved, " << budget << " s budget" << std::endl;
     for (std::size_t f = 0; f < tuned.size(); ++f) std::cerr << "autotune:   " << tuned[f].path << ": " << describe(tuned[f].chosen) << std::endl;
@@ -656,7 +657,7 @@ int run(int argc, char** argv) {
   const Machine machine = pick_machine(gpu);
   const bool use_cuda = machine.use_cuda;
   SearchSpace space;
-  space.global_batches = global_batches(workload, batch, range);
+  GlobalBatchPlan batch_plan = global_batches(workload, batch, range);
   // Data parallelism: the search works on one rank's share of each global batch.
   std::vector<std::string> launcher_words;
   if (ranks > 1) {
@@ -664,12 +665,21 @@ int run(int argc, char** argv) {
     launcher_words = launcher_argv(launcher);
     allow_mpirun_as_root();
     described_ranks = predict ? 1 : ranks;  // --predict: the trials run one rank's share
-    for (int64_t& g : space.global_batches) {
-      if (g % ranks != 0)
+    // The user's batches must split over the ranks; of the workload's range, those that do are searched.
+    std::vector<int64_t> shares;
+    for (const int64_t g : batch_plan.batches) {
+      if (g % ranks == 0) shares.push_back(g / ranks);
+      else if (!range.empty() || batch > 0)
         throw UsageError("--ranks " + std::to_string(ranks) + ": the global batch " + std::to_string(g) +
                          " is not a multiple of the ranks");
-      g /= ranks;
     }
+    if (shares.size() < batch_plan.batches.size())
+      std::cerr << "autotune: of " << batch_plan.source << ", only the global batches that are multiples of " << ranks
+                << " ranks are searched" << std::endl;
+    if (shares.empty())
+      throw UsageError("--ranks " + std::to_string(ranks) + ": no global batch of " + batch_plan.source +
+                       " is a multiple of the ranks (give --batch)");
+    batch_plan.batches = shares;
     if (workload.batch.global % ranks != 0)
       throw UsageError("--ranks " + std::to_string(ranks) + ": " + workload.name + "'s batch " +
                        std::to_string(workload.batch.global) + " is not a multiple of the ranks (give --batch)");
@@ -682,6 +692,7 @@ int run(int argc, char** argv) {
                 << " of each step's samples) measured as " << std::min(ranks, probe_ranks)
                 << " independent ranks here (each its own step, no all-reduce; the slowest rank's time)" << std::endl;
   }
+  space.global_batches = batch_plan.batches;
   TrialRunner runner = make_runner(executor_name, workload, machine, predict ? std::min(ranks, probe_ranks) : ranks,
                                    launcher_words, predict);
   if (memory_limit > 0) {
@@ -780,6 +791,7 @@ int run(int argc, char** argv) {
   if (journal_path.empty())
     journal_path = default_journal_path(out_path, workload.name, backend + (runner.torch ? ".torch" : ""), journal_key);
   const Journal journal(journal_path, journal_key);
+  if (const std::string notice = take_blas_kernel_notice(); !notice.empty()) std::cerr << notice << std::endl;
   std::cerr << "autotune: journal " << journal_path << std::endl;
   if (resume) {
     int skipped = 0;
@@ -808,8 +820,11 @@ int run(int argc, char** argv) {
     std::cerr << ", measured in the PyTorch twin of the step (torch " << runner.description["torch"].get<std::string>()
               << ", " << runner.description["interpreter"].get<std::string>() << ")";
   std::cerr << std::endl;
+  std::cerr << "autotune: " << searched_batches_text(batch_plan, described_ranks) << std::endl;
 
   TuneOutput out;
+  out.global_batches = batch_plan;
+  out.workload_global_batch = workload.batch.global;
   out.device = machine.description;
   out.executor = runner.description;
   out.workload_name = workload.name;
@@ -934,6 +949,7 @@ int run(int argc, char** argv) {
     out.ranks = ranks;
   }
 
+  if (out.report.found) std::cerr << "autotune: " << global_batch_note(out) << std::endl;
   const std::string text = emit(out, out_format);
   if (out_path.empty()) std::cout << text << std::flush;
   else write_file_atomically(out_path, text);
