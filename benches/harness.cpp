@@ -235,8 +235,8 @@ class Runner {
         const auto it = runner_.index_of_.find(run.run_name.function_name);
         if (it == runner_.index_of_.end()) continue;
         Row& row = runner_.rows_[it->second];
+        if (run.report_label == kCutShort) continue;  // --max-time: the samples taken stand
         if (run.error_occurred) {
-          if (run.error_message == kCutShort) continue;  // --max-time: the samples taken stand
           if (row.disposition == "pending" || row.disposition == "passed") {
             row.disposition = "failed";
             row.reason = run.error_message;
@@ -461,13 +461,16 @@ class Runner {
         st.SkipWithError(("incorrect: " + row.reason).c_str());
         return;
       }
-      // --max-time: once a whole sample is in, a row past its time stops with the samples it has
-      // (each repetition left is skipped with kCutShort, which the reporter does not count as failed).
+      // --max-time: once a whole sample is in (the first repetition, which fixes the iteration count
+      // the others run), a row past its time stops with the samples it has. Each repetition left runs
+      // its iterations empty, labelled kCutShort, and the reporter drops it: Google Benchmark's
+      // statistics need every repetition's iteration count, so a skipped (errored) one would not do.
       if (settings_.max_time_s > 0 && live->whole_samples > 0 &&
           std::chrono::duration<double>(std::chrono::steady_clock::now() - live->measuring_since).count() >
               settings_.max_time_s) {
         cut_.insert(i);
-        st.SkipWithError(kCutShort);
+        st.SetLabel(kCutShort);
+        for (auto _ : st) st.SetIterationTime(0);
         return;
       }
       CacheFlusher* flusher = settings_.cold ? &live->session->flusher() : nullptr;
@@ -683,7 +686,7 @@ std::string table_key(const Results& results, const Settings& settings) {
     out << "  Pairs (above): read them first. Each is baseline time / improved time with its confidence interval"
         << (pair_levels.empty() ? "" : " (level " + level_range_text(pair_levels) + ")")
         << ": what the faster variant buys on this machine.\n";
-  out << "  median: of the " << settings.repetitions << " samples per row (each sample " << settings.min_time_s
+  out << "  median: of the " << (settings.max_time_s > 0 ? "up to " : "") << settings.repetitions << " samples per row (each sample " << settings.min_time_s
       << " s or more; fast calls batched).\n";
   if (!row_levels.empty())
     out << "  +-CI: half-width of the median's distribution-free confidence interval, in % of the median; its level in "
