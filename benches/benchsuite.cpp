@@ -28,7 +28,9 @@ namespace {
 constexpr const char* examples = R"(
 Examples:
   benchsuite --quick                          every stage, small sizes, few repetitions
-  benchsuite --filter cg                      only benchmarks whose name matches 'cg'
+  benchsuite --filter cg --quick              try first: the cg rows at small sizes (27 s on a 2-core CPU)
+  benchsuite --filter cg                      only benchmarks whose name matches 'cg' (about 10 min there)
+  benchsuite --filter cg --max-time 5         each row's measurement stopped after 5 s (set-up and check not counted)
   benchsuite --filter 'peak/cpu/(copy|triad)' --repetitions 20
   benchsuite --backend cpu --axis peak.n=1e6,1e7 --out peak.json
   benchsuite --list                           stages, variants, axes, and why a variant cannot run here

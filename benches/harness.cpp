@@ -303,6 +303,10 @@ class Runner {
     }
     seen = agreed(i, disturbed_part(gpu, live_->measuring_from, end));
     if (seen <= limit) return;  // clean, or unknown (-1)
+    if (cut_.count(i)) {  // --max-time is spent: the samples are not taken again, the row says it was disturbed
+      row.disturbed = true;
+      return;
+    }
     SampleTimer& timer = live_->timer();
     CacheFlusher* flusher = settings_.cold ? &live_->session->flusher() : nullptr;
     const int64_t calls = std::max<int64_t>(row.iterations, 1);

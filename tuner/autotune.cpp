@@ -50,7 +50,9 @@ struct Interrupted {};
 
 constexpr const char* examples = R"(
 Examples:
-  autotune --gpu auto > tuned.yaml                       the small-GPT preset on the first GPU (or the CPU)
+  autotune --gpu auto > tuned.yaml                       the small-GPT preset on the first GPU (or the CPU), at
+                                                         the global batches of its global_range (4, 8, 16)
+  autotune --workload small_gpt --batch 4                its own global batch only (convergence decided elsewhere)
   autotune --workload sem_v55 --batch-range 2048:8192    every global batch from 2048 to 8192 (powers of 2)
   autotune --workload my_model.yaml --budget 600 --format deepspeed --out ds_config.json
   autotune --workload small_gpt --format hf --out training_args.json   TrainingArguments(**json.load(f))
@@ -584,8 +586,12 @@ int run(int argc, char** argv) {
   app.footer(examples);
   app.add_option("--gpu", gpu, "auto (the first GPU, else the CPU), a device index, or cpu");
   auto* workload_opt = app.add_option("--workload", workload_name, "a preset name or a workload .yaml file");
-  auto* batch_opt = app.add_option("--batch", batch, "the global batch (default: the workload's)")->check(CLI::PositiveNumber);
-  app.add_option("--batch-range", range, "A:B: global batches A, 2A, 4A ... up to B")->excludes(batch_opt);
+  auto* batch_opt = app.add_option("--batch", batch,
+                                   "pin the global batch (default: each of the workload's global_range, else its own; a "
+                                   "larger global batch is not free for convergence)")
+                        ->check(CLI::PositiveNumber);
+  app.add_option("--batch-range", range, "A:B: global batches A, 2A, 4A ... up to B (default: the workload's global_range)")
+      ->excludes(batch_opt);
   app.add_option("--budget", budget, "seconds for the whole run: probes, trials, the race, output (default 300)")
       ->check(CLI::Range(1.0, 1e7));
   app.add_option("--memory-limit", memory_limit_text,
