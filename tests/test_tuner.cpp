@@ -557,9 +557,11 @@ TEST(AutotuneCli, TunesTinyOnTheCpuAndResumesWithoutRepeatingATrial) {
   const auto dir = std::filesystem::temp_directory_path() / ("tb_tune_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   const std::string journal = (dir / "j.jsonl").string(), out = (dir / "tuned.yaml").string();
-  // Three race rounds: enough for a verdict, and this test is about the journal, not the race.
+  // Three race rounds: enough for a verdict, and this test is about the journal, not the race (nor
+  // tiny's global_range: its own global batch, pinned).
   const std::string args =
-      "--workload tiny --gpu cpu --switches optimizer --budget 60 --trial-seconds 0.5 --race-rounds 3 --journal " + journal;
+      "--workload tiny --gpu cpu --batch 16 --switches optimizer --budget 60 --trial-seconds 0.5 --race-rounds 3 --journal " +
+      journal;
   const Outcome first = autotune(args + " --out " + out);
   ASSERT_EQ(first.code, 0) << first.err;
   const YAML::Node y = YAML::LoadFile(out)["trainbench_autotune"];
@@ -683,7 +685,7 @@ TEST(AutotuneJournal, GoesBesideOutOrIntoTheCacheAndResumeFindsIt) {
   std::filesystem::create_directories(cwd);
   std::filesystem::create_directories(cfg);
   const std::string env = "XDG_CACHE_HOME='" + cache.string() + "'";
-  const std::string args = "--workload tiny --gpu cpu --switches optimizer --budget 60 --trial-seconds 0.3 --race-rounds 3";
+  const std::string args = "--workload tiny --gpu cpu --batch 16 --switches optimizer --budget 60 --trial-seconds 0.3 --race-rounds 3";
 
   const TimedOutcome with_out = autotune_in(cwd, env, args + " --out " + (cfg / "tuned.yaml").string());
   ASSERT_EQ(with_out.o.code, 0) << with_out.o.err;
