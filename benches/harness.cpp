@@ -703,7 +703,7 @@ std::string table_key(const Results& results, const Settings& settings) {
     out << "  (disturbed): other processes held the CPUs (or the GPU throttled) while it ran, and taking its samples "
            "again did not help; its pairs are withheld.\n";
   out << "  rate: GB/s (memory-bound rows) or GFLOP/s, TFLOP/s (compute-bound), from the stage's work model; "
-         "% peak: of this run's measured peak listed under \"Measured peaks\".\n";
+         "% peak: of the peak this run measured (listed under the table).\n";
   out << "  cache: a hot memory-bound row whose working set is below twice the last-level cache, so it may run from "
          "the cache and a DRAM peak is no ceiling for it";
   if (!cache_threshold.empty()) {
