@@ -310,7 +310,9 @@ int run(int argc, char** argv) {
   std::ostream quiet(nullptr);  // the other ranks' progress: rank 0 says it
   if (leader) {
     if (const std::string notice = tb::take_blas_kernel_notice(); !notice.empty()) std::cerr << notice << std::endl;
-    std::cerr << "benchsuite: " << tb::expected_time_text(entries, settings) << std::endl;
+    const bool any_to_time =
+        std::any_of(entries.begin(), entries.end(), [](const tb::Entry& e) { return e.unsupported.empty(); });
+    if (any_to_time) std::cerr << "benchsuite: " << tb::expected_time_text(entries, settings) << std::endl;
   }
   tb::Results results = tb::run_entries(registry, entries, settings, leader ? std::cerr : quiet);
   if (!leader) return tb::stop_requested() ? 130 : tb::exit_code_for(results);  // verdicts are agreed
