@@ -28,7 +28,9 @@ namespace {
 constexpr const char* examples = R"(
 Examples:
   benchsuite --quick                          every stage, small sizes, few repetitions
-  benchsuite --filter cg                      only benchmarks whose name matches 'cg'
+  benchsuite --filter cg --quick              try first: the cg rows at small sizes (27 s on a 2-core CPU)
+  benchsuite --filter cg                      only benchmarks whose name matches 'cg' (about 10 min there)
+  benchsuite --filter cg --max-time 5         each row's measurement stopped after 5 s (set-up and check not counted)
   benchsuite --filter 'peak/cpu/(copy|triad)' --repetitions 20
   benchsuite --backend cpu --axis peak.n=1e6,1e7 --out peak.json
   benchsuite --list                           stages, variants, axes, and why a variant cannot run here
@@ -166,7 +168,7 @@ int run(int argc, char** argv) {
   int device = -1;
 
   CLI::App app{"trainbench benchsuite: the training hot path, one stage at a time, measured on this machine"};
-  app.footer(examples);
+  app.footer(std::string(examples) + "\n" + tb::table_key_help());
   app.set_version_flag("--version", std::string(tb::build::version) + " (" + tb::build::git_commit + ")");
   app.add_option("--filter", settings.filter, "Run benchmarks whose name matches this regular expression");
   app.add_option("--backend", backend,
@@ -208,6 +210,10 @@ int run(int argc, char** argv) {
   app.add_option("--format", format_name, "console, json, csv or md (default: console on stdout, json for --out)")
       ->check(CLI::IsMember({"console", "json", "csv", "md"}));
   app.add_flag("--no-peak-prepass", no_prepass, "Do not measure the peaks that filtered rows are compared with");
+  app.add_option("--max-time", settings.max_time_s,
+                 "Seconds a row may measure before it stops with the samples it has, after its first (as nvbench's "
+                 "--timeout); the rows it cut short are listed under the table (default: no limit)")
+      ->check(CLI::Range(1e-3, 1e7));
 
   std::vector<std::string> reversed(ours.rbegin(), ours.rend());
   try {
@@ -302,6 +308,12 @@ int run(int argc, char** argv) {
   std::signal(SIGINT, [](int) { tb::request_stop(); });
   std::signal(SIGTERM, [](int) { tb::request_stop(); });
   std::ostream quiet(nullptr);  // the other ranks' progress: rank 0 says it
+  if (leader) {
+    if (const std::string notice = tb::take_blas_kernel_notice(); !notice.empty()) std::cerr << notice << std::endl;
+    const bool any_to_time =
+        std::any_of(entries.begin(), entries.end(), [](const tb::Entry& e) { return e.unsupported.empty(); });
+    if (any_to_time) std::cerr << "benchsuite: " << tb::expected_time_text(entries, settings) << std::endl;
+  }
   tb::Results results = tb::run_entries(registry, entries, settings, leader ? std::cerr : quiet);
   if (!leader) return tb::stop_requested() ? 130 : tb::exit_code_for(results);  // verdicts are agreed
   std::string torch_error;
@@ -346,7 +358,9 @@ int run(int argc, char** argv) {
     tb::write_file_atomically(out_path, tb::render(results, file_format));
     std::cerr << "benchsuite: wrote " << out_path << std::endl;
   }
-  std::cout << tb::render(results, stdout_format) << std::flush;
+  // The key under the console table: what its columns and marks mean, at this run's levels.
+  const std::string key = stdout_format == tb::Format::console ? tb::table_key(results, settings) : "";
+  std::cout << tb::render(results, stdout_format) << key << std::flush;
   if (tb::stop_requested()) {
     std::cerr << "benchsuite: interrupted; the results above are what was measured before" << std::endl;
     return 130;

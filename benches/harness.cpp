@@ -136,6 +136,18 @@ std::vector<Entry> select_entries(const Registry& registry, const Settings& sett
 
 namespace {
 
+// The message of a repetition --max-time skipped (not an error of the row).
+constexpr const char* kCutShort = "cut short by --max-time";
+
+// "4m10s", "12.3s".
+std::string human_duration(double s) {
+  std::ostringstream out;
+  if (s >= 3600) out << static_cast<int>(s / 3600) << "h" << std::setw(2) << std::setfill('0') << static_cast<int>(s / 60) % 60 << "m";
+  else if (s >= 60) out << static_cast<int>(s / 60) << "m" << std::setw(2) << std::setfill('0') << static_cast<int>(s) % 60 << "s";
+  else out << std::fixed << std::setprecision(1) << s << "s";
+  return out.str();
+}
+
 std::string describe_bad_alloc(const Entry& e) {
   return "out of memory while setting up " + e.name + " (try a smaller --axis value)";
 }
@@ -180,6 +192,8 @@ class Runner {
     }
     for (std::size_t i = 0; i < rows_.size(); ++i)
       if (rows_[i].disposition == "unsupported") announce(i);
+    timed_rows_ = index_of_.size();
+    run_started_ = row_started_ = std::chrono::steady_clock::now();
     Reporter reporter(*this);
     if (!index_of_.empty()) benchmark::RunSpecifiedBenchmarks(&reporter);
     live_.reset();
@@ -207,6 +221,8 @@ class Runner {
       GpuThrottleState gpu; // CUDA rows: the GPU's throttling counters and clock (NVML)
     };
     Mark measuring_from;    // when this row's first sample began
+    std::chrono::steady_clock::time_point measuring_since;  // the same, for --max-time
+    int whole_samples = 0;  // body calls that lasted a sample (--min-time): one exists before --max-time cuts
   };
 
   class Reporter final : public benchmark::BenchmarkReporter {
@@ -219,6 +235,7 @@ class Runner {
         const auto it = runner_.index_of_.find(run.run_name.function_name);
         if (it == runner_.index_of_.end()) continue;
         Row& row = runner_.rows_[it->second];
+        if (run.report_label == kCutShort) continue;  // --max-time: the samples taken stand
         if (run.error_occurred) {
           if (row.disposition == "pending" || row.disposition == "passed") {
             row.disposition = "failed";
@@ -236,6 +253,7 @@ class Runner {
       if (!runs.empty() && runs.front().run_type == Run::RT_Iteration) {
         const auto it = runner_.index_of_.find(runs.front().run_name.function_name);
         if (it != runner_.index_of_.end()) {
+          runner_.note_cut_short(it->second);
           runner_.check_disturbance(it->second);
           runner_.add_observed(it->second);
           runner_.announce(it->second);
@@ -285,6 +303,10 @@ class Runner {
     }
     seen = agreed(i, disturbed_part(gpu, live_->measuring_from, end));
     if (seen <= limit) return;  // clean, or unknown (-1)
+    if (cut_.count(i)) {  // --max-time is spent: the samples are not taken again, the row says it was disturbed
+      row.disturbed = true;
+      return;
+    }
     SampleTimer& timer = live_->timer();
     CacheFlusher* flusher = settings_.cold ? &live_->session->flusher() : nullptr;
     const int64_t calls = std::max<int64_t>(row.iterations, 1);
@@ -328,8 +350,43 @@ class Runner {
     }
   }
 
+  // --max-time ended the row: how many samples it kept, or, with none, why it has no time.
+  void note_cut_short(std::size_t i) {
+    Row& row = rows_[i];
+    if (!cut_.count(i)) return;
+    std::ostringstream text;
+    text << "--max-time " << settings_.max_time_s << " s: " << row.samples_ns.size() << " of " << settings_.repetitions
+         << " samples";
+    row.cut_short = text.str();
+    if (row.disposition == "passed" && row.samples_ns.empty()) {
+      row.disposition = "unsupported";
+      row.reason = "not timed: " + row.cut_short;
+    }
+  }
+
+  // The time a row is expected to take from what the rows so far took, for the ETA.
+  std::string eta_text(std::size_t i) {
+    const auto now = std::chrono::steady_clock::now();
+    if (rows_[i].disposition != "unsupported" || cut_.count(i)) {
+      ++rows_done_;
+      const double row_s = std::chrono::duration<double>(now - row_started_).count();
+      seconds_done_ += row_s;
+    }
+    row_started_ = now;
+    const std::size_t left = timed_rows_ > rows_done_ ? timed_rows_ - rows_done_ : 0;
+    if (rows_done_ == 0) return "";
+    double per_row = seconds_done_ / static_cast<double>(rows_done_);
+    const double elapsed = std::chrono::duration<double>(now - run_started_).count();
+    std::ostringstream out;
+    out << "  [" << human_duration(elapsed) << " elapsed";
+    if (left) out << ", ETA " << human_duration(per_row * static_cast<double>(left));
+    out << "]";
+    return out.str();
+  }
+
   void announce(std::size_t i) {
     Row& r = rows_[i];
+    const std::string eta = r.disposition == "unsupported" && !cut_.count(i) ? std::string() : eta_text(i);
     progress_ << "[" << std::setw(3) << ++announced_ << "/" << rows_.size() << "] " << r.name << "  ";
     if (r.timed()) {
       const Summary s = summarize(r.samples_ns, settings_.noise_target);
@@ -344,10 +401,11 @@ class Runner {
         progress_ << "  (" << r.retaken << " samples taken again: "
                   << (r.throttled_share >= 0 ? "the GPU throttled" : "other processes held the CPUs") << ")";
       for (const auto& [key, value] : r.counters) progress_ << "  " << key << "=" << counter_text(value);
+      if (!r.cut_short.empty()) progress_ << "  (cut short: " << r.cut_short << ")";
     } else {
       progress_ << r.disposition << (r.reason.empty() ? "" : ": " + r.reason);
     }
-    progress_ << std::endl;
+    progress_ << eta << std::endl;
   }
 
   // First call for an entry: instantiate, run once, check against the reference, warm up, and pick
@@ -388,6 +446,7 @@ class Runner {
         if (g.index == settings_.cuda_device) live->gpu_uuid = g.uuid;
     live_ = std::move(live);
     live_->measuring_from = mark(e.variant->backend == Backend::cuda);
+    live_->measuring_since = std::chrono::steady_clock::now();
     return live_.get();
   }
 
@@ -407,11 +466,29 @@ class Runner {
         st.SkipWithError(("incorrect: " + row.reason).c_str());
         return;
       }
+      // --max-time: once a whole sample is in (the first repetition, which fixes the iteration count
+      // the others run), a row past its time stops with the samples it has. Each repetition left runs
+      // its iterations empty, labelled kCutShort, and the reporter drops it: Google Benchmark's
+      // statistics need every repetition's iteration count, so a skipped (errored) one would not do.
+      if (settings_.max_time_s > 0 && live->whole_samples > 0 &&
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - live->measuring_since).count() >
+              settings_.max_time_s) {
+        cut_.insert(i);
+        st.SetLabel(kCutShort);
+        for (auto _ : st) st.SetIterationTime(0);
+        return;
+      }
       CacheFlusher* flusher = settings_.cold ? &live->session->flusher() : nullptr;
       SampleTimer& timer = live->timer();
       Instance& instance = *live->instance;
       const int64_t batch = row.batch;
-      for (auto _ : st) st.SetIterationTime(time_sample(timer, [&] { instance.run(); }, batch, flusher));
+      double measured = 0;
+      for (auto _ : st) {
+        const double seconds = time_sample(timer, [&] { instance.run(); }, batch, flusher);
+        measured += seconds;
+        st.SetIterationTime(seconds);
+      }
+      if (measured >= settings_.min_time_s) ++live->whole_samples;
     } catch (const std::bad_alloc&) {
       fail(st, row, describe_bad_alloc(entries_[i]));
     } catch (const std::exception& ex) {
@@ -434,6 +511,11 @@ class Runner {
   std::map<std::string, std::size_t> index_of_;
   std::unique_ptr<Live> live_;
   std::size_t announced_ = 0;
+  std::set<std::size_t> cut_;  // rows --max-time cut short
+  // The ETA on the progress line: the rows to time, those done and the seconds they took.
+  std::size_t timed_rows_ = 0, rows_done_ = 0;
+  double seconds_done_ = 0;
+  std::chrono::steady_clock::time_point run_started_ = std::chrono::steady_clock::now(), row_started_ = run_started_;
 };
 
 std::string iso_date_now() {
@@ -448,6 +530,30 @@ std::string iso_date_now() {
 }
 
 }  // namespace
+
+std::string expected_time_text(const std::vector<Entry>& entries, const Settings& settings) {
+  std::size_t rows = 0;
+  for (const auto& e : entries)
+    if (e.unsupported.empty()) ++rows;
+  // Google Benchmark finds each row's iteration count on a first run of at least --min-time, then
+  // takes --repetitions samples of at least --min-time each; the warm-up comes before them.
+  // With --max-time a row stops after its first whole sample once S have passed.
+  const double all_samples = (settings.repetitions + 1) * settings.min_time_s;
+  const double capped = settings.max_time_s > 0 ? std::min(all_samples, settings.max_time_s + settings.min_time_s) : all_samples;
+  const double at_least = static_cast<double>(rows) * (capped + defaults::warmup_s);
+  std::ostringstream out;
+  out << rows << " row" << (rows == 1 ? "" : "s") << " to time, " << settings.repetitions << " samples of at least "
+      << settings.min_time_s << " s each: expect at least " << human_duration(at_least);
+  if (settings.max_time_s > 0)
+    out << ", at most about "
+        << human_duration(static_cast<double>(rows) *
+                          (std::min(all_samples, settings.max_time_s + 2 * settings.min_time_s) + defaults::warmup_s))
+        << " with --max-time " << settings.max_time_s << " (plus each row's set-up and check, and a call that outlasts a sample)";
+  else
+    out << " (a row whose one call outlasts a sample takes longer: --max-time S caps each row)";
+  out << "; the progress lines give an ETA";
+  return out.str();
+}
 
 Results run_entries(const Registry& registry, const std::vector<Entry>& entries, const Settings& settings,
                     std::ostream& progress) {
@@ -541,6 +647,96 @@ static bool may_run_from_cache(const Row& r, const Settings& settings) {
   if (r.mode != "hot" || r.bound != "memory") return false;
   const double llc = last_level_cache_bytes(r, settings);
   return llc > 0 && r.footprint < 2 * llc;
+}
+
+// "95%", or "75-98%" when the rows' levels differ (their sample counts do).
+static std::string level_range_text(std::vector<double> levels) {
+  if (levels.empty()) return "";
+  std::sort(levels.begin(), levels.end());
+  auto pct = [](double v) {
+    std::ostringstream out;
+    out << std::setprecision(3) << 100 * v;
+    return out.str();
+  };
+  const std::string lo = pct(levels.front()), hi = pct(levels.back());
+  return (lo == hi ? lo : lo + "-" + hi) + "%";
+}
+
+static std::string mib_text(double bytes) {
+  std::ostringstream out;
+  out << std::setprecision(3) << bytes / (1 << 20) << " MiB";
+  return out.str();
+}
+
+std::string table_key(const Results& results, const Settings& settings) {
+  std::vector<double> row_levels, pair_levels;
+  bool noisy = false, disturbed = false, cache = false, above = false, dash = false;
+  std::map<std::string, double> cache_threshold;  // by backend, of the rows shown
+  for (const auto& r : results.rows) {
+    if (!r.timed()) continue;
+    row_levels.push_back(r.summary.ci_level);
+    noisy |= r.summary.noisy;
+    disturbed |= r.disturbed;
+    cache |= r.pct_note == "cache";
+    above |= r.pct_note == "above peak";
+    dash |= !r.pct_of_peak && r.pct_note.empty();
+    const bool gpu = r.backend == "cuda" || r.backend == "torch_cuda";
+    const double llc = last_level_cache_bytes(r, settings);
+    if (llc > 0) cache_threshold[gpu ? "GPU rows, twice their " + mib_text(llc) + " L2" : "CPU rows, twice their " + mib_text(llc) + " last-level cache"] = 2 * llc;
+  }
+  for (const auto& p : results.pairs) pair_levels.push_back(p.ratio.ci_level);
+  std::ostringstream out;
+  out << "\nKey:\n";
+  if (!results.pairs.empty() || !results.withheld_pairs.empty())
+    out << "  Pairs (above): read them first. Each is baseline time / improved time with its confidence interval"
+        << (pair_levels.empty() ? "" : " (level " + level_range_text(pair_levels) + ")")
+        << ": what the faster variant buys on this machine.\n";
+  out << "  median: of the " << (settings.max_time_s > 0 ? "up to " : "") << settings.repetitions << " samples per row (each sample " << settings.min_time_s
+      << " s or more; fast calls batched).\n";
+  if (!row_levels.empty())
+    out << "  +-CI: half-width of the median's distribution-free confidence interval, in % of the median; its level in "
+           "this run: "
+        << level_range_text(row_levels) << " (set by the samples per row: --quick's 3 give 75% for a row and 90% for a pair, "
+        << "10 give 98% and 95%).\n";
+  out << "  (noisy): +-CI above the noise target (" << 100 * settings.noise_target
+      << "%, --noise-target): run it with more --repetitions before trusting it" << (noisy ? "" : " (none in this run)") << ".\n";
+  if (disturbed)
+    out << "  (disturbed): other processes held the CPUs (or the GPU throttled) while it ran, and taking its samples "
+           "again did not help; its pairs are withheld.\n";
+  out << "  rate: GB/s (memory-bound rows) or GFLOP/s, TFLOP/s (compute-bound), from the stage's work model; "
+         "% peak: of the peak this run measured (listed under the table).\n";
+  out << "  cache: a hot memory-bound row whose working set is below twice the last-level cache, so it may run from "
+         "the cache and a DRAM peak is no ceiling for it";
+  if (!cache_threshold.empty()) {
+    out << " (here:";
+    bool first = true;
+    for (const auto& [what, bytes] : cache_threshold) {
+      out << (first ? " " : "; ") << "below " << mib_text(bytes) << " for " << what;
+      first = false;
+    }
+    out << ")";
+  }
+  out << "; --cold measures any size from DRAM" << (cache ? "" : " (none in this run)") << ".\n";
+  out << "  above peak: faster than the peak it is compared with (that peak is low, or the data is cached)"
+      << (above ? "" : " (none in this run)") << ".\n";
+  out << "  -: no % peak applies (a peak row itself, or a row with no peak of its kind measured)"
+      << (dash ? "" : " (none in this run)") << ".\n";
+  if (settings.max_time_s > 0)
+    out << "  (cut short): --max-time " << settings.max_time_s
+        << " s ended its measurement with fewer samples than --repetitions; its interval is wider.\n";
+  return out.str();
+}
+
+std::string table_key_help() {
+  return "Reading the table (a key is printed under it):\n"
+         "  Pairs: baseline time / improved time with its confidence interval: the answer to read first.\n"
+         "  +-CI: half-width of the median's distribution-free confidence interval, in % of the median. Its level\n"
+         "        depends on the samples per row: 98% with the default 10 (pairs 95%), 75% with --quick's 3 (pairs 90%).\n"
+         "  (noisy): +-CI above --noise-target (5%): run with more --repetitions.\n"
+         "  cache: a hot memory-bound row whose working set is below twice the last-level cache (GPU L2, CPU L3):\n"
+         "        it may run from the cache, so a DRAM peak is no ceiling for it (--cold measures from DRAM).\n"
+         "  above peak: faster than the measured peak it is compared with.\n"
+         "  -: no % peak applies (a peak row itself, or no peak of its kind measured).\n";
 }
 
 static const double* find_counter(const Row& r, const std::string& key) {

@@ -25,6 +25,9 @@ struct Settings {
   std::string filter;  // ECMAScript regex searched in benchmark names; empty: everything
   std::vector<AxisOverride> overrides;
   bool peak_prepass = true;  // measure the peaks other rows need when the filter left them out
+  // Seconds a row may spend measuring (after its check and warm-up) before it stops with the samples it
+  // has (nvbench's --timeout); 0: no limit. The rows it cut short say so.
+  double max_time_s = 0;
   // CPU rows: the share of all CPUs others may use during a sample before it is taken again.
   double disturbed_share = defaults::disturbed_share;
   // CUDA rows: the share of a sample the GPU may spend thermally throttled before it is taken again.
@@ -43,6 +46,11 @@ struct Entry {
 // The entries the settings select, peaks first. Throws UsageError (saying what exists) when the
 // filter is not a valid regex or matches nothing.
 std::vector<Entry> select_entries(const Registry& registry, const Settings& settings);
+
+// What the run will take, said before it starts: its rows x (repetitions + one calibration) samples
+// of at least --min-time, a lower bound (a row whose one call outlasts a sample takes longer), and
+// with --max-time an upper bound apart from each row's set-up and check.
+std::string expected_time_text(const std::vector<Entry>& entries, const Settings& settings);
 
 // Runs the entries under Google Benchmark and returns the results. Progress goes to `progress`,
 // one line per benchmark. Never throws for a failing variant: it becomes a row.
@@ -64,6 +72,12 @@ void attach_pct_of_peak(const Settings& settings, Results& results);
 // Null, with `why`, when no ratio would be an answer: a row whose timed region moves nothing, with
 // no cost moved out to add to it.
 std::optional<PairRow> compare_pair(const Pair& pair, const Row& baseline, const Row& improved, std::string& why);
+
+// The key printed under the console table: what each column and mark means, with the values this run
+// used (the intervals' levels, the noise target, each backend's cache threshold, --max-time).
+std::string table_key(const Results& results, const Settings& settings);
+// The same, in general terms, for --help.
+std::string table_key_help();
 
 // Ctrl-C: the benchmark in flight finishes its sample, the rest are recorded as not run, and the
 // results measured so far are still written. Safe to call from a signal handler.

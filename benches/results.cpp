@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -65,6 +66,7 @@ static json row_to_json(const Row& r) {
     if (r.others_share >= 0) j["others_cpu_share"] = r.others_share;
     j["disturbed"] = r.disturbed;
     j["retaken_samples"] = r.retaken;
+    if (!r.cut_short.empty()) j["cut_short"] = r.cut_short;
     if (r.throttled_share >= 0) {
       j["throttled_share"] = r.throttled_share;
       j["sm_clock_min_mhz"] = r.sm_clock_min_mhz;
@@ -203,6 +205,7 @@ Results results_from_json(const json& doc) {
       r.others_share = j.value("others_cpu_share", -1.0);
       r.disturbed = j.value("disturbed", false);
       r.retaken = j.value("retaken_samples", 0);
+      r.cut_short = j.value("cut_short", std::string());
       r.throttled_share = j.value("throttled_share", -1.0);
       r.sm_clock_min_mhz = j.value("sm_clock_min_mhz", 0);
       r.sm_clock_max_mhz = j.value("sm_clock_max_mhz", 0);
@@ -300,6 +303,7 @@ std::string counter_text(double v) {
 
 static std::string result_word(const Row& r) {
   if (r.disposition == "passed" && r.disturbed) return "passed (disturbed)";
+  if (r.disposition == "passed" && !r.cut_short.empty()) return "passed (cut short)";
   if (r.disposition == "passed") return r.summary.noisy ? "passed (noisy)" : "passed";
   return r.disposition;
 }
@@ -349,6 +353,16 @@ static std::string problem_of(const std::string& name) {
   return slash == std::string::npos ? "" : name.substr(slash + 1);
 }
 
+std::string pair_title(const std::string& stage, const std::string& label) {
+  // The label's first word, up to a space or a colon: "AdamW" of "AdamW: fused vs per-tensor".
+  const std::string first = label.substr(0, label.find_first_of(" :"));
+  auto lower = [](std::string t) {
+    for (char& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return t;
+  };
+  return lower(first) == lower(stage) ? label : stage + " " + label;
+}
+
 // A row's % of peak, or why it has none ("cache", "above peak"), or "-".
 static std::string pct_text(const Row& r, int digits) {
   if (r.pct_of_peak) return fixed(*r.pct_of_peak, digits);
@@ -377,9 +391,16 @@ static std::string render_console(const Results& results) {
   if (!results.pairs.empty() || !results.withheld_pairs.empty()) {
     out << "\nPairs: baseline time / improved time (> 1: the improved variant is faster)\n";
     for (const auto& p : results.pairs)
-      out << "  " << p.stage << " " << p.label << " [" << problem_of(p.improved) << "]: " << pair_text(p) << "\n";
+      out << "  " << pair_title(p.stage, p.label) << " [" << problem_of(p.improved) << "]: " << pair_text(p) << "\n";
     for (const auto& w : results.withheld_pairs)
-      out << "  " << w.stage << " " << w.label << " [" << problem_of(w.improved) << "]: no ratio: " << w.why << "\n";
+      out << "  " << pair_title(w.stage, w.label) << " [" << problem_of(w.improved) << "]: no ratio: " << w.why << "\n";
+  }
+  std::vector<const Row*> cut;
+  for (const auto& r : results.rows)
+    if (!r.cut_short.empty()) cut.push_back(&r);
+  if (!cut.empty()) {
+    out << "\nCut short by --max-time (fewer samples, wider intervals):\n";
+    for (const Row* r : cut) out << "  " << r->name << ": " << r->cut_short << "\n";
   }
   if (!results.peaks.empty()) {
     out << "\nMeasured peaks (every % peak above is of these):\n";
@@ -441,7 +462,7 @@ static std::string render_md(const Results& results) {
   if (!results.pairs.empty()) {
     out << "\n| pair | problem | baseline / improved |\n|---|---|---:|\n";
     for (const auto& p : results.pairs)
-      out << "| " << p.stage << ": " << md_cell(p.label) << " | `" << problem_of(p.improved) << "` | " << pair_text(p) << " |\n";
+      out << "| " << md_cell(pair_title(p.stage, p.label)) << " | `" << problem_of(p.improved) << "` | " << pair_text(p) << " |\n";
   }
   return out.str();
 }

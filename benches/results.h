@@ -43,6 +43,8 @@ struct Row {
   double others_share = -1;
   bool disturbed = false;
   int retaken = 0;  // samples taken again because others held the CPUs (or the GPU throttled)
+  // --max-time ended its measurement early: "--max-time 5 s: 3 of 10 samples"; empty when it did not.
+  std::string cut_short;
   // CUDA rows, where NVML answers: the SM clock range and the clock event reasons seen around the
   // samples, and the largest throttled share of a kept sample (-1: not known).
   int sm_clock_min_mhz = 0, sm_clock_max_mhz = 0;
@@ -113,6 +115,10 @@ struct Results {
   std::vector<WithheldPair> withheld_pairs;
   std::map<std::string, PeakValue> peaks;
 };
+
+// A pair as the table names it: "attention fused vs naive", and the label alone when it already
+// starts with the stage ("AdamW: fused vs per-tensor", not "adamw AdamW: ...").
+std::string pair_title(const std::string& stage, const std::string& label);
 
 nlohmann::json to_json(const Results& results);
 // Throws std::runtime_error naming what is wrong when the document is not trainbench-results/1.

@@ -78,6 +78,97 @@ TEST(Cli, HelpAndListSucceed) {
     EXPECT_NE(list.output.find(v), std::string::npos) << v;
 }
 
+// The table explains itself: a key under it, with this run's interval level, the noise target and the
+// cache threshold it used; the pairs named as the answer to read first; the same key in --help.
+TEST(Cli, TheTableHasAKeyWithTheLevelsAndThresholdsOfTheRun) {
+  const Outcome quick = benchsuite("--backend cpu --filter 'peak/cpu/(copy|triad)' --quick --axis peak.n=100003");
+  ASSERT_EQ(quick.code, 0) << quick.output;
+  const std::size_t key = quick.output.find("\nKey:\n");
+  ASSERT_NE(key, std::string::npos) << quick.output;
+  EXPECT_GT(key, quick.output.find("Pairs:")) << "the key comes under the table and the pairs";
+  const std::string text = quick.output.substr(key);
+  EXPECT_NE(text.find("Pairs (above): read them first"), std::string::npos) << text;
+  EXPECT_NE(text.find("+-CI: half-width of the median's distribution-free confidence interval, in % of the median; "
+                      "its level in this run: 75%"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("(noisy): +-CI above the noise target (5%"), std::string::npos) << text;
+  EXPECT_NE(text.find("cache: a hot memory-bound row"), std::string::npos) << text;
+  EXPECT_NE(text.find("MiB for CPU rows, twice their"), std::string::npos) << "the threshold used:\n" << text;
+  EXPECT_NE(text.find("above peak: "), std::string::npos) << text;
+  EXPECT_NE(text.find("-: no % peak applies"), std::string::npos) << text;
+  // Ten samples a row: the level moves with them, and the key says the one used.
+  const Outcome ten = benchsuite("--backend cpu --filter 'peak/cpu/copy' --repetitions 10 --min-time 0.001 --axis peak.n=100003");
+  ASSERT_EQ(ten.code, 0) << ten.output;
+  EXPECT_NE(ten.output.find("its level in this run: 97.9%"), std::string::npos) << ten.output;
+  // Not in a machine format: JSON on stdout stays JSON.
+  const Outcome json = benchsuite("--backend cpu --filter 'peak/cpu/copy' --quick --axis peak.n=100003 --format json 2>/dev/null");
+  EXPECT_EQ(json.output.find("Key:"), std::string::npos);
+  const Outcome help = benchsuite("--help");
+  EXPECT_NE(help.output.find("Reading the table"), std::string::npos) << help.output;
+  EXPECT_NE(help.output.find("+-CI: half-width of the median's distribution-free confidence interval"), std::string::npos);
+  EXPECT_NE(help.output.find("--max-time"), std::string::npos);
+}
+
+// A run says what it will take before it starts, and each progress line its ETA.
+TEST(Cli, ARunSaysItsExpectedTimeAndAnEta) {
+  const Outcome o = benchsuite("--backend cpu --filter 'peak/cpu/(copy|triad)' --quick --axis peak.n=100003");
+  ASSERT_EQ(o.code, 0) << o.output;
+  const std::size_t expected = o.output.find("benchsuite: 3 rows to time, 3 samples of at least 0.05 s each: expect at least");
+  ASSERT_NE(expected, std::string::npos) << o.output;  // copy, triad and triad on one thread
+  EXPECT_LT(expected, o.output.find("[  1/3]")) << "said before the first row";
+  EXPECT_NE(o.output.find("elapsed, ETA "), std::string::npos) << "the first row's line gives the time left:\n" << o.output;
+}
+
+// --max-time S (nvbench's --timeout): a row past S stops with the samples it has, and says so.
+TEST(Cli, MaxTimeCutsARowShortAndSaysWhich) {
+  const auto path = std::filesystem::temp_directory_path() / ("tb_maxtime_" + std::to_string(::getpid()) + ".json");
+  // Samples of 0.05 s or more: after the first, 0.001 s is long past, whatever the machine's speed.
+  const Outcome o = benchsuite("--backend cpu --filter 'peak/cpu/copy' --repetitions 6 --min-time 0.05 --max-time 0.001 "
+                               "--axis peak.n=100003 --no-peak-prepass --out " + path.string() + " --format console");
+  ASSERT_EQ(o.code, 0) << o.output;
+  EXPECT_NE(o.output.find("(cut short: --max-time 0.001 s: "), std::string::npos) << "on its progress line:\n" << o.output;
+  EXPECT_NE(o.output.find("Cut short by --max-time"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("peak/cpu/copy/n=100003: --max-time 0.001 s: "), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("at most about"), std::string::npos) << "the expected time has its upper bound:\n" << o.output;
+  std::filesystem::remove(path);
+  const Outcome j = benchsuite("--backend cpu --filter 'peak/cpu/copy' --repetitions 6 --min-time 0.05 --max-time 0.001 "
+                               "--axis peak.n=100003 --no-peak-prepass --out " + path.string());
+  ASSERT_EQ(j.code, 0) << j.output;
+  const tb::Results r = tb::results_from_json(nlohmann::json::parse(std::ifstream(path)));
+  std::filesystem::remove(path);
+  ASSERT_EQ(r.rows.size(), 1u);
+  EXPECT_EQ(r.rows[0].disposition, "passed");
+  EXPECT_GE(r.rows[0].samples_ns.size(), 1u);
+  EXPECT_LT(r.rows[0].samples_ns.size(), 6u) << "fewer samples than --repetitions";
+  EXPECT_NE(r.rows[0].cut_short.find("of 6 samples"), std::string::npos) << r.rows[0].cut_short;
+  expect_usage_error("--max-time 0", "--max-time");
+}
+
+// The OpenBLAS notice belongs to a run that measures: never on --help, a usage error or --list.
+TEST(Cli, TheBlasNoticeIsNotPrintedOnHelpUsageErrorsOrList) {
+  const std::string restarted = "TRAINBENCH_BLAS_KERNEL_NOTICE='benchsuite: OpenBLAS chose its Prescott kernels' "
+                                "OPENBLAS_CORETYPE=Haswell";  // as the restart leaves them
+  for (const char* args : {"--help", "--no-such-flag", "--list"}) {
+    const Outcome o = benchsuite_with(restarted, args);
+    EXPECT_EQ(o.output.find("OpenBLAS chose"), std::string::npos) << args << ":\n" << o.output;
+    EXPECT_EQ(benchsuite(args).output.find("OpenBLAS chose"), std::string::npos) << args;
+  }
+  const Outcome run = benchsuite_with(restarted, "--backend cpu --filter 'peak/cpu/copy' --quick --axis peak.n=100003");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const std::size_t first = run.output.find("OpenBLAS chose its Prescott kernels");
+  ASSERT_NE(first, std::string::npos) << "a run that measures says it:\n" << run.output;
+  EXPECT_EQ(run.output.find("OpenBLAS chose", first + 1), std::string::npos) << "once";
+}
+
+// A pair whose label starts with its stage's name is not named twice ("adamw AdamW: ...").
+TEST(Cli, PairsNameTheirStageOnce) {
+  EXPECT_EQ(tb::pair_title("adamw", "AdamW: fused vs per-tensor"), "AdamW: fused vs per-tensor");
+  EXPECT_EQ(tb::pair_title("allreduce", "allreduce: bucketed vs per-tensor"), "allreduce: bucketed vs per-tensor");
+  EXPECT_EQ(tb::pair_title("attention", "fused vs naive"), "attention fused vs naive");
+  EXPECT_EQ(tb::pair_title("peak", "triad: OpenMP team vs one thread"), "peak triad: OpenMP team vs one thread");
+}
+
 // --list as JSON is what programs read (the torch rows): every stage, and the benchmarks the other
 // flags select, each named as a run names it, with its problem's values and the work one call does.
 TEST(Cli, ListAsJsonGivesTheSelectedBenchmarksWithTheirProblems) {

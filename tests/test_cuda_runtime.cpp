@@ -1,6 +1,7 @@
 // The CUDA runtime's rules the stages rely on: a session's stream lives on the session's device, and
 // a variant's set-up copies are ordered on the benchmark's (non-blocking) stream, not the legacy
 // default stream, which that stream does not wait for. Skips with the reason where there is no GPU.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -21,6 +22,28 @@ using Params = std::vector<std::pair<std::string, std::string>>;
   do {                                                                                           \
     if (!cuda_status().available()) GTEST_SKIP() << "no CUDA device: " << cuda_status().unavailable_reason; \
   } while (0)
+
+// No NVIDIA driver at all (no libcuda.so.1): the runtime says cudaErrorInsufficientDriver, which
+// reads as "update your driver"; the reason says that no driver or GPU was found instead.
+TEST(CudaStatus, NoDriverIsNotAnOldDriver) {
+  const std::string none = describe_cuda_init_failure(
+      "cudaErrorInsufficientDriver", "CUDA driver version is insufficient for CUDA runtime version", false);
+  EXPECT_NE(none.find("no NVIDIA driver or GPU found"), std::string::npos) << none;
+  EXPECT_EQ(none.find("insufficient"), std::string::npos) << none;
+  EXPECT_NE(describe_cuda_init_failure("cudaErrorNoDevice", "no CUDA-capable device is detected", false)
+                .find("no NVIDIA driver or GPU found"),
+            std::string::npos);
+  EXPECT_NE(describe_cuda_init_failure("cudaErrorNoDevice", "no CUDA-capable device is detected", true).find("no NVIDIA GPU found"),
+            std::string::npos);
+  const std::string old = describe_cuda_init_failure("cudaErrorInsufficientDriver", "...", true);
+  EXPECT_NE(old.find("older than this build's CUDA runtime needs"), std::string::npos) << old;
+  // This machine, as the binary sees it: built with CUDA and no driver here, the probe says so.
+  const auto& status = cuda_status();
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (driver) dlclose(driver);
+  if (status.built && !status.available() && !driver)
+    EXPECT_NE(status.unavailable_reason.find("no NVIDIA driver or GPU found"), std::string::npos) << status.unavailable_reason;
+}
 
 TEST(CudaSession, StreamIsOnTheSessionsDevice) {
   TB_SKIP_WITHOUT_CUDA();

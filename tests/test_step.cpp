@@ -5,6 +5,7 @@
 // take no timing marks, a failed graph capture leaves the stream usable, and each backend's gradients
 // match the CPU's in double.
 #include <gtest/gtest.h>
+#include <filesystem>
 
 #include <cmath>
 #include <fstream>
@@ -86,6 +87,32 @@ TEST(Workload, BadFilesSayWhereAndWhat) {
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("small_gpt"), std::string::npos) << "the message lists the presets";
   }
+}
+
+// A workload file that cannot be read says why: not found, a folder, or not readable.
+TEST(Workload, AnUnreadableFileSaysWhy) {
+  auto message = [](const std::string& path) -> std::string {
+    try {
+      load_workload(path);
+    } catch (const UsageError& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  const auto dir = std::filesystem::temp_directory_path() / ("tb_workload_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir / "folder.yaml");
+  EXPECT_EQ(message((dir / "missing.yaml").string()), "cannot read workload file " + (dir / "missing.yaml").string() + ": not found");
+  EXPECT_NE(message((dir / "folder.yaml").string()).find(": is a directory"), std::string::npos)
+      << message((dir / "folder.yaml").string());
+  const auto locked = dir / "locked.yaml";
+  std::ofstream(locked) << valid;
+  std::filesystem::permissions(locked, std::filesystem::perms::none);
+  if (::access(locked.c_str(), R_OK) == 0) {  // root reads it anyway
+    EXPECT_EQ(message(locked.string()), "accepted");
+  } else {
+    EXPECT_NE(message(locked.string()).find(": not readable: Permission denied"), std::string::npos) << message(locked.string());
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Workload, RepeatedKeysAreRefusedWithBothLines) {

@@ -233,6 +233,59 @@ TEST(Emit, ASpeedupIsClaimedOnlyWhenTheInterleavedIntervalHoldsIt) {
   EXPECT_EQ(y["measured"]["interleaved_rounds"].as<int>(), 4);
 }
 
+// Every switch value is written so that a YAML 1.1 reader (PyYAML) loads it as the string it is:
+// plain `off` and `on` load as booleans there, beside `fused` as a string.
+TEST(Emit, SwitchValuesLoadAsStringsInEveryYamlReader) {
+  TuneOutput o = sample_output();
+  o.report.best.candidate.switches = {{"activation_checkpointing", "off"}, {"cuda_graphs", "on"}, {"optimizer", "fused"},
+                                      {"sync", "every_n"}};
+  const std::string text = emit(o, OutFormat::yaml);
+  EXPECT_NE(text.find("activation_checkpointing: \"off\""), std::string::npos) << text;
+  EXPECT_NE(text.find("cuda_graphs: \"on\""), std::string::npos) << text;
+  EXPECT_NE(text.find("optimizer: fused"), std::string::npos) << text;
+  EXPECT_EQ(text.find("activation_checkpointing: off"), std::string::npos) << text;
+  const YAML::Node y = YAML::Load(text)["trainbench_autotune"];
+  EXPECT_EQ(y["chosen"]["switches"]["activation_checkpointing"].as<std::string>(), "off");
+}
+
+// trials_run and trials_total beside a log of every trial: the file says what each counts.
+TEST(Emit, TheTrialCountsSayWhatTheyCount) {
+  TuneOutput o = sample_output();
+  o.report.trials_run = 1;  // of the two trials, one was the workload's own, run before the search
+  const YAML::Node y = YAML::Load(emit(o, OutFormat::yaml))["trainbench_autotune"]["search"];
+  EXPECT_EQ(y["trials_run"].as<int>(), 1);    // kept: readers of earlier files
+  EXPECT_EQ(y["trials_total"].as<int>(), 2);
+  const std::string note = y["trials_note"].as<std::string>();
+  EXPECT_NE(note.find("trials_total: every trial in the journal of this tune (2)"), std::string::npos) << note;
+  EXPECT_NE(note.find("trials_run: those the search ran in this invocation (1)"), std::string::npos) << note;
+  EXPECT_NE(note.find("the workload's own configuration, measured before the search"), std::string::npos) << note;
+}
+
+// The global batches searched, each one's best samples/s, the one chosen and why, in the file.
+TEST(Emit, TheGlobalBatchesSearchedAndWhyOneWasChosen) {
+  TuneOutput o = sample_output();
+  o.global_batches = plan_global_batches(64, {64, 256}, 0, {});
+  o.workload_global_batch = 64;
+  o.report.trials.push_back(Ranked{Candidate{64, 64, {}}, TrialResult{TrialClass::ok, 3000, 2900, 3100, 1 << 29, 10, 5, ""}});
+  const YAML::Node g = YAML::Load(emit(o, OutFormat::yaml))["trainbench_autotune"]["global_batches"];
+  ASSERT_TRUE(g) << emit(o, OutFormat::yaml);
+  EXPECT_EQ(g["searched"].as<std::vector<int>>(), (std::vector<int>{64, 128, 256}));
+  EXPECT_EQ(g["source"].as<std::string>(), "the workload's global_range [64, 256]");
+  EXPECT_EQ(g["chosen"].as<int>(), 256);
+  EXPECT_EQ(g["workload_global_batch"].as<int>(), 64);
+  EXPECT_EQ(g["per_global_batch"][0]["best_samples_per_s"].as<double>(), 3000);
+  EXPECT_TRUE(g["per_global_batch"][1]["best_samples_per_s"].IsNull());  // none ran at 128
+  EXPECT_EQ(g["per_global_batch"][2]["best_samples_per_s"].as<double>(), 5000);
+  const std::string note = g["note"].as<std::string>();
+  EXPECT_NE(note.find("searched global batches 64, 128 and 256"), std::string::npos) << note;
+  EXPECT_NE(note.find("64: 3000.0, 128: none ran, 256: 5000.0"), std::string::npos) << note;
+  EXPECT_NE(note.find("chose 256 because its configuration was the fastest measured"), std::string::npos) << note;
+  EXPECT_NE(note.find("a larger global batch is not free"), std::string::npos) << note;
+  EXPECT_NE(note.find("autotune --batch 64 keeps the workload's own"), std::string::npos) << note;
+  o.global_batches = plan_global_batches(64, {64, 256}, 256, {});
+  EXPECT_NE(global_batch_note(o).find("global batch 256 pinned by --batch 256"), std::string::npos) << global_batch_note(o);
+}
+
 // --ranks: the candidates are one rank's share; the output speaks of every rank together.
 TEST(Emit, RanksStateTheGlobalBatchAndTheWorldSize) {
   TuneOutput o = sample_output();  // 64 x 4 per rank
@@ -505,9 +558,11 @@ TEST(AutotuneCli, TunesTinyOnTheCpuAndResumesWithoutRepeatingATrial) {
   const auto dir = std::filesystem::temp_directory_path() / ("tb_tune_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   const std::string journal = (dir / "j.jsonl").string(), out = (dir / "tuned.yaml").string();
-  // Three race rounds: enough for a verdict, and this test is about the journal, not the race.
+  // Three race rounds: enough for a verdict, and this test is about the journal, not the race (nor
+  // tiny's global_range: its own global batch, pinned).
   const std::string args =
-      "--workload tiny --gpu cpu --switches optimizer --budget 60 --trial-seconds 0.5 --race-rounds 3 --journal " + journal;
+      "--workload tiny --gpu cpu --batch 16 --switches optimizer --budget 60 --trial-seconds 0.5 --race-rounds 3 --journal " +
+      journal;
   const Outcome first = autotune(args + " --out " + out);
   ASSERT_EQ(first.code, 0) << first.err;
   const YAML::Node y = YAML::LoadFile(out)["trainbench_autotune"];
@@ -631,7 +686,7 @@ TEST(AutotuneJournal, GoesBesideOutOrIntoTheCacheAndResumeFindsIt) {
   std::filesystem::create_directories(cwd);
   std::filesystem::create_directories(cfg);
   const std::string env = "XDG_CACHE_HOME='" + cache.string() + "'";
-  const std::string args = "--workload tiny --gpu cpu --switches optimizer --budget 60 --trial-seconds 0.3 --race-rounds 3";
+  const std::string args = "--workload tiny --gpu cpu --batch 16 --switches optimizer --budget 60 --trial-seconds 0.3 --race-rounds 3";
 
   const TimedOutcome with_out = autotune_in(cwd, env, args + " --out " + (cfg / "tuned.yaml").string());
   ASSERT_EQ(with_out.o.code, 0) << with_out.o.err;

@@ -254,6 +254,45 @@ TEST(TunerSearch, DivisorsAreSortedAndCapped) {
   EXPECT_EQ(divisors(4096, 4096).size(), 13u);
 }
 
+// Without --batch or --batch-range the workload's own global_range is searched (small_gpt declares
+// [4, 16], its source report suggesting 8 or 16): powers of two from its low end, its own batch and
+// its high end included.
+TEST(TunerSearch, TheWorkloadsGlobalRangeIsSearched) {
+  GlobalBatchPlan small_gpt = plan_global_batches(4, {4, 16}, 0, {});
+  EXPECT_EQ(small_gpt.batches, (std::vector<int64_t>{4, 8, 16}));
+  EXPECT_EQ(small_gpt.source, "the workload's global_range [4, 16]");
+  EXPECT_FALSE(small_gpt.pinned);
+  EXPECT_EQ(plan_global_batches(4096, {2048, 8192}, 0, {}).batches, (std::vector<int64_t>{2048, 4096, 8192}));  // sem_v55
+  EXPECT_EQ(plan_global_batches(12, {4, 20}, 0, {}).batches, (std::vector<int64_t>{4, 8, 12, 16, 20}));
+  // --batch pins one; --batch-range replaces the workload's range.
+  const GlobalBatchPlan pinned = plan_global_batches(4, {4, 16}, 8, {});
+  EXPECT_EQ(pinned.batches, (std::vector<int64_t>{8}));
+  EXPECT_TRUE(pinned.pinned);
+  EXPECT_EQ(pinned.source, "--batch 8");
+  const GlobalBatchPlan option = plan_global_batches(4, {4, 16}, 0, {32, 100});
+  EXPECT_EQ(option.batches, (std::vector<int64_t>{32, 64, 100}));
+  EXPECT_EQ(option.source, "--batch-range 32:100");
+  // No range declared: the workload's own global batch alone, and the output says so.
+  const GlobalBatchPlan own = plan_global_batches(64, {}, 0, {});
+  EXPECT_EQ(own.batches, (std::vector<int64_t>{64}));
+  EXPECT_NE(own.source.find("declares no global_range"), std::string::npos);
+}
+
+TEST(TunerSearch, EachGlobalBatchsBestThroughput) {
+  std::vector<Ranked> trials{{Candidate{4, 4, {}}, TrialResult{}}, {Candidate{8, 4, {}}, TrialResult{}},
+                             {Candidate{8, 8, {}}, TrialResult{}}, {Candidate{16, 16, {}}, TrialResult{}}};
+  trials[0].result.samples_per_s = 9;
+  trials[1].result.samples_per_s = 10;
+  trials[2].result.samples_per_s = 12;
+  trials[3].result.cls = TrialClass::oom;
+  const auto per = per_global_batch(trials, {4, 8, 16});
+  ASSERT_EQ(per.size(), 3u);
+  EXPECT_EQ(per[0].best_samples_per_s, 9);
+  EXPECT_EQ(per[1].best_samples_per_s, 12);
+  EXPECT_EQ(per[1].ok_trials, 2);
+  EXPECT_EQ(per[2].ok_trials, 0);
+}
+
 TEST(TunerSearch, CandidateKeyAndClassText) {
   Candidate c{4096, 128, {{"optimizer", "fused"}, {"lazy_cg", "on"}}};
   EXPECT_EQ(c.key(), "g=4096 mb=128 lazy_cg=on optimizer=fused");

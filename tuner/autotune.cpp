@@ -52,7 +52,9 @@ struct Interrupted {};
 
 constexpr const char* examples = R"(
 Examples:
-  autotune --gpu auto > tuned.yaml                       the small-GPT preset on the first GPU (or the CPU)
+  autotune --gpu auto > tuned.yaml                       the small-GPT preset on the first GPU (or the CPU), at
+                                                         the global batches of its global_range (4, 8, 16)
+  autotune --workload small_gpt --batch 4                its own global batch only (convergence decided elsewhere)
   autotune --workload sem_v55 --batch-range 2048:8192    every global batch from 2048 to 8192 (powers of 2)
   autotune --workload my_model.yaml --budget 600 --format deepspeed --out ds_config.json
   autotune --workload small_gpt --format hf --out training_args.json   TrainingArguments(**json.load(f))
@@ -150,18 +152,18 @@ std::string default_journal_path(const std::string& out_path, const std::string&
   return (dir / (workload_name + "." + backend + "." + key.substr(0, 12) + ".autotune.jsonl")).string();
 }
 
-std::vector<int64_t> global_batches(const step::Workload& w, int64_t batch, const std::string& range) {
-  if (batch > 0) return {batch};
-  if (range.empty()) return {w.batch.global};
-  const auto colon = range.find(':');
-  double a = 0, b = 0;
-  if (colon == std::string::npos || !parse_number(range.substr(0, colon), a) || !parse_number(range.substr(colon + 1), b) ||
-      a < 1 || b < a || a != std::floor(a) || b != std::floor(b))
-    throw UsageError("--batch-range '" + range + "': expected A:B with 1 <= A <= B, e.g. 32:256");
-  std::vector<int64_t> out;
-  for (auto g = static_cast<int64_t>(a); g <= static_cast<int64_t>(b); g *= 2) out.push_back(g);
-  if (out.back() != static_cast<int64_t>(b)) out.push_back(static_cast<int64_t>(b));
-  return out;
+// --batch, --batch-range, or the workload's global_range: the global batches searched (search.h).
+GlobalBatchPlan global_batches(const step::Workload& w, int64_t batch, const std::string& range) {
+  BatchRange option;
+  if (!range.empty()) {
+    const auto colon = range.find(':');
+    double a = 0, b = 0;
+    if (colon == std::string::npos || !parse_number(range.substr(0, colon), a) || !parse_number(range.substr(colon + 1), b) ||
+        a < 1 || b < a || a != std::floor(a) || b != std::floor(b))
+      throw UsageError("--batch-range '" + range + "': expected A:B with 1 <= A <= B, e.g. 32:256");
+    option = {static_cast<int64_t>(a), static_cast<int64_t>(b)};
+  }
+  return plan_global_batches(w.batch.global, {w.batch.global_min, w.batch.global_max}, batch, option);
 }
 
 // The race of the finalists after the search (race.h).
@@ -593,6 +595,7 @@ int compare_tuned(const std::vector<std::string>& paths, const std::string& work
     refuse_budget_below_one_trial(workload, first, shortest, search.measure, budget, elapsed());
     const double deadline = budget - output_reserve(budget);
     std::signal(SIGINT, [](int) { stop_requested = true; });
+    if (const std::string notice = take_blas_kernel_notice(); !notice.empty()) std::cerr << notice << std::endl;
     std::cerr << "autotune: comparing " << entrants.size() << " configurations of " << workload.name << " on " << machine.name
               << (executors.size() > 1 ? " in the C++ step and in its PyTorch twin" : runner.torch ? " in the PyTorch twin" : "")
               << ", interleaved, " << budget << " s budget" << std::endl;
@@ -646,8 +649,12 @@ int run(int argc, char** argv) {
   app.footer(examples);
   app.add_option("--gpu", gpu, "auto (the first GPU, else the CPU), a device index, or cpu");
   auto* workload_opt = app.add_option("--workload", workload_name, "a preset name or a workload .yaml file");
-  auto* batch_opt = app.add_option("--batch", batch, "the global batch (default: the workload's)")->check(CLI::PositiveNumber);
-  app.add_option("--batch-range", range, "A:B: global batches A, 2A, 4A ... up to B")->excludes(batch_opt);
+  auto* batch_opt = app.add_option("--batch", batch,
+                                   "pin the global batch (default: each of the workload's global_range, else its own; a "
+                                   "larger global batch is not free for convergence)")
+                        ->check(CLI::PositiveNumber);
+  app.add_option("--batch-range", range, "A:B: global batches A, 2A, 4A ... up to B (default: the workload's global_range)")
+      ->excludes(batch_opt);
   app.add_option("--budget", budget, "seconds for the whole run: probes, trials, the race, output (default 300)")
       ->check(CLI::Range(1.0, 1e7));
   app.add_option("--memory-limit", memory_limit_text,
@@ -723,7 +730,7 @@ int run(int argc, char** argv) {
   const Machine machine = pick_machine(gpu);
   const bool use_cuda = machine.use_cuda;
   SearchSpace space;
-  space.global_batches = global_batches(workload, batch, range);
+  GlobalBatchPlan batch_plan = global_batches(workload, batch, range);
   // Data parallelism: the search works on one rank's share of each global batch.
   std::vector<std::string> launcher_words;
   if (ranks > 1) {
@@ -731,12 +738,21 @@ int run(int argc, char** argv) {
     launcher_words = launcher_argv(launcher);
     allow_mpirun_as_root();
     described_ranks = predict ? 1 : ranks;  // --predict: the trials run one rank's share
-    for (int64_t& g : space.global_batches) {
-      if (g % ranks != 0)
+    // The user's batches must split over the ranks; of the workload's range, those that do are searched.
+    std::vector<int64_t> shares;
+    for (const int64_t g : batch_plan.batches) {
+      if (g % ranks == 0) shares.push_back(g / ranks);
+      else if (!range.empty() || batch > 0)
         throw UsageError("--ranks " + std::to_string(ranks) + ": the global batch " + std::to_string(g) +
                          " is not a multiple of the ranks");
-      g /= ranks;
     }
+    if (shares.size() < batch_plan.batches.size())
+      std::cerr << "autotune: of " << batch_plan.source << ", only the global batches that are multiples of " << ranks
+                << " ranks are searched" << std::endl;
+    if (shares.empty())
+      throw UsageError("--ranks " + std::to_string(ranks) + ": no global batch of " + batch_plan.source +
+                       " is a multiple of the ranks (give --batch)");
+    batch_plan.batches = shares;
     if (workload.batch.global % ranks != 0)
       throw UsageError("--ranks " + std::to_string(ranks) + ": " + workload.name + "'s batch " +
                        std::to_string(workload.batch.global) + " is not a multiple of the ranks (give --batch)");
@@ -749,6 +765,7 @@ int run(int argc, char** argv) {
                 << " of each step's samples) measured as " << std::min(ranks, probe_ranks)
                 << " independent ranks here (each its own step, no all-reduce; the slowest rank's time)" << std::endl;
   }
+  space.global_batches = batch_plan.batches;
   TrialRunner runner = make_runner(executor_name, workload, machine, predict ? std::min(ranks, probe_ranks) : ranks,
                                    launcher_words, predict);
   if (memory_limit > 0) {
@@ -847,6 +864,7 @@ int run(int argc, char** argv) {
   if (journal_path.empty())
     journal_path = default_journal_path(out_path, workload.name, backend + (runner.torch ? ".torch" : ""), journal_key);
   const Journal journal(journal_path, journal_key);
+  if (const std::string notice = take_blas_kernel_notice(); !notice.empty()) std::cerr << notice << std::endl;
   std::cerr << "autotune: journal " << journal_path << std::endl;
   if (resume) {
     int skipped = 0;
@@ -875,8 +893,11 @@ int run(int argc, char** argv) {
     std::cerr << ", measured in the PyTorch twin of the step (torch " << runner.description["torch"].get<std::string>()
               << ", " << runner.description["interpreter"].get<std::string>() << ")";
   std::cerr << std::endl;
+  std::cerr << "autotune: " << searched_batches_text(batch_plan, described_ranks) << std::endl;
 
   TuneOutput out;
+  out.global_batches = batch_plan;
+  out.workload_global_batch = workload.batch.global;
   out.device = machine.description;
   out.executor = runner.description;
   out.workload_name = workload.name;
@@ -1001,6 +1022,7 @@ int run(int argc, char** argv) {
     out.ranks = ranks;
   }
 
+  if (out.report.found) std::cerr << "autotune: " << global_batch_note(out) << std::endl;
   const std::string text = emit(out, out_format);
   if (out_path.empty()) std::cout << text << std::flush;
   else write_file_atomically(out_path, text);

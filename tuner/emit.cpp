@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cctype>
 #include <cmath>
 #include <iomanip>
 #include <sstream>
@@ -113,6 +114,59 @@ static json race_json(const RaceReport& race, const std::string& own_key, double
               {"noise_margin", noise_margin}, {"seconds", race.seconds},       {"finalists", finalists}};
 }
 
+static std::string list_text(const std::vector<int64_t>& values, int64_t scale) {
+  std::string out;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (i) out += i + 1 == values.size() ? " and " : ", ";
+    out += std::to_string(values[i] * scale);
+  }
+  return out;
+}
+
+std::string searched_batches_text(const GlobalBatchPlan& plan, int64_t ranks) {
+  if (plan.pinned) return "searching global batch " + list_text(plan.batches, ranks) + " alone (" + plan.source + ")";
+  const std::string what = plan.batches.size() == 1 ? "global batch " : "global batches ";
+  return "searching " + what + list_text(plan.batches, ranks) + " (" + plan.source +
+         "; --batch N pins one, --batch-range A:B searches others)";
+}
+
+static const char* const kConvergenceCaveat =
+    "a larger global batch is not free: it takes fewer optimizer steps per epoch and may need another learning rate "
+    "or more epochs to reach the same loss, which samples/s does not measure";
+
+std::string global_batch_note(const TuneOutput& o) {
+  const GlobalBatchPlan& plan = o.global_batches;
+  const int64_t ranks = o.ranks;
+  if (!o.report.found || plan.batches.empty()) return "";
+  const int64_t chosen = o.report.best.candidate.global_batch;
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1);
+  if (plan.pinned) {
+    out << "global batch " << chosen * ranks << " pinned by " << plan.source
+        << ": micro-batch, accumulation and switches were searched for it";
+    return out.str();
+  }
+  if (plan.batches.size() == 1) {
+    out << "global batch " << chosen * ranks << " only (" << plan.source
+        << "): give --batch-range A:B to search others";
+    return out.str();
+  }
+  out << "searched global batches " << list_text(plan.batches, ranks) << " (" << plan.source << "); the search's best samples/s:";
+  for (const auto& r : per_global_batch(o.report.trials, plan.batches)) {
+    out << " " << r.global_batch * ranks << ": ";
+    if (r.ok_trials) out << r.best_samples_per_s;
+    else out << "none ran";
+    out << (r.global_batch == plan.batches.back() ? ";" : ",");
+  }
+  out << " chose " << chosen * ranks;
+  if (chosen == o.workload_global_batch) out << ", the workload's own,";
+  out << " because its configuration was the fastest measured"
+      << (o.race && o.race->rounds > 0 ? " in the race of the finalists" : " by the search (the race measured no round)")
+      << " (ties to the least memory); " << kConvergenceCaveat << ": autotune --batch "
+      << o.workload_global_batch * ranks << " keeps the workload's own";
+  return out.str();
+}
+
 nlohmann::json native_executor_json() { return nlohmann::json{{"name", "native"}, {"step", "trainbench's C++ step"}}; }
 
 static json ordered(const TuneOutput& o);
@@ -171,7 +225,32 @@ static json ordered(const TuneOutput& o) {
     }
   }
   if (!o.prediction.is_null()) t["prediction"] = json::parse(o.prediction.dump());
+  if (!o.global_batches.batches.empty()) {
+    json per = json::array();
+    for (const auto& r : per_global_batch(rep.trials, o.global_batches.batches)) {
+      json j{{"global_batch", r.global_batch * o.ranks}, {"ok_trials", r.ok_trials}};
+      j["best_samples_per_s"] = r.ok_trials ? json(r.best_samples_per_s) : json(nullptr);
+      per.push_back(j);
+    }
+    std::vector<int64_t> searched;
+    for (int64_t g : o.global_batches.batches) searched.push_back(g * o.ranks);
+    t["global_batches"] = {{"searched", searched},
+                           {"source", o.global_batches.source},
+                           {"workload_global_batch", o.workload_global_batch * o.ranks},
+                           {"chosen", rep.found ? json(rep.best.candidate.global_batch * o.ranks) : json(nullptr)},
+                           {"per_global_batch", per},
+                           {"note", global_batch_note(o)}};
+  }
+  // trials_total: every trial in the tune's log; trials_run: the ones the search itself ran now. The
+  // difference is the workload's own configuration's trial (run before the search, which reuses it)
+  // and, with --resume, the trials replayed from the journal. Race slices are counted in race.rounds.
+  const int64_t from_journal_or_own = static_cast<int64_t>(rep.trials.size()) - rep.trials_run;
   t["search"] = {{"strategy", o.strategy},       {"trials_run", rep.trials_run}, {"trials_total", rep.trials.size()},
+                 {"trials_note", "trials_total: every trial in the journal of this tune (" + std::to_string(rep.trials.size()) +
+                                     "); trials_run: those the search ran in this invocation (" +
+                                     std::to_string(rep.trials_run) + "); the other " + std::to_string(from_journal_or_own) +
+                                     ": the workload's own configuration, measured before the search, and trials "
+                                     "replayed from the journal by --resume; race slices are not trials (race.rounds)"},
                  {"seconds", rep.seconds},       {"budget_seconds", o.budget_seconds},
                  {"budget_exhausted", rep.budget_exhausted}, {"max_micro_batch", rep.max_micro_batch},
                  {"interrupted", o.interrupted}};
@@ -186,6 +265,17 @@ static json ordered(const TuneOutput& o) {
   t["version"] = build::version;
   t["git_commit"] = build::git_commit;
   return doc;
+}
+
+// YAML 1.1's booleans and nulls (PyYAML's resolver), and anything that starts like a number.
+static bool plain_scalar_would_change_type(const std::string& text) {
+  static const char* const words[] = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~", ""};
+  std::string lower;
+  for (char ch : text) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (const char* w : words)
+    if (lower == w) return true;
+  const char first = text.empty() ? ' ' : text.front();
+  return std::isdigit(static_cast<unsigned char>(first)) || first == '.' || first == '-' || first == '+';
 }
 
 // JSON -> YAML, keeping the key order of the JSON object.
@@ -213,7 +303,12 @@ static void emit_yaml(YAML::Emitter& out, const json& j) {
     s << j.get<double>();
     out << s.str();
   } else {
-    out << j.get<std::string>();
+    // Quoted where a YAML 1.1 reader (PyYAML) would read the plain word as another type: `off`,
+    // `on`, `yes`, `no` as booleans, `null` or `~` as null, digits as numbers. Every switch value
+    // then loads as the string it is.
+    const std::string text = j.get<std::string>();
+    if (plain_scalar_would_change_type(text)) out << YAML::DoubleQuoted << text;
+    else out << text;
   }
 }
 

@@ -4,8 +4,8 @@
 // the interval of the interleaved comparison that holds it, the race of the finalists), as YAML or
 // JSON, or as the keys DeepSpeed, PyTorch Lightning or Hugging Face TrainingArguments read.
 // The YAML and JSON document: trainbench_autotune: {chosen, measured, workload_config,
-// speedup_over_workload_config, speedup_significant, speedup_interval, speedup_note, search,
-// race, runners_up_within_noise, failed_trials, executor, device, workload, version, git_commit}
+// speedup_over_workload_config, speedup_significant, speedup_interval, speedup_note, global_batches,
+// search, race, runners_up_within_noise, failed_trials, executor, device, workload, version, git_commit}
 // (chosen is null, with a note, when nothing ran). With --ranks N: chosen also holds ranks and
 // per_rank_batch (its global_batch is every rank's together), the document `ranks`, and with --predict
 // `prediction` (distributed.h). `autotune --compare` writes
@@ -66,7 +66,17 @@ struct TuneOutput {
   // `ranks` (global batch, DeepSpeed's train_batch_size, Lightning's devices).
   int64_t ranks = 1;
   nlohmann::json prediction;  // autotune --predict (distributed.h), or null
+  // The global batches searched (one rank's share with --ranks) and where they came from, and the
+  // workload's own global batch.
+  GlobalBatchPlan global_batches;
+  int64_t workload_global_batch = 0;
 };
+
+// "searching global batches 4, 8 and 16 (the workload's global_range [4, 16]; ...)": said before the search.
+std::string searched_batches_text(const GlobalBatchPlan& plan, int64_t ranks);
+// The global batches searched, the best samples/s the search measured at each, which one the choice
+// has and why, and that a larger global batch is not free for convergence (--batch pins one).
+std::string global_batch_note(const TuneOutput& out);
 
 nlohmann::json to_json(const TuneOutput& out);
 std::string emit(const TuneOutput& out, OutFormat format);

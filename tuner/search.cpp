@@ -808,6 +808,54 @@ std::vector<int64_t> divisors(int64_t global, int64_t max_micro) {
   return out;
 }
 
+namespace {
+// lo, 2 lo, 4 lo ... up to hi, and hi itself.
+std::vector<int64_t> doubling(int64_t lo, int64_t hi) {
+  std::vector<int64_t> out;
+  for (int64_t g = lo; g <= hi; g *= 2) out.push_back(g);
+  if (out.empty() || out.back() != hi) out.push_back(hi);
+  return out;
+}
+}  // namespace
+
+GlobalBatchPlan plan_global_batches(int64_t own, BatchRange workload_range, int64_t pinned, BatchRange option) {
+  GlobalBatchPlan plan;
+  if (pinned > 0) {
+    plan.batches = {pinned};
+    plan.source = "--batch " + std::to_string(pinned);
+    plan.pinned = true;
+  } else if (option.given()) {
+    plan.batches = doubling(option.lo, option.hi);
+    plan.source = "--batch-range " + std::to_string(option.lo) + ":" + std::to_string(option.hi);
+  } else if (workload_range.given()) {
+    plan.batches = doubling(workload_range.lo, workload_range.hi);
+    if (own >= workload_range.lo && own <= workload_range.hi) plan.batches.push_back(own);
+    plan.source = "the workload's global_range [" + std::to_string(workload_range.lo) + ", " +
+                  std::to_string(workload_range.hi) + "]";
+  } else {
+    plan.batches = {own};
+    plan.source = "the workload's global batch (it declares no global_range)";
+  }
+  std::sort(plan.batches.begin(), plan.batches.end());
+  plan.batches.erase(std::unique(plan.batches.begin(), plan.batches.end()), plan.batches.end());
+  return plan;
+}
+
+std::vector<GlobalBatchResult> per_global_batch(const std::vector<Ranked>& trials, const std::vector<int64_t>& batches) {
+  std::vector<GlobalBatchResult> out;
+  for (int64_t g : batches) {
+    GlobalBatchResult r;
+    r.global_batch = g;
+    for (const auto& t : trials)
+      if (t.candidate.global_batch == g && t.result.ok()) {
+        ++r.ok_trials;
+        r.best_samples_per_s = std::max(r.best_samples_per_s, t.result.samples_per_s);
+      }
+    out.push_back(r);
+  }
+  return out;
+}
+
 int64_t largest_micro_batch(Executor& executor, const Candidate& base, const std::vector<int64_t>& allowed,
                             SearchOptions& options, std::vector<Ranked>& trials, double& headroom) {
   Session s(executor, options, trials, headroom);

@@ -128,4 +128,30 @@ SearchReport search(Executor& executor, const SearchSpace& space, SearchOptions 
 // Micro-batches that divide `global` (sorted), at most `max_micro`.
 std::vector<int64_t> divisors(int64_t global, int64_t max_micro);
 
+// The global batches a tune searches, and where they come from (the output says both). A larger global
+// batch often runs more samples per second, but it changes the optimisation (fewer steps per epoch, a
+// learning rate tuned for another batch), so the range searched is the one the user declared.
+struct GlobalBatchPlan {
+  std::vector<int64_t> batches;  // ascending
+  std::string source;            // "--batch", "--batch-range 32:256", "the workload's global_range [4, 16]", ...
+  bool pinned = false;           // --batch: one global batch, the user's
+};
+// An inclusive range [lo, hi]; lo == 0: none given.
+struct BatchRange {
+  int64_t lo = 0, hi = 0;
+  bool given() const { return lo > 0; }
+};
+// `pinned` (--batch N, 0: not given) searches N alone; `option` (--batch-range A:B) searches A, 2A, 4A ...
+// and B; otherwise the workload's global_range the same way, with its own global batch `own` added
+// when the range holds it; a workload without a range, `own` alone.
+GlobalBatchPlan plan_global_batches(int64_t own, BatchRange workload_range, int64_t pinned, BatchRange option);
+
+// The search's best samples/s at each global batch it searched (0 and no trials where none ran ok).
+struct GlobalBatchResult {
+  int64_t global_batch = 0;
+  double best_samples_per_s = 0;
+  int64_t ok_trials = 0;
+};
+std::vector<GlobalBatchResult> per_global_batch(const std::vector<Ranked>& trials, const std::vector<int64_t>& batches);
+
 }  // namespace tb::tune

@@ -89,8 +89,13 @@ static bool openblas_core_is_one_of(const std::string& core, std::initializer_li
   return false;
 }
 
+// The notice travels to the restarted process in this variable: it is said there, once, when the
+// run measures (take_blas_kernel_notice), not on --help or a usage error.
+static const char* const kBlasNoticeVariable = "TRAINBENCH_BLAS_KERNEL_NOTICE";
+static std::string blas_notice_here;  // when the restart failed: said by this process
+
 void use_matching_blas_kernels(char** argv, const char* program) {
-  if (std::getenv("OPENBLAS_CORETYPE")) return;  // the user's choice stands
+  if (std::getenv("OPENBLAS_CORETYPE")) return;  // the user's choice stands (or the restart made it)
   const std::string core = openblas_get_corename();
   const char* better = nullptr;
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
@@ -100,14 +105,39 @@ void use_matching_blas_kernels(char** argv, const char* program) {
       better = "Haswell";
   }
   if (!better) return;
-  std::fprintf(stderr,
-               "%s: OpenBLAS chose its %s kernels on a CPU with %s; restarting with OPENBLAS_CORETYPE=%s "
-               "(set OPENBLAS_CORETYPE yourself to choose)\n",
-               program, core.c_str(), std::string(better) == "SkylakeX" ? "AVX-512" : "AVX2 and FMA", better);
+  const std::string notice = std::string(program) + ": OpenBLAS chose its " + core + " kernels on a CPU with " +
+                             (std::string(better) == "SkylakeX" ? "AVX-512" : "AVX2 and FMA") +
+                             "; restarted with OPENBLAS_CORETYPE=" + better + " (set OPENBLAS_CORETYPE yourself to choose)";
+  setenv(kBlasNoticeVariable, notice.c_str(), 1);
   setenv("OPENBLAS_CORETYPE", better, 1);
   execv("/proc/self/exe", argv);
-  std::fprintf(stderr, "%s: could not restart (%s); going on with OpenBLAS's %s kernels\n", program,
-               std::strerror(errno), core.c_str());
+  unsetenv(kBlasNoticeVariable);
+  unsetenv("OPENBLAS_CORETYPE");
+  blas_notice_here = std::string(program) + ": could not restart with OPENBLAS_CORETYPE=" + better + " (" +
+                     std::strerror(errno) + "); going on with OpenBLAS's " + core + " kernels";
+}
+
+std::string take_blas_kernel_notice() {
+  std::string notice = blas_notice_here;
+  blas_notice_here.clear();
+  if (const char* text = std::getenv(kBlasNoticeVariable); text && *text) {
+    notice = text;
+    unsetenv(kBlasNoticeVariable);  // once: the run's children (trials, PyTorch peers) do not repeat it
+  }
+  return notice;
+}
+
+std::string describe_cuda_init_failure(const std::string& error_name, const std::string& error_text,
+                                       bool driver_library_loads) {
+  if (!driver_library_loads && (error_name == "cudaErrorInsufficientDriver" || error_name == "cudaErrorNoDevice"))
+    return "no NVIDIA driver or GPU found (the driver's libcuda.so.1 is not on this machine)";
+  if (error_name == "cudaErrorNoDevice")
+    return "no NVIDIA GPU found (the driver is installed but reports no device; check nvidia-smi and "
+           "CUDA_VISIBLE_DEVICES)";
+  if (error_name == "cudaErrorInsufficientDriver")
+    return "the NVIDIA driver is older than this build's CUDA runtime needs (cudaErrorInsufficientDriver): update "
+           "the driver, or build with an older CUDA toolkit";
+  return "no usable CUDA device: " + error_name + " (" + error_text + ")";
 }
 
 std::string host_memory_reason(double bytes) {

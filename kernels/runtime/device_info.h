@@ -48,9 +48,13 @@ HostInfo host_info();
 // ("Prescott") on CPUs it does not recognise, such as many virtual machines, even when they have
 // AVX-512: its GEMM is then several times slower than the machine. When that happened and the user
 // has not set OPENBLAS_CORETYPE, this re-executes the program once with the core type that matches
-// the CPU's instruction set (SkylakeX for AVX-512, Haswell for AVX2+FMA), saying so on stderr.
-// Returns only when no restart is needed.
+// the CPU's instruction set (SkylakeX for AVX-512, Haswell for AVX2+FMA). It says nothing itself:
+// the notice is kept for take_blas_kernel_notice, so that --help and usage errors stay quiet.
+// Returns only when no restart is needed (or it failed).
 void use_matching_blas_kernels(char** argv, const char* program);
+// The notice of the restart above ("benchsuite: OpenBLAS chose its Prescott kernels ...; restarted
+// with OPENBLAS_CORETYPE=SkylakeX ..."), once, for a run that measures to print; "" when there was none.
+std::string take_blas_kernel_notice();
 // Why an allocation of `bytes` should not be tried here ("needs 40960 MiB of host memory, 23000 MiB
 // free"), or "" when it fits: a run that would swap or be killed is reported instead.
 std::string host_memory_reason(double bytes);
@@ -62,6 +66,11 @@ std::string device_memory_reason(double bytes);
 std::string capability_reason(const std::string& capability, int major, int minor, const std::string& what);
 // The same for the first CUDA device; "" when there is no device.
 std::string device_capability_reason(int major, int minor, const std::string& what);
+// Why CUDA cannot be used, from the error the runtime's first call returned (its name and text) and
+// whether the driver's library (libcuda.so.1) could be loaded: without the library the runtime says
+// cudaErrorInsufficientDriver, which reads as "update your driver" when there is no driver at all.
+std::string describe_cuda_init_failure(const std::string& error_name, const std::string& error_text,
+                                       bool driver_library_loads);
 // Probed once: a binary built with CUDA on a machine without a GPU or driver gets a reason here.
 const CudaStatus& cuda_status();
 // Makes device `index` current for this thread; throws UsageError when it does not exist.

@@ -1,5 +1,7 @@
 // Device discovery for the CUDA build. A missing GPU or driver is a reason, not an error: the
 // binary carries on with the CPU backend.
+#include <dlfcn.h>
+
 #include <cstdio>
 #include <string>
 
@@ -26,6 +28,15 @@ static std::string format_uuid(const cudaUUID_t& uuid) {
   return out;
 }
 
+// Whether the NVIDIA driver's library is on this machine: what tells "no driver at all" from "a driver
+// too old" when the runtime says cudaErrorInsufficientDriver for both.
+static bool driver_library_loads() {
+  void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!handle) return false;
+  dlclose(handle);
+  return true;
+}
+
 static CudaStatus probe() {
   CudaStatus status;
   status.built = true;
@@ -33,8 +44,8 @@ static CudaStatus probe() {
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
     status.unavailable_reason = err != cudaSuccess
-                                    ? std::string("no usable CUDA device: ") + cudaGetErrorName(err) + " (" +
-                                          cudaGetErrorString(err) + ")"
+                                    ? describe_cuda_init_failure(cudaGetErrorName(err), cudaGetErrorString(err),
+                                                                 driver_library_loads())
                                     : "no CUDA device found";
     cudaGetLastError();  // clear the sticky-free error so later calls start clean
     return status;

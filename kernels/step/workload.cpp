@@ -1,9 +1,12 @@
 #include "workload.h"
 
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -253,13 +256,28 @@ std::vector<std::string> preset_names() {
   return names;
 }
 
+// Why a file cannot be read as a workload ("not found", "is a directory", "not readable: Permission
+// denied"), or "" when it can.
+static std::string unreadable_reason(const fs::path& path) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (st.type() == fs::file_type::not_found) return "not found";
+  if (st.type() == fs::file_type::directory) return "is a directory (give a .yaml file)";
+  if (ec) return ec.message();
+  if (::access(path.c_str(), R_OK) != 0) return std::string("not readable: ") + std::strerror(errno);
+  return "";
+}
+
 Workload load_workload(const std::string& name_or_path) {
   fs::path path = name_or_path;
   const bool looks_like_path = name_or_path.find('/') != std::string::npos || path.extension() == ".yaml";
   if (!looks_like_path) path = fs::path(workloads_dir()) / (name_or_path + ".yaml");
+  if (looks_like_path)
+    if (const std::string why = unreadable_reason(path); !why.empty())
+      throw UsageError("cannot read workload file " + path.string() + ": " + why);
   std::ifstream in(path);
   if (!in) {
-    if (looks_like_path) throw UsageError("cannot read workload file " + path.string());
+    if (looks_like_path) throw UsageError("cannot read workload file " + path.string() + ": " + std::strerror(errno));
     std::string all;
     for (const auto& n : preset_names()) all += (all.empty() ? "" : ", ") + n;
     throw UsageError("no workload preset '" + name_or_path + "' (presets: " + all + "; or give a .yaml file)");

@@ -150,8 +150,13 @@ def _history_analysis(directory: str, new, settings, allow_mismatch: bool):
 
 COMPARE_EPILOG = """\
 BASELINE is a result file (two-run comparison) or a history folder results/<machine-key>/ (the new run
-against the runs stored before it, with change points). Verdicts per benchmark: SAME, FASTER, SLOWER,
-INCONCLUSIVE; rows that did not pass are shown, never compared.
+against the runs stored before it, with change points); NEW is always a result file. Verdicts per
+benchmark: SAME, FASTER, SLOWER, INCONCLUSIVE; rows that did not pass are shown, never compared.
+
+Two single result files cannot separate a change from the machine's run-to-run drift: a slowdown between
+them is SLOWER? (unconfirmed) and exits 0 (1 with --fail-on-unconfirmed). What can confirm it: --interleave
+(both builds run alternately here), or a history (BASELINE a folder; scripts/nightly --confirm-with runs a
+regression the history holds again, interleaved with the previous build).
 
 --interleave: BASELINE and NEW are two benchsuite binaries, run alternately on this machine (ABBA: round
 r runs the baseline first when r is even, the new build first when odd), each run with the arguments
@@ -165,8 +170,9 @@ examples:
   scripts/compare --interleave base/build/benches/benchsuite build/benches/benchsuite --rounds 4 \\
       -- --backend cpu --filter 'peak|adamw' --quick
 
-exit codes: 0 no confirmed regression, 1 confirmed regression (--interleave: a SLOWER verdict), 2 bad
-usage or unreadable input (--interleave: also a benchsuite run that failed)
+exit codes: 0 no confirmed regression (two files: also a SLOWER?), 1 confirmed regression (--interleave: a
+SLOWER verdict; a history: a slowdown that persisted; two files: a SLOWER? with --fail-on-unconfirmed),
+2 bad usage or unreadable input (--interleave: also a benchsuite run that failed)
 """
 
 
@@ -196,6 +202,8 @@ def compare_main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--markdown", metavar="FILE", help="also write the markdown (pull-request comment) to FILE")
     p.add_argument("--allow-machine-mismatch", action="store_true",
                    help="compare runs of different machines (shown, never a confirmed regression)")
+    p.add_argument("--fail-on-unconfirmed", action="store_true",
+                   help="two result files: exit 1 on a SLOWER? too (a slowdown two single runs cannot confirm)")
     _add_analysis_args(p)
     args = p.parse_args(argv)
     try:
@@ -204,11 +212,17 @@ def compare_main(argv: Optional[List[str]] = None) -> int:
             return _compare_interleaved(args, settings, extra)
         if extra:
             raise UsageError("benchsuite arguments after -- need --interleave")
+        if os.path.isdir(args.new):
+            swapped = (f"; the history goes first: compare {args.new} {args.baseline}"
+                       if not os.path.isdir(args.baseline) else "")
+            raise UsageError(f"NEW ({args.new}) is a folder: NEW takes one result file; a history folder "
+                             f"results/<machine-key>/ is BASELINE, the first argument{swapped}")
         new = load_run(args.new)
         if os.path.isdir(args.baseline):
             a = _history_analysis(args.baseline, new, settings, args.allow_machine_mismatch)
         else:
             a = _tracking()[0].compare_files(load_run(args.baseline), new, settings, args.allow_machine_mismatch)
+            a.fail_on_unconfirmed = args.fail_on_unconfirmed
         _unknown_stages(a)
         _emit(a, args.format, args.markdown)
     except (ResultFileError, UsageError) as e:

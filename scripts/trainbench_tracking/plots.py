@@ -30,6 +30,56 @@ def _unit(values) -> tuple:
     return "ns", 1.0
 
 
+TITLE_WIDTH = 48   # characters of a plot title's line at its font size
+TITLE_LINES = 3
+
+
+def _shorten_middle(text: str, width: int) -> str:
+    if len(text) <= width:
+        return text
+    keep = width - 3
+    return text[:(keep + 1) // 2] + "..." + text[len(text) - keep // 2:]
+
+
+def plot_title(key: str, width: int = TITLE_WIDTH, max_lines: int = TITLE_LINES) -> List[str]:
+    """A benchmark name as a plot title's lines: stage/backend/variant on the first (the variant is what
+    tells the plots of a stage apart), the problem wrapped at its commas, and, where it is still too long,
+    shortened in the middle, never from the left."""
+    parts = key.split("/", 3)
+    if len(parts) == 4:
+        head, problem = "/".join(parts[:3]), parts[3]
+    else:
+        head, problem = key, ""
+    lines = [_shorten_middle(head, width)]
+    current = ""
+    for item in problem.split(",") if problem else []:
+        piece = item if not current else "," + item
+        if current and len(current) + len(piece) > width:
+            lines.append(current + ",")
+            current = item
+        else:
+            current += piece
+    if current:
+        lines.append(current)
+    if len(lines) > max_lines:   # the problem's middle gives way: its first and last lines stay
+        kept = lines[1:max_lines - 1]
+        kept[-1] = kept[-1][:width - 3] + "..."
+        lines = lines[:1] + kept + [lines[-1]]
+    return [_shorten_middle(line, width) for line in lines]
+
+
+def tick_labels(dates) -> List[str]:
+    """The x ticks' labels of runs: the day, and the time as well when two runs share a day (a run index
+    where even that repeats, or a run has no date)."""
+    days = [d.strftime("%m-%d") if d else None for d in dates]
+    same_day = len({d for d in days if d}) < len([d for d in days if d])
+    labels = [(d.strftime("%m-%d\n%H:%M") if same_day else day) if d else str(i)
+              for i, (d, day) in enumerate(zip(dates, days))]
+    if len(set(labels)) < len(labels):
+        labels = [f"{label}\n#{i}" for i, label in enumerate(labels)]
+    return labels
+
+
 def _plot_one(ax, a: Analysis, c: Comparison) -> None:
     pts = [p for p in c.series if p.disposition == "passed"]
     bad = [p for p in c.series if p.disposition not in ("passed", "absent")]
@@ -72,13 +122,13 @@ def _plot_one(ax, a: Analysis, c: Comparison) -> None:
                 zorder=4, label="not passed")
         ax.legend(loc="lower left", fontsize=6, frameon=False)
     verdict = verdict_text(c) + (" - REGRESSION" if c.confirmed else "")
-    key = c.key if len(c.key) <= 48 else "..." + c.key[-45:]
-    ax.set_title(f"{key}\n{verdict}", fontsize=8, color="tab:red" if c.confirmed else "black")
+    ax.set_title("\n".join(plot_title(c.key) + [verdict]), fontsize=8, color="tab:red" if c.confirmed else "black")
     ax.set_ylabel(f"time per call ({unit})", fontsize=7)
     step = max(1, math.ceil(n / 6))
     ticks = list(range(0, n, step))
     ax.set_xticks(ticks)
-    ax.set_xticklabels([a.runs[i].date.strftime("%m-%d") if a.runs[i].date else str(i) for i in ticks], fontsize=6)
+    labels = tick_labels([r.date for r in a.runs])
+    ax.set_xticklabels([labels[i] for i in ticks], fontsize=6)
     ax.tick_params(axis="y", labelsize=6)
     ax.set_xlim(-0.7, n - 0.3)
     ax.grid(alpha=0.3, lw=0.5)
@@ -136,7 +186,7 @@ def _html(a: Analysis, images) -> str:
             f"<td>{e(f'{t.ratio - 1:+.1%}' if t else '-')}</td><td>{e(verdict_text(c))}</td>"
             f"<td>{e(note_text(a, c))}</td></tr>")
     hist = a.runs[:-1]
-    span = f"{len(hist)} earlier runs" + (f", {e(hist[0].label)} .. {e(hist[-1].label)}" if hist else "")
+    span = f"{len(hist)} earlier run{'' if len(hist) == 1 else 's'}" + (f", {e(hist[0].label)} .. {e(hist[-1].label)}" if hist else "")
     figs = "\n".join(f"<h2>{e(stage)}</h2><img src='{e(name)}' alt='{e(stage)} trend'>" for stage, name in images)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>trainbench nightly: {e(a.new.machine_key)}</title>

@@ -31,7 +31,7 @@ def _p(c: Comparison) -> str:
 
 def verdict_text(c: Comparison) -> str:
     if c.status == "compared":
-        return c.verdict
+        return c.verdict + ("?" if c.unconfirmed else "")
     return {"not-passed": "not compared", "disturbed": "disturbed", "new": "new", "missing": "missing"}[c.status]
 
 
@@ -39,6 +39,8 @@ def note_text(a: Analysis, c: Comparison) -> str:
     parts = []
     if c.confirmed:
         parts.append("CONFIRMED REGRESSION")
+    if c.unconfirmed:
+        parts.append("unconfirmed: two single runs")
     if c.start_index is not None and c.verdict in (SLOWER, FASTER):
         parts.append(f"since {a.runs[c.start_index].label}")
     if c.status == "not-passed":
@@ -61,6 +63,9 @@ def summary_title(a: Analysis) -> str:
     n = len(a.regressions)
     if n:
         return f"{n} confirmed regression{'s' if n > 1 else ''}"
+    u = len(a.unconfirmed)
+    if u:
+        return f"no confirmed regression; {u} SLOWER? (unconfirmed)"
     return "no confirmed regression"
 
 
@@ -155,7 +160,8 @@ def to_json(a: Analysis) -> str:
         return {
             "benchmark": c.key, "stage": c.stage, "backend": c.backend, "status": c.status,
             "disposition": c.disposition, "reason": c.reason, "verdict": c.verdict,
-            "confirmed_regression": c.confirmed, "environment": c.environment or None,
+            "confirmed_regression": c.confirmed, "unconfirmed_slower": c.unconfirmed,
+            "environment": c.environment or None,
             "threshold": c.threshold,
             "ratio": t.ratio if t else None,
             "p_value": t.p_value if t and math.isfinite(t.p_value) else None,
@@ -170,6 +176,7 @@ def to_json(a: Analysis) -> str:
         }
     doc = {"mode": a.mode, "machine_key": a.new.machine_key, "new_run": a.new.path,
            "baseline_runs": [r.path for r in a.runs[:-1]], "confirmed_regressions": len(a.regressions),
+           "unconfirmed_slower": len(a.unconfirmed),
            "exit_code": a.exit_code, "warnings": a.warnings,
            "comparisons": [comp(c) for c in a.comparisons]}
     if a.mode == "interleaved":

@@ -84,6 +84,9 @@ class Comparison:
     verdict: Optional[str] = None       # SAME FASTER SLOWER INCONCLUSIVE, when status is compared
     test: Optional[SampleTest] = None
     confirmed: bool = False
+    # SLOWER between two single runs: a change or the machine's run-to-run drift, which two runs cannot
+    # tell apart; an interleaved run or a history can (shown as SLOWER?, not a failure by default)
+    unconfirmed: bool = False
     environment: str = ""               # why a slowdown is the environment (clock), not the code
     start_index: Optional[int] = None   # run where the current shift began
     change_points: List[Tuple[int, ChangePoint]] = field(default_factory=list)   # (run index, cp)
@@ -106,14 +109,19 @@ class Analysis:
     warnings: List[str] = field(default_factory=list)
     rounds: int = 0                     # interleaved: rounds run (ABBA)
     builds: Tuple[str, str] = ("", "")  # interleaved: the OLD and NEW benchsuite binaries
+    fail_on_unconfirmed: bool = False   # compare --fail-on-unconfirmed: a SLOWER? fails too
 
     @property
     def regressions(self) -> List[Comparison]:
         return [c for c in self.comparisons if c.confirmed]
 
     @property
+    def unconfirmed(self) -> List[Comparison]:
+        return [c for c in self.comparisons if c.unconfirmed]
+
+    @property
     def exit_code(self) -> int:
-        return 1 if self.regressions else 0
+        return 1 if self.regressions or (self.fail_on_unconfirmed and self.unconfirmed) else 0
 
 
 def _series_point(i: int, row: Optional[Row]) -> Point:
@@ -207,6 +215,12 @@ def _matches(settings: Settings, key: str) -> bool:
     return settings.filter is None or re.search(settings.filter, key) is not None
 
 
+HOW_TO_CONFIRM = ("to confirm a SLOWER?: scripts/compare --interleave OLD_BENCHSUITE NEW_BENCHSUITE -- "
+                  "BENCHSUITE_ARGS runs both builds alternately on this machine and exits 1 on a SLOWER it "
+                  "holds; or store the runs in a history (scripts/nightly) and judge them there with "
+                  "scripts/nightly --confirm-with OLD_BENCHSUITE")
+
+
 def compare_files(base: Run, new: Run, settings: Settings, allow_machine_mismatch: bool = False) -> Analysis:
     warnings = []
     mismatch = base.machine_key != new.machine_key
@@ -245,7 +259,7 @@ def compare_files(base: Run, new: Run, settings: Settings, allow_machine_mismatc
             c.bench, c.bench_baseline = bench, [0]
             if c.verdict == SLOWER:
                 c.environment = bench.environment(1, [0])
-                c.confirmed = not c.environment and not mismatch
+                c.unconfirmed = not c.environment and not mismatch   # never confirmed by two runs
             if c.test.reason:
                 c.notes.append(c.test.reason)
         if nr is not None:
@@ -255,8 +269,10 @@ def compare_files(base: Run, new: Run, settings: Settings, allow_machine_mismatc
     if any(c.status == "compared" for c in out):
         warnings.append("two single runs cannot separate a change from the machine's run-to-run drift "
                         "(on a shared machine 10-20%); the verdicts above allow for a drift of the whole run, "
-                        "not for one that hits some stages only: scripts/compare --interleave OLD NEW runs "
-                        "both builds alternately and can")
+                        "not for one that hits some stages only, so a SLOWER here is unconfirmed (SLOWER?): "
+                        "scripts/compare --interleave OLD NEW runs both builds alternately and can tell")
+    if any(c.unconfirmed for c in out):
+        warnings.append(HOW_TO_CONFIRM)
     return Analysis("files", new, [base, new], out, settings, warnings)
 
 
@@ -396,6 +412,6 @@ def _judge_run_drift(comparisons: List[Comparison], settings: Settings) -> None:
             continue
         c.environment = seen
         c.notes = [n for n in c.notes if not n.startswith("not confirmed yet")]
-        c.verdict, c.confirmed = (SAME if again.verdict == SAME else INCONCLUSIVE), False
+        c.verdict, c.confirmed, c.unconfirmed = (SAME if again.verdict == SAME else INCONCLUSIVE), False, False
         c.notes.append(f"{c.test.ratio - 1:+.1%} while {seen}: {c.verdict} once that is allowed for; a change that "
                        "slows every stage alike looks the same (compare --interleave tells them apart)")

@@ -73,7 +73,7 @@ def test_two_files_allow_for_a_drift_of_the_whole_run_and_say_what_they_cannot_t
                and "--interleave" in w for w in a.warnings)
     real = scaled(drifted, 1.3, ["adamw"])
     a = compare_files(parse_run(base, "a.json"), parse_run(real, "c.json"), Settings())
-    assert {c.key for c in a.regressions} == {FUSED, PER_TENSOR}
+    assert {c.key for c in a.unconfirmed} == {FUSED, PER_TENSOR} and not a.regressions
 
 
 def test_drift_is_not_estimated_from_too_few_other_stages():
@@ -81,7 +81,7 @@ def test_drift_is_not_estimated_from_too_few_other_stages():
     only_adamw = {"benchmarks": [r for r in base["benchmarks"] if r["stage"] == "adamw"]}
     doc = dict(base, **only_adamw)
     a = compare_files(parse_run(doc, "a.json"), parse_run(scaled(doc, 1.2), "b.json"), Settings())
-    assert [c.verdict for c in a.comparisons] == [SLOWER, SLOWER] and a.exit_code == 1
+    assert [c.verdict for c in a.comparisons] == [SLOWER, SLOWER] and len(a.unconfirmed) == 2 and a.exit_code == 0
 
 
 def disturbed(doc, names, share=0.62):

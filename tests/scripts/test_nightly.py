@@ -193,6 +193,44 @@ def test_report_draws_a_history(cli, tmp_path):
     assert rc == 2 and "no readable result files" in err
 
 
+def test_report_plot_titles_keep_the_variant_and_fit():
+    from trainbench_tracking.plots import TITLE_WIDTH, plot_title
+    key = "adamw/cpu/per_tensor/params=29900000,tensors=200,dtype=fp32"
+    lines = plot_title(key)
+    assert lines[0] == "adamw/cpu/per_tensor"          # cut from the left before: "...tensor/params=..."
+    assert "".join(lines[1:]) == "params=29900000,tensors=200,dtype=fp32"
+    assert all(len(line) <= TITLE_WIDTH for line in lines)
+    long_key = "collate/cpu/prefetch/" + ",".join(f"axis{i}=value{i}" for i in range(20))
+    lines = plot_title(long_key)
+    assert lines[0] == "collate/cpu/prefetch" and len(lines) <= 3
+    assert all(len(line) <= TITLE_WIDTH for line in lines)
+    assert lines[1].startswith("axis0=value0") and lines[-1].endswith("axis19=value19")   # the middle gives way
+    assert any("..." in line for line in lines[1:])
+
+
+def test_report_ticks_tell_two_runs_of_one_day_apart():
+    import datetime as dt
+    from trainbench_tracking.plots import tick_labels
+    utc = dt.timezone.utc
+    days = [dt.datetime(2026, 11, 25, 3, 0, tzinfo=utc), dt.datetime(2026, 11, 26, 3, 0, tzinfo=utc)]
+    assert tick_labels(days) == ["11-25", "11-26"]
+    same_day = days + [dt.datetime(2026, 11, 26, 14, 30, tzinfo=utc)]
+    labels = tick_labels(same_day)
+    assert len(set(labels)) == 3 and labels[2] == "11-26\n14:30"
+    twice = [days[0], days[0]]
+    assert len(set(tick_labels(twice))) == 2
+    assert tick_labels([None, days[0]])[0] == "0"
+
+
+def test_report_says_one_earlier_run_in_the_singular(cli, tmp_path):
+    folder = tmp_path / synth.GPU_KEY
+    synth.history(str(folder), 2, seed=3, backend="cuda")
+    rc, _, err = cli("report", folder, "--out", tmp_path / "rep")
+    assert rc == 0, err
+    page = (tmp_path / "rep" / "index.html").read_text()
+    assert "1 earlier run," in page and "1 earlier runs" not in page
+
+
 def _kept_file(error_line):
     m = re.search(r"kept at (\S+) \(not stored in the history", error_line)
     return m.group(1) if m else None

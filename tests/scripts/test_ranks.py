@@ -48,7 +48,9 @@ def test_allreduce_stage_on_two_ranks_reports_bus_bandwidth(tmp_path):
 
 
 def tune(*args, timeout=600):
-    run = subprocess.run([AUTOTUNE, "--workload", "tiny", "--gpu", "cpu", "--format", "json", "--race-rounds", "0", *args],
+    # tiny's own global batch (16), pinned: these tests are about the ranks, not its global_range
+    run = subprocess.run([AUTOTUNE, "--workload", "tiny", "--gpu", "cpu", "--batch", "16", "--format", "json",
+                          "--race-rounds", "0", *args],
                          env=env(), capture_output=True, text=True, timeout=timeout)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout)["trainbench_autotune"], run.stderr
