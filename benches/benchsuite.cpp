@@ -1,6 +1,7 @@
 // benchsuite: run the stage benchmarks and print what they measured, with % of this machine's
 // measured peaks and the declared pairs' ratios. Exit codes: 0 done, 1 a variant was incorrect or a
-// benchmark failed, 2 bad usage, 130 interrupted (what was measured is still written).
+// benchmark failed, 2 bad usage, 130 interrupted by Ctrl-C (SIGINT), 143 by SIGTERM (what was measured
+// is still written).
 #include <benchmark/benchmark.h>
 
 #include <CLI/CLI.hpp>
@@ -304,9 +305,10 @@ int run(int argc, char** argv) {
 
   if (with_torch && !list) tb::require_torch();  // before anything is measured
   const auto entries = tb::select_entries(registry, settings);
-  // Ctrl-C, or a job's time limit (SIGTERM): finish the row in hand and write what was measured.
-  std::signal(SIGINT, [](int) { tb::request_stop(); });
-  std::signal(SIGTERM, [](int) { tb::request_stop(); });
+  // Ctrl-C, or a job's time limit (SIGTERM): the row in hand stops after the call it is in, and what
+  // was measured is written. (A repeated signal changes nothing: `timeout` sends its SIGTERM twice.)
+  std::signal(SIGINT, [](int signal) { tb::request_stop(signal); });
+  std::signal(SIGTERM, [](int signal) { tb::request_stop(signal); });
   std::ostream quiet(nullptr);  // the other ranks' progress: rank 0 says it
   if (leader) {
     if (const std::string notice = tb::take_blas_kernel_notice(); !notice.empty()) std::cerr << notice << std::endl;
@@ -315,7 +317,7 @@ int run(int argc, char** argv) {
     if (any_to_time) std::cerr << "benchsuite: " << tb::expected_time_text(entries, settings) << std::endl;
   }
   tb::Results results = tb::run_entries(registry, entries, settings, leader ? std::cerr : quiet);
-  if (!leader) return tb::stop_requested() ? 130 : tb::exit_code_for(results);  // verdicts are agreed
+  if (!leader) return tb::stop_requested() ? 128 + tb::stop_signal() : tb::exit_code_for(results);  // verdicts are agreed
   std::string torch_error;
   bool torch_usage_error = false;
   if (with_torch && !tb::stop_requested()) {
@@ -331,6 +333,7 @@ int run(int argc, char** argv) {
     torch.filter = settings.filter;
     torch.repetitions = settings.repetitions;
     torch.min_time_s = settings.min_time_s;
+    torch.stop = &tb::stop_requested;
     torch.out_path = (fs::temp_directory_path() / ("trainbench-torch-" + std::to_string(::getpid()) + ".json")).string();
     // The problems this run selected (--axis and --quick applied) as the script's listing, so that the
     // PyTorch rows measure exactly those; the filter is the script's to apply to its own rows' names.
@@ -363,7 +366,7 @@ int run(int argc, char** argv) {
   std::cout << tb::render(results, stdout_format) << key << std::flush;
   if (tb::stop_requested()) {
     std::cerr << "benchsuite: interrupted; the results above are what was measured before" << std::endl;
-    return 130;
+    return 128 + tb::stop_signal();
   }
   if (!torch_error.empty()) {  // the native rows above are kept
     std::cerr << "benchsuite: the PyTorch rows are missing: " << torch_error << std::endl;

@@ -29,9 +29,17 @@
 
 namespace tb {
 
-static volatile std::sig_atomic_t stop_flag = 0;
-void request_stop() { stop_flag = 1; }
+static volatile std::sig_atomic_t stop_flag = 0;  // the signal that asked, 0: none
+void request_stop(int signal) {
+  if (!stop_flag) stop_flag = signal > 0 ? signal : SIGINT;  // the first one says how it ended
+}
 bool stop_requested() { return stop_flag != 0; }
+int stop_signal() { return stop_flag; }
+void clear_stop_request() { stop_flag = 0; }
+
+static std::string signal_name(int signal) {
+  return signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "signal " + std::to_string(signal);
+}
 
 // ---- selection ---------------------------------------------------------------------------------
 
@@ -152,6 +160,13 @@ std::string describe_bad_alloc(const Entry& e) {
   return "out of memory while setting up " + e.name + " (try a smaller --axis value)";
 }
 
+// The message of a repetition a stop request ended or left out (not an error of the row).
+constexpr const char* kInterrupted = "interrupted";
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 class Runner {
  public:
   Runner(const std::vector<Entry>& entries, const Settings& settings, std::ostream& progress)
@@ -213,6 +228,13 @@ class Runner {
     std::size_t index = 0;
     std::unique_ptr<BackendSession> session;
     std::unique_ptr<Instance> instance;
+    // A stop request ended this row: the calls and seconds of the repetition it cut short (its last
+    // sample, when it got to a call). The repetitions taken whole, and when the progress line last spoke.
+    bool interrupted = false;
+    int64_t partial_calls = 0;
+    double partial_seconds = 0;
+    int samples_taken = 0;
+    std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now(), said_at = started;
     std::unique_ptr<SampleTimer> agreed;  // a collective's timer under mpirun (AgreedTimer)
     SampleTimer& timer() { return agreed ? *agreed : session->timer(); }
     std::string gpu_uuid;   // CUDA rows: the device NVML is asked about
@@ -237,6 +259,10 @@ class Runner {
         Row& row = runner_.rows_[it->second];
         if (run.report_label == kCutShort) continue;  // --max-time: the samples taken stand
         if (run.error_occurred) {
+          if (run.error_message == kInterrupted) {  // the repetition a stop request cut short, those it left out
+            runner_.note_interrupted(it->second);
+            continue;
+          }
           if (row.disposition == "pending" || row.disposition == "passed") {
             row.disposition = "failed";
             row.reason = run.error_message;
@@ -303,7 +329,10 @@ class Runner {
     }
     seen = agreed(i, disturbed_part(gpu, live_->measuring_from, end));
     if (seen <= limit) return;  // clean, or unknown (-1)
-    if (cut_.count(i)) {  // --max-time is spent: the samples are not taken again, the row says it was disturbed
+    // No time to take them again: --max-time is spent, or a stop was asked for (not in a collective's
+    // row under mpirun, as in prepare). The samples stand, and the row says it was disturbed.
+    const bool hear_stop = !live_->agreed;
+    if ((hear_stop && stop_requested()) || cut_.count(i)) {
       row.disturbed = true;
       return;
     }
@@ -315,7 +344,14 @@ class Runner {
       for (int attempt = 0; attempt < defaults::disturbed_retakes; ++attempt) {
         const Live::Mark before = mark(gpu);
         double seconds = 0;
-        for (int64_t k = 0; k < calls; ++k) seconds += time_sample(timer, [&] { live_->instance->run(); }, row.batch, flusher);
+        int64_t k = 0;
+        for (; k < calls && !(hear_stop && stop_requested()); ++k)
+          seconds += time_sample(timer, [&] { live_->instance->run(); }, row.batch, flusher);
+        if (k < calls) {  // a stop request: this sample and those not yet taken again stand, marked
+          row.disturbed = true;
+          worst_kept = std::max(worst_kept, seen);
+          break;
+        }
         const Live::Mark after = mark(gpu);
         if (gpu) note_clock(row, after.gpu);
         const double share = agreed(i, disturbed_part(gpu, before, after));
@@ -396,10 +432,13 @@ class Runner {
       if (r.bound == "compute" && r.flops > 0) progress_ << "  " << std::setprecision(3) << r.flops / s.median * 1e-3 << " TFLOP/s";
       if (s.noisy) progress_ << "  (noisy)";
       if (r.disturbed)
-        progress_ << "  (disturbed: " << disturbance_text(r) << " after " << r.retaken << " retakes)";
+        progress_ << "  (disturbed: " << disturbance_text(r)
+                  << (!r.interrupted.empty() && r.retaken == 0 ? ", not taken again: interrupted)"
+                                                               : " after " + std::to_string(r.retaken) + " retakes)");
       else if (r.retaken)
         progress_ << "  (" << r.retaken << " samples taken again: "
                   << (r.throttled_share >= 0 ? "the GPU throttled" : "other processes held the CPUs") << ")";
+      if (!r.interrupted.empty()) progress_ << "  (interrupted: " << r.interrupted << ")";
       for (const auto& [key, value] : r.counters) progress_ << "  " << key << "=" << counter_text(value);
       if (!r.cut_short.empty()) progress_ << "  (cut short: " << r.cut_short << ")";
     } else {
@@ -420,8 +459,13 @@ class Runner {
     live->session = make_session(e.variant->backend, settings_.cuda_device);
     if (e.variant->collective && comm::launched_ranks() > 1) live->agreed = std::make_unique<comm::AgreedTimer>(live->session->timer());
     live->instance = e.variant->make(e.problem, live->session->context());
+    // (A collective's row under mpirun does not stop halfway: its ranks would hear it at different calls.)
+    auto stopping = [&] { return !live->agreed && stop_requested(); };
+    if (stopping()) return not_timed(row, "before its first call");
     SampleTimer& timer = live->timer();
     const double first_s = time_sample(timer, [&] { live->instance->run(); }, 1);
+    if (stopping()) return not_timed(row, "before its check against the reference");
+    say(i, *live, "first call done; checking it against the reference");
     const Verdict verdict = live->instance->check();
     row.max_error = verdict.max_error;
     if (!verdict.passed) {
@@ -435,6 +479,7 @@ class Runner {
     double call_s = first_s;
     double spent = first_s;
     for (int k = 0; k < defaults::warmup_calls || spent < defaults::warmup_s; ++k) {
+      if (stopping()) return not_timed(row, "during its warm-up (its check passed)");
       call_s = time_sample(timer, [&] { live->instance->run(); }, 1);
       spent += call_s;
       if (k > 1000) break;
@@ -444,10 +489,48 @@ class Runner {
     if (e.variant->backend == Backend::cuda)
       for (const auto& g : cuda_status().devices)
         if (g.index == settings_.cuda_device) live->gpu_uuid = g.uuid;
+    say(i, *live, "warmed up; sample 1/" + std::to_string(settings_.repetitions) + " next");
     live_ = std::move(live);
     live_->measuring_from = mark(e.variant->backend == Backend::cuda);
     live_->measuring_since = std::chrono::steady_clock::now();
     return live_.get();
+  }
+
+  // A stop request before the row's first sample: it has no time.
+  static Live* not_timed(Row& row, const std::string& when) {
+    row.disposition = "unsupported";
+    row.reason = "not timed: interrupted " + when;
+    return nullptr;
+  }
+
+  // A row that takes long says how far it is, at most every Settings::progress_every_s.
+  void say(std::size_t i, Live& live, const std::string& what) {
+    if (seconds_since(live.said_at) < settings_.progress_every_s) return;
+    live.said_at = std::chrono::steady_clock::now();
+    progress_ << "      " << rows_[i].name << "  " << what << " (" << std::fixed << std::setprecision(1)
+              << seconds_since(live.started) << " s in this row)" << std::endl;
+  }
+
+  // A stop request ended the row in hand: the repetition it cut short is its last sample (the calls
+  // made: each is whole), the row says how many samples it has, and with none it has no time.
+  void note_interrupted(std::size_t i) {
+    Row& row = rows_[i];
+    if (!live_ || live_->index != i || !live_->interrupted || row.disposition != "passed") return;
+    if (live_->partial_calls > 0) {
+      row.samples_ns.push_back(live_->partial_seconds / static_cast<double>(live_->partial_calls) * 1e9);
+      live_->partial_calls = 0;
+    }
+    row.interrupted = signal_name(stop_signal()) + " after " + std::to_string(row.samples_ns.size()) + " of " +
+                      std::to_string(settings_.repetitions) + " samples";
+    if (row.samples_ns.empty()) not_timed(row, "before its first sample");
+  }
+
+  // The row in hand stops: the samples it took stand (note_interrupted), its repetitions left end at once.
+  // Called inside the iteration loop: Google Benchmark's statistics over the repetitions need each to
+  // report the iteration count, and one that never entered the loop reports none.
+  static void stop_row(benchmark::State& st, Live& live) {
+    live.interrupted = true;
+    st.SkipWithError(kInterrupted);
   }
 
   void body(benchmark::State& st, std::size_t i) {
@@ -463,9 +546,14 @@ class Runner {
     try {
       Live* live = prepare(i);
       if (!live) {
-        st.SkipWithError(("incorrect: " + row.reason).c_str());
+        st.SkipWithError((row.disposition + ": " + row.reason).c_str());
         return;
       }
+      // A stop request is heard between the calls of a batch and between samples; the repetition it
+      // cuts short keeps the calls it made. (Not in a collective's row under mpirun, as in prepare.)
+      bool (*const stop)() = live->agreed ? nullptr : &stop_requested;
+      if (stop && stop())  // between two repetitions; inside the loop, so that it has its iteration count
+        for (auto _ : st) return stop_row(st, *live);
       // --max-time: once a whole sample is in (the first repetition, which fixes the iteration count
       // the others run), a row past its time stops with the samples it has. Each repetition left runs
       // its iterations empty, labelled kCutShort, and the reporter drops it: Google Benchmark's
@@ -483,12 +571,27 @@ class Runner {
       Instance& instance = *live->instance;
       const int64_t batch = row.batch;
       double measured = 0;
+      int64_t calls = 0;
+      benchmark::IterationCount iterations_done = 0;
       for (auto _ : st) {
-        const double seconds = time_sample(timer, [&] { instance.run(); }, batch, flusher);
+        int64_t made = batch;
+        const double seconds = time_sample(timer, [&] { instance.run(); }, batch, flusher, stop, &made);
         measured += seconds;
+        calls += made;
+        ++iterations_done;
+        if (stop && stop() && (made < batch || iterations_done < st.max_iterations)) {
+          live->partial_calls = calls;
+          live->partial_seconds = measured;
+          return stop_row(st, *live);
+        }
         st.SetIterationTime(seconds);
       }
-      if (measured >= settings_.min_time_s) ++live->whole_samples;
+      if (measured >= settings_.min_time_s) ++live->whole_samples;  // --max-time cuts only after one
+      // Google Benchmark keeps every repetition after the first, and the first once it lasted --min-time.
+      if (live->samples_taken > 0 || measured >= settings_.min_time_s) {
+        ++live->samples_taken;
+        say(i, *live, "sample " + std::to_string(live->samples_taken) + "/" + std::to_string(settings_.repetitions));
+      }
     } catch (const std::bad_alloc&) {
       fail(st, row, describe_bad_alloc(entries_[i]));
     } catch (const std::exception& ex) {
@@ -560,6 +663,7 @@ Results run_entries(const Registry& registry, const std::vector<Entry>& entries,
   Results results;
   results.context = run_context(settings);
   results.rows = Runner(entries, settings, progress).run();
+  if (stop_requested()) results.context["interrupted"] = signal_name(stop_signal());
   finish_results(registry, settings, results);
   return results;
 }

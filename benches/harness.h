@@ -3,6 +3,7 @@
 // the summary, % of the measured peak and the declared pairs' ratios.
 #pragma once
 
+#include <csignal>
 #include <iosfwd>
 #include <optional>
 #include <string>
@@ -32,6 +33,9 @@ struct Settings {
   double disturbed_share = defaults::disturbed_share;
   // CUDA rows: the share of a sample the GPU may spend thermally throttled before it is taken again.
   double throttled_share = defaults::throttled_share;
+  // A row still measuring after this many seconds says how far it is ("sample 3/10"), again each time
+  // as long again has passed; 0: after every sample.
+  double progress_every_s = defaults::progress_every_s;
 };
 
 // One benchmark to run: a variant at one problem.
@@ -79,10 +83,16 @@ std::string table_key(const Results& results, const Settings& settings);
 // The same, in general terms, for --help.
 std::string table_key_help();
 
-// Ctrl-C: the benchmark in flight finishes its sample, the rest are recorded as not run, and the
+// Ctrl-C (SIGINT) or a job's time limit (SIGTERM): the benchmark in flight stops at its next call
+// boundary (a call itself is never cut short), keeps the samples it took, the last one made of the
+// calls its repetition got to, and is marked interrupted; the rest are recorded as not run, and the
 // results measured so far are still written. Safe to call from a signal handler.
-void request_stop();
+void request_stop(int signal = SIGINT);
 bool stop_requested();
+// The signal that asked for the stop, 0 when none did: benchsuite exits 128 + it (130, 143).
+int stop_signal();
+// Forgets a stop request, so that another run can follow a stopped one (tests).
+void clear_stop_request();
 
 // 1 when any variant was incorrect or failed, else 0.
 int exit_code_for(const Results& results);

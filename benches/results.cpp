@@ -58,6 +58,7 @@ static json row_to_json(const Row& r) {
     j["ci_high_ns"] = r.summary.ci_high;
     j["ci_level"] = r.summary.ci_level;
     j["noisy"] = r.summary.noisy;
+    if (!r.interrupted.empty()) j["interrupted"] = r.interrupted;
     j["gb_per_s"] = r.gb_per_s();
     j["tflop_per_s"] = r.tflop_per_s();
     if (r.pct_of_peak) j["pct_of_peak"] = *r.pct_of_peak;
@@ -197,6 +198,7 @@ Results results_from_json(const json& doc) {
       r.summary.ci_high = field<double>(j, "ci_high_ns", where);
       r.summary.ci_level = field<double>(j, "ci_level", where);
       r.summary.noisy = field<bool>(j, "noisy", where);
+      r.interrupted = j.value("interrupted", std::string());
       r.summary.rel_half_width =
           r.summary.median > 0 ? (r.summary.ci_high - r.summary.ci_low) / (2 * r.summary.median) : 0;
       if (j.contains("pct_of_peak")) r.pct_of_peak = j["pct_of_peak"].get<double>();
@@ -302,6 +304,7 @@ std::string counter_text(double v) {
 }
 
 static std::string result_word(const Row& r) {
+  if (r.disposition == "passed" && !r.interrupted.empty()) return "passed (interrupted)";
   if (r.disposition == "passed" && r.disturbed) return "passed (disturbed)";
   if (r.disposition == "passed" && !r.cut_short.empty()) return "passed (cut short)";
   if (r.disposition == "passed") return r.summary.noisy ? "passed (noisy)" : "passed";

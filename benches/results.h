@@ -38,6 +38,9 @@ struct Row {
   // cache: a DRAM peak is no ceiling for it), "above peak" (faster than the measured ceiling: the
   // work model or the peak is wrong), or "" when it has one.
   std::string pct_note;
+  // A stop request (Ctrl-C, SIGTERM) ended its measurement: "SIGTERM after 3 of 10 samples"; empty
+  // when it did not. Its samples are real, only fewer.
+  std::string interrupted;
   // CPU rows: the largest share of all CPUs other processes used during a kept sample (-1: not
   // known), and whether some sample stayed above Settings::disturbed_share after the retakes.
   double others_share = -1;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -25,8 +26,9 @@ namespace {
 
 // Runs argv with its stdout sent to our stderr (stdout is benchsuite's table), and waits for it.
 // Returns its exit code; 127 when it could not be started at all. With quiet, its stderr goes to
-// /dev/null too.
-int run_child(const std::vector<std::string>& argv, bool quiet) {
+// /dev/null too. With `stop`, asked while it runs: once it says true, the child gets SIGINT (once), so
+// that a stop request sent to this process alone ends the child's run too, what it measured written.
+int run_child(const std::vector<std::string>& argv, bool quiet, bool (*stop)() = nullptr) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -43,8 +45,19 @@ int run_child(const std::vector<std::string>& argv, bool quiet) {
   posix_spawn_file_actions_destroy(&actions);
   if (spawned != 0) return 127;
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) return 127;  // Ctrl-C reaches the child too: wait for it to write what it measured
+  bool passed_on = false;
+  for (;;) {
+    const pid_t done = waitpid(pid, &status, stop ? WNOHANG : 0);
+    if (done == pid) break;
+    if (done < 0) {
+      if (errno != EINTR) return 127;  // Ctrl-C reaches the child too: wait for it to write what it measured
+      continue;
+    }
+    if (!passed_on && stop()) {
+      kill(pid, SIGINT);
+      passed_on = true;
+    }
+    usleep(20000);
   }
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
@@ -118,8 +131,8 @@ nlohmann::json run_torch_peers(const TorchRun& run) {
   }
   std::error_code ec;
   fs::remove(run.out_path, ec);
-  const int code = run_child(argv, false);
-  // 0: done; 1: a row incorrect or failed (written); 130: interrupted (what it measured is written).
+  const int code = run_child(argv, false, run.stop);
+  // 0: done; 1: a row incorrect or failed (written); 130, 143: interrupted (what it measured is written).
   if (code == 2) throw UsageError("scripts/torch-peers rejected the run (its message is above)");
   std::ifstream in(run.out_path);
   if (!in) {

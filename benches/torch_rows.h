@@ -23,6 +23,7 @@ struct TorchRun {
   int repetitions = 0;
   double min_time_s = 0;
   std::string out_path;        // where the script writes its trainbench-results/1 document
+  bool (*stop)() = nullptr;    // asked while it runs: a stop request reaches the script as Ctrl-C
 };
 
 // The interpreter that runs the script: $TRAINBENCH_PYTHON, else the virtual environment that

@@ -1,10 +1,13 @@
 // benchsuite as a user runs it: bad input exits 2 with one clear message, a run writes a valid file.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <signal.h>
 
 #include <array>
+#include <chrono>
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -226,6 +229,129 @@ TEST(Cli, QuickRunWritesAValidResultsFile) {
   // The pair has its ratio, or says why not (a row disturbed by other processes on a busy machine).
   EXPECT_EQ(r.pairs.size() + r.withheld_pairs.size(), 1u);
   std::filesystem::remove(path);
+}
+
+// benchsuite (with `args`, and `env` as NAME=VALUE pairs) sent `signal` once its output says `when`;
+// it is expected to stop of itself.
+Outcome stop_benchsuite(const std::vector<std::string>& arguments, const std::vector<std::string>& env,
+                        const std::string& when, int signal) {
+  std::vector<std::string> args{tb::testing::tool_path("benchsuite", BENCHSUITE_PATH)};
+  args.insert(args.end(), arguments.begin(), arguments.end());
+  int fds[2];
+  if (pipe(fds) != 0) return {};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    for (const auto& assignment : env) putenv(const_cast<char*>(assignment.c_str()));
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  Outcome o;
+  bool sent = false;
+  std::array<char, 4096> buf{};
+  // Only a guard against a run that never stops (it would run 100000 repetitions), not a time limit:
+  // 300 s for the first sample, as long again after the stop request.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{fds[0], POLLIN, 0};
+    const int ready = left.count() > 0 ? poll(&p, 1, static_cast<int>(left.count())) : 0;
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) {
+      o.output += sent ? "\n[test: still running 300 s after the stop request; killed]" : "\n[test: no sample in 300 s; killed]";
+      kill(pid, SIGKILL);
+      break;
+    }
+    const ssize_t n = read(fds[0], buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    o.output.append(buf.data(), static_cast<std::size_t>(n));
+    if (!sent && o.output.find(when) != std::string::npos) {
+      kill(pid, signal);
+      sent = true;
+      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+    }
+  }
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  o.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return o;
+}
+
+// Asked to stop (`timeout`'s SIGTERM, Ctrl-C's SIGINT) while a row measures, benchsuite ends that row,
+// writes what it measured and exits 128 + the signal. The row cannot end by itself first: it has
+// 100000 repetitions. The stop is sent once the progress line shows the row's samples coming in.
+TEST(Cli, AStopRequestEndsTheRowInHandWritesWhatWasMeasuredAndExits128PlusTheSignal) {
+  for (const auto& [signal, name] : {std::pair<int, std::string>{SIGTERM, "SIGTERM"}, {SIGINT, "SIGINT"}}) {
+    const auto path = std::filesystem::temp_directory_path() / ("tb_cli_stop_" + std::to_string(::getpid()) + ".json");
+    const Outcome o = stop_benchsuite({"--backend", "cpu", "--quick", "--filter", "^peak/cpu/copy/", "--no-peak-prepass",
+                                       "--repetitions", "100000", "--min-time", "0.01", "--out", path.string()},
+                                      {}, "  sample ", signal);  // a sample taken: "NAME  sample 3/100000"
+    EXPECT_EQ(o.code, 128 + signal) << o.output;
+    EXPECT_NE(o.output.find("benchsuite: interrupted"), std::string::npos) << o.output;
+    std::ifstream in(path);
+    ASSERT_TRUE(in.good()) << "no results file: " << o.output;
+    const nlohmann::json doc = nlohmann::json::parse(in);
+    EXPECT_EQ(doc["context"].value("interrupted", ""), name);
+    const tb::Results r = tb::results_from_json(doc);
+    ASSERT_EQ(r.rows.size(), 1u) << o.output;
+    const tb::Row& row = r.rows[0];
+    EXPECT_EQ(row.disposition, "passed") << o.output;
+    EXPECT_FALSE(row.samples_ns.empty());
+    EXPECT_LT(row.samples_ns.size(), 100000u);
+    EXPECT_EQ(row.interrupted, name + " after " + std::to_string(row.samples_ns.size()) + " of 100000 samples");
+    EXPECT_NE(o.output.find("passed (interrupted)"), std::string::npos) << o.output;
+    std::filesystem::remove(path);
+  }
+}
+
+// A stop request sent to benchsuite alone while scripts/torch-peers runs reaches the script as Ctrl-C:
+// the rows it measured are merged and written, and benchsuite exits 143.
+TEST(Cli, AStopDuringThePyTorchRowsReachesTheScriptAndKeepsItsRows) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("tb_torch_stop_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path python = dir / "python", peers = dir / "torch-peers", out = dir / "stopped.json";
+  std::ofstream(python) << "#!/bin/sh\n[ \"$1\" = -c ] && exit 0\nexec python3 \"$@\"\n";
+  // A stand-in that measures until it is interrupted, then writes the one row it has.
+  std::ofstream(peers) << R"PY(import json, sys, time
+args = sys.argv[1:]
+try:
+    print("stand-in: measuring", flush=True)
+    while True:
+        time.sleep(0.02)
+except KeyboardInterrupt:
+    pass
+row = {"name": "peak/torch/add/n=7", "stage": "peak", "variant": "add", "backend": "torch", "problem": {"n": "7"},
+       "disposition": "passed", "iterations": 1, "samples_ns": [4e6, 4.1e6, 3.9e6], "median_ns": 4e6, "ci_low_ns": 3.9e6,
+       "ci_high_ns": 4.1e6, "ci_level": 0.75, "noisy": False, "bytes": 56}
+with open(args[args.index("--out") + 1], "w") as f:
+    json.dump({"schema": "trainbench-results/1", "context": {}, "benchmarks": [row], "pairs": [], "pairs_withheld": []}, f)
+sys.exit(130)
+)PY";
+  fs::permissions(python, fs::perms::owner_all);
+  const Outcome o = stop_benchsuite({"--backend", "cpu,torch", "--quick", "--filter", "peak/cpu/triad", "--repetitions", "3",
+                                     "--out", out.string()},
+                                    {"TRAINBENCH_PYTHON=" + python.string(), "TRAINBENCH_TORCH_PEERS=" + peers.string()},
+                                    "stand-in: measuring", SIGTERM);
+  EXPECT_EQ(o.code, 143) << o.output;
+  std::ifstream in(out);
+  ASSERT_TRUE(in.good()) << "no results file: " << o.output;
+  const tb::Results r = tb::results_from_json(nlohmann::json::parse(in));
+  std::set<std::string> passed;
+  for (const auto& row : r.rows)
+    if (row.disposition == "passed") passed.insert(row.name.substr(0, row.name.rfind('/')));
+  EXPECT_EQ(passed.count("peak/cpu/triad"), 1u) << o.output;  // measured before the stop
+  EXPECT_EQ(passed.count("peak/torch/add"), 1u) << o.output;   // the script's row, written when it was stopped
+  fs::remove_all(dir);
 }
 
 // Other processes holding the cores while a CPU row is measured: its samples are taken again and,

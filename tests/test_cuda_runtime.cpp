@@ -41,8 +41,9 @@ TEST(CudaStatus, NoDriverIsNotAnOldDriver) {
   const auto& status = cuda_status();
   void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (driver) dlclose(driver);
-  if (status.built && !status.available() && !driver)
+  if (status.built && !status.available() && !driver) {
     EXPECT_NE(status.unavailable_reason.find("no NVIDIA driver or GPU found"), std::string::npos) << status.unavailable_reason;
+  }
 }
 
 TEST(CudaSession, StreamIsOnTheSessionsDevice) {

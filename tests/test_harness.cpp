@@ -7,7 +7,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <csignal>
 #include <sstream>
+#include <thread>
 
 #include "harness.h"
 #include "runtime/cpu_load.h"
@@ -215,6 +218,122 @@ TEST_F(Harness, FilterMatchingOnlyUnavailableVariantsListsThemWithTheReason) {
 }
 
 // The share of the CPUs others used: busy ticks that were not this process's, over all ticks.
+// A stop request (SIGTERM) in the middle of a run, asked for by a slow variant's own call: one call of
+// at least a millisecond, so that its row's calls are countable whatever the machine's speed. The
+// warm-up makes at most about 22 of them (it ends once 20 ms were spent), a row at least one a sample.
+std::atomic<int> sleeper_calls{0};
+int sleeper_stop_at = 0;  // the call that asks for the stop; 0: none
+
+class Sleeper final : public Instance {
+ public:
+  void run() override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (++sleeper_calls == sleeper_stop_at) request_stop(SIGTERM);
+  }
+  Verdict check() override { return Verdict{true, 0, ""}; }
+};
+
+Registry stop_registry() {
+  Registry r;
+  Stage s;
+  s.name = "stoptoy";
+  s.question = s.source = "test";
+  s.axes = {Axis{"n", AxisKind::positive_int, {"2000"}, {}, "", {}}};
+  Variant sleeper = spin_variant("sleeper", 1, true, "");
+  sleeper.make = [](const Problem&, const RunContext&) -> std::unique_ptr<Instance> { return std::make_unique<Sleeper>(); };
+  s.variants = {spin_variant("before", 1, true, ""), sleeper, spin_variant("after", 1, true, "")};
+  r.add(s);
+  return r;
+}
+
+class Stop : public Harness {
+ protected:
+  void SetUp() override {
+    clear_stop_request();
+    sleeper_calls = 0;
+  }
+  void TearDown() override {
+    clear_stop_request();
+    sleeper_stop_at = 0;
+  }
+  Results run_until_stop(int stop_at, std::ostringstream& progress) {
+    Settings settings = quick_settings("stoptoy");
+    settings.repetitions = 100;  // the sleeper's row cannot end before its 40th call
+    settings.min_time_s = 0.005;
+    settings.progress_every_s = 0;  // a progress line after every sample
+    sleeper_stop_at = stop_at;
+    return run_entries(stop_registry(), select_entries(stop_registry(), settings), settings, progress);
+  }
+};
+
+TEST_F(Stop, AStopInARowEndsItAtOnceAndKeepsItsSamplesAndEveryFinishedRow) {
+  std::ostringstream progress;
+  const Results results = run_until_stop(40, progress);  // past the warm-up: while the row measures
+  ASSERT_TRUE(stop_requested());
+  EXPECT_EQ(stop_signal(), SIGTERM);
+  // No call after the one that asked: the stop is heard between calls.
+  EXPECT_EQ(sleeper_calls.load(), 40);
+
+  const Row& before = row(results, "stoptoy/cpu/before/n=2000");
+  EXPECT_EQ(before.disposition, "passed");
+  EXPECT_EQ(before.samples_ns.size(), 100u);
+  EXPECT_TRUE(before.interrupted.empty());
+
+  const Row& sleeper = row(results, "stoptoy/cpu/sleeper/n=2000");
+  EXPECT_EQ(sleeper.disposition, "passed");
+  ASSERT_TRUE(sleeper.timed());
+  EXPECT_LT(sleeper.samples_ns.size(), 100u);
+  EXPECT_EQ(sleeper.interrupted, "SIGTERM after " + std::to_string(sleeper.samples_ns.size()) + " of 100 samples");
+  for (double ns : sleeper.samples_ns) EXPECT_GE(ns, 1e6);  // each a mean of whole calls of 1 ms or more
+  EXPECT_FALSE(sleeper.summary.n == 0);
+
+  const Row& after = row(results, "stoptoy/cpu/after/n=2000");
+  EXPECT_EQ(after.disposition, "unsupported");
+  EXPECT_EQ(after.reason, "not run: interrupted");
+
+  // The run says it was stopped; nothing failed.
+  EXPECT_EQ(results.context.value("interrupted", ""), "SIGTERM");
+  EXPECT_EQ(exit_code_for(results), 0);
+  // The file keeps all of it: the row in hand with its samples, marked.
+  const nlohmann::json doc = to_json(results);
+  bool marked = false;
+  for (const auto& b : doc["benchmarks"])
+    if (b["name"] == "stoptoy/cpu/sleeper/n=2000") {
+      marked = true;
+      EXPECT_EQ(b["disposition"], "passed");
+      EXPECT_EQ(b["interrupted"], sleeper.interrupted);
+      EXPECT_EQ(b["samples_ns"].size(), sleeper.samples_ns.size());
+    } else {
+      EXPECT_FALSE(b.contains("interrupted")) << b["name"];
+    }
+  EXPECT_TRUE(marked);
+  EXPECT_EQ(doc["context"]["interrupted"], "SIGTERM");
+  const Results back = results_from_json(doc);
+  EXPECT_EQ(row(back, "stoptoy/cpu/sleeper/n=2000").interrupted, sleeper.interrupted);
+
+  // A long row says how far it is while it measures, and the row's line says it was interrupted.
+  const std::string said = progress.str();
+  EXPECT_NE(said.find("stoptoy/cpu/sleeper/n=2000  sample 1/100"), std::string::npos) << said;
+  EXPECT_NE(said.find("(interrupted: " + sleeper.interrupted + ")"), std::string::npos) << said;
+}
+
+TEST_F(Stop, AStopBeforeTheFirstSampleLeavesTheRowWithoutATime) {
+  for (int stop_at : {1, 2}) {  // the first call (before the check), the first warm-up call
+    SetUp();
+    std::ostringstream progress;
+    const Results results = run_until_stop(stop_at, progress);
+    EXPECT_EQ(sleeper_calls.load(), stop_at) << "no call after the one that asked";
+    const Row& sleeper = row(results, "stoptoy/cpu/sleeper/n=2000");
+    EXPECT_EQ(sleeper.disposition, "unsupported");
+    EXPECT_EQ(sleeper.reason, stop_at == 1 ? "not timed: interrupted before its check against the reference"
+                                            : "not timed: interrupted during its warm-up (its check passed)");
+    EXPECT_FALSE(sleeper.timed());
+    EXPECT_EQ(row(results, "stoptoy/cpu/before/n=2000").disposition, "passed");
+    EXPECT_EQ(row(results, "stoptoy/cpu/after/n=2000").reason, "not run: interrupted");
+    EXPECT_EQ(exit_code_for(results), 0);
+  }
+}
+
 TEST(CpuLoad, OthersShareIsTheBusyTimeThatWasNotOurs) {
   const CpuTicks before{1000, 100, 50, true}, after{1100, 180, 100, true};
   EXPECT_DOUBLE_EQ(others_share(before, after), 0.3);

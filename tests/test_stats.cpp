@@ -104,6 +104,26 @@ TEST(Timing, OneStartStopPerBatchAndFlushOutsideIt) {
   EXPECT_EQ(flusher.flushes, 1);
 }
 
+// A stop request asked for by the 100th call of a batch of 10000.
+int stop_calls = 0;
+bool stop_after_100() { return stop_calls >= 100; }
+
+TEST(Timing, AStopRequestEndsABatchAfterABoundedNumberOfCallsAndSaysHowMany) {
+  FakeTimer timer({0.5, 0.25});
+  int64_t made = -1;
+  EXPECT_DOUBLE_EQ(time_sample(timer, [] { ++stop_calls; }, 10000, nullptr, &stop_after_100, &made), 0.5);
+  // Asked every 10000 / stop_checks_per_batch calls: it ends at the first check after the 100th call.
+  const int64_t every = 10000 / stop_checks_per_batch;
+  EXPECT_GE(made, 100);
+  EXPECT_LE(made, 100 + every);
+  EXPECT_EQ(made, stop_calls);
+  EXPECT_EQ(timer.starts, 1);
+  // Asked between calls only: a batch of one call is never cut, and no stop request means the whole batch.
+  stop_calls = 1000;
+  EXPECT_DOUBLE_EQ(time_sample(timer, [] { ++stop_calls; }, 1, nullptr, &stop_after_100, &made), 0.25);
+  EXPECT_EQ(made, 1);
+}
+
 TEST(Timing, FakeTimerSamplesSummarise) {
   // Ten samples of a batch of 4 calls: per-call times are sample / 4.
   std::deque<double> durations{4.0, 4.4, 3.6, 4.2, 3.8, 4.1, 3.9, 4.3, 3.7, 4.0};

@@ -22,6 +22,7 @@ inline constexpr double quick_min_time_s = 0.05;
 inline constexpr double noise_target = 0.05;   // CI half-width / median above this: "noisy"
 inline constexpr double warmup_s = 0.02;       // warm-up before the first sample
 inline constexpr int warmup_calls = 2;
+inline constexpr double progress_every_s = 2.0;  // a row measuring longer says how far it is
 // Below this a single call is launch-bound: time it in batches so one sample is at least this long
 // (CUDA events resolve about 0.5 us; a batch of calls amortises that and the launch jitter).
 inline constexpr double cuda_min_sample_s = 100e-6;

@@ -16,11 +16,23 @@ void SteadyTimer::start() { start_ns_ = now_ns(); }
 double SteadyTimer::stop() { return static_cast<double>(now_ns() - start_ns_) * 1e-9; }
 
 double time_sample(SampleTimer& timer, const std::function<void()>& call, int64_t batch,
-                   CacheFlusher* flusher) {
+                   CacheFlusher* flusher, bool (*stop)(), int64_t* calls_made) {
   if (flusher) flusher->flush();
+  int64_t i = 0;
   timer.start();
-  for (int64_t i = 0; i < batch; ++i) call();
-  return timer.stop();
+  if (!stop) {
+    for (; i < batch; ++i) call();
+  } else {
+    const int64_t every = std::max<int64_t>(1, batch / stop_checks_per_batch);
+    while (i < batch) {
+      const int64_t end = std::min(batch, i + every);
+      for (; i < end; ++i) call();
+      if (i < batch && stop()) break;
+    }
+  }
+  const double seconds = timer.stop();
+  if (calls_made) *calls_made = i;
+  return seconds;
 }
 
 int64_t batch_for(double call_s, double min_sample_s, int64_t max_batch) {

@@ -32,9 +32,13 @@ class CacheFlusher {
 };
 
 // Seconds for `batch` calls of `call`. The flush (cold mode) happens before start(), outside the
-// timed region.
+// timed region. With `stop` (a stop request: Ctrl-C), asked between calls, the sample ends early once
+// it says true, and `calls_made` gets the calls the seconds are for. It is asked at most
+// stop_checks_per_batch times a batch, so that the timed calls are not slowed measurably (a batch
+// lasts about a sample's minimum, tens of microseconds: checked more often, it would not stop sooner).
+inline constexpr int64_t stop_checks_per_batch = 8;
 double time_sample(SampleTimer& timer, const std::function<void()>& call, int64_t batch,
-                   CacheFlusher* flusher = nullptr);
+                   CacheFlusher* flusher = nullptr, bool (*stop)() = nullptr, int64_t* calls_made = nullptr);
 
 // Calls per sample so that one sample lasts at least `min_sample_s`.
 int64_t batch_for(double call_s, double min_sample_s, int64_t max_batch);

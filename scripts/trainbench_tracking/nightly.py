@@ -15,9 +15,10 @@ from .errors import UsageError
 
 BENCHSUITE_INCORRECT = 1     # benchsuite: a variant was incorrect or a benchmark failed (the file is written)
 BENCHSUITE_USAGE = 2
-BENCHSUITE_INTERRUPTED = 130  # it stopped early (Ctrl-C, SIGTERM) and wrote the rows measured before
-# After --timeout, benchsuite is asked to stop as Ctrl-C does (it finishes the row it is in and writes
-# the rows measured so far); past this grace it is killed.
+# It stopped early (130: Ctrl-C, SIGINT; 143: SIGTERM) and wrote the rows measured before.
+BENCHSUITE_INTERRUPTED = (130, 143)
+# After --timeout, benchsuite is asked to stop as Ctrl-C does (it ends the row it is in after the call
+# in flight and writes the rows measured so far); past this grace it is killed.
 STOP_GRACE_S = 60.0
 
 
@@ -88,7 +89,7 @@ def run_benchsuite(benchsuite: str, out_path: str, repetitions: Optional[int], e
         said = "".join("\n  " + line for line in tail)
     if rc == BENCHSUITE_USAGE:
         raise UsageError(f"benchsuite rejected its arguments (exit 2): {shown}{said}")
-    if rc == BENCHSUITE_INTERRUPTED:
+    if rc in BENCHSUITE_INTERRUPTED:
         raise UsageError(f"benchsuite was interrupted: {shown}{_keep_partial(out_path)}")
     if rc not in (0, BENCHSUITE_INCORRECT):
         why = f"signal {-rc}" if rc < 0 else f"exit {rc}"

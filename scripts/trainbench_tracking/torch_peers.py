@@ -27,6 +27,7 @@ import math
 import os
 import platform
 import re
+import signal
 import socket
 import struct
 import subprocess
@@ -1280,7 +1281,7 @@ examples:
   scripts/torch-peers --list
 
 exit codes: 0 done, 1 a peer was incorrect or failed, 2 bad usage or no PyTorch with CUDA,
-130 interrupted (what was measured is still written)
+130 interrupted by Ctrl-C (SIGINT), 143 by SIGTERM (what was measured is still written)
 """
 
 
@@ -1370,6 +1371,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     context = make_context(devices, torch_info, settings)
     rows: List[dict] = []
     interrupted = False
+    # Ctrl-C, or SIGTERM (`timeout`, a job's time limit, benchsuite passing on its own stop): the rows
+    # measured are written. The first signal interrupts; later ones are ignored, so the writing is not.
+    stopped_by: List[int] = []
+    measuring = [True]
+
+    def stop(signum, frame):
+        stopped_by.append(signum)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if measuring[0]:
+            raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for i, bench in enumerate(benches):
             outcome = cases.run_bench(bench, args.repetitions, min_sample_s)
@@ -1383,18 +1397,23 @@ def main(argv: Optional[List[str]] = None) -> int:
                 shown += f" ({outcome.retaken} samples taken again: {held})"
             print(f"{PROG}: [{i + 1}/{len(benches)}] {bench.name}: {result_text(row)} {shown}", file=sys.stderr,
                   flush=True)
+        measuring[0] = False
     except KeyboardInterrupt:
         interrupted = True
         print(f"{PROG}: interrupted after {len(rows)} of {len(benches)} rows", file=sys.stderr)
-    doc = results_document(context, rows)
-    sys.stdout.write(render_console(rows, doc["pairs"], doc["pairs_withheld"]))
-    sys.stdout.flush()
-    if args.out:
-        try:
-            write_atomically(args.out, json.dumps(doc, indent=1) + "\n")
-        except OSError as e:
-            return _fail(f"cannot write {args.out}: {e.strerror or e}")
-        print(f"{PROG}: wrote {len(rows)} rows to {args.out}", file=sys.stderr)
-    if interrupted:
-        return 130
+    try:
+        doc = results_document(context, rows)
+        sys.stdout.write(render_console(rows, doc["pairs"], doc["pairs_withheld"]))
+        sys.stdout.flush()
+        if args.out:
+            try:
+                write_atomically(args.out, json.dumps(doc, indent=1) + "\n")
+            except OSError as e:
+                return _fail(f"cannot write {args.out}: {e.strerror or e}")
+            print(f"{PROG}: wrote {len(rows)} rows to {args.out}", file=sys.stderr)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if interrupted or stopped_by:
+        return 128 + (stopped_by[0] if stopped_by else signal.SIGINT)
     return 1 if any(r["disposition"] in ("incorrect", "failed") for r in rows) else 0

@@ -258,6 +258,18 @@ def test_a_benchsuite_that_ignores_the_interrupt_is_killed_after_the_grace(night
     assert stored(nightly.results) == []
 
 
+def test_a_benchsuite_stopped_by_sigterm_is_interrupted_and_what_it_wrote_is_kept(nightly):
+    """benchsuite exits 143 after SIGTERM (130 after Ctrl-C): either is an interrupted run, not a crash."""
+    rc, _, err = nightly(0, "--no-report", hang="sigterm")
+    assert rc == 2
+    errors = [line for line in err.splitlines() if line.startswith("nightly: error: ")]
+    assert len(errors) == 1 and errors[0].startswith("nightly: error: benchsuite was interrupted: "), err
+    kept = _kept_file(errors[0])
+    assert kept and os.path.isfile(kept), errors[0]
+    os.remove(kept)
+    assert stored(nightly.results) == []
+
+
 def test_sigterm_to_nightly_keeps_what_benchsuite_measured(tmp_path):
     """A CI job's time limit: SIGTERM to nightly stops benchsuite as Ctrl-C does; nothing measured is lost."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_BENCH_")}

