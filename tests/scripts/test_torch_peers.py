@@ -688,7 +688,11 @@ def test_cpu_run_through_benchsuite_lines_up_with_its_cpu_rows(tmp_path):
         "attention/torch/sdpa/cpu_shape=4x6x256x64,causal=causal", "attention/torch/naive/cpu_shape=4x6x256x64",
         "spmv/torch/csr/graph=ring8,rows=1048576", "collate/torch/per_sample/" + collate,
         "collate/torch/index_select/" + collate, "cg/torch/host_checked_lazy/graph=ring8,rows=65536,alpha=0.5,drift=1e-6"])
-    assert {p["label"] for p in run.data["pairs"]} == {
+    # A pair whose row other processes disturbed is withheld, with why, as every pair is (the machine's
+    # load decides that, not the code): formed or withheld for that reason, both pairs are there.
+    formed = {p["label"] for p in run.data["pairs"]}
+    withheld = {w["label"] for w in run.data.get("pairs_withheld", []) if "disturbed" in w["why"]}
+    assert formed | withheld == {
         "torch attention: SDPA vs naive", "torch collate: index_select into a reused batch vs per-sample + stack"}
     assert all(r.disposition == "passed" for r in run.rows.values()), \
         [(r.name, r.reason) for r in run.rows.values() if r.disposition != "passed"]
