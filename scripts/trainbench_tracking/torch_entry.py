@@ -334,6 +334,19 @@ def concat(batches: List[Any]):
     return first
 
 
+def leading_size(batch) -> Optional[int]:
+    """The first tensor's first dimension: the micro-batch's samples."""
+    import torch
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else None
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for v in values:
+        size = leading_size(v)
+        if size is not None:
+            return size
+    return None
+
+
 def cycle(batches):
     while True:
         empty = True
@@ -447,6 +460,26 @@ def first_step(entry: Entry, device, switches, micro_batches, variant: str, init
     return out
 
 
+def reference_step(entry: Entry, device, micro_batches, own: str, initial) -> Tuple[Dict[str, Any], int]:
+    """The reference: the micro-batches joined into one, fp32, the optimizer as given; when that runs out of
+    memory, joined into the fewest equal parts that fit (the largest micro-batch that fits). The parameters
+    after it, and the parts it took."""
+    import torch
+    n, parts = len(micro_batches), 1
+    while True:
+        size = n // parts
+        joined = [concat(micro_batches[i * size:(i + 1) * size]) for i in range(parts)]
+        try:
+            return first_step(entry, device, {"sync": "every_step"}, joined, own, initial), parts
+        except Exception as e:  # noqa: BLE001 - an out-of-memory only; anything else is the trial's error
+            if not _looks_like_oom(e) or parts == n:
+                raise
+        del joined
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        parts = next(k for k in range(parts + 1, n + 1) if n % k == 0)
+
+
 def check_first_step(entry: Entry, device, switches: Dict[str, str], micro_batches, own: str,
                      timing: Optional[dict] = None) -> Optional[str]:
     """None when the candidate's first step matches the reference (the global batch in one micro-batch, fp32,
@@ -456,7 +489,8 @@ def check_first_step(entry: Entry, device, switches: Dict[str, str], micro_batch
     off = _dropout_off(entry.model)
     plain = {"sync": "every_step"}
     try:
-        reference = first_step(entry, device, plain, [concat(micro_batches)], own, initial)
+        reference, parts = reference_step(entry, device, micro_batches, own, initial)
+        whole = "the whole batch" if parts == 1 else f"the batch in {parts} micro-batches (the whole did not fit)"
         candidate = first_step(entry, device, switches, micro_batches, switches.get("optimizer", own), initial)
         if timing is not None:
             timing["first_step_seconds"] = candidate["seconds"]
@@ -471,9 +505,9 @@ def check_first_step(entry: Entry, device, switches: Dict[str, str], micro_batch
             if len(micro_batches) > 1 and not (split <= TOLERANCE_FP32):
                 why = (f"the loss depends on the micro-batch split (batch norm, or a mean per micro-batch?): one step of "
                        f"{len(micro_batches)} micro-batches in fp32 moves the parameters {split:.3g} (relative) away from "
-                       f"one step of the whole batch (tolerance {TOLERANCE_FP32:g})")
+                       f"one step of {whole} (tolerance {TOLERANCE_FP32:g})")
             else:
-                why = (f"the first step's parameters differ from the reference's (the whole batch in fp32) by {diff:.3g} "
+                why = (f"the first step's parameters differ from the reference's ({whole} in fp32) by {diff:.3g} "
                        f"relative to the update (tolerance {tol:g} with these switches)")
     finally:
         entry.model.load_state_dict(initial)
@@ -544,6 +578,13 @@ def probe_entry(request: dict) -> dict:
         raise EntryError(f"{where}: 'batches' yielded no micro-batch") from None
     except Exception as e:  # noqa: BLE001
         raise EntryError(f"{where}: iterating 'batches' raised {type(e).__name__}: {_one_line(e)}") from None
+    size = leading_size(batch)
+    if size is None:
+        raise EntryError(f"{where}: a micro-batch is a {type(batch).__name__} with no tensor in it; expected tensors, "
+                         "tuples, lists or dicts of tensors")
+    if size != micro:
+        raise EntryError(f"{where}: 'batches' yields micro-batches of {size} samples when asked for {micro} (build the "
+                         "loader with batch_size=micro_batch)")
     try:
         loss = entry.loss(entry.model, to_device(batch, device))
     except Exception as e:  # noqa: BLE001

@@ -34,6 +34,7 @@ def probe(spec):
     (f"{BAD}:raises", "raised RuntimeError: the data folder is missing"),
     (f"{BAD}:wrong_return", "wrong_return() returned a Linear; expected dict(model="),
     (f"{BAD}:no_parameters", "the model has no trainable parameters"),
+    (f"{BAD}:ignores_the_micro_batch", "yields micro-batches of 3 samples when asked for 4"),
     (f"{BAD}:no_such_function", "has no 'no_such_function'"),
     (f"{os.path.join(ENTRIES, 'broken_import.py')}:build", "cannot import"),
     (f"{os.path.join(ENTRIES, 'missing.py')}:build", "no such file"),
@@ -163,3 +164,19 @@ def test_an_allocation_refused_under_the_memory_limit_is_an_oom_trial():
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["class"] == "oom", r
+
+
+def test_a_reference_that_does_not_fit_whole_runs_in_the_fewest_parts_that_do(monkeypatch):
+    entry = te.build_entry(f"{CNN}:build", 4, CPU)
+    batches = first_micro_batches(entry, 8)
+    real = te.first_step
+
+    def small_memory(entry_, device, switches, micro_batches, variant, initial):
+        if max(te.leading_size(b) for b in micro_batches) > 8:  # more than 8 samples at once: out of memory
+            raise MemoryError("out of memory")
+        return real(entry_, device, switches, micro_batches, variant, initial)
+    monkeypatch.setattr(te, "first_step", small_memory)
+    initial = {k: v.clone() for k, v in entry.model.state_dict().items()}
+    _, parts = te.reference_step(entry, CPU, batches, "per_tensor", initial)
+    assert parts == 4  # 32 samples as 4 x 8
+    assert te.check_first_step(entry, CPU, {"optimizer": "foreach"}, batches, "per_tensor") is None
