@@ -3,7 +3,8 @@
 // After the search, its finalists and the workload's own configuration are raced interleaved
 // (race.h), and a speedup is claimed only where that comparison holds it. `autotune --compare A B`
 // races the choices of tuned files against each other. `--executor torch` measures every trial in the
-// PyTorch twin of the step (trial.h's TorchExecutor) instead of the C++ step.
+// PyTorch twin of the step (trial.h's TorchExecutor) instead of the C++ step; with `--entry`, the user's
+// own PyTorch model (entry.h's EntryExecutor).
 // Exit codes: 0 a configuration was chosen (or compared), 1 none ran successfully, 2 bad usage, 130
 // interrupted (the best so far and the journal are still written).
 #include <CLI/CLI.hpp>
@@ -24,6 +25,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -35,6 +37,7 @@
 #include "step/step.h"
 #include "step/workload.h"
 #include "tuner/emit.h"
+#include "tuner/entry.h"
 #include "tuner/journal.h"
 #include "tuner/race.h"
 #include "runtime/comm.h"
@@ -64,6 +67,8 @@ Examples:
   autotune --workload small_gpt --gpu cpu --executor torch > torch.yaml   tuned in the PyTorch twin of the step
   autotune --compare native.yaml torch.yaml --executor torch   both choices raced in PyTorch
   autotune --compare tuned.yaml --executor native,torch    the C++ step against its PyTorch twin, one configuration
+  autotune --executor torch --entry my_train.py:build --batch 64   your own PyTorch model (README: --entry)
+  autotune --executor torch --entry 'hf:gpt2?n_layer=4&n_embd=256' --format hf --out training_args.json
 
 Presets: tuner/workloads/*.yaml (the source reports' pipelines). Switches: optimizer, attention (fused
 frees the T^2 probabilities, so a larger micro-batch fits), sync, activation_checkpointing, lazy_cg (with a
@@ -283,6 +288,18 @@ TrialRunner make_runner(const std::string& which, const step::Workload& workload
       r.journal_tag = std::string(independent ? " independent" : "") + " ranks " + std::to_string(ranks);
     }
   }
+  return r;
+}
+
+// The user's own model (--entry): each trial is `torch-step --entry-trial` (entry.h).
+TrialRunner entry_runner(const EntryProbe& p, const Machine& machine) {
+  TrialRunner r;
+  r.description = {{"name", "torch-entry"}, {"step", "the user's own PyTorch model, trainbench's loop (--entry)"},
+                   {"entry", p.spec}, {"torch", p.torch.torch_version}, {"python", p.torch.python_version},
+                   {"interpreter", p.torch.python}};
+  r.journal_tag = " torch-entry " + p.torch.torch_version;
+  r.torch = true;
+  r.executor = std::make_unique<EntryExecutor>(p, machine.use_cuda, machine.device, &stop_requested);
   return r;
 }
 
@@ -637,7 +654,7 @@ int run(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--allreduce-probe") return run_allreduce_probe_here(nlohmann::json::parse(argv[2]));
 
   std::string gpu = "auto", workload_name = "small_gpt", range, strategy = "auto", switch_list, format = "yaml";
-  std::string journal_path, out_path, executor_name = "native", memory_limit_text;
+  std::string journal_path, out_path, executor_name = "native", memory_limit_text, entry;
   std::vector<std::string> compare_files;
   int64_t batch = 0, ranks = 1, probe_ranks = 2;
   std::string launcher = "mpirun";
@@ -670,6 +687,11 @@ int run(int argc, char** argv) {
                  "scripts/install-deps --torch); with --compare, native,torch races each configuration in both, the C++ "
                  "step against its PyTorch twin")
       ->check(CLI::IsMember({"native", "torch", "native,torch"}));
+  app.add_option("--entry", entry,
+                 "FILE.py:NAME: tune your own PyTorch model, NAME(micro_batch, device) returning dict(model, optimizer, "
+                 "batches, loss) or a LightningModule (README: --entry); hf:MODEL?key=value&...: a transformers model from "
+                 "its configuration, random weights, synthetic tokens (never downloads); implies --executor torch")
+      ->excludes(workload_opt);
   app.add_option("--ranks", ranks,
                  "data-parallel ranks: every trial runs the step on N ranks (LAUNCHER -n N), the global batch split as "
                  "micro-batch x accumulation x N, DDP's bucket size a switch; the output's DeepSpeed / Lightning keys are for N")
@@ -712,6 +734,12 @@ int run(int argc, char** argv) {
     return 2;
   }
   if (predict && ranks < 2) throw UsageError("--predict needs --ranks N with N >= 2");
+  if (!entry.empty()) {
+    if (app.count("--executor") && executor_name != "torch")
+      throw UsageError("--entry tunes a PyTorch model: it runs with --executor torch, not " + executor_name);
+    if (ranks > 1 || !compare_files.empty()) throw UsageError("--entry tunes one process: leave out --ranks and --compare");
+    executor_name = "torch";
+  }
   const int64_t memory_limit = memory_limit_text.empty() ? 0 : parse_memory_limit(memory_limit_text);
   if (ranks > 1 && executor_name == "torch")
     throw UsageError("--ranks runs the native step on every rank; --executor torch is one process");
@@ -725,9 +753,15 @@ int run(int argc, char** argv) {
   // The budget bounds the whole run from here: the estimate, probes, trials, the race, output.
   const auto started = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
-  step::Workload workload = step::load_workload(workload_name);  // a bad file: UsageError, nothing runs
+  step::Workload workload = entry.empty() ? step::load_workload(workload_name) : step::Workload{};  // a bad file: UsageError
   const OutFormat out_format = out_format_from_string(format);
   const Machine machine = pick_machine(gpu);
+  std::optional<EntryProbe> entry_probe;  // --entry: validated before anything runs (a bad one: UsageError)
+  if (!entry.empty()) {
+    const int64_t g = batch > 0 ? batch : kEntryDefaultBatch;
+    entry_probe = probe_entry(entry, machine.use_cuda, machine.device, g, &stop_requested);
+    workload = entry_workload(*entry_probe, g);
+  }
   const bool use_cuda = machine.use_cuda;
   SearchSpace space;
   GlobalBatchPlan batch_plan = global_batches(workload, batch, range);
@@ -766,14 +800,15 @@ int run(int argc, char** argv) {
                 << " independent ranks here (each its own step, no all-reduce; the slowest rank's time)" << std::endl;
   }
   space.global_batches = batch_plan.batches;
-  TrialRunner runner = make_runner(executor_name, workload, machine, predict ? std::min(ranks, probe_ranks) : ranks,
-                                   launcher_words, predict);
+  TrialRunner runner = entry_probe ? entry_runner(*entry_probe, machine)
+                                   : make_runner(executor_name, workload, machine, predict ? std::min(ranks, probe_ranks) : ranks,
+                                                 launcher_words, predict);
   if (memory_limit > 0) {
     runner.executor = std::make_unique<MemoryCapped>(std::move(runner.executor), memory_limit);
     runner.description["memory_limit_bytes"] = memory_limit;
   }
   Executor& executor = *runner.executor;
-  const auto available = available_switches(workload, use_cuda);
+  const auto available = entry_probe ? entry_probe->switches : available_switches(workload, use_cuda);
   if (switch_list.empty()) {
     space.switches = available;
   } else if (switch_list != "none") {
@@ -797,7 +832,7 @@ int run(int argc, char** argv) {
 
   const std::string backend = machine.backend;
   const std::string device_name = machine.name;
-  const std::string workload_digest = digest(file_text(workload.path));
+  const std::string workload_digest = digest(entry_probe ? entry_digest_text(*entry_probe) : file_text(workload.path));
 
   SearchOptions options;
   options.strategy = strategy == "grid" ? SearchOptions::Strategy::grid : SearchOptions::Strategy::auto_;
@@ -807,7 +842,7 @@ int run(int argc, char** argv) {
 
   // Refused before anything runs: a workload that cannot fit even at micro-batch 1 (with activation
   // checkpointing where it can be switched on), and a budget too small for one trial.
-  {
+  if (!entry_probe) {
     Candidate smallest = own;
     smallest.micro_batch = 1;
     const auto ckpt = space.switches.find("activation_checkpointing");
@@ -828,9 +863,10 @@ int run(int argc, char** argv) {
                             : "; this " + (use_cuda ? "GPU has " + human_bytes(capacity) + " for a step"
                                                     : "CPU has " + human_bytes(capacity) + " free")));
   }
-  TrialEstimate shortest = shortest_trial(apply(workload, own), options.measure.min_steps, use_cuda, machine.device);
+  TrialEstimate shortest = entry_probe ? entry_shortest_trial(*entry_probe, own, options.measure.min_steps)
+                                       : shortest_trial(apply(workload, own), options.measure.min_steps, use_cuda, machine.device);
   shortest.seconds += runner.extra_startup;
-  refuse_budget_below_one_trial(workload, own, shortest, options.measure, budget, elapsed());
+  refuse_budget_below_one_trial(workload, entry_probe ? Candidate{} : own, shortest, options.measure, budget, elapsed());
   // --predict: the all-reduce probe after the search, and where the ranks are at hand one real N-rank
   // trial of the prediction, come out of the same budget.
   const double predict_reserve =
@@ -887,9 +923,13 @@ int run(int argc, char** argv) {
     std::cerr << "autotune: [trial " << seen.size() << ", " << human_seconds(elapsed()) << " of " << human_seconds(budget)
               << " budget] " << describe(c) << " -> " << result_text(r) << std::endl;
   };
-  std::cerr << "autotune: " << workload.name << " (" << workload.parameter_count() / 1e6 << "M parameters) on "
+  std::cerr << "autotune: " << workload.name << " ("
+            << static_cast<double>(entry_probe ? entry_probe->parameters : workload.parameter_count()) / 1e6 << "M parameters) on "
             << device_name << ", " << options.budget_seconds << " s budget, " << strategy << " search";
-  if (runner.torch)
+  if (entry_probe)
+    std::cerr << ", your model in trainbench's PyTorch loop (torch " << entry_probe->torch.torch_version << ", "
+              << entry_probe->torch.python << ")";
+  else if (runner.torch)
     std::cerr << ", measured in the PyTorch twin of the step (torch " << runner.description["torch"].get<std::string>()
               << ", " << runner.description["interpreter"].get<std::string>() << ")";
   std::cerr << std::endl;

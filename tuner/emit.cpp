@@ -371,6 +371,8 @@ std::string emit(const TuneOutput& o, OutFormat format) {
       // leaves the choice to torch.optim.AdamW (foreach on CUDA, the for-loop on the CPU).
       const auto optimizer = c->switches.find("optimizer");
       if (optimizer != c->switches.end()) hf["optim"] = optimizer->second == "fused" ? "adamw_torch_fused" : "adamw_torch";
+      const auto compile = c->switches.find("compile");  // autotune --entry's torch.compile
+      if (compile != c->switches.end()) hf["torch_compile"] = compile->second == "on";
       // Always written: TrainingArguments clips at 1.0 unless told otherwise, and 0 turns clipping off.
       hf["max_grad_norm"] = o.grad_clip;
       return hf.dump(2) + "\n";

@@ -228,8 +228,9 @@ def probe() -> dict:
             "cuda_devices": torch.cuda.device_count() if cuda else 0, "import_seconds": import_seconds}
 
 
-USAGE = ("usage: torch-step --trial REQUEST_JSON | --probe\n"
-         "  the PyTorch twin of trainbench's training step, as autotune --executor torch runs it")
+USAGE = ("usage: torch-step --trial REQUEST_JSON | --probe | --entry-probe REQUEST_JSON | --entry-trial REQUEST_JSON\n"
+         "  the PyTorch twin of trainbench's training step, or the user's own model (torch_entry.py), as autotune\n"
+         "  --executor torch runs them")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -240,6 +241,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args == ["--probe"]:
         print(json.dumps(probe()))
         return 0
+    if len(args) == 2 and args[0] in ("--entry-probe", "--entry-trial"):
+        from .torch_entry import main as entry_main
+        return entry_main(args[0], args[1])
     if len(args) != 2 or args[0] != "--trial":
         print(USAGE, file=sys.stderr)
         return 2

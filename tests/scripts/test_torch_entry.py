@@ -1,0 +1,182 @@
+"""autotune --entry's child side (scripts/trainbench_tracking/torch_entry.py), in-process: a bad entry is one
+EntryError line naming the file, the function and what was expected; the ready-made entries (hf:, a
+LightningModule) build; the optimizer is rebuilt per-tensor, foreach and fused; and the first-step check passes
+a correct split and switch, and names a model whose loss depends on the micro-batch split.
+
+autotune's own runs of the entries (the README's example, GPT-2, a LightningModule, a CNN, the bad inputs'
+exit 2) are ctest tests (tests/CMakeLists.txt). Without torch these tests skip.
+"""
+
+import os
+
+import pytest
+
+from conftest import REPO
+
+torch = pytest.importorskip("torch")
+from trainbench_tracking import torch_entry as te  # noqa: E402 - after the skip
+
+ENTRIES = os.path.join(REPO, "tests", "scripts", "entries")
+BAD = os.path.join(ENTRIES, "bad_entries.py")
+CNN = os.path.join(ENTRIES, "small_cnn.py")
+EXAMPLE = os.path.join(REPO, "tuner", "entries", "my_train.py")
+LIGHTNING = os.path.join(REPO, "tuner", "entries", "lightning_module.py")
+TINY_GPT2 = "hf:gpt2?n_layer=2&n_embd=32&n_head=2&vocab_size=256&n_positions=64&seq_len=16"
+CPU = torch.device("cpu")
+
+
+def probe(spec):
+    return te.probe_entry({"entry": spec, "backend": "cpu", "micro_batch": 4})
+
+
+@pytest.mark.parametrize("spec, expected", [
+    (f"{BAD}:not_callable", "'not_callable' is not callable"),
+    (f"{BAD}:raises", "raised RuntimeError: the data folder is missing"),
+    (f"{BAD}:wrong_return", "wrong_return() returned a Linear; expected dict(model="),
+    (f"{BAD}:no_parameters", "the model has no trainable parameters"),
+    (f"{BAD}:ignores_the_micro_batch", "yields micro-batches of 3 samples when asked for 4"),
+    (f"{BAD}:no_such_function", "has no 'no_such_function'"),
+    (f"{os.path.join(ENTRIES, 'broken_import.py')}:build", "cannot import"),
+    (f"{os.path.join(ENTRIES, 'missing.py')}:build", "no such file"),
+    ("build_without_a_file", "expected FILE.py:NAME"),
+    ("hf:no_such_model_type", "is not a model type of transformers"),
+])
+def test_a_bad_entry_is_one_line_naming_it(spec, expected):
+    if spec.startswith("hf:"):
+        pytest.importorskip("transformers")
+    with pytest.raises(te.EntryError) as e:
+        probe(spec)
+    text = str(e.value)
+    assert expected in text
+    assert "\n" not in text
+    assert text.startswith(f"--entry {spec}")
+
+
+def test_the_example_and_the_cnn_probe_with_their_switches():
+    for spec in (f"{EXAMPLE}:build", f"{CNN}:build"):
+        p = probe(spec)
+        assert p["parameters"] > 0
+        assert p["switches"]["optimizer"][0] == "per_tensor"  # foreach=None on the CPU is the for-loop
+        assert "fused" in p["switches"]["optimizer"]
+        assert p["switches"]["bf16_matmuls"] == ["off", "on"]
+        assert "sdpa" not in p["switches"]  # neither calls scaled_dot_product_attention
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.1),
+    lambda ps: torch.optim.Adam(ps, lr=1e-3, foreach=True),
+    lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+])
+def test_the_optimizer_is_rebuilt_per_variant_with_its_hyperparameters(make):
+    model = torch.nn.Linear(3, 2)
+    opt = make(model.parameters())
+    for variant in ("per_tensor", "foreach", "fused"):
+        again = te.with_variant(opt, variant)
+        assert type(again) is type(opt)
+        g = again.param_groups[0]
+        assert g["lr"] == opt.param_groups[0]["lr"]
+        assert g["foreach"] is (variant == "foreach")
+        assert bool(g.get("fused")) is (variant == "fused")
+        assert [id(p) for p in g["params"]] == [id(p) for p in model.parameters()]
+
+
+def first_micro_batches(entry, accumulation):
+    stream = te.cycle(entry.batches)
+    return [next(stream) for _ in range(accumulation)]
+
+
+@pytest.mark.parametrize("switches", [{}, {"optimizer": "foreach"}, {"optimizer": "fused", "sync": "async"},
+                                      {"bf16_matmuls": "on"}])
+def test_a_split_into_micro_batches_passes_the_first_step_check(switches):
+    entry = te.build_entry(f"{CNN}:build", 8, CPU)
+    before = {k: v.clone() for k, v in entry.model.state_dict().items()}
+    assert te.check_first_step(entry, CPU, switches, first_micro_batches(entry, 4), "per_tensor") is None
+    for k, v in entry.model.state_dict().items():  # the model is left at its initial parameters
+        assert torch.equal(v, before[k])
+
+
+def test_a_loss_that_depends_on_the_split_is_named_with_its_difference():
+    entry = te.build_entry(f"{CNN}:build_batchnorm", 8, CPU)
+    why = te.check_first_step(entry, CPU, {}, first_micro_batches(entry, 4), "per_tensor")
+    assert why and "depends on the micro-batch split" in why and "relative" in why
+    # the whole batch in one micro-batch is the reference itself
+    whole = te.build_entry(f"{CNN}:build_batchnorm", 32, CPU)
+    assert te.check_first_step(whole, CPU, {}, first_micro_batches(whole, 1), "per_tensor") is None
+
+
+def test_a_wrong_step_fails_the_check():
+    """A loss that is not a mean (a sum) over the micro-batch: accumulation changes the step's size."""
+    entry = te.build_entry(f"{CNN}:build", 8, CPU)
+    mean = entry.loss
+    entry.loss = lambda m, b: mean(m, b) * b[0].shape[0]
+    entry.make_optimizer = lambda ps: torch.optim.SGD(ps, lr=0.01)  # SGD: the step's size is the gradient's
+    entry.max_grad_norm = 0  # clipping to a norm would hide the factor
+    why = te.check_first_step(entry, CPU, {}, first_micro_batches(entry, 4), "per_tensor")
+    assert why is not None
+
+
+def test_hf_gpt2_builds_from_its_configuration_without_downloading(monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    entry = te.build_entry(TINY_GPT2, 2, CPU)
+    assert entry.model.config.n_layer == 2 and entry.model.config.n_embd == 32
+    assert entry.model.config.resid_pdrop == 0.0  # dropout off: a random mask cannot be checked
+    batch = next(iter(entry.batches))
+    assert batch["input_ids"].shape == (2, 16)
+    assert te.calls_sdpa(entry, batch, CPU)
+    assert te.check_first_step(entry, CPU, {"optimizer": "foreach"}, first_micro_batches(entry, 4), "per_tensor") is None
+    with pytest.raises(te.EntryError, match="GPT2Config has no 'n_wings'"):
+        te.build_entry("hf:gpt2?n_wings=4", 2, CPU)
+
+
+def test_a_lightning_module_is_driven_through_its_hooks():
+    pytest.importorskip("lightning")
+    entry = te.build_entry(f"{LIGHTNING}:build", 8, CPU)
+    assert entry.label == "LightningModule Regressor"
+    assert isinstance(entry.make_optimizer(entry.model.parameters()), torch.optim.Adam)
+    assert te.check_first_step(entry, CPU, {"optimizer": "foreach"}, first_micro_batches(entry, 2), "per_tensor") is None
+
+
+def test_a_trial_measures_and_a_split_dependent_one_is_incorrect():
+    policy = {"target_rel_ci": 0.5, "max_seconds": 0.2, "min_steps": 2}
+    request = {"entry": f"{CNN}:build", "backend": "cpu", "policy": policy,
+               "candidate": {"global_batch": 16, "micro_batch": 8, "switches": {"optimizer": "foreach"}}}
+    r = te.run_entry_trial(request)
+    assert r["class"] == "ok", r["message"]
+    assert r["samples_per_s"] > 0 and r["steps"] >= 2
+    bad = dict(request, entry=f"{CNN}:build_batchnorm")
+    r = te.run_entry_trial(bad)
+    assert r["class"] == "incorrect" and "micro-batch split" in r["message"]
+
+
+def test_an_allocation_refused_under_the_memory_limit_is_an_oom_trial():
+    """The child as autotune starts it, held to 64 MiB more than it has after building the entry."""
+    import json
+    import subprocess
+    import sys
+    pytest.importorskip("transformers")
+    # 512 MiB of logits (256 x 64 tokens x 8192)
+    request = {"entry": "hf:gpt2?n_layer=1&n_embd=32&n_head=2&vocab_size=8192&seq_len=64", "backend": "cpu",
+               "memory_limit_bytes": 64 << 20, "policy": {"target_rel_ci": 0.5, "max_seconds": 0.2, "min_steps": 2},
+               "candidate": {"global_batch": 256, "micro_batch": 256, "switches": {}}}
+    out = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "torch-step"), "--entry-trial",
+                          json.dumps(request)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["class"] == "oom", r
+
+
+def test_a_reference_that_does_not_fit_whole_runs_in_the_fewest_parts_that_do(monkeypatch):
+    entry = te.build_entry(f"{CNN}:build", 4, CPU)
+    batches = first_micro_batches(entry, 8)
+    real = te.first_step
+
+    def small_memory(entry_, device, switches, micro_batches, variant, initial):
+        if max(te.leading_size(b) for b in micro_batches) > 8:  # more than 8 samples at once: out of memory
+            raise MemoryError("out of memory")
+        return real(entry_, device, switches, micro_batches, variant, initial)
+    monkeypatch.setattr(te, "first_step", small_memory)
+    initial = {k: v.clone() for k, v in entry.model.state_dict().items()}
+    _, parts = te.reference_step(entry, CPU, batches, "per_tensor", initial)
+    assert parts == 4  # 32 samples as 4 x 8
+    assert te.check_first_step(entry, CPU, {"optimizer": "foreach"}, batches, "per_tensor") is None
