@@ -617,8 +617,7 @@ def probe_entry(request: dict) -> dict:
 
 def run_entry_trial(request: dict) -> dict:
     """One trial of an entry: build at the candidate's micro-batch, check the first step, time whole steps."""
-    from .torch_trial import Clock, batch_for, limit_host_memory, peak_host_bytes, warm_lazy_imports
-    from .torch_peers import summarize
+    from .torch_trial import Clock, batch_for, limit_host_memory, measure, peak_host_bytes, warm_lazy_imports
     started = time.perf_counter()
     result: Dict[str, object] = {"class": "ok", "samples_per_s": 0.0, "ci_low": 0.0, "ci_high": 0.0,
                                  "peak_bytes": 0, "steps": 0, "seconds": 0.0, "setup_seconds": 0.0, "message": ""}
@@ -666,33 +665,8 @@ def run_entry_trial(request: dict) -> dict:
             compiled = max(timing.get("first_step_seconds", 0.0) - last, 0.0)
             result["message"] = f"torch.compile: {compiled:.1f} s of compilation in the first step (not in the step time)"
         batch = batch_for(last)
-        step_seconds: List[float] = []
-        steps = 0
-        measuring = time.perf_counter()
-        result["setup_seconds"] = measuring - started
-        wall = float(policy.get("wall_seconds", 0.0))
-        stop_below = float(policy.get("stop_below", 0.0))
-        while True:
-            step_seconds.append(clock.time(step, batch) / batch)
-            steps += batch
-            sample_s = max(step_seconds) * batch
-            if wall > 0 and time.perf_counter() - started + 1.5 * sample_s > wall:
-                result["message"] = "stopped at the budget's end"
-                break
-            if len(step_seconds) < 3 or steps < int(policy["min_steps"]):
-                continue
-            s = summarize(step_seconds, float(policy["target_rel_ci"]))
-            if not s.noisy or time.perf_counter() - measuring >= float(policy["max_seconds"]):
-                break
-            if stop_below > 0 and global_batch / s.ci_low < stop_below:
-                result["message"] = "stopped early: clearly behind the best so far"
-                break
-        s = summarize(step_seconds, float(policy["target_rel_ci"]))
-        result.update({"samples_per_s": global_batch / s.median, "ci_low": global_batch / s.ci_high,
-                       "ci_high": global_batch / s.ci_low, "steps": steps,
-                       "peak_bytes": int(torch.cuda.max_memory_allocated(device)) if on_gpu else peak_host_bytes(),
-                       "seconds": time.perf_counter() - started})
-        return result
+        return measure(step, batch, clock, policy, started, global_batch, result,
+                       lambda: int(torch.cuda.max_memory_allocated(device)) if on_gpu else peak_host_bytes())
     except EntryError as e:
         return fail("error", str(e))
     except BaseException as e:  # noqa: B902 - any failure of the user's code is this trial's result

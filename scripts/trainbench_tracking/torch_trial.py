@@ -128,6 +128,41 @@ class Clock:
         return time.perf_counter() - start
 
 
+def measure(run_step: Callable[[], None], batch: int, clock: "Clock", policy: dict, started: float, global_batch: int,
+            result: dict, peak_bytes: Callable[[], int]) -> dict:
+    """The C++ child's measuring rules, for any step (the twin's or a user's entry): samples of `batch` steps,
+    measured until the median's interval is within the target, the policy's max_seconds pass, the trial is
+    clearly behind the best so far (stop_below), or the budget's end (wall_seconds) would come before the
+    next sample; fills `result` (samples/s of `global_batch`, its interval, steps, peak memory, seconds)."""
+    step_seconds: List[float] = []
+    steps = 0
+    measuring = time.perf_counter()
+    result["setup_seconds"] = measuring - started
+    wall = float(policy.get("wall_seconds", 0.0))
+    stop_below = float(policy.get("stop_below", 0.0))
+    while True:
+        step_seconds.append(clock.time(run_step, batch) / batch)
+        steps += batch
+        # No sample that would end after the budget: the slowest so far is the forecast.
+        sample_s = max(step_seconds) * batch
+        if wall > 0 and time.perf_counter() - started + 1.5 * sample_s > wall:
+            result["message"] = "stopped at the budget's end"
+            break
+        if len(step_seconds) < 3 or steps < int(policy["min_steps"]):
+            continue
+        s = summarize(step_seconds, float(policy["target_rel_ci"]))
+        if not s.noisy or time.perf_counter() - measuring >= float(policy["max_seconds"]):
+            break
+        if stop_below > 0 and global_batch / s.ci_low < stop_below:
+            result["message"] = "stopped early: clearly behind the best so far"
+            break
+    s = summarize(step_seconds, float(policy["target_rel_ci"]))
+    result.update({"samples_per_s": global_batch / s.median, "ci_low": global_batch / s.ci_high,
+                   "ci_high": global_batch / s.ci_low, "steps": steps, "peak_bytes": peak_bytes(),
+                   "seconds": time.perf_counter() - started})
+    return result
+
+
 def run_trial(request: dict) -> dict:
     """The trial `request` describes, as a TrialResult dict; failures are results, not exceptions."""
     started = time.perf_counter()
@@ -171,34 +206,8 @@ def run_trial(request: dict) -> dict:
         for _ in range(max(int(request.get("warmup_steps", 1)), 1)):
             last_warmup = clock.time(step.step, 1)
         batch = batch_for(last_warmup)
-        step_seconds: List[float] = []
-        steps = 0
-        measuring = time.perf_counter()
-        result["setup_seconds"] = measuring - started
-        wall = float(policy.get("wall_seconds", 0.0))
-        stop_below = float(policy.get("stop_below", 0.0))
-        while True:
-            step_seconds.append(clock.time(step.step, batch) / batch)
-            steps += batch
-            # No sample that would end after the budget: the slowest so far is the forecast.
-            sample_s = max(step_seconds) * batch
-            if wall > 0 and time.perf_counter() - started + 1.5 * sample_s > wall:
-                result["message"] = "stopped at the budget's end"
-                break
-            if len(step_seconds) < 3 or steps < int(policy["min_steps"]):
-                continue
-            s = summarize(step_seconds, float(policy["target_rel_ci"]))
-            if not s.noisy or time.perf_counter() - measuring >= float(policy["max_seconds"]):
-                break
-            if stop_below > 0 and global_batch / s.ci_low < stop_below:
-                result["message"] = "stopped early: clearly behind the best so far"
-                break
-        s = summarize(step_seconds, float(policy["target_rel_ci"]))
-        result.update({"samples_per_s": global_batch / s.median, "ci_low": global_batch / s.ci_high,
-                       "ci_high": global_batch / s.ci_low, "steps": steps,
-                       "peak_bytes": int(torch.cuda.max_memory_allocated(device)) if on_gpu else peak_host_bytes(),
-                       "seconds": time.perf_counter() - started})
-        return result
+        return measure(lambda: step.step(), batch, clock, policy, started, global_batch, result,
+                       lambda: int(torch.cuda.max_memory_allocated(device)) if on_gpu else peak_host_bytes())
     except UsageError as e:
         return fail("error", str(e))
     except BaseException as e:  # noqa: B902 - any failure of the twin is this trial's result
