@@ -607,29 +607,52 @@ constexpr std::size_t backward_smem_bytes() {
          static_cast<std::size_t>(Tiles::keys) * ds_stride * sizeof(bf16) + 2 * bwd_rows * sizeof(float);
 }
 
+// The layout changes below move four elements a thread (head dims are multiples of 8 here, the row
+// and head strides multiples of 4) with 32-bit index arithmetic: per-element 64-bit divisions held
+// the first versions to a quarter of the copy bandwidth. Callers check `vectorizable` first.
+struct Quad {  // the bf16 [B, H, S, D] element 4q, and where it lives in a strided layout
+  uint32_t row, d;
+  __device__ Quad(uint32_t q, uint32_t quads_per_row) : row(q / quads_per_row), d(q % quads_per_row * 4) {}
+  __device__ int64_t strided(const Strides& st, uint32_t H, uint32_t S) const {
+    const uint32_t bh = row / S, s = row % S;
+    return int64_t{bh / H} * st.batch + int64_t{bh % H} * st.head + int64_t{s} * st.row + d;
+  }
+};
+
 // dQ = scale * the accumulator, into its layout.
-__global__ void backward_dq_kernel(const float* __restrict__ dq_accum, float* __restrict__ dq, Strides grads, int H, int S,
-                                   int D, float scale, int64_t n) {
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t d = e % D, s = e / D % S, bh = e / (int64_t{D} * S);
-    dq[bh / H * grads.batch + bh % H * grads.head + s * grads.row + d] = dq_accum[e] * scale;
+__global__ void backward_dq_kernel(const float* __restrict__ dq_accum, float* __restrict__ dq, Strides grads, uint32_t H,
+                                   uint32_t S, uint32_t D, float scale, uint32_t quads) {
+  for (uint32_t q = blockIdx.x * blockDim.x + threadIdx.x; q < quads; q += gridDim.x * blockDim.x) {
+    float4 x = reinterpret_cast<const float4*>(dq_accum)[q];
+    x.x *= scale, x.y *= scale, x.z *= scale, x.w *= scale;
+    *reinterpret_cast<float4*>(dq + Quad(q, D / 4).strided(grads, H, S)) = x;
   }
 }
 
 // fp32 rows laid out as `st` <-> bf16 [B, H, S, D].
-__global__ void pack_kernel(const float* __restrict__ src, Strides st, bf16* __restrict__ dst, int H, int S, int D,
-                            int64_t n) {
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t d = e % D, s = e / D % S, bh = e / (int64_t{D} * S);
-    dst[e] = __float2bfloat16_rn(src[bh / H * st.batch + bh % H * st.head + s * st.row + d]);
+__global__ void pack_kernel(const float* __restrict__ src, Strides st, bf16* __restrict__ dst, uint32_t H, uint32_t S,
+                            uint32_t D, uint32_t quads) {
+  for (uint32_t q = blockIdx.x * blockDim.x + threadIdx.x; q < quads; q += gridDim.x * blockDim.x) {
+    const float4 x = *reinterpret_cast<const float4*>(src + Quad(q, D / 4).strided(st, H, S));
+    __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(dst + int64_t{q} * 4);
+    out[0] = __floats2bfloat162_rn(x.x, x.y);
+    out[1] = __floats2bfloat162_rn(x.z, x.w);
   }
 }
-__global__ void unpack_kernel(const bf16* __restrict__ src, float* __restrict__ dst, Strides st, int H, int S, int D,
-                              int64_t n) {
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t d = e % D, s = e / D % S, bh = e / (int64_t{D} * S);
-    dst[bh / H * st.batch + bh % H * st.head + s * st.row + d] = __bfloat162float(src[e]);
+__global__ void unpack_kernel(const bf16* __restrict__ src, float* __restrict__ dst, Strides st, uint32_t H, uint32_t S,
+                              uint32_t D, uint32_t quads) {
+  for (uint32_t q = blockIdx.x * blockDim.x + threadIdx.x; q < quads; q += gridDim.x * blockDim.x) {
+    const __nv_bfloat162* in = reinterpret_cast<const __nv_bfloat162*>(src + int64_t{q} * 4);
+    const float2 lo = __bfloat1622float2(in[0]), hi = __bfloat1622float2(in[1]);
+    *reinterpret_cast<float4*>(dst + Quad(q, D / 4).strided(st, H, S)) = make_float4(lo.x, lo.y, hi.x, hi.y);
   }
+}
+
+// Whether the four-at-a-time kernels above take this shape and fp32 layout.
+bool vectorizable(const Shape& s, const Strides& st, const void* fp32) {
+  const bool aligned = reinterpret_cast<std::uintptr_t>(fp32) % 16 == 0;
+  return aligned && s.head_dim % 4 == 0 && st.batch % 4 == 0 && st.head % 4 == 0 && st.row % 4 == 0 &&
+         s.elements() / 4 < (int64_t{1} << 31) && s.rows() < (int64_t{1} << 31);
 }
 
 unsigned elementwise_grid(int64_t n) {
@@ -766,6 +789,7 @@ void cuda_bf16_backward_tiled(std::size_t tiling, const Shape& s, bool causal, c
   TB_REQUIRE(why.empty(), why);
   TB_REQUIRE(tiling < std::size(backward_tilings), "no backward tiling " + std::to_string(tiling));
   if (s.rows() == 0) return;
+  TB_REQUIRE(vectorizable(s, grads, g.dq), "the bf16 backward's dQ layout must be 16-byte aligned, strides of 4");
   float* delta = scratch;
   float* dq_accum = scratch + delta_floats(s);
   constexpr int delta_rows_per_block = 8;  // a warp per row
@@ -774,25 +798,27 @@ void cuda_bf16_backward_tiled(std::size_t tiling, const Shape& s, bool causal, c
                                                                   static_cast<int>(s.head_dim), s.rows());
   CUDA_CHECK(cudaGetLastError());
   backward_tilings[tiling].second(s, causal, x, lse, delta, dq_accum, g, grads, stream);
-  backward_dq_kernel<<<elementwise_grid(s.elements()), 256, 0, stream>>>(
-      dq_accum, g.dq, grads, static_cast<int>(s.heads), static_cast<int>(s.seq), static_cast<int>(s.head_dim),
-      1.0f / std::sqrt(static_cast<float>(s.head_dim)), s.elements());
+  backward_dq_kernel<<<elementwise_grid(s.elements() / 4), 256, 0, stream>>>(
+      dq_accum, g.dq, grads, static_cast<uint32_t>(s.heads), static_cast<uint32_t>(s.seq), static_cast<uint32_t>(s.head_dim),
+      1.0f / std::sqrt(static_cast<float>(s.head_dim)), static_cast<uint32_t>(s.elements() / 4));
   CUDA_CHECK(cudaGetLastError());
 }
 
 void cuda_pack_bf16(const Shape& s, const float* src, const Strides& from, bf16_bits* dst, CUstream_st* stream) {
   if (s.elements() == 0) return;
-  pack_kernel<<<elementwise_grid(s.elements()), 256, 0, stream>>>(src, from, as_bf16(dst), static_cast<int>(s.heads),
-                                                                 static_cast<int>(s.seq), static_cast<int>(s.head_dim),
-                                                                 s.elements());
+  TB_REQUIRE(vectorizable(s, from, src), "bf16 packing needs 16-byte aligned fp32 rows with strides of 4");
+  pack_kernel<<<elementwise_grid(s.elements() / 4), 256, 0, stream>>>(
+      src, from, as_bf16(dst), static_cast<uint32_t>(s.heads), static_cast<uint32_t>(s.seq),
+      static_cast<uint32_t>(s.head_dim), static_cast<uint32_t>(s.elements() / 4));
   CUDA_CHECK(cudaGetLastError());
 }
 
 void cuda_unpack_bf16(const Shape& s, const bf16_bits* src, float* dst, const Strides& to, CUstream_st* stream) {
   if (s.elements() == 0) return;
-  unpack_kernel<<<elementwise_grid(s.elements()), 256, 0, stream>>>(as_bf16(src), dst, to, static_cast<int>(s.heads),
-                                                                   static_cast<int>(s.seq), static_cast<int>(s.head_dim),
-                                                                   s.elements());
+  TB_REQUIRE(vectorizable(s, to, dst), "bf16 unpacking needs 16-byte aligned fp32 rows with strides of 4");
+  unpack_kernel<<<elementwise_grid(s.elements() / 4), 256, 0, stream>>>(
+      as_bf16(src), dst, to, static_cast<uint32_t>(s.heads), static_cast<uint32_t>(s.seq),
+      static_cast<uint32_t>(s.head_dim), static_cast<uint32_t>(s.elements() / 4));
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -4,7 +4,6 @@
 // before it is timed: the copy and triad over their kernels' sizes (and cudaMemcpyAsync for the
 // copy), the GEMMs over cuBLASLt's heuristic candidates (and cublasGemmEx's default), each candidate
 // timed on the row's own data; the row then times the fastest and names it in its counters.
-#include <cublasLt.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 
 #include "peak.h"
 #include "runtime/cuda_fill.cuh"
+#include "runtime/cuda_lt.h"
 #include "runtime/cuda_raii.h"
 #include "runtime/host_buffer.h"
 #include "runtime/random.h"
@@ -244,30 +244,9 @@ class Transfer final : public Instance {
 // with a 32 MiB workspace (the heuristic's first is not always the fastest on the machine at hand).
 constexpr int lt_candidates = 8;
 
-struct LtTraits {
-  static void create(cublasLtHandle_t* h) { CUBLAS_CHECK(cublasLtCreate(h)); }
-  static void destroy(cublasLtHandle_t h) { cublasLtDestroy(h); }
-};
-// A cuBLASLt descriptor: owned, destroyed by `Destroy`.
-template <class D, cublasStatus_t (*Destroy)(D)>
-class LtDescriptor {
- public:
-  LtDescriptor() = default;
-  explicit LtDescriptor(D d) : d_(d) {}
-  ~LtDescriptor() { if (d_) Destroy(d_); }
-  LtDescriptor(LtDescriptor&& o) noexcept : d_(std::exchange(o.d_, nullptr)) {}
-  LtDescriptor& operator=(LtDescriptor&& o) noexcept {
-    std::swap(d_, o.d_);
-    return *this;
-  }
-  D get() const { return d_; }
-
- private:
-  D d_ = nullptr;
-};
-using MatmulDesc = LtDescriptor<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
-using MatrixLayout = LtDescriptor<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
-using MatmulPreference = LtDescriptor<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
+using cuda::MatmulDesc;
+using cuda::MatmulPreference;
+using cuda::MatrixLayout;
 
 class Gemm final : public Instance {
  public:
@@ -377,7 +356,7 @@ class Gemm final : public Instance {
   GemmType type_;
   cudaStream_t stream_;
   cuda::CublasHandle handle_;
-  cuda::Handle<cublasLtHandle_t, LtTraits> lt_;
+  cuda::LtHandle lt_;
   cuda::DeviceBuffer<unsigned char> workspace_;
   cuda::DeviceBuffer<float> a32_, b32_, c32_;
   cuda::DeviceBuffer<__nv_bfloat16> a16_, b16_, c16_;

@@ -13,6 +13,7 @@
 #include "gradnorm/gradnorm.h"
 #include "runtime/comm.h"
 #include "runtime/cpu_blas.h"
+#include "runtime/error.h"
 #include "runtime/cpu_elementwise.h"
 #include "runtime/defaults.h"
 #include "runtime/simd_math.h"
@@ -77,7 +78,9 @@ void CpuOps<T>::encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t*
 }
 
 template <class T>
-void CpuOps<T>::layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int64_t N, int64_t C) {
+void CpuOps<T>::layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int64_t N, int64_t C,
+                                  bool bf16_only) {
+  TB_REQUIRE(!bf16_only, "bf16 outputs are a CUDA switch");
   const T eps = static_cast<T>(defaults::layernorm_eps);
 #pragma omp parallel for schedule(static) if (parallel_worth(N * C))
   for (int64_t n = 0; n < N; ++n) {
@@ -281,7 +284,8 @@ void over_pieces(int64_t n, F&& piece) {
 }
 
 template <class T>
-void CpuOps<T>::gelu_forward(T* out, const T* inp, int64_t n) {
+void CpuOps<T>::gelu_forward(T* out, const T* inp, int64_t n, bool bf16_only) {
+  TB_REQUIRE(!bf16_only, "bf16 outputs are a CUDA switch");
   if constexpr (std::is_same_v<T, float>)
     over_pieces(n, [&](int64_t begin, int64_t end) { gelu_forward_range(out, inp, begin, end); });
   else
@@ -289,7 +293,8 @@ void CpuOps<T>::gelu_forward(T* out, const T* inp, int64_t n) {
 }
 
 template <class T>
-void CpuOps<T>::gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
+void CpuOps<T>::gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, bool bf16_only) {
+  TB_REQUIRE(!bf16_only, "bf16 outputs are a CUDA switch");
   if constexpr (std::is_same_v<T, float>)
     over_pieces(n, [&](int64_t begin, int64_t end) { gelu_backward_range(dinp, inp, dout, begin, end); });
   else

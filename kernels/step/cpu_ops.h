@@ -73,7 +73,9 @@ class CpuOps {
 
   void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B, int64_t Tn, int64_t C);
   void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tn, int64_t C);
-  void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int64_t N, int64_t C);
+  // bf16_only (the outputs that feed only bf16 products, a CUDA switch): never set on the CPU.
+  void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int64_t N, int64_t C,
+                         bool bf16_only = false);
   void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, const T* mean,
                           const T* rstd, int64_t N, int64_t C);
   // out[N, OC] = inp[N, C] W^T + bias, W [OC, C]. The bf16 switch has no CPU form (rejected earlier).
@@ -90,8 +92,8 @@ class CpuOps {
                          bool bf16);
   void attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* out, const T* saved, int64_t B,
                           int64_t Tn, int64_t C, int64_t NH, bool fused, bool bf16);
-  void gelu_forward(T* out, const T* inp, int64_t n);
-  void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n);  // dinp = gelu'(inp) dout
+  void gelu_forward(T* out, const T* inp, int64_t n, bool bf16_only = false);
+  void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, bool bf16_only = false);  // dinp = gelu'(inp) dout
   void softmax_crossentropy(T* probs, T* losses, const T* logits, const int32_t* targets, int64_t N, int64_t V);
   void crossentropy_backward(T* dlogits, const T* probs, const int32_t* targets, T dloss, int64_t N, int64_t V);
 

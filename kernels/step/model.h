@@ -125,7 +125,8 @@ class Model {
     ops_.encoder_forward(input(0), tokens, param(0), param(1), B_, T_, C_);
     for (int64_t l = 0; l < m_.layers; ++l) layer_forward(l, acts_for(l));
     const int64_t f = tensors_.size() - 2;
-    ops_.layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), input(m_.layers), param(f), param(f + 1), N_, C_);
+    ops_.layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), input(m_.layers), param(f), param(f + 1), N_, C_,
+                           sw_.bf16_matmuls);
     ops_.matmul_forward(logits_.data(), lnf_.data(), param(0), nullptr, N_, C_, V_, sw_.bf16_matmuls);
     ops_.softmax_crossentropy(probs_.data(), losses_.data(), logits_.data(), targets, N_, V_);
   }
@@ -233,15 +234,16 @@ class Model {
   void layer_forward(int64_t l, Acts& a) {
     const bool bf16 = sw_.bf16_matmuls;
     T* x = input(l);
-    ops_.layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, lparam(l, ln1w), lparam(l, ln1b), N_, C_);
+    ops_.layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, lparam(l, ln1w), lparam(l, ln1b), N_, C_,
+                           bf16);
     ops_.matmul_forward(a.qkv.data(), a.ln1.data(), lparam(l, qkvw), lparam(l, qkvb), N_, C_, 3 * C_, bf16);
     ops_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B_, T_, C_, NH_, sw_.fused_attention, bf16);
     ops_.matmul_forward(a.attproj.data(), a.atty.data(), lparam(l, attprojw), lparam(l, attprojb), N_, C_, C_, bf16);
     ops_.add(a.residual2.data(), x, a.attproj.data(), N_ * C_);
     ops_.layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.residual2.data(), lparam(l, ln2w),
-                           lparam(l, ln2b), N_, C_);
+                           lparam(l, ln2b), N_, C_, bf16);
     ops_.matmul_forward(a.fch.data(), a.ln2.data(), lparam(l, fcw), lparam(l, fcb), N_, C_, H_, bf16);
-    ops_.gelu_forward(a.fch_gelu.data(), a.fch.data(), N_ * H_);
+    ops_.gelu_forward(a.fch_gelu.data(), a.fch.data(), N_ * H_, bf16);
     ops_.matmul_forward(a.fcproj.data(), a.fch_gelu.data(), lparam(l, fcprojw), lparam(l, fcprojb), N_, H_, C_, bf16);
     T* out = input(l + 1);
     if (!prop_.enabled) {
@@ -265,7 +267,7 @@ class Model {
     // residual3 = residual2 + fcproj: both branches receive dr3.
     ops_.matmul_backward(g.fch_gelu.data(), lgrad(l, fcprojw), lgrad(l, fcprojb), dr3, a.fch_gelu.data(),
                          lparam(l, fcprojw), N_, H_, C_, bf16);
-    ops_.gelu_backward(g.fch.data(), a.fch.data(), g.fch_gelu.data(), N_ * H_);
+    ops_.gelu_backward(g.fch.data(), a.fch.data(), g.fch_gelu.data(), N_ * H_, bf16);
     ops_.matmul_backward(g.ln2.data(), lgrad(l, fcw), lgrad(l, fcb), g.fch.data(), a.ln2.data(), lparam(l, fcw), N_, C_,
                          H_, bf16);
     ops_.copy(g.residual2.data(), dr3, N_ * C_);

@@ -4,12 +4,16 @@
 // stages' functions (attention, gradnorm, adamw): the step runs the kernels those stages measure,
 // with no copy of its own; the clip factor never leaves the device. With the cuda_graphs switch, a
 // micro-step (forward and backward) is captured once and replayed.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <set>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -20,6 +24,7 @@
 #include "gradnorm/gradnorm.h"
 #include "runtime/comm.h"
 #include "runtime/cuda_fill.cuh"
+#include "runtime/cuda_lt.h"
 #include "runtime/cuda_raii.h"
 #include "runtime/cuda_reduce.cuh"
 #include "runtime/defaults.h"
@@ -40,6 +45,16 @@ constexpr int threads = 256;
 #define TB_GRID_STRIDE(i, n) \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); i += int64_t{gridDim.x} * blockDim.x)
 
+
+// A kernel's output or input as fp32 or as bf16 (the bf16 copy a matrix product reads).
+using bf16_bits = attention::bf16_bits;
+__device__ inline void store(float* p, float v) { *p = v; }
+__device__ inline void store(bf16_bits* p, float v) {
+  const __nv_bfloat16 b = __float2bfloat16_rn(v);
+  *p = *reinterpret_cast<const bf16_bits*>(&b);
+}
+__device__ inline float load(const float* p) { return *p; }
+__device__ inline float load(const bf16_bits* p) { return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p)); }
 
 __global__ void copy_kernel(float* d, const float* s, int64_t n) { TB_GRID_STRIDE(i, n) d[i] = s[i]; }
 __global__ void add_kernel(float* o, const float* a, const float* b, int64_t n) { TB_GRID_STRIDE(i, n) o[i] = a[i] + b[i]; }
@@ -62,7 +77,8 @@ __global__ void encoder_backward_kernel(float* dwte, float* dwpe, const float* d
 }
 
 // One warp per row.
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w,
+template <class Out>
+__global__ void layernorm_forward_kernel(Out* out, float* mean, float* rstd, const float* inp, const float* w,
                                          const float* b, int64_t N, int64_t C, float eps) {
   const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
@@ -74,7 +90,7 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   float v = 0;
   for (int64_t c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
   const float r = rsqrtf(cuda::warp_sum(v) / static_cast<float>(C) + eps);
-  for (int64_t c = lane; c < C; c += 32) out[row * C + c] = (x[c] - m) * r * w[c] + b[c];
+  for (int64_t c = lane; c < C; c += 32) store(out + row * C + c, (x[c] - m) * r * w[c] + b[c]);
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = r;
@@ -132,13 +148,14 @@ constexpr int bias_block_rows = 8;
 
 // Column sums of dout [N, OC] added to dbias: 32 columns per block, rows split over the block's y
 // and summed in shared memory first, so a column takes one atomic per block, not one per row group.
-__global__ void bias_backward_kernel(float* dbias, const float* dout, int64_t N, int64_t OC) {
+template <class In>
+__global__ void bias_backward_kernel(float* dbias, const In* dout, int64_t N, int64_t OC) {
   __shared__ float partial[bias_block_rows][32];
   const int64_t col = blockIdx.x * 32 + threadIdx.x;
   float s = 0;
   if (col < OC)
     for (int64_t n = blockIdx.y * int64_t{blockDim.y} + threadIdx.y; n < N; n += int64_t{gridDim.y} * blockDim.y)
-      s += dout[n * OC + col];
+      s += load(dout + n * OC + col);
   partial[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y != 0 || col >= OC) return;
@@ -148,17 +165,19 @@ __global__ void bias_backward_kernel(float* dbias, const float* dout, int64_t N,
 
 constexpr float gelu_scale = static_cast<float>(gelu::scale), gelu_cubic = static_cast<float>(gelu::cubic);
 
-__global__ void gelu_forward_kernel(float* out, const float* inp, int64_t n) {
+template <class Out>
+__global__ void gelu_forward_kernel(Out* out, const float* inp, int64_t n) {
   TB_GRID_STRIDE(i, n) {
     const float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + tanhf(gelu_scale * (x + gelu_cubic * x * x * x)));
+    store(out + i, 0.5f * x * (1.0f + tanhf(gelu_scale * (x + gelu_cubic * x * x * x))));
   }
 }
-__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, int64_t n) {
+template <class Out>
+__global__ void gelu_backward_kernel(Out* dinp, const float* inp, const float* dout, int64_t n) {
   TB_GRID_STRIDE(i, n) {
     const float x = inp[i], u = gelu_scale * (x + gelu_cubic * x * x * x), th = tanhf(u);
     const float local = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * gelu_scale * (1.0f + 3.0f * gelu_cubic * x * x);
-    dinp[i] = local * dout[i];
+    store(dinp + i, local * dout[i]);
   }
 }
 
@@ -180,6 +199,24 @@ __global__ void softmax_crossentropy_kernel(float* probs, float* losses, const f
 __global__ void crossentropy_backward_kernel(float* dlogits, const float* probs, const int32_t* targets, float dloss,
                                              int64_t N, int64_t V) {
   TB_GRID_STRIDE(e, N * V) dlogits[e] = (probs[e] - (e % V == targets[e / V] ? 1.0f : 0.0f)) * dloss;
+}
+
+// fp32 -> bf16 (round to nearest even), four elements a thread where the pointers allow a float4.
+__global__ void to_bf16_kernel(attention::bf16_bits* __restrict__ dst, const float* __restrict__ src, int64_t n) {
+  const int64_t quads = n / 4;
+  const float4* src4 = reinterpret_cast<const float4*>(src);
+  TB_GRID_STRIDE(i, quads) {
+    const float4 x = src4[i];
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+    reinterpret_cast<uint2*>(dst)[i] = packed;
+  }
+  if (blockIdx.x == 0 && threadIdx.x < n - quads * 4) {
+    const __nv_bfloat16 b = __float2bfloat16_rn(src[quads * 4 + threadIdx.x]);
+    dst[quads * 4 + threadIdx.x] = *reinterpret_cast<const attention::bf16_bits*>(&b);
+  }
 }
 
 __global__ void sum_losses_kernel(float* acc, const float* losses, int64_t n, float scale) {
@@ -307,11 +344,16 @@ class CudaOps {
   void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tok, int64_t B, int64_t Tn, int64_t C) {
     launch(encoder_backward_kernel, B * Tn * C, dwte, dwpe, dout, tok, B, Tn, C);
   }
+  // bf16_only: the output feeds only bf16 matrix products; only their bf16 copy of it is written.
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int64_t N,
-                         int64_t C) {
-    const int64_t blocks = (N * 32 + threads - 1) / threads;
-    layernorm_forward_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream_>>>(
-        out, mean, rstd, inp, w, b, N, C, static_cast<float>(defaults::layernorm_eps));
+                         int64_t C, bool bf16_only) {
+    const auto blocks = static_cast<unsigned>((N * 32 + threads - 1) / threads);
+    const auto eps = static_cast<float>(defaults::layernorm_eps);
+    if (bf16_only)
+      layernorm_forward_kernel<<<blocks, threads, 0, stream_>>>(written_bf16(kept_bf16_, out, N * C), mean, rstd, inp, w,
+                                                                b, N, C, eps);
+    else
+      layernorm_forward_kernel<<<blocks, threads, 0, stream_>>>(out, mean, rstd, inp, w, b, N, C, eps);
     check_launch();
   }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
@@ -335,19 +377,28 @@ class CudaOps {
   // overwrites (beta 0): no fill and no read of the output.
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C, int64_t OC,
                       bool bf16) {
+    if (bf16) {  // the bias added in the product's epilogue
+      const Bf16Operand w16 = keep_bf16(w, C * OC), in16 = keep_bf16(inp, N * C);
+      gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, w16, C, in16, C, 0.0f, out, OC, bias);
+      return;
+    }
     if (bias) launch(bias_rows_kernel, N * OC, out, bias, N, OC);
-    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, w, C, inp, C, bias ? 1.0f : 0.0f, out, OC, bf16);
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, w, C, inp, C, bias ? 1.0f : 0.0f, out, OC);
   }
   // dinp^T (C x N) += W^T dout^T; dW^T (C x OC) += inp^T dout; dbias += column sums of dout.
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp, const float* w, int64_t N,
                        int64_t C, int64_t OC, bool bf16) {
-    gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, w, C, dout, OC, 0.0f, dinp, C, bf16);  // dinp overwritten
-    gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dw, C, bf16);
-    if (dbias) {
-      const dim3 block(32, bias_block_rows), blocks(static_cast<unsigned>((OC + 31) / 32), static_cast<unsigned>(std::min<int64_t>((N + 63) / 64, 1024)));
-      bias_backward_kernel<<<blocks, block, 0, stream_>>>(dbias, dout, N, OC);
-      check_launch();
+    if (bf16) {  // dout cast once for both products and the bias's sums (autocast's grad_output is bf16 too)
+      const Bf16Operand d16 = gradient_bf16(dout, N * OC);
+      const Bf16Operand w16 = kept_bf16(w, C * OC), in16 = kept_bf16(inp, N * C);
+      gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w16, C, d16, OC, 0.0f, dinp, C);  // dinp overwritten
+      gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, in16, C, d16, OC, 1.0f, dw, C);
+      if (dbias) bias_backward(dbias, d16, N, OC);
+      return;
     }
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, w, C, dout, OC, 0.0f, dinp, C);  // dinp overwritten
+    gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dw, C);
+    if (dbias) bias_backward(dbias, dout, N, OC);
   }
   // Causal attention through the attention stage's kernels, straight on the packed rows: Q, K, V
   // are columns [0, C), [C, 2C), [2C, 3C) of qkv's rows of 3C, head h at column h * hs of each; out
@@ -390,9 +441,14 @@ class CudaOps {
       attention::cuda_naive_backward(s, x, saved, g, scratch, handle_, stream_, bf16);
     }
   }
-  void gelu_forward(float* out, const float* inp, int64_t n) { launch(gelu_forward_kernel, n, out, inp, n); }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
-    launch(gelu_backward_kernel, n, dinp, inp, dout, n);
+  // bf16_only: as layernorm_forward's (GELU's output and its input's gradient feed only products).
+  void gelu_forward(float* out, const float* inp, int64_t n, bool bf16_only) {
+    if (bf16_only) launch(gelu_forward_kernel<bf16_bits>, n, written_bf16(kept_bf16_, out, n), inp, n);
+    else launch(gelu_forward_kernel<float>, n, out, inp, n);
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, bool bf16_only) {
+    if (bf16_only) launch(gelu_backward_kernel<bf16_bits>, n, written_bf16(gradients_bf16_, dinp, n), inp, dout, n);
+    else launch(gelu_backward_kernel<float>, n, dinp, inp, dout, n);
   }
   void softmax_crossentropy(float* probs, float* losses, const float* logits, const int32_t* targets, int64_t N, int64_t V) {
     softmax_crossentropy_kernel<<<static_cast<unsigned>(N), threads, 0, stream_>>>(probs, losses, logits, targets, V);
@@ -487,12 +543,117 @@ class CudaOps {
     check_launch();
   }
   void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, float alpha, const float* A,
-            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc, bool bf16) {
+            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
     CUBLAS_CHECK(cublasGemmEx(handle_, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, A,
                               CUDA_R_32F, static_cast<int>(lda), B, CUDA_R_32F, static_cast<int>(ldb), &beta, C, CUDA_R_32F,
-                              static_cast<int>(ldc), bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT));
+                              static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
+
+  // bf16_matmuls: the products take bf16 operands, accumulate in fp32 and write fp32, as autocast's
+  // linear does after casting its input and weight. Handing cuBLAS fp32 operands with
+  // CUBLAS_COMPUTE_32F_FAST_16BF instead rounds the same way but picks kernels that read fp32 (tf32
+  // and sm80 tiles on an H100, about half of a step's time at t4_transformer's sizes): one cast pass
+  // per operand costs less. As autograd keeps autocast's bf16 copies for backward, the forward's
+  // copies of a product's input and weight are kept, per source buffer, for that product's backward:
+  // a layer's backward follows its forward (or its recomputation, with checkpointing) with no write
+  // to either in between. Copies are allocated at the first, eager step, so a captured graph never
+  // allocates.
+  using Bf16Operand = const bf16_bits*;
+  using Bf16Copies = std::map<const float*, Buffer<bf16_bits>>;
+  bf16_bits* sized(Buffer<bf16_bits>& copy, int64_t n) {
+    if (copy.size() < n) {  // the old buffer is freed: cudaFree waits for its readers
+      TB_REQUIRE(!capturing(), "a bf16 operand grew during graph capture (the eager step sizes them)");
+      copy = alloc<bf16_bits>(n);
+    }
+    return copy.data();
+  }
+  bf16_bits* cast_bf16(Buffer<bf16_bits>& copy, const float* src, int64_t n) {
+    bf16_bits* dst = sized(copy, n);
+    to_bf16_kernel<<<grid(n / 4 + 1), threads, 0, stream_>>>(dst, src, n);
+    check_launch();
+    return dst;
+  }
+  // Where a kernel writes `of`'s bf16 copy itself (bf16_only): the next product reads it uncast.
+  bf16_bits* written_bf16(Bf16Copies& copies, const float* of, int64_t n) {
+    fresh_bf16_.insert(of);
+    return sized(copies[of], n);
+  }
+  Bf16Operand keep_bf16(const float* src, int64_t n) {
+    Buffer<bf16_bits>& copy = kept_bf16_[src];
+    if (fresh_bf16_.erase(src) > 0) return copy.data();
+    return cast_bf16(copy, src, n);
+  }
+  Bf16Operand kept_bf16(const float* src, int64_t n) {
+    const auto it = kept_bf16_.find(src);
+    TB_REQUIRE(it != kept_bf16_.end() && it->second.size() >= n,
+               "a bf16 product's backward before its forward (no kept copy of its operand)");
+    return it->second.data();
+  }
+  // An output gradient: the copy its producer wrote (gelu_backward's), else a cast into one scratch.
+  Bf16Operand gradient_bf16(const float* src, int64_t n) {
+    if (fresh_bf16_.erase(src) > 0) return gradients_bf16_[src].data();
+    return cast_bf16(gradient_scratch_bf16_, src, n);
+  }
+  template <class In>
+  void bias_backward(float* dbias, const In* dout, int64_t N, int64_t OC) {
+    const dim3 block(32, bias_block_rows),
+        blocks(static_cast<unsigned>((OC + 31) / 32), static_cast<unsigned>(std::min<int64_t>((N + 63) / 64, 1024)));
+    bias_backward_kernel<<<blocks, block, 0, stream_>>>(dbias, dout, N, OC);
+    check_launch();
+  }
+
+  // C = A B (+ beta C) (+ bias per row of C, in the epilogue) on cuBLASLt, bf16 A and B, fp32 C. The
+  // heuristic's first algorithm per shape, asked once: a captured graph then replays it.
+  void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, Bf16Operand A, int64_t lda,
+                 Bf16Operand B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias = nullptr) {
+    cublasLtMatmulDesc_t raw_desc = nullptr;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cuda::MatmulDesc desc(raw_desc);
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (bias) {
+      const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    }
+    const auto layout = [](cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
+      cublasLtMatrixLayout_t l = nullptr;
+      CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
+      return cuda::MatrixLayout(l);
+    };
+    const cuda::MatrixLayout a = ta == CUBLAS_OP_N ? layout(CUDA_R_16BF, m, k, lda) : layout(CUDA_R_16BF, k, m, lda);
+    const cuda::MatrixLayout b = tb == CUBLAS_OP_N ? layout(CUDA_R_16BF, k, n, ldb) : layout(CUDA_R_16BF, n, k, ldb);
+    const cuda::MatrixLayout c = layout(CUDA_R_32F, m, n, ldc);
+    const GemmShape shape{ta, tb, m, n, k, lda, ldb, ldc, bias != nullptr, beta != 0.0f};
+    auto found = lt_algos_.find(shape);
+    if (found == lt_algos_.end()) {
+      cublasLtMatmulPreference_t raw_pref = nullptr;
+      CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
+      const cuda::MatmulPreference pref(raw_pref);
+      const uint64_t bytes = workspace_.bytes();
+      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes,
+                                                        sizeof bytes));
+      cublasLtMatmulHeuristicResult_t result{};
+      int returned = 0;
+      CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, raw_desc, a.get(), b.get(), c.get(), c.get(), raw_pref, 1, &result,
+                                                  &returned));
+      TB_REQUIRE(returned > 0, "cuBLASLt has no bf16 algorithm for a " + std::to_string(m) + " x " +
+                                   std::to_string(n) + " x " + std::to_string(k) + " product");
+      found = lt_algos_.emplace(shape, result.algo).first;
+    }
+    const float alpha = 1.0f;
+    CUBLAS_CHECK(cublasLtMatmul(lt_, raw_desc, &alpha, A, a.get(), B, b.get(), &beta, C, c.get(), C, c.get(),
+                                &found->second, workspace_.data(), workspace_.bytes(), stream_));
+  }
+  struct GemmShape {
+    cublasOperation_t ta, tb;
+    int64_t m, n, k, lda, ldb, ldc;
+    bool bias, accumulate;
+    bool operator<(const GemmShape& o) const {
+      return std::tie(ta, tb, m, n, k, lda, ldb, ldc, bias, accumulate) <
+             std::tie(o.ta, o.tb, o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.bias, o.accumulate);
+    }
+  };
   static attention::Shape attention_shape(int64_t B, int64_t Tn, int64_t C, int64_t NH) {
     return attention::Shape{B, NH, Tn, C / NH};
   }
@@ -549,6 +710,12 @@ class CudaOps {
   std::unique_ptr<adamw::CudaPlan> adamw_plan_;
   cg::CudaRows rows_;
   std::unique_ptr<Bf16Attention> bf16_attention_;
+  cuda::LtHandle lt_;
+  Bf16Copies kept_bf16_;       // products' inputs and weights, kept for their backward (see keep_bf16)
+  Bf16Copies gradients_bf16_;  // output gradients written in bf16 by their producer
+  Buffer<bf16_bits> gradient_scratch_bf16_;
+  std::set<const float*> fresh_bf16_;  // copies written by their producer, not yet read
+  std::map<GemmShape, cublasLtMatmulAlgo_t> lt_algos_;
   GraphExec exec_;
 };
 

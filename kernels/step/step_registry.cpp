@@ -1,4 +1,6 @@
 // Stage `step`. Workloads are presets in tuner/workloads/ (from the reports) or a user's YAML file.
+#include <algorithm>
+
 #include "attention/attention.h"
 #include "runtime/device_info.h"
 #include "runtime/error.h"
@@ -40,7 +42,8 @@ namespace step {
 // with checkpointing), the logits, probabilities and their gradient. Attention keeps P [B, NH, T, T]
 // per layer, plus dP for the layer in backward (naive), or one log-sum-exp per row (fused): fused
 // attention frees the only activation that grows with T^2. bf16 fused attention (CUDA) adds one
-// workspace: bf16 Q, K, V, O, dO and the backward's dQ accumulator and delta.
+// workspace: bf16 Q, K, V, O, dO and the backward's dQ accumulator and delta. bf16 matmuls keep bf16
+// copies of their operands.
 double estimate_bytes(const Workload& w) {
   const double N = static_cast<double>(w.batch.micro * w.model.seq_len), C = static_cast<double>(w.model.d_model);
   const double H = static_cast<double>(w.model.mlp_ratio) * C, V = static_cast<double>(w.model.vocab);
@@ -51,7 +54,11 @@ double estimate_bytes(const Workload& w) {
   const double floats = 4.0 * static_cast<double>(w.parameter_count()) + layers * layer + layer +
                         static_cast<double>(w.model.layers + 1) * N * C + 3 * N * V + (w.propagator.enabled ? 8 * N * C : 0) +
                         (w.switches.bf16_matmuls && w.switches.fused_attention ? 3.5 * N * C + att : 0);
-  return 4.0 * floats;
+  // bf16 matmuls: the bf16 copies of each product's input and weight kept for its backward, and of
+  // the largest output gradient (2 bytes: half a float each).
+  const double kept_bf16 = layers * N * (3 * C + H) + N * C + static_cast<double>(w.parameter_count()) +
+                           N * std::max({V, H, 3 * C});
+  return 4.0 * (floats + (w.switches.bf16_matmuls ? 0.5 * kept_bf16 : 0));
 }
 
 std::string unsupported_reason(const Workload& w, bool cuda) {

@@ -38,6 +38,7 @@ class TrackedBuffer {
   }
   auto data() { return data_.data(); }
   auto data() const { return data_.data(); }
+  int64_t size() const { return static_cast<int64_t>(data_.size()); }
 
  private:
   void swap(TrackedBuffer& o) {
