@@ -24,6 +24,7 @@
 #include "runtime/cuda_reduce.cuh"
 #include "runtime/defaults.h"
 #include "step/cpu_ops.h"
+#include "step/cuda_layers.cuh"
 #include "step/step.h"
 #include "step/trainer.h"
 #include "runtime/gelu.h"
@@ -75,10 +76,8 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   for (int64_t c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
   const float r = rsqrtf(cuda::warp_sum(v) / static_cast<float>(C) + eps);
   for (int64_t c = lane; c < C; c += 32) out[row * C + c] = (x[c] - m) * r * w[c] + b[c];
-  if (lane == 0) {
-    mean[row] = m;
-    rstd[row] = r;
-  }
+  if (lane == 0 && mean) mean[row] = m;
+  if (lane == 0 && rstd) rstd[row] = r;
 }
 
 // A warp per row for dinp. dw and db: each warp sums its rows into its own slice of shared memory,
@@ -190,6 +189,21 @@ __global__ void sum_losses_kernel(float* acc, const float* losses, int64_t n, fl
 }
 
 }  // namespace
+
+void cuda_layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                            int64_t N, int64_t C, cudaStream_t stream) {
+  if (N == 0) return;
+  const int64_t blocks = (N * 32 + threads - 1) / threads;
+  layernorm_forward_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+      out, mean, rstd, inp, w, b, N, C, static_cast<float>(defaults::layernorm_eps));
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void cuda_gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream, int device) {
+  if (n == 0) return;
+  gelu_forward_kernel<<<cuda::grid_for(n, threads, device), threads, 0, stream>>>(out, inp, n);
+  CUDA_CHECK(cudaGetLastError());
+}
 
 // The CUDA backend of Model and Trainer (float). Counts device bytes for the peak-memory figure.
 class CudaOps {
@@ -309,10 +323,7 @@ class CudaOps {
   }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int64_t N,
                          int64_t C) {
-    const int64_t blocks = (N * 32 + threads - 1) / threads;
-    layernorm_forward_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream_>>>(
-        out, mean, rstd, inp, w, b, N, C, static_cast<float>(defaults::layernorm_eps));
-    check_launch();
+    cuda_layernorm_forward(out, mean, rstd, inp, w, b, N, C, stream_);
   }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                           const float* mean, const float* rstd, int64_t N, int64_t C) {
@@ -390,7 +401,7 @@ class CudaOps {
       attention::cuda_naive_backward(s, x, saved, g, scratch, handle_, stream_, bf16);
     }
   }
-  void gelu_forward(float* out, const float* inp, int64_t n) { launch(gelu_forward_kernel, n, out, inp, n); }
+  void gelu_forward(float* out, const float* inp, int64_t n) { cuda_gelu_forward(out, inp, n, stream_, device_); }
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
     launch(gelu_backward_kernel, n, dinp, inp, dout, n);
   }
