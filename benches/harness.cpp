@@ -188,7 +188,7 @@ class Runner {
       r.peak_key = w.peak_key == e.variant->provides_peak ? "" : w.peak_key;  // a peak is not % of itself
       r.footprint = w.footprint_bytes > 0 ? w.footprint_bytes : w.bytes;
       if (!e.unsupported.empty()) {
-        r.disposition = "unsupported";
+        r.disposition = Disposition::unsupported;
         r.reason = e.unsupported;
       }
     }
@@ -197,7 +197,7 @@ class Runner {
   std::vector<Row> run() {
     benchmark::ClearRegisteredBenchmarks();
     for (std::size_t i = 0; i < entries_.size(); ++i) {
-      if (rows_[i].disposition == "unsupported") continue;
+      if (rows_[i].disposition == Disposition::unsupported) continue;
       index_of_[entries_[i].name] = i;
       benchmark::RegisterBenchmark(entries_[i].name.c_str(), [this, i](benchmark::State& st) { body(st, i); })
           ->UseManualTime()
@@ -206,7 +206,7 @@ class Runner {
           ->Unit(benchmark::kMillisecond);
     }
     for (std::size_t i = 0; i < rows_.size(); ++i)
-      if (rows_[i].disposition == "unsupported") announce(i);
+      if (rows_[i].disposition == Disposition::unsupported) announce(i);
     timed_rows_ = index_of_.size();
     run_started_ = row_started_ = std::chrono::steady_clock::now();
     Reporter reporter(*this);
@@ -214,8 +214,8 @@ class Runner {
     live_.reset();
     benchmark::ClearRegisteredBenchmarks();
     for (auto& r : rows_)
-      if (r.disposition == "pending") {  // Google Benchmark's own filter skipped it
-        r.disposition = "unsupported";
+      if (r.disposition == Disposition::pending) {  // Google Benchmark's own filter skipped it
+        r.disposition = Disposition::unsupported;
         r.reason = "not run (excluded by --benchmark_filter)";
       }
     return std::move(rows_);
@@ -263,13 +263,13 @@ class Runner {
             runner_.note_interrupted(it->second);
             continue;
           }
-          if (row.disposition == "pending" || row.disposition == "passed") {
-            row.disposition = "failed";
+          if (row.disposition == Disposition::pending || row.disposition == Disposition::passed) {
+            row.disposition = Disposition::failed;
             row.reason = run.error_message;
           }
           continue;
         }
-        if (run.iterations > 0 && row.disposition == "passed") {
+        if (run.iterations > 0 && row.disposition == Disposition::passed) {
           row.iterations = run.iterations;
           row.samples_ns.push_back(run.real_accumulated_time / static_cast<double>(run.iterations) /
                                    static_cast<double>(row.batch) * 1e9);
@@ -394,8 +394,8 @@ class Runner {
     text << "--max-time " << settings_.max_time_s << " s: " << row.samples_ns.size() << " of " << settings_.repetitions
          << " samples";
     row.cut_short = text.str();
-    if (row.disposition == "passed" && row.samples_ns.empty()) {
-      row.disposition = "unsupported";
+    if (row.disposition == Disposition::passed && row.samples_ns.empty()) {
+      row.disposition = Disposition::unsupported;
       row.reason = "not timed: " + row.cut_short;
     }
   }
@@ -403,7 +403,7 @@ class Runner {
   // The time a row is expected to take from what the rows so far took, for the ETA.
   std::string eta_text(std::size_t i) {
     const auto now = std::chrono::steady_clock::now();
-    if (rows_[i].disposition != "unsupported" || cut_.count(i)) {
+    if (rows_[i].disposition != Disposition::unsupported || cut_.count(i)) {
       ++rows_done_;
       const double row_s = std::chrono::duration<double>(now - row_started_).count();
       seconds_done_ += row_s;
@@ -422,7 +422,7 @@ class Runner {
 
   void announce(std::size_t i) {
     Row& r = rows_[i];
-    const std::string eta = r.disposition == "unsupported" && !cut_.count(i) ? std::string() : eta_text(i);
+    const std::string eta = r.disposition == Disposition::unsupported && !cut_.count(i) ? std::string() : eta_text(i);
     progress_ << "[" << std::setw(3) << ++announced_ << "/" << rows_.size() << "] " << r.name << "  ";
     if (r.timed()) {
       const Summary s = summarize(r.samples_ns, settings_.noise_target);
@@ -469,11 +469,11 @@ class Runner {
     const Verdict verdict = live->instance->check();
     row.max_error = verdict.max_error;
     if (!verdict.passed) {
-      row.disposition = "incorrect";
+      row.disposition = Disposition::incorrect;
       row.reason = verdict.detail.empty() ? "output differs from the reference" : verdict.detail;
       return nullptr;
     }
-    row.disposition = "passed";
+    row.disposition = Disposition::passed;
     // Warm-up: at least a few calls and a few milliseconds, so clocks, caches and lazy library
     // initialisation (cuBLAS heuristics, page faults) are behind us before the first sample.
     double call_s = first_s;
@@ -498,7 +498,7 @@ class Runner {
 
   // A stop request before the row's first sample: it has no time.
   static Live* not_timed(Row& row, const std::string& when) {
-    row.disposition = "unsupported";
+    row.disposition = Disposition::unsupported;
     row.reason = "not timed: interrupted " + when;
     return nullptr;
   }
@@ -515,7 +515,7 @@ class Runner {
   // made: each is whole), the row says how many samples it has, and with none it has no time.
   void note_interrupted(std::size_t i) {
     Row& row = rows_[i];
-    if (!live_ || live_->index != i || !live_->interrupted || row.disposition != "passed") return;
+    if (!live_ || live_->index != i || !live_->interrupted || row.disposition != Disposition::passed) return;
     if (live_->partial_calls > 0) {
       row.samples_ns.push_back(live_->partial_seconds / static_cast<double>(live_->partial_calls) * 1e9);
       live_->partial_calls = 0;
@@ -535,18 +535,18 @@ class Runner {
 
   void body(benchmark::State& st, std::size_t i) {
     Row& row = rows_[i];
-    if (stop_requested() && row.disposition == "pending") {
-      row.disposition = "unsupported";
+    if (stop_requested() && row.disposition == Disposition::pending) {
+      row.disposition = Disposition::unsupported;
       row.reason = "not run: interrupted";
     }
-    if (row.disposition != "pending" && row.disposition != "passed") {
-      st.SkipWithError((row.disposition + ": " + row.reason).c_str());
+    if (row.disposition != Disposition::pending && row.disposition != Disposition::passed) {
+      st.SkipWithError((to_string(row.disposition) + (": " + row.reason)).c_str());
       return;
     }
     try {
       Live* live = prepare(i);
       if (!live) {
-        st.SkipWithError((row.disposition + ": " + row.reason).c_str());
+        st.SkipWithError((to_string(row.disposition) + (": " + row.reason)).c_str());
         return;
       }
       // A stop request is heard between the calls of a batch and between samples; the repetition it
@@ -601,7 +601,7 @@ class Runner {
 
   void fail(benchmark::State& st, Row& row, const std::string& why) {
     live_.reset();
-    row.disposition = "failed";
+    row.disposition = Disposition::failed;
     row.reason = why;
     row.samples_ns.clear();
     st.SkipWithError(why.c_str());
@@ -997,7 +997,7 @@ void finish_results(const Registry& registry, const Settings& settings, Results&
 
 int exit_code_for(const Results& results) {
   for (const auto& r : results.rows)
-    if (r.disposition == "incorrect" || r.disposition == "failed") return 1;
+    if (r.disposition == Disposition::incorrect || r.disposition == Disposition::failed) return 1;
   return 0;
 }
 

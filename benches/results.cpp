@@ -19,6 +19,33 @@ namespace tb {
 
 using nlohmann::json;
 
+// ---- Disposition -------------------------------------------------------------------------------
+
+static constexpr Disposition all_dispositions[] = {Disposition::pending, Disposition::passed, Disposition::incorrect,
+                                                   Disposition::unsupported, Disposition::failed};
+
+const char* to_string(Disposition disposition) {
+  switch (disposition) {
+    case Disposition::pending: return "pending";
+    case Disposition::passed: return "passed";
+    case Disposition::incorrect: return "incorrect";
+    case Disposition::unsupported: return "unsupported";
+    case Disposition::failed: return "failed";
+  }
+  throw std::logic_error("a Disposition with no name");
+}
+
+Disposition disposition_from_string(const std::string& name) {
+  std::string known;
+  for (Disposition d : all_dispositions) {
+    if (name == to_string(d)) return d;
+    known += std::string(known.empty() ? "" : ", ") + to_string(d);
+  }
+  throw std::runtime_error("unknown disposition \"" + name + "\" (expected one of " + known + ")");
+}
+
+std::ostream& operator<<(std::ostream& out, Disposition disposition) { return out << to_string(disposition); }
+
 // ---- JSON --------------------------------------------------------------------------------------
 
 static json row_to_json(const Row& r) {
@@ -33,7 +60,7 @@ static json row_to_json(const Row& r) {
             {"variant", r.variant},
             {"backend", r.backend},
             {"problem", problem},
-            {"disposition", r.disposition},
+            {"disposition", to_string(r.disposition)},
             {"reason", r.reason},
             {"max_error", std::isfinite(r.max_error) ? json(r.max_error) : json(nullptr)},
             {"mode", r.mode},
@@ -171,7 +198,12 @@ Results results_from_json(const json& doc) {
       if (!v.is_string()) throw std::runtime_error(where + ": problem." + k + " is not a string");
       r.problem.emplace_back(k, v.get<std::string>());
     }
-    r.disposition = field<std::string>(j, "disposition", where);
+    const std::string disposition = field<std::string>(j, "disposition", where);
+    try {
+      r.disposition = disposition_from_string(disposition);
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(where + ": " + e.what());
+    }
     r.reason = j.value("reason", std::string());
     r.max_error = j.contains("max_error") && j["max_error"].is_number() ? j["max_error"].get<double>() : INFINITY;
     r.mode = j.value("mode", std::string("hot"));
@@ -188,7 +220,7 @@ Results results_from_json(const json& doc) {
         r.counters.emplace_back(k, v.get<double>());
       }
     }
-    if (r.disposition == "passed") {
+    if (r.disposition == Disposition::passed) {
       r.iterations = field<int64_t>(j, "iterations", where);
       r.samples_ns = field<std::vector<double>>(j, "samples_ns", where);
       if (r.samples_ns.empty()) throw std::runtime_error(where + ": passed but has no samples");
@@ -304,11 +336,11 @@ std::string counter_text(double v) {
 }
 
 static std::string result_word(const Row& r) {
-  if (r.disposition == "passed" && !r.interrupted.empty()) return "passed (interrupted)";
-  if (r.disposition == "passed" && r.disturbed) return "passed (disturbed)";
-  if (r.disposition == "passed" && !r.cut_short.empty()) return "passed (cut short)";
-  if (r.disposition == "passed") return r.summary.noisy ? "passed (noisy)" : "passed";
-  return r.disposition;
+  if (r.disposition != Disposition::passed) return to_string(r.disposition);
+  if (!r.interrupted.empty()) return "passed (interrupted)";
+  if (r.disturbed) return "passed (disturbed)";
+  if (!r.cut_short.empty()) return "passed (cut short)";
+  return r.summary.noisy ? "passed (noisy)" : "passed";
 }
 
 static std::string ratio_text(const RatioEstimate& r) {
@@ -454,7 +486,7 @@ static std::string render_md(const Results& results) {
   std::ostringstream out;
   out << "| benchmark | result | median | ±CI | rate | % peak |\n|---|---|---:|---:|---:|---:|\n";
   for (const auto& r : results.rows) {
-    out << "| `" << r.name << "` | " << md_cell(r.disposition == "passed" ? result_word(r) : r.disposition + ": " + r.reason)
+    out << "| `" << r.name << "` | " << md_cell(r.disposition == Disposition::passed ? result_word(r) : to_string(r.disposition) + (": " + r.reason))
         << " | ";
     if (r.timed())
       out << human_time(r.summary.median) << " | " << fixed(100 * r.summary.rel_half_width, 1) << "% | " << human_rate(r)

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <map>
 #include <optional>
 #include <string>
@@ -17,11 +18,19 @@ namespace tb {
 
 inline constexpr const char* results_schema = "trainbench-results/1";
 
+// What became of a row. `pending` lives only while a run is in progress: the harness settles every
+// row before it returns. The JSON holds the name to_string gives.
+enum class Disposition { pending, passed, incorrect, unsupported, failed };
+const char* to_string(Disposition disposition);
+// Throws std::runtime_error naming the accepted words when `name` is none of them.
+Disposition disposition_from_string(const std::string& name);
+std::ostream& operator<<(std::ostream& out, Disposition disposition);
+
 struct Row {
   std::string name;  // "peak/cpu/triad/n=33554432"
   std::string stage, variant, backend;
   std::vector<std::pair<std::string, std::string>> problem;
-  std::string disposition = "pending";  // passed | incorrect | unsupported | failed
+  Disposition disposition = Disposition::pending;
   std::string reason;                   // why, for anything but passed
   double max_error = 0;
   std::string mode = "hot";
@@ -56,7 +65,7 @@ struct Row {
   std::vector<std::pair<std::string, double>> counters;  // from the work model, e.g. launches per call
   std::string configuration;  // Instance::configuration(): which searched way ran ("" when one)
 
-  bool timed() const { return disposition == "passed" && !samples_ns.empty(); }
+  bool timed() const { return disposition == Disposition::passed && !samples_ns.empty(); }
   // The timed region moves and computes nothing (Work::moves_nothing): no rate of any kind.
   bool moves_nothing() const { return bytes == 0 && flops == 0; }
   double gb_per_s() const { return timed() && summary.median > 0 ? bytes / summary.median : 0; }

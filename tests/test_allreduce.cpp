@@ -158,7 +158,7 @@ TEST(AllreduceHarness, PairsAcrossVariantsWithDifferentAxes) {
   std::ostringstream progress;
   const Results r = run_entries(builtin_registry(), select_entries(builtin_registry(), s), s, progress);
   ASSERT_EQ(r.rows.size(), 2u);
-  for (const auto& row : r.rows) EXPECT_EQ(row.disposition, "passed") << row.name << ": " << row.reason;
+  for (const auto& row : r.rows) EXPECT_EQ(row.disposition, Disposition::passed) << row.name << ": " << row.reason;
   const bool paired = std::any_of(r.pairs.begin(), r.pairs.end(), [](const PairRow& p) {
     return p.label == "allreduce: DDP buckets vs one call per tensor";
   });

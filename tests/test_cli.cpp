@@ -141,7 +141,7 @@ TEST(Cli, MaxTimeCutsARowShortAndSaysWhich) {
   const tb::Results r = tb::results_from_json(nlohmann::json::parse(std::ifstream(path)));
   std::filesystem::remove(path);
   ASSERT_EQ(r.rows.size(), 1u);
-  EXPECT_EQ(r.rows[0].disposition, "passed");
+  EXPECT_EQ(r.rows[0].disposition, tb::Disposition::passed);
   EXPECT_GE(r.rows[0].samples_ns.size(), 1u);
   EXPECT_LT(r.rows[0].samples_ns.size(), 6u) << "fewer samples than --repetitions";
   EXPECT_NE(r.rows[0].cut_short.find("of 6 samples"), std::string::npos) << r.rows[0].cut_short;
@@ -219,7 +219,7 @@ TEST(Cli, QuickRunWritesAValidResultsFile) {
   const tb::Results r = tb::results_from_json(nlohmann::json::parse(in));
   ASSERT_EQ(r.rows.size(), 3u);
   for (const auto& row : r.rows) {
-    EXPECT_EQ(row.disposition, "passed") << row.name;
+    EXPECT_EQ(row.disposition, tb::Disposition::passed) << row.name;
     EXPECT_EQ(row.samples_ns.size(), 3u) << row.name;
   }
   // 100003 doubles fit in any last-level cache: the cache's bandwidth is no DRAM ceiling, so the row
@@ -304,7 +304,7 @@ TEST(Cli, AStopRequestEndsTheRowInHandWritesWhatWasMeasuredAndExits128PlusTheSig
     const tb::Results r = tb::results_from_json(doc);
     ASSERT_EQ(r.rows.size(), 1u) << o.output;
     const tb::Row& row = r.rows[0];
-    EXPECT_EQ(row.disposition, "passed") << o.output;
+    EXPECT_EQ(row.disposition, tb::Disposition::passed) << o.output;
     EXPECT_FALSE(row.samples_ns.empty());
     EXPECT_LT(row.samples_ns.size(), 100000u);
     EXPECT_EQ(row.interrupted, name + " after " + std::to_string(row.samples_ns.size()) + " of 100000 samples");
@@ -348,7 +348,7 @@ sys.exit(130)
   const tb::Results r = tb::results_from_json(nlohmann::json::parse(in));
   std::set<std::string> passed;
   for (const auto& row : r.rows)
-    if (row.disposition == "passed") passed.insert(row.name.substr(0, row.name.rfind('/')));
+    if (row.disposition == tb::Disposition::passed) passed.insert(row.name.substr(0, row.name.rfind('/')));
   EXPECT_EQ(passed.count("peak/cpu/triad"), 1u) << o.output;  // measured before the stop
   EXPECT_EQ(passed.count("peak/torch/add"), 1u) << o.output;   // the script's row, written when it was stopped
   fs::remove_all(dir);

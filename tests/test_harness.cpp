@@ -121,8 +121,8 @@ TEST_F(Harness, ChecksBeforeTimingAndGivesEveryRowADisposition) {
 
   const Row& slow = row(results, "toy/cpu/slow/n=20000");
   const Row& fast = row(results, "toy/cpu/fast/n=20000");
-  EXPECT_EQ(slow.disposition, "passed");
-  EXPECT_EQ(fast.disposition, "passed");
+  EXPECT_EQ(slow.disposition, Disposition::passed);
+  EXPECT_EQ(fast.disposition, Disposition::passed);
   EXPECT_EQ(slow.samples_ns.size(), 5u);
   EXPECT_GT(slow.summary.median, fast.summary.median);
   ASSERT_EQ(fast.counters.size(), 3u);
@@ -141,18 +141,18 @@ TEST_F(Harness, ChecksBeforeTimingAndGivesEveryRowADisposition) {
   }
 
   const Row& wrong = row(results, "toy/cpu/wrong/n=20000");
-  EXPECT_EQ(wrong.disposition, "incorrect");
+  EXPECT_EQ(wrong.disposition, Disposition::incorrect);
   EXPECT_NE(wrong.reason.find("sum is"), std::string::npos);
   EXPECT_TRUE(wrong.samples_ns.empty());
   EXPECT_FALSE(wrong.timed());
   EXPECT_EQ(wrong_runs.load(), 1) << "an incorrect variant must not be timed";
 
   const Row& throws = row(results, "toy/cpu/throws/n=20000");
-  EXPECT_EQ(throws.disposition, "failed");
+  EXPECT_EQ(throws.disposition, Disposition::failed);
   EXPECT_NE(throws.reason.find("out of toys"), std::string::npos);
 
   const Row& huge = row(results, "toy/cpu/huge/n=20000");
-  EXPECT_EQ(huge.disposition, "unsupported");
+  EXPECT_EQ(huge.disposition, Disposition::unsupported);
   EXPECT_EQ(huge.reason, "needs more toys than this machine has");
 
   ASSERT_EQ(results.pairs.size(), 1u);
@@ -210,7 +210,7 @@ TEST_F(Harness, FilterMatchingOnlyUnavailableVariantsListsThemWithTheReason) {
   EXPECT_FALSE(entries[0].unsupported.empty());
   std::ostringstream progress;
   const Results results = run_entries(reg, entries, settings, progress);
-  EXPECT_EQ(row(results, "gpuonly/cuda/kernel/n=20000").disposition, "unsupported");
+  EXPECT_EQ(row(results, "gpuonly/cuda/kernel/n=20000").disposition, Disposition::unsupported);
   EXPECT_EQ(exit_code_for(results), 0);
   EXPECT_NE(progress.str().find("unsupported"), std::string::npos) << progress.str();
   // A filter that matches nothing anywhere is still bad usage.
@@ -275,12 +275,12 @@ TEST_F(Stop, AStopInARowEndsItAtOnceAndKeepsItsSamplesAndEveryFinishedRow) {
   EXPECT_EQ(sleeper_calls.load(), 40);
 
   const Row& before = row(results, "stoptoy/cpu/before/n=2000");
-  EXPECT_EQ(before.disposition, "passed");
+  EXPECT_EQ(before.disposition, Disposition::passed);
   EXPECT_EQ(before.samples_ns.size(), 100u);
   EXPECT_TRUE(before.interrupted.empty());
 
   const Row& sleeper = row(results, "stoptoy/cpu/sleeper/n=2000");
-  EXPECT_EQ(sleeper.disposition, "passed");
+  EXPECT_EQ(sleeper.disposition, Disposition::passed);
   ASSERT_TRUE(sleeper.timed());
   EXPECT_LT(sleeper.samples_ns.size(), 100u);
   EXPECT_EQ(sleeper.interrupted, "SIGTERM after " + std::to_string(sleeper.samples_ns.size()) + " of 100 samples");
@@ -288,7 +288,7 @@ TEST_F(Stop, AStopInARowEndsItAtOnceAndKeepsItsSamplesAndEveryFinishedRow) {
   EXPECT_FALSE(sleeper.summary.n == 0);
 
   const Row& after = row(results, "stoptoy/cpu/after/n=2000");
-  EXPECT_EQ(after.disposition, "unsupported");
+  EXPECT_EQ(after.disposition, Disposition::unsupported);
   EXPECT_EQ(after.reason, "not run: interrupted");
 
   // The run says it was stopped; nothing failed.
@@ -324,11 +324,11 @@ TEST_F(Stop, AStopBeforeTheFirstSampleLeavesTheRowWithoutATime) {
     const Results results = run_until_stop(stop_at, progress);
     EXPECT_EQ(sleeper_calls.load(), stop_at) << "no call after the one that asked";
     const Row& sleeper = row(results, "stoptoy/cpu/sleeper/n=2000");
-    EXPECT_EQ(sleeper.disposition, "unsupported");
+    EXPECT_EQ(sleeper.disposition, Disposition::unsupported);
     EXPECT_EQ(sleeper.reason, stop_at == 1 ? "not timed: interrupted before its check against the reference"
                                             : "not timed: interrupted during its warm-up (its check passed)");
     EXPECT_FALSE(sleeper.timed());
-    EXPECT_EQ(row(results, "stoptoy/cpu/before/n=2000").disposition, "passed");
+    EXPECT_EQ(row(results, "stoptoy/cpu/before/n=2000").disposition, Disposition::passed);
     EXPECT_EQ(row(results, "stoptoy/cpu/after/n=2000").reason, "not run: interrupted");
     EXPECT_EQ(exit_code_for(results), 0);
   }
@@ -354,7 +354,7 @@ Row timed_row(const std::string& name, const std::string& stage, const std::stri
   r.stage = stage;
   r.variant = variant;
   r.backend = "cpu";
-  r.disposition = "passed";
+  r.disposition = Disposition::passed;
   r.samples_ns = {ns, ns, ns};
   r.bytes = bytes;
   r.footprint = footprint;

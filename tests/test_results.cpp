@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "harness.h"
@@ -21,7 +22,7 @@ Results sample_results() {
   a.variant = "triad";
   a.backend = "cpu";
   a.problem = {{"n", "7"}};
-  a.disposition = "passed";
+  a.disposition = Disposition::passed;
   a.batch = 4;
   a.iterations = 12;
   a.samples_ns = {100, 110, 90, 105, 95, 101};
@@ -37,12 +38,12 @@ Results sample_results() {
   b.variant = "copy";
   b.backend = "cuda";
   b.problem = {{"n", "7"}};
-  b.disposition = "unsupported";
+  b.disposition = Disposition::unsupported;
   b.reason = "no CUDA device, \"really\" | none";
   Row c = a;
   c.name = "peak/cpu/copy/n=7";
   c.variant = "copy";
-  c.disposition = "incorrect";
+  c.disposition = Disposition::incorrect;
   c.reason = "copy[3] = 1, reference 2";
   c.samples_ns.clear();
   c.pct_of_peak.reset();
@@ -99,6 +100,57 @@ TEST(Results, RejectsDocumentsThatAreNotTheSchema) {
   bad_type["benchmarks"][0]["median_ns"] = "fast";
   EXPECT_NE(message(bad_type).find("wrong type"), std::string::npos);
   EXPECT_NE(message(nlohmann::json::array()).find("not a JSON object"), std::string::npos);
+  auto unknown_disposition = doc;
+  unknown_disposition["benchmarks"][1]["disposition"] = "ok";
+  EXPECT_EQ(message(unknown_disposition),
+            "benchmark peak/cuda/copy/n=7: unknown disposition \"ok\" "
+            "(expected one of pending, passed, incorrect, unsupported, failed)");
+}
+
+TEST(Disposition, EveryValueRoundTripsThroughItsName) {
+  for (Disposition d : {Disposition::pending, Disposition::passed, Disposition::incorrect, Disposition::unsupported,
+                        Disposition::failed})
+    EXPECT_EQ(disposition_from_string(to_string(d)), d) << to_string(d);
+  // The words results/README.md documents, spelled as the files hold them.
+  EXPECT_STREQ(to_string(Disposition::passed), "passed");
+  EXPECT_STREQ(to_string(Disposition::incorrect), "incorrect");
+  EXPECT_STREQ(to_string(Disposition::unsupported), "unsupported");
+  EXPECT_STREQ(to_string(Disposition::failed), "failed");
+  std::ostringstream shown;
+  shown << Disposition::unsupported;
+  EXPECT_EQ(shown.str(), "unsupported");
+}
+
+TEST(Disposition, AnUnknownNameIsRejected) {
+  EXPECT_THROW(disposition_from_string("ok"), std::runtime_error);
+  EXPECT_THROW(disposition_from_string("Passed"), std::runtime_error);
+  EXPECT_THROW(disposition_from_string(""), std::runtime_error);
+}
+
+// The files under results/ were written by earlier builds: every one reads, and writes back with the
+// disposition each row had, so the enum changed nothing a stored file holds.
+TEST(Disposition, StoredResultFilesReadAndRewriteWithTheirDispositions) {
+  namespace fs = std::filesystem;
+  const fs::path stored = TRAINBENCH_RESULTS_DIR;
+  if (!fs::is_directory(stored)) GTEST_SKIP() << stored << " is not here (an installed copy of the tests)";
+  int files = 0;
+  std::set<std::string> seen;
+  for (const auto& entry : fs::recursive_directory_iterator(stored)) {
+    if (entry.path().extension() != ".json") continue;
+    ++files;
+    std::ifstream in(entry.path());
+    const nlohmann::json original = nlohmann::json::parse(in);
+    const nlohmann::json rewritten = to_json(results_from_json(original));
+    ASSERT_EQ(rewritten["benchmarks"].size(), original["benchmarks"].size()) << entry.path();
+    for (std::size_t i = 0; i < original["benchmarks"].size(); ++i) {
+      const auto& row = original["benchmarks"][i];
+      EXPECT_EQ(rewritten["benchmarks"][i]["name"], row["name"]) << entry.path();
+      EXPECT_EQ(rewritten["benchmarks"][i]["disposition"], row["disposition"]) << entry.path() << " " << row["name"];
+      seen.insert(row["disposition"].get<std::string>());
+    }
+  }
+  EXPECT_GT(files, 0) << "no stored results under " << stored;
+  EXPECT_TRUE(seen.count("passed")) << "the stored files hold no passed row";
 }
 
 TEST(Results, RendersEveryFormat) {
@@ -219,7 +271,7 @@ TEST(Results, TorchRowsMergeWithCrossPairsWithheldForADisturbedRow) {
   ours.stage = "cg";
   ours.variant = "host_checked";
   ours.backend = "cpu";
-  ours.disposition = "passed";
+  ours.disposition = Disposition::passed;
   ours.samples_ns = {100, 101, 99, 100, 102};
   ours.summary = summarize(ours.samples_ns, 0.05);
   native.rows = {ours, ours};

@@ -25,6 +25,7 @@
 #include "step/step.h"
 #include "step/trainer.h"
 #include "step/workload.h"
+#include "tuner/autotune.h"
 #include "tuner/emit.h"
 #include "tuner/journal.h"
 #include "tuner/race.h"
@@ -752,6 +753,171 @@ CpuTicks ticks_with_children() {
   t.self = static_cast<uint64_t>(per_second * (seconds(self.ru_utime) + seconds(self.ru_stime) + seconds(children.ru_utime) +
                                                seconds(children.ru_stime)));
   return t;
+}
+
+// ---- autotune's steps, called directly (autotune.h) ---------------------------------------------
+
+AutotuneOptions parse(std::vector<const char*> words) {
+  words.insert(words.begin(), "autotune");
+  return parse_options(static_cast<int>(words.size()), words.data());
+}
+
+// What a call of `fn` threw as a UsageError; "" when it returned.
+template <class Fn>
+std::string usage_error(Fn fn) {
+  try {
+    fn();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(AutotuneSteps, OptionsParseIntoTheStruct) {
+  const AutotuneOptions defaults = parse({});
+  EXPECT_EQ(defaults.gpu, "auto");
+  EXPECT_EQ(defaults.workload, "small_gpt");
+  EXPECT_FALSE(defaults.workload_given);
+  EXPECT_EQ(defaults.race_rounds, kDefaultRaceRounds);
+  EXPECT_EQ(defaults.format, OutFormat::yaml);
+  EXPECT_TRUE(defaults.help.empty());
+  const AutotuneOptions o = parse({"--gpu", "cpu", "--workload", "tiny", "--batch", "8", "--memory-limit", "1.5G", "--format",
+                                   "json", "--switches", "optimizer", "--race-rounds", "3", "--resume"});
+  EXPECT_EQ(o.gpu, "cpu");
+  EXPECT_EQ(o.workload, "tiny");
+  EXPECT_TRUE(o.workload_given);
+  EXPECT_EQ(o.batch, 8);
+  EXPECT_EQ(o.memory_limit, int64_t{3} << 29);
+  EXPECT_EQ(o.format, OutFormat::json);
+  EXPECT_EQ(o.switches, "optimizer");
+  EXPECT_EQ(o.race_rounds, 3);
+  EXPECT_TRUE(o.resume);
+  // --entry tunes a PyTorch model: it implies the torch executor.
+  EXPECT_EQ(parse({"--entry", "model.py:build"}).executor, "torch");
+  EXPECT_NE(parse({"--help"}).help.find("--budget"), std::string::npos);
+}
+
+TEST(AutotuneSteps, BadOptionsAreOneUsageErrorEach) {
+  for (const auto& [words, says] : std::vector<std::pair<std::vector<const char*>, std::string>>{
+           {{"--no-such-flag"}, "Run 'autotune --help' for the options."},
+           {{"--batch", "0"}, "--batch"},
+           {{"--memory-limit", "3Q"}, "--memory-limit '3Q': expected a size"},
+           {{"--predict", "--ranks", "1"}, "--predict needs --ranks N with N >= 2"},
+           {{"--entry", "m.py:f", "--executor", "native"}, "it runs with --executor torch, not native"},
+           {{"--ranks", "2", "--executor", "torch"}, "--executor torch is one process"},
+           {{"--compare", "a.yaml", "b.yaml", "--ranks", "2"}, "leave out --ranks"},
+           {{"--executor", "native,torch"}, "give it --compare FILE"}}) {
+    EXPECT_NE(usage_error([&, &words = words] { parse(words); }).find(says), std::string::npos) << says;
+  }
+}
+
+TEST(AutotuneSteps, ThePlanIsTheMachineTheWorkloadTheExecutorAndTheSpace) {
+  const AutotuneOptions o = parse({"--gpu", "cpu", "--workload", "tiny", "--switches", "optimizer"});
+  const TunePlan plan = plan_tune(o);
+  EXPECT_EQ(plan.machine.backend, "cpu");
+  EXPECT_FALSE(plan.machine.use_cuda);
+  EXPECT_EQ(plan.workload.name, "tiny");
+  ASSERT_NE(plan.runner.executor, nullptr);
+  EXPECT_EQ(plan.runner.description["name"], "native");
+  EXPECT_EQ(plan.batches.batches, (std::vector<int64_t>{8, 16, 32}));  // tiny's global_range [8, 32]
+  EXPECT_EQ(plan.space.global_batches, plan.batches.batches);
+  EXPECT_GT(plan.space.switches.at("optimizer").size(), 1u);
+  for (const auto& [name, values] : plan.space.switches) {  // the ones not asked for: the workload's own value
+    if (name != "optimizer") {
+      EXPECT_EQ(values.size(), 1u) << name;
+    }
+  }
+  EXPECT_EQ(plan.own.global_batch, 16);
+  EXPECT_EQ(plan.own.micro_batch, 8);
+  EXPECT_FALSE(plan.workload_digest.empty());
+  // --memory-limit caps what the executor says it holds.
+  const TunePlan capped = plan_tune(parse({"--gpu", "cpu", "--workload", "tiny", "--memory-limit", "1G"}));
+  EXPECT_EQ(capped.runner.executor->memory_capacity(), int64_t{1} << 30);
+  EXPECT_EQ(capped.runner.description["memory_limit_bytes"], int64_t{1} << 30);
+}
+
+TEST(AutotuneSteps, APlanThatCannotRunIsRefusedBeforeAnyTrial) {
+  EXPECT_NE(usage_error([] { plan_tune(parse({"--gpu", "cpu", "--workload", "tiny", "--switches", "warp_drive"})); })
+                .find("--switches: 'warp_drive' is not a switch of this workload on cpu (available: "),
+            std::string::npos);
+  EXPECT_NE(usage_error([] { plan_tune(parse({"--gpu", "cpu", "--workload", "no_such_preset"})); }).find("presets:"),
+            std::string::npos);
+  EXPECT_NE(usage_error([] { plan_tune(parse({"--gpu", "cpu", "--workload", "tiny", "--memory-limit", "1K"})); })
+                .find("--memory-limit allows 1.0 KiB"),
+            std::string::npos);
+}
+
+TEST(AutotuneSteps, RanksShareEachGlobalBatch) {
+  step::Workload w = step::load_workload("tiny");  // global 16, micro 8
+  GlobalBatchPlan batches{{8, 16, 32}, "tiny's global_range", false};
+  AutotuneOptions o;
+  o.ranks = 2;
+  share_batches_over_ranks(o, w, batches);
+  EXPECT_EQ(batches.batches, (std::vector<int64_t>{4, 8, 16}));
+  EXPECT_EQ(w.batch.global, 8);
+  EXPECT_EQ(w.batch.micro, 8);
+  EXPECT_EQ(w.distributed.ranks, 2);
+  // Of the workload's range, the batches that split are searched; the user's batch must split.
+  step::Workload w3 = step::load_workload("tiny");
+  GlobalBatchPlan range{{8, 16, 32}, "tiny's global_range", false};
+  o.ranks = 64;
+  EXPECT_NE(usage_error([&] { share_batches_over_ranks(o, w3, range); })
+                .find("--ranks 64: no global batch of tiny's global_range is a multiple of the ranks"),
+            std::string::npos);
+  o.ranks = 32;  // 32 splits, tiny's own 16 does not
+  EXPECT_NE(usage_error([&] { share_batches_over_ranks(o, w3, range); }).find("--ranks 32: tiny's batch 16"),
+            std::string::npos);
+  GlobalBatchPlan pinned{{12}, "--batch 12", true};
+  o.ranks = 8;
+  o.batch = 12;
+  EXPECT_NE(usage_error([&] { share_batches_over_ranks(o, w3, pinned); })
+                .find("--ranks 8: the global batch 12 is not a multiple of the ranks"),
+            std::string::npos);
+}
+
+// A machine where micro-batch 4 is clearly fastest, exactly, every time: the search, the race and
+// the output steps on it choose micro-batch 4 and write it.
+class MicroBatchTable final : public Executor {
+ public:
+  TrialResult run(const Candidate& c, const MeasurePolicy&) override {
+    static const std::map<int64_t, double> speed{{1, 100}, {2, 200}, {4, 400}, {8, 300}, {16, 250}};
+    TrialResult r;
+    r.samples_per_s = speed.at(c.micro_batch);
+    r.ci_low = r.samples_per_s * 0.999;
+    r.ci_high = r.samples_per_s * 1.001;
+    r.peak_bytes = (int64_t{1} << 20) * c.micro_batch;
+    r.steps = 10;
+    r.seconds = 0.01;
+    r.setup_seconds = 0.001;
+    return r;
+  }
+  int64_t memory_capacity() const override { return int64_t{1} << 40; }
+};
+
+TEST(AutotuneSteps, SearchRaceAndOutputRunOnThePlansExecutor) {
+  const auto dir = fresh_dir("tb_steps");
+  const std::string journal = (dir / "j.jsonl").string(), tuned = (dir / "tuned.yaml").string();
+  const AutotuneOptions o = parse({"--gpu", "cpu", "--workload", "tiny", "--batch", "16", "--switches", "none",
+                                   "--journal", journal.c_str(), "--out", tuned.c_str()});
+  const BudgetClock clock;
+  TunePlan plan = plan_tune(o);
+  plan.runner.executor = std::make_unique<MicroBatchTable>();
+  Tune tune(o, plan, clock);
+  search_and_race(tune);
+  ASSERT_TRUE(tune.out.report.found);
+  EXPECT_EQ(tune.out.report.best.candidate.micro_batch, 4);
+  ASSERT_TRUE(tune.out.baseline.has_value());
+  EXPECT_EQ(tune.out.baseline->candidate.micro_batch, 8);  // tiny's own
+  ASSERT_TRUE(tune.out.race.has_value()) << "the choice and tiny's own configuration race";
+  EXPECT_TRUE(tune.out.confirmed);
+  EXPECT_FALSE(tune.seen.empty());
+  predict_step(tune);  // no --predict: nothing
+  EXPECT_TRUE(tune.out.prediction.is_null());
+  EXPECT_EQ(output_step(tune), 0);
+  const YAML::Node written = YAML::LoadFile(tuned)["trainbench_autotune"];
+  EXPECT_EQ(written["chosen"]["micro_batch"].as<int64_t>(), 4);
+  EXPECT_EQ(written["chosen"]["global_batch"].as<int64_t>(), 16);
+  std::filesystem::remove_all(dir);
 }
 
 // Two tunes of one small workload agree: each one's choice, raced interleaved against the other's

@@ -18,8 +18,8 @@ int main(int argc, char** argv) {
     if (r.rows.empty()) throw std::runtime_error("no benchmarks");
     if (argc > 2 && std::string(argv[2]) == "--all-passed")
       for (const auto& row : r.rows)
-        if (row.disposition == "incorrect" || row.disposition == "failed")
-          throw std::runtime_error(row.name + " " + row.disposition + ": " + row.reason);
+        if (row.disposition == tb::Disposition::incorrect || row.disposition == tb::Disposition::failed)
+          throw std::runtime_error(row.name + " " + tb::to_string(row.disposition) + ": " + row.reason);
     std::cout << argv[1] << ": valid, " << r.rows.size() << " benchmarks, " << r.peaks.size() << " peaks, "
               << r.pairs.size() << " pairs\n";
     return 0;

@@ -6,7 +6,9 @@
 // PyTorch twin of the step (trial.h's TorchExecutor) instead of the C++ step; with `--entry`, the user's
 // own PyTorch model (entry.h's EntryExecutor).
 // Exit codes: 0 a configuration was chosen (or compared), 1 none ran successfully, 2 bad usage, 130
-// interrupted (the best so far and the journal are still written).
+// interrupted (the best so far and the journal are still written). The steps are in autotune.h.
+#include "tuner/autotune.h"
+
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
@@ -44,10 +46,8 @@
 #include "tuner/distributed.h"
 #include "tuner/trial.h"
 
+namespace tb::tune {
 namespace {
-
-using namespace tb;
-using namespace tb::tune;
 
 std::atomic<bool> stop_requested{false};
 
@@ -171,13 +171,7 @@ GlobalBatchPlan global_batches(const step::Workload& w, int64_t batch, const std
   return plan_global_batches(w.batch.global, {w.batch.global_min, w.batch.global_max}, batch, option);
 }
 
-// The race of the finalists after the search (race.h).
-// Finalists a few percent apart on a machine with slow spells: after 6 rounds their interval often
-// still spans both (a tie, settled by memory), and two tunes of one workload then chose micro-batches
-// whose interleaved comparison later differed by 7% (2 pairs of 6 here); with 12, 6 of 6 agreed. A
-// race ends as soon as one finalist is left, so the rounds are paid only where the call is close, and
-// the race never takes more than its share of the budget.
-constexpr int kDefaultRaceRounds = 12;
+// The race of the finalists after the search (race.h): its defaults.
 // The search's choice and at most three more, the workload's own configuration besides: the race
 // drops the ones clearly behind after kMinRoundsToDrop rounds, so a round of five is paid three times.
 constexpr std::size_t kMaxSearchFinalists = 4;
@@ -185,60 +179,6 @@ constexpr int kMinRoundsToDrop = PairedRounds::kMinRoundsForVerdict;
 constexpr double kSliceShare = 0.25;  // a slice measures this share of --trial-seconds, at least a second (or all of it)
 constexpr double kRaceShare = 0.3;  // at most this share of the time left after the workload's own trial is kept for the race
 constexpr double kLevel = 0.95;  // of every interval the race reports
-
-// The backend a run measures on, and what the output says about it.
-struct Machine {
-  bool use_cuda = false;
-  int device = 0;
-  std::string backend, name;
-  nlohmann::json description;
-};
-
-Machine pick_machine(const std::string& gpu) {
-  Machine m;
-  const auto& cuda = cuda_status();
-  if (gpu == "auto") {
-    m.use_cuda = cuda.available();
-    if (!m.use_cuda) std::cerr << "autotune: " << cuda.unavailable_reason << "; measuring on the CPU" << std::endl;
-  } else if (gpu != "cpu") {
-    double n = 0;
-    if (!parse_number(gpu, n) || n < 0 || n != std::floor(n)) throw UsageError("--gpu '" + gpu + "': expected auto, cpu or a device index");
-    m.device = static_cast<int>(n);
-    select_cuda_device(m.device);  // UsageError when it does not exist
-    m.use_cuda = true;
-  }
-  m.backend = m.use_cuda ? "cuda" : "cpu";
-  m.name = m.use_cuda ? cuda.devices.at(static_cast<std::size_t>(m.device)).name : host_info().cpu_model;
-  m.description = {{"backend", m.backend}, {"name", m.name}};
-  if (m.use_cuda) {
-    const auto& g = cuda.devices.at(static_cast<std::size_t>(m.device));
-    m.description.update({{"uuid", g.uuid}, {"compute_capability", g.compute_capability}, {"memory_bytes", g.memory_bytes},
-                          {"driver_version", g.driver_version}, {"runtime_version", g.runtime_version},
-                          {"cublas_version", g.cublas_version}});
-  } else {
-    const HostInfo h = host_info();
-    m.description.update({{"cores", h.cores}, {"compiler", h.compiler}, {"blas", h.blas}});
-  }
-  return m;
-}
-
-// --memory-limit: "16G", "512M", "3.5GiB", or bytes. Throws UsageError naming the value.
-int64_t parse_memory_limit(const std::string& text) {
-  std::size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  std::string unit = text.substr(used);
-  if (unit.size() > 1 && (unit.substr(1) == "iB" || unit.substr(1) == "B")) unit = unit.substr(0, 1);
-  const std::string units = "KMGT";
-  const std::size_t power = unit.empty() ? 0 : units.find(static_cast<char>(std::toupper(unit[0])));
-  if (used == 0 || !(value > 0) || (!unit.empty() && (unit.size() != 1 || power == std::string::npos)))
-    throw UsageError("--memory-limit '" + text + "': expected a size such as 16G, 512M or 3.5GiB (K, M, G, T: powers of 1024)");
-  return static_cast<int64_t>(value * std::pow(1024.0, unit.empty() ? 0.0 : static_cast<double>(power + 1)));
-}
 
 // The trials as `inner` runs them, planned for at most `limit` bytes: the memory model's wall, the
 // largest micro-batch probed and the finalists that may be chosen all stop there (a GPU smaller than
@@ -252,16 +192,6 @@ class MemoryCapped final : public Executor {
  private:
   std::unique_ptr<Executor> inner_;
   int64_t limit_;
-};
-
-// The executor the trials run in: the C++ step in `autotune --trial` children (native), or the
-// PyTorch twin of the step in `scripts/torch-step --trial` children (torch).
-struct TrialRunner {
-  std::unique_ptr<Executor> executor;
-  nlohmann::json description;  // the output's executor
-  double extra_startup = 0;    // what a trial's start-up costs beyond the native one's (import torch)
-  std::string journal_tag;     // keeps the executors' journals apart
-  bool torch = false;
 };
 
 TrialRunner make_runner(const std::string& which, const step::Workload& workload, const Machine& machine, int64_t ranks = 1,
@@ -532,57 +462,30 @@ TunedFile read_tuned_file(const std::string& path) {
   return f;
 }
 
-// `autotune --compare A B ...`: the files' choices raced interleaved, each against the first's.
-int compare_tuned(const std::vector<std::string>& paths, const std::string& workload_option, const std::string& gpu,
-                  const std::string& executor_name, double budget, double trial_seconds, int rounds, OutFormat format,
-                  const std::string& out_path) {
-  const auto started = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
-  const std::vector<std::string> executors = executor_names(executor_name);
-  if (paths.size() * executors.size() < 2)
-    throw UsageError("--compare: give two tuned files or more, or one with --executor native,torch (the C++ step "
-                     "against its PyTorch twin)");
-  if (format != OutFormat::yaml && format != OutFormat::json) throw UsageError("--compare writes --format yaml or json");
-  std::vector<TunedFile> tuned;
-  for (const auto& p : paths) tuned.push_back(read_tuned_file(p));
-  // The workload the files were tuned for, unless --workload names it; either way the files'.
-  const step::Workload workload = step::load_workload(workload_option.empty() ? tuned.front().workload_path : workload_option);
-  const std::string workload_digest = digest(file_text(workload.path));
-  for (const auto& t : tuned)
-    if (t.workload_digest != workload_digest)
-      throw UsageError(t.path + " was tuned for another workload file (digest " + t.workload_digest + ", " + workload.path +
-                       " has " + workload_digest + ")");
-  const Machine machine = pick_machine(gpu);
-  // One runner per executor; with two, every file's configuration is raced in each.
+// --compare's executor: the one --executor names, or with two (native,torch) each configuration run in
+// the executor its "executor" switch names.
+TrialRunner compare_runner(const std::vector<std::string>& executors, const std::string& executor_name,
+                           const step::Workload& workload, const Machine& machine) {
   std::map<std::string, TrialRunner> runners;
   for (const auto& name : executors) runners.emplace(name, make_runner(name, workload, machine));
+  if (executors.size() == 1) return std::move(runners.begin()->second);
   TrialRunner runner;
-  if (executors.size() == 1) {
-    runner = std::move(runners.begin()->second);
-  } else {
-    std::map<std::string, std::unique_ptr<Executor>> inner;
-    runner.description = {{"name", executor_name}};
-    for (auto& [name, r] : runners) {
-      runner.description[name] = r.description;
-      runner.extra_startup = std::max(runner.extra_startup, r.extra_startup);
-      runner.torch = runner.torch || r.torch;
-      inner.emplace(name, std::move(r.executor));
-    }
-    runner.executor = std::make_unique<ByExecutor>(std::move(inner));
+  std::map<std::string, std::unique_ptr<Executor>> inner;
+  runner.description = {{"name", executor_name}};
+  for (auto& [name, r] : runners) {
+    runner.description[name] = r.description;
+    runner.extra_startup = std::max(runner.extra_startup, r.extra_startup);
+    runner.torch = runner.torch || r.torch;
+    inner.emplace(name, std::move(r.executor));
   }
-  const auto available = available_switches(workload, machine.use_cuda);
-  for (const auto& t : tuned)
-    for (const auto& [name, value] : t.chosen.switches)
-      if (!available.count(name))
-        throw UsageError(t.path + ": its configuration sets " + name + ", which " + workload.name + " does not have on " +
-                         machine.backend);
+  runner.executor = std::make_unique<ByExecutor>(std::move(inner));
+  return runner;
+}
 
-  CompareOutput out;
-  out.device = machine.description;
-  out.executor = runner.description;
-  out.workload_name = workload.name;
-  out.workload_path = workload.path;
-  out.workload_digest = workload_digest;
+// Each file's configuration (in each executor), and the entrant in the race each is: files holding
+// one configuration share it.
+std::vector<RaceEntrant> compare_entrants(const std::vector<TunedFile>& tuned, const std::vector<std::string>& executors,
+                                          CompareOutput& out) {
   std::vector<RaceEntrant> entrants;
   for (const auto& t : tuned)
     for (const auto& name : executors) {
@@ -599,40 +502,45 @@ int compare_tuned(const std::vector<std::string>& paths, const std::string& work
       if (k == entrants.size()) entrants.push_back(RaceEntrant{c, TrialResult{}, true});
       out.raced.push_back(k);
     }
+  return entrants;
+}
 
-  if (entrants.size() >= 2) {
-    SearchOptions search;
-    search.measure.max_seconds = trial_seconds;
-    Executor& executor = *runner.executor;
-    Candidate first = entrants.front().candidate;
-    first.switches.erase(ByExecutor::executor_switch);
-    TrialEstimate shortest = shortest_trial(apply(workload, first), search.measure.min_steps, machine.use_cuda,
-                                            machine.device);
-    shortest.seconds += runner.extra_startup;
-    refuse_budget_below_one_trial(workload, first, shortest, search.measure, budget, elapsed());
-    const double deadline = budget - output_reserve(budget);
-    std::signal(SIGINT, [](int) { stop_requested = true; });
-    if (const std::string notice = take_blas_kernel_notice(); !notice.empty()) std::cerr << notice << std::endl;
-    std::cerr << "autotune: comparing " << entrants.size() << " configurations of " << workload.name << " on " << machine.name
-              << (executors.size() > 1 ? " in the C++ step and in its PyTorch twin" : runner.torch ? " in the PyTorch twin" : "")
-              << ", interleaved, " << budget << " s budget" << std::endl;
-    for (std::size_t f = 0; f < tuned.size(); ++f) std::cerr << "autotune:   " << tuned[f].path << ": " << describe(tuned[f].chosen) << std::endl;
-    RaceOptions ro = race_options(search, rounds, trial_seconds, [&] { return deadline - elapsed(); }, shortest.seconds,
-                                  elapsed, budget);
-    ro.on_drop = nullptr;  // every configuration is measured to the end: each is compared, none is chosen
-    ro.min_rounds_to_drop = rounds + 1;
-    try {
-      out.race = race(executor, entrants, ro);
-      std::cerr << "autotune: the race ended after " << out.race->rounds << " round" << (out.race->rounds == 1 ? "" : "s")
-                << ": " << out.race->ended << std::endl;
-    } catch (const Interrupted&) {
-      out.interrupted = true;
-      std::cerr << "autotune: interrupted; nothing was compared" << std::endl;
-    }
+// The compared configurations raced to the end (none is dropped: each is compared, none chosen).
+void race_compared(const AutotuneOptions& options, const step::Workload& workload, const Machine& machine,
+                   TrialRunner& runner, const std::vector<TunedFile>& tuned, const std::vector<RaceEntrant>& entrants,
+                   const BudgetClock& clock, CompareOutput& out) {
+  const int rounds = std::max(options.race_rounds, 2);
+  const bool both_executors = executor_names(options.executor).size() > 1;
+  SearchOptions search;
+  search.measure.max_seconds = options.trial_seconds;
+  Candidate first = entrants.front().candidate;
+  first.switches.erase(ByExecutor::executor_switch);
+  TrialEstimate shortest = shortest_trial(apply(workload, first), search.measure.min_steps, machine.use_cuda, machine.device);
+  shortest.seconds += runner.extra_startup;
+  refuse_budget_below_one_trial(workload, first, shortest, search.measure, options.budget, clock.elapsed());
+  const double deadline = options.budget - output_reserve(options.budget);
+  std::signal(SIGINT, [](int) { stop_requested = true; });
+  if (const std::string notice = take_blas_kernel_notice(); !notice.empty()) std::cerr << notice << std::endl;
+  std::cerr << "autotune: comparing " << entrants.size() << " configurations of " << workload.name << " on " << machine.name
+            << (both_executors ? " in the C++ step and in its PyTorch twin" : runner.torch ? " in the PyTorch twin" : "")
+            << ", interleaved, " << options.budget << " s budget" << std::endl;
+  for (const auto& t : tuned) std::cerr << "autotune:   " << t.path << ": " << describe(t.chosen) << std::endl;
+  RaceOptions ro = race_options(search, rounds, options.trial_seconds, [&] { return deadline - clock.elapsed(); },
+                                shortest.seconds, [&] { return clock.elapsed(); }, options.budget);
+  ro.on_drop = nullptr;  // every configuration is measured to the end: each is compared, none is chosen
+  ro.min_rounds_to_drop = rounds + 1;
+  try {
+    out.race = race(*runner.executor, entrants, ro);
+    std::cerr << "autotune: the race ended after " << out.race->rounds << " round" << (out.race->rounds == 1 ? "" : "s")
+              << ": " << out.race->ended << std::endl;
+  } catch (const Interrupted&) {
+    out.interrupted = true;
+    std::cerr << "autotune: interrupted; nothing was compared" << std::endl;
   }
-  const std::string text = emit(out, format);
-  if (out_path.empty()) std::cout << text << std::flush;
-  else write_file_atomically(out_path, text);
+}
+
+// Each comparison's verdict on stderr, as the written output holds it.
+void print_comparisons(const CompareOutput& out) {
   const nlohmann::json doc = to_json(out);  // named: the loop below reads inside it
   for (const auto& c : doc["trainbench_autotune_compare"]["comparisons"]) {
     const std::string verdict = c["verdict"], of = c["of"], against = c["against"];
@@ -640,84 +548,125 @@ int compare_tuned(const std::vector<std::string>& paths, const std::string& work
     else std::cerr << "autotune: " << c["note"].get<std::string>() << ": " << (verdict == "within_noise" ? "within noise" : verdict == "too_few_rounds" ? "too few rounds to tell" : verdict + " beyond noise");
     std::cerr << std::endl;
   }
-  if (out.interrupted) return 130;
-  if (out.race && out.race->rounds == 0) return 1;
-  return 0;
 }
 
-int run(int argc, char** argv) {
-  if (argc == 3 && std::string(argv[1]) == "--trial") {  // the child side of a trial
-    const TrialResult r = run_trial_here(nlohmann::json::parse(argv[2]));
-    if (comm::launched_rank() == 0) std::cout << tb::tune::to_json(r).dump() << std::endl;  // one line, rank 0's
-    return 0;
-  }
-  if (argc == 3 && std::string(argv[1]) == "--allreduce-probe") return run_allreduce_probe_here(nlohmann::json::parse(argv[2]));
+void write_output(const std::string& text, const std::string& out_path) {
+  if (out_path.empty()) std::cout << text << std::flush;
+  else write_file_atomically(out_path, text);
+}
 
-  std::string gpu = "auto", workload_name = "small_gpt", range, strategy = "auto", switch_list, format = "yaml";
-  std::string journal_path, out_path, executor_name = "native", memory_limit_text, entry;
-  std::vector<std::string> compare_files;
-  int64_t batch = 0, ranks = 1, probe_ranks = 2;
-  std::string launcher = "mpirun";
-  bool predict = false;
-  double budget = 300, trial_seconds = 10;
-  int race_rounds = kDefaultRaceRounds;
-  bool resume = false;
-  CLI::App app{"trainbench autotune: the best batch / micro-batch / accumulation config for this machine"};
+// Refused before anything runs: a workload that cannot fit even at micro-batch 1 (with activation
+// checkpointing where it can be switched on, and fused attention where it can be chosen).
+void refuse_workload_that_cannot_fit(const TunePlan& plan, int64_t memory_limit) {
+  Candidate smallest = plan.own;
+  smallest.micro_batch = 1;
+  const auto has_value = [&](const char* name, const char* value) {
+    const auto it = plan.space.switches.find(name);
+    return it != plan.space.switches.end() && std::find(it->second.begin(), it->second.end(), value) != it->second.end();
+  };
+  const bool with_ckpt = has_value("activation_checkpointing", "on");
+  if (with_ckpt) smallest.switches["activation_checkpointing"] = "on";
+  if (has_value("attention", "fused")) smallest.switches["attention"] = "fused";
+  const double need = step::estimate_bytes(apply(plan.workload, smallest));
+  const auto capacity = static_cast<double>(plan.runner.executor->memory_capacity());
+  if (need > capacity)
+    throw UsageError(plan.workload.name + " needs about " + human_bytes(need) + " at micro-batch 1" +
+                     (with_ckpt ? " with activation checkpointing" : "") +
+                     (memory_limit > 0 && capacity == static_cast<double>(memory_limit)
+                          ? "; --memory-limit allows " + human_bytes(capacity)
+                          : "; this " + (plan.machine.use_cuda ? "GPU has " + human_bytes(capacity) + " for a step"
+                                                                : "CPU has " + human_bytes(capacity) + " free")));
+}
+
+// Says which finalists race and why each is there.
+void announce_finalists(const std::vector<RaceEntrant>& entrants, bool own_chosen, bool own_ran, const AutotuneOptions& options) {
+  auto count = [&](const std::string& why) {
+    return std::count_if(entrants.begin(), entrants.end(), [&](const RaceEntrant& e) { return e.why == why; });
+  };
+  std::string values, neighbours;
+  for (const auto& e : entrants) {
+    if (e.why.rfind("best ", 0) == 0) values += (values.empty() ? "" : ", ") + e.why.substr(5);
+    if (e.why.rfind("micro-batch ", 0) == 0)
+      neighbours += (neighbours.empty() ? "" : " and ") + std::to_string(e.candidate.micro_batch);
+  }
+  std::cerr << "autotune: racing the finalists interleaved: the search's choice"
+            << (own_chosen ? " (the workload's own configuration)" : "") << ", " << count("tie") << " within noise of it, "
+            << count("next fastest") << " next fastest"
+            << (values.empty() ? "" : ", the fastest with " + values)
+            << (neighbours.empty() ? "" : ", its switches at micro-batch " + neighbours)
+            << (own_ran && !own_chosen ? ", the workload's own configuration" : "")
+            << "; up to " << options.race_rounds << " rounds of " << slice_seconds_for(options.trial_seconds) << " s slices"
+            << std::endl;
+}
+
+// What an exhausted budget or a Ctrl-C leaves: the best of the trials so far.
+void settle_on_best_so_far(Tune& tune) {
+  tune.out.report = best_so_far(tune.seen, tune.search_options.noise_margin);
+  tune.out.report.seconds = tune.clock.elapsed();
+}
+
+}  // namespace
+
+
+// The options the command line sets; `format` and `memory_limit` as typed, checked after the parse.
+// Returns the --workload option, whose presence parse_options asks about.
+static CLI::Option* add_options(CLI::App& app, AutotuneOptions& o, std::string& format,
+                                                          std::string& memory_limit_text) {
   app.footer(examples);
-  app.add_option("--gpu", gpu, "auto (the first GPU, else the CPU), a device index, or cpu");
-  auto* workload_opt = app.add_option("--workload", workload_name, "a preset name or a workload .yaml file");
-  auto* batch_opt = app.add_option("--batch", batch,
+  app.add_option("--gpu", o.gpu, "auto (the first GPU, else the CPU), a device index, or cpu");
+  auto* workload_opt = app.add_option("--workload", o.workload, "a preset name or a workload .yaml file");
+  auto* batch_opt = app.add_option("--batch", o.batch,
                                    "pin the global batch (default: each of the workload's global_range, else its own; a "
                                    "larger global batch is not free for convergence)")
                         ->check(CLI::PositiveNumber);
-  app.add_option("--batch-range", range, "A:B: global batches A, 2A, 4A ... up to B (default: the workload's global_range)")
+  app.add_option("--batch-range", o.batch_range, "A:B: global batches A, 2A, 4A ... up to B (default: the workload's global_range)")
       ->excludes(batch_opt);
-  app.add_option("--budget", budget, "seconds for the whole run: probes, trials, the race, output (default 300)")
+  app.add_option("--budget", o.budget, "seconds for the whole run: probes, trials, the race, output (default 300)")
       ->check(CLI::Range(1.0, 1e7));
   app.add_option("--memory-limit", memory_limit_text,
                  "plan for at most this much memory, e.g. 16G (the GPU you will train on, or what this host can spare; "
                  "default: what the device has free)");
-  app.add_option("--trial-seconds", trial_seconds,
+  app.add_option("--trial-seconds", o.trial_seconds,
                  "longest a trial measures before its interval is tight (default 10; a race slice measures a quarter of it, "
                  "at least a second)")
       ->check(CLI::Range(0.1, 3600.0));
-  app.add_option("--executor", executor_name,
+  app.add_option("--executor", o.executor,
                  "native (trainbench's C++ step, the default) or torch (the PyTorch twin of the step, scripts/torch-step: "
                  "the same model, data, optimizer and switches written as a PyTorch program; needs PyTorch, see "
                  "scripts/install-deps --torch); with --compare, native,torch races each configuration in both, the C++ "
                  "step against its PyTorch twin")
       ->check(CLI::IsMember({"native", "torch", "native,torch"}));
-  app.add_option("--entry", entry,
+  app.add_option("--entry", o.entry,
                  "FILE.py:NAME: tune your own PyTorch model, NAME(micro_batch, device) returning dict(model, optimizer, "
                  "batches, loss) or a LightningModule (README: --entry); hf:MODEL?key=value&...: a transformers model from "
                  "its configuration, random weights, synthetic tokens (never downloads); implies --executor torch")
       ->excludes(workload_opt);
-  app.add_option("--ranks", ranks,
+  app.add_option("--ranks", o.ranks,
                  "data-parallel ranks: every trial runs the step on N ranks (LAUNCHER -n N), the global batch split as "
                  "micro-batch x accumulation x N, DDP's bucket size a switch; the output's DeepSpeed / Lightning keys are for N")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  app.add_option("--mpirun", launcher, "the launcher of --ranks trials, with its options (default: mpirun; e.g. "
-                                       "'mpirun --hostfile hosts')");
-  app.add_flag("--predict", predict,
+  app.add_option("--mpirun", o.launcher, "the launcher of --ranks trials, with its options (default: mpirun; e.g. "
+                                         "'mpirun --hostfile hosts')");
+  app.add_flag("--predict", o.predict,
                "with --ranks N: predict N ranks (more than are at hand) from trials of one rank's share of the batch on "
                "--probe-ranks independent ranks and the all-reduce measured on them; measured too where N <= --probe-ranks");
-  app.add_option("--probe-ranks", probe_ranks, "ranks at hand the all-reduce is measured on for --predict (default 2)")
+  app.add_option("--probe-ranks", o.probe_ranks, "ranks at hand the all-reduce is measured on for --predict (default 2)")
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
-  app.add_option("--strategy", strategy, "auto (fast search) or grid (every candidate)")
+  app.add_option("--strategy", o.strategy, "auto (fast search) or grid (every candidate)")
       ->check(CLI::IsMember({"auto", "grid"}));
-  app.add_option("--switches", switch_list, "comma list of switches to tune (default: all the workload has), or none");
-  app.add_option("--race-rounds", race_rounds,
+  app.add_option("--switches", o.switches, "comma list of switches to tune (default: all the workload has), or none");
+  app.add_option("--race-rounds", o.race_rounds,
                  "most rounds of the finalists' interleaved race after the search (default 12; 0: no race, and no speedup "
                  "is claimed)")
       ->check(CLI::Range(0, 100));
   app.add_option("--format", format, "yaml, json, deepspeed, lightning or hf (Hugging Face TrainingArguments)")
       ->check(CLI::IsMember({"yaml", "json", "deepspeed", "lightning", "hf"}));
-  app.add_option("--journal", journal_path,
+  app.add_option("--journal", o.journal_path,
                  "append every finished trial here (default: beside --out, else under "
                  "${XDG_CACHE_HOME:-~/.cache}/trainbench/, keyed by workload and device)");
-  app.add_flag("--resume", resume, "skip the trials already in the journal");
-  app.add_option("--out", out_path, "write the config to this file (atomically) instead of stdout");
-  auto* compare_opt = app.add_option("--compare", compare_files,
+  app.add_flag("--resume", o.resume, "skip the trials already in the journal");
+  app.add_option("--out", o.out_path, "write the config to this file (atomically) instead of stdout");
+  auto* compare_opt = app.add_option("--compare", o.compare_files,
                                      "FILE FILE...: race the configurations these tuned files (--format yaml or json) chose, "
                                      "interleaved, each against the first, instead of tuning; says whether they are "
                                      "within noise (the workload is the files' unless --workload names it). One FILE with "
@@ -725,90 +674,119 @@ int run(int argc, char** argv) {
                           ->expected(1, 64);
   for (const char* tuning_only : {"--batch", "--batch-range", "--strategy", "--switches", "--journal", "--resume"})
     compare_opt->excludes(tuning_only);
+  return workload_opt;
+}
+
+AutotuneOptions parse_options(int argc, const char* const* argv) {
+  AutotuneOptions o;
+  std::string format = "yaml", memory_limit_text;
+  CLI::App app{"trainbench autotune: the best batch / micro-batch / accumulation config for this machine"};
+  CLI::Option* workload_opt = add_options(app, o, format, memory_limit_text);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+  } catch (const CLI::CallForHelp&) {
+    o.help = app.help();
+    return o;
   } catch (const CLI::ParseError& e) {
-    std::cerr << "autotune: " << e.what() << "\nRun 'autotune --help' for the options." << std::endl;
-    return 2;
+    throw UsageError(std::string(e.what()) + "\nRun 'autotune --help' for the options.");
   }
-  if (predict && ranks < 2) throw UsageError("--predict needs --ranks N with N >= 2");
-  if (!entry.empty()) {
-    if (app.count("--executor") && executor_name != "torch")
-      throw UsageError("--entry tunes a PyTorch model: it runs with --executor torch, not " + executor_name);
-    if (ranks > 1 || !compare_files.empty()) throw UsageError("--entry tunes one process: leave out --ranks and --compare");
-    executor_name = "torch";
+  o.workload_given = workload_opt->count() > 0;
+  o.format = out_format_from_string(format);
+  if (o.predict && o.ranks < 2) throw UsageError("--predict needs --ranks N with N >= 2");
+  if (!o.entry.empty()) {
+    if (app.count("--executor") && o.executor != "torch")
+      throw UsageError("--entry tunes a PyTorch model: it runs with --executor torch, not " + o.executor);
+    if (o.ranks > 1 || !o.compare_files.empty()) throw UsageError("--entry tunes one process: leave out --ranks and --compare");
+    o.executor = "torch";
   }
-  const int64_t memory_limit = memory_limit_text.empty() ? 0 : parse_memory_limit(memory_limit_text);
-  if (ranks > 1 && executor_name == "torch")
+  o.memory_limit = memory_limit_text.empty() ? 0 : parse_memory_limit(memory_limit_text);
+  if (o.ranks > 1 && o.executor == "torch")
     throw UsageError("--ranks runs the native step on every rank; --executor torch is one process");
-  if (ranks > 1 && !compare_files.empty()) throw UsageError("--compare races one-rank configurations: leave out --ranks");
-  if (executor_names(executor_name).size() > 1 && compare_files.empty())
+  if (o.ranks > 1 && !o.compare_files.empty()) throw UsageError("--compare races one-rank configurations: leave out --ranks");
+  if (executor_names(o.executor).size() > 1 && o.compare_files.empty())
     throw UsageError("--executor native,torch races configurations in both executors: give it --compare FILE");
-  if (!compare_files.empty())
-    return compare_tuned(compare_files, workload_opt->count() ? workload_name : "", gpu, executor_name, budget,
-                         trial_seconds, std::max(race_rounds, 2), out_format_from_string(format), out_path);
+  return o;
+}
 
-  // The budget bounds the whole run from here: the estimate, probes, trials, the race, output.
-  const auto started = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
-  step::Workload workload = entry.empty() ? step::load_workload(workload_name) : step::Workload{};  // a bad file: UsageError
-  const OutFormat out_format = out_format_from_string(format);
-  const Machine machine = pick_machine(gpu);
-  std::optional<EntryProbe> entry_probe;  // --entry: validated before anything runs (a bad one: UsageError)
-  if (!entry.empty()) {
-    const int64_t g = batch > 0 ? batch : kEntryDefaultBatch;
-    entry_probe = probe_entry(entry, machine.use_cuda, machine.device, g, &stop_requested);
-    workload = entry_workload(*entry_probe, g);
+Machine pick_machine(const std::string& gpu) {
+  Machine m;
+  const auto& cuda = cuda_status();
+  if (gpu == "auto") {
+    m.use_cuda = cuda.available();
+    if (!m.use_cuda) std::cerr << "autotune: " << cuda.unavailable_reason << "; measuring on the CPU" << std::endl;
+  } else if (gpu != "cpu") {
+    double n = 0;
+    if (!parse_number(gpu, n) || n < 0 || n != std::floor(n)) throw UsageError("--gpu '" + gpu + "': expected auto, cpu or a device index");
+    m.device = static_cast<int>(n);
+    select_cuda_device(m.device);  // UsageError when it does not exist
+    m.use_cuda = true;
   }
-  const bool use_cuda = machine.use_cuda;
+  m.backend = m.use_cuda ? "cuda" : "cpu";
+  m.name = m.use_cuda ? cuda.devices.at(static_cast<std::size_t>(m.device)).name : host_info().cpu_model;
+  m.description = {{"backend", m.backend}, {"name", m.name}};
+  if (m.use_cuda) {
+    const auto& g = cuda.devices.at(static_cast<std::size_t>(m.device));
+    m.description.update({{"uuid", g.uuid}, {"compute_capability", g.compute_capability}, {"memory_bytes", g.memory_bytes},
+                          {"driver_version", g.driver_version}, {"runtime_version", g.runtime_version},
+                          {"cublas_version", g.cublas_version}});
+  } else {
+    const HostInfo h = host_info();
+    m.description.update({{"cores", h.cores}, {"compiler", h.compiler}, {"blas", h.blas}});
+  }
+  return m;
+}
+
+// --memory-limit: "16G", "512M", "3.5GiB", or bytes. Throws UsageError naming the value.
+int64_t parse_memory_limit(const std::string& text) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  if (unit.size() > 1 && (unit.substr(1) == "iB" || unit.substr(1) == "B")) unit = unit.substr(0, 1);
+  const std::string units = "KMGT";
+  const std::size_t power = unit.empty() ? 0 : units.find(static_cast<char>(std::toupper(unit[0])));
+  if (used == 0 || !(value > 0) || (!unit.empty() && (unit.size() != 1 || power == std::string::npos)))
+    throw UsageError("--memory-limit '" + text + "': expected a size such as 16G, 512M or 3.5GiB (K, M, G, T: powers of 1024)");
+  return static_cast<int64_t>(value * std::pow(1024.0, unit.empty() ? 0.0 : static_cast<double>(power + 1)));
+}
+
+void share_batches_over_ranks(const AutotuneOptions& options, step::Workload& workload, GlobalBatchPlan& batches) {
+  const int64_t ranks = options.ranks;
+  if (ranks <= 1) return;
+  const std::string ranks_text = "--ranks " + std::to_string(ranks);
+  // The user's batches must split over the ranks; of the workload's range, those that do are searched.
+  std::vector<int64_t> shares;
+  for (const int64_t g : batches.batches) {
+    if (g % ranks == 0) shares.push_back(g / ranks);
+    else if (!options.batch_range.empty() || options.batch > 0)
+      throw UsageError(ranks_text + ": the global batch " + std::to_string(g) + " is not a multiple of the ranks");
+  }
+  if (shares.size() < batches.batches.size())
+    std::cerr << "autotune: of " << batches.source << ", only the global batches that are multiples of " << ranks
+              << " ranks are searched" << std::endl;
+  if (shares.empty())
+    throw UsageError(ranks_text + ": no global batch of " + batches.source + " is a multiple of the ranks (give --batch)");
+  batches.batches = shares;
+  if (workload.batch.global % ranks != 0)
+    throw UsageError(ranks_text + ": " + workload.name + "'s batch " + std::to_string(workload.batch.global) +
+                     " is not a multiple of the ranks (give --batch)");
+  workload.batch.global /= ranks;
+  workload.batch.micro = std::min(workload.batch.micro, workload.batch.global);
+  while (workload.batch.global % workload.batch.micro) --workload.batch.micro;
+  workload.distributed.ranks = options.predict ? 1 : ranks;
+  if (options.predict)
+    std::cerr << "autotune: predicting " << ranks << " ranks: one rank's share (" << workload.batch.global
+              << " of each step's samples) measured as " << std::min(ranks, options.probe_ranks)
+              << " independent ranks here (each its own step, no all-reduce; the slowest rank's time)" << std::endl;
+}
+
+SearchSpace search_space(const std::string& switch_list, const std::map<std::string, std::vector<std::string>>& available,
+                         const std::string& backend) {
   SearchSpace space;
-  GlobalBatchPlan batch_plan = global_batches(workload, batch, range);
-  // Data parallelism: the search works on one rank's share of each global batch.
-  std::vector<std::string> launcher_words;
-  if (ranks > 1) {
-    if (const std::string why = ranks_unavailable_reason(ranks, use_cuda, predict, launcher); !why.empty()) throw UsageError(why);
-    launcher_words = launcher_argv(launcher);
-    allow_mpirun_as_root();
-    described_ranks = predict ? 1 : ranks;  // --predict: the trials run one rank's share
-    // The user's batches must split over the ranks; of the workload's range, those that do are searched.
-    std::vector<int64_t> shares;
-    for (const int64_t g : batch_plan.batches) {
-      if (g % ranks == 0) shares.push_back(g / ranks);
-      else if (!range.empty() || batch > 0)
-        throw UsageError("--ranks " + std::to_string(ranks) + ": the global batch " + std::to_string(g) +
-                         " is not a multiple of the ranks");
-    }
-    if (shares.size() < batch_plan.batches.size())
-      std::cerr << "autotune: of " << batch_plan.source << ", only the global batches that are multiples of " << ranks
-                << " ranks are searched" << std::endl;
-    if (shares.empty())
-      throw UsageError("--ranks " + std::to_string(ranks) + ": no global batch of " + batch_plan.source +
-                       " is a multiple of the ranks (give --batch)");
-    batch_plan.batches = shares;
-    if (workload.batch.global % ranks != 0)
-      throw UsageError("--ranks " + std::to_string(ranks) + ": " + workload.name + "'s batch " +
-                       std::to_string(workload.batch.global) + " is not a multiple of the ranks (give --batch)");
-    workload.batch.global /= ranks;
-    workload.batch.micro = std::min(workload.batch.micro, workload.batch.global);
-    while (workload.batch.global % workload.batch.micro) --workload.batch.micro;
-    workload.distributed.ranks = predict ? 1 : ranks;
-    if (predict)
-      std::cerr << "autotune: predicting " << ranks << " ranks: one rank's share (" << workload.batch.global
-                << " of each step's samples) measured as " << std::min(ranks, probe_ranks)
-                << " independent ranks here (each its own step, no all-reduce; the slowest rank's time)" << std::endl;
-  }
-  space.global_batches = batch_plan.batches;
-  TrialRunner runner = entry_probe ? entry_runner(*entry_probe, machine)
-                                   : make_runner(executor_name, workload, machine, predict ? std::min(ranks, probe_ranks) : ranks,
-                                                 launcher_words, predict);
-  if (memory_limit > 0) {
-    runner.executor = std::make_unique<MemoryCapped>(std::move(runner.executor), memory_limit);
-    runner.description["memory_limit_bytes"] = memory_limit;
-  }
-  Executor& executor = *runner.executor;
-  const auto available = entry_probe ? entry_probe->switches : available_switches(workload, use_cuda);
   if (switch_list.empty()) {
     space.switches = available;
   } else if (switch_list != "none") {
@@ -818,8 +796,8 @@ int run(int argc, char** argv) {
       if (!available.count(name)) {
         std::string names;
         for (const auto& kv : available) names += (names.empty() ? "" : ", ") + kv.first;
-        throw UsageError("--switches: '" + name + "' is not a switch of this workload on " + machine.backend +
-                         " (available: " + names + ")");
+        throw UsageError("--switches: '" + name + "' is not a switch of this workload on " + backend + " (available: " +
+                         names + ")");
       }
       space.switches[name] = available.at(name);
     }
@@ -829,264 +807,342 @@ int run(int argc, char** argv) {
   // Switches left out keep the workload's own value.
   for (const auto& [name, values] : available)
     if (!space.switches.count(name)) space.switches[name] = {values.front()};
+  return space;
+}
 
-  const std::string backend = machine.backend;
-  const std::string device_name = machine.name;
-  const std::string workload_digest = digest(entry_probe ? entry_digest_text(*entry_probe) : file_text(workload.path));
-
-  SearchOptions options;
-  options.strategy = strategy == "grid" ? SearchOptions::Strategy::grid : SearchOptions::Strategy::auto_;
-  options.budget_seconds = budget;
-  options.measure.max_seconds = trial_seconds;
-  const Candidate own = own_candidate(workload, space);
-
-  // Refused before anything runs: a workload that cannot fit even at micro-batch 1 (with activation
-  // checkpointing where it can be switched on), and a budget too small for one trial.
-  if (!entry_probe) {
-    Candidate smallest = own;
-    smallest.micro_batch = 1;
-    const auto ckpt = space.switches.find("activation_checkpointing");
-    const bool with_ckpt = ckpt != space.switches.end() &&
-                           std::find(ckpt->second.begin(), ckpt->second.end(), "on") != ckpt->second.end();
-    if (with_ckpt) smallest.switches["activation_checkpointing"] = "on";
-    const auto attention = space.switches.find("attention");
-    if (attention != space.switches.end() &&
-        std::find(attention->second.begin(), attention->second.end(), "fused") != attention->second.end())
-      smallest.switches["attention"] = "fused";
-    const double need = step::estimate_bytes(apply(workload, smallest));
-    const auto capacity = static_cast<double>(executor.memory_capacity());
-    if (need > capacity)
-      throw UsageError(workload.name + " needs about " + human_bytes(need) + " at micro-batch 1" +
-                       (with_ckpt ? " with activation checkpointing" : "") +
-                       (memory_limit > 0 && capacity == static_cast<double>(memory_limit)
-                            ? "; --memory-limit allows " + human_bytes(capacity)
-                            : "; this " + (use_cuda ? "GPU has " + human_bytes(capacity) + " for a step"
-                                                    : "CPU has " + human_bytes(capacity) + " free")));
+TunePlan plan_tune(const AutotuneOptions& options) {
+  TunePlan plan;
+  if (options.entry.empty()) plan.workload = step::load_workload(options.workload);  // a bad file: UsageError
+  plan.machine = pick_machine(options.gpu);
+  const Machine& machine = plan.machine;
+  if (!options.entry.empty()) {  // validated before anything runs (a bad one: UsageError)
+    const int64_t g = options.batch > 0 ? options.batch : kEntryDefaultBatch;
+    plan.entry = probe_entry(options.entry, machine.use_cuda, machine.device, g, &stop_requested);
+    plan.workload = entry_workload(*plan.entry, g);
   }
-  TrialEstimate shortest = entry_probe ? entry_shortest_trial(*entry_probe, own, options.measure.min_steps)
-                                       : shortest_trial(apply(workload, own), options.measure.min_steps, use_cuda, machine.device);
-  shortest.seconds += runner.extra_startup;
-  refuse_budget_below_one_trial(workload, entry_probe ? Candidate{} : own, shortest, options.measure, budget, elapsed());
+  plan.batches = global_batches(plan.workload, options.batch, options.batch_range);
+  if (options.ranks > 1) {
+    const std::string why = ranks_unavailable_reason(options.ranks, machine.use_cuda, options.predict, options.launcher);
+    if (!why.empty()) throw UsageError(why);
+    plan.launcher = launcher_argv(options.launcher);
+    allow_mpirun_as_root();
+    share_batches_over_ranks(options, plan.workload, plan.batches);
+  }
+  const int64_t trial_ranks = options.predict ? std::min(options.ranks, options.probe_ranks) : options.ranks;
+  plan.runner = plan.entry ? entry_runner(*plan.entry, machine)
+                           : make_runner(options.executor, plan.workload, machine, trial_ranks, plan.launcher, options.predict);
+  if (options.memory_limit > 0) {
+    plan.runner.executor = std::make_unique<MemoryCapped>(std::move(plan.runner.executor), options.memory_limit);
+    plan.runner.description["memory_limit_bytes"] = options.memory_limit;
+  }
+  plan.space = search_space(options.switches,
+                            plan.entry ? plan.entry->switches : available_switches(plan.workload, machine.use_cuda),
+                            machine.backend);
+  plan.space.global_batches = plan.batches.batches;
+  plan.workload_digest = digest(plan.entry ? entry_digest_text(*plan.entry) : file_text(plan.workload.path));
+  plan.own = own_candidate(plan.workload, plan.space);
+  if (!plan.entry) refuse_workload_that_cannot_fit(plan, options.memory_limit);
+  return plan;
+}
+
+Tune::Tune(const AutotuneOptions& options_in, TunePlan& plan_in, const BudgetClock& clock_in)
+    : options(options_in), plan(plan_in), clock(clock_in) {
+  const Machine& machine = plan.machine;
+  search_options.strategy = options.strategy == "grid" ? SearchOptions::Strategy::grid : SearchOptions::Strategy::auto_;
+  search_options.budget_seconds = options.budget;
+  search_options.measure.max_seconds = options.trial_seconds;
+  // Refused before anything runs: a budget too small for one trial.
+  shortest = plan.entry ? entry_shortest_trial(*plan.entry, plan.own, search_options.measure.min_steps)
+                        : shortest_trial(apply(plan.workload, plan.own), search_options.measure.min_steps, machine.use_cuda,
+                                         machine.device);
+  shortest.seconds += plan.runner.extra_startup;
+  refuse_budget_below_one_trial(plan.workload, plan.entry ? Candidate{} : plan.own, shortest, search_options.measure,
+                                options.budget, clock.elapsed());
   // --predict: the all-reduce probe after the search, and where the ranks are at hand one real N-rank
   // trial of the prediction, come out of the same budget.
   const double predict_reserve =
-      predict ? kProbeSeconds + (ranks <= probe_ranks ? trial_seconds + shortest.seconds : 0.0) : 0.0;
-  const double trial_deadline = budget - output_reserve(budget) - predict_reserve;  // seconds after `started`
-  auto seconds_left = [&] { return trial_deadline - elapsed(); };
-  // Kept from the search for the race: about kMinRoundsToDrop rounds of every finalist at the slice
-  // time the trials so far suggest (their median set-up plus a slice: a busy machine makes both
-  // longer), at most `race_share` (set once the workload's own trial ran), and nothing while that
-  // share cannot buy one round of the choice against the workload's own configuration.
-  std::vector<double> setups;  // of the ok trials so far, seconds
-  double race_share = 0;
-  auto race_reserve = [&] {
-    if (race_share <= 0 || setups.empty()) return 0.0;
-    const double slice = std::max(shortest.seconds, median_of(setups) + slice_seconds_for(trial_seconds));
-    const double rounds = std::min(race_rounds, kMinRoundsToDrop);
-    return race_share < 2 * slice ? 0.0 : std::min(race_share, rounds * static_cast<double>(kMaxSearchFinalists + 1) * slice);
-  };
-  options.seconds_left = [&] { return seconds_left() - race_reserve(); };
-  options.min_trial_seconds = shortest.seconds;
-  // The workload's own trial, outside the search, under the same deadline.
-  auto within_budget = [&](MeasurePolicy policy) {
-    const double left = seconds_left();
-    if (left < shortest.seconds) throw OutOfBudget("no time left in the budget for another trial");
-    policy.max_seconds = std::min(policy.max_seconds, left);
-    policy.wall_seconds = left;
-    return policy;
-  };
+      options.predict ? kProbeSeconds + (options.ranks <= options.probe_ranks ? options.trial_seconds + shortest.seconds : 0.0)
+                      : 0.0;
+  trial_deadline_ = options.budget - output_reserve(options.budget) - predict_reserve;
+  search_options.seconds_left = [this] { return seconds_left() - race_reserve(); };
+  search_options.min_trial_seconds = shortest.seconds;
+  open_journal();
+  std::signal(SIGINT, [](int) { stop_requested = true; });
+  search_options.on_trial = [this](const Candidate& c, const TrialResult& r) { note_trial(c, r); };
+  announce();
+  out.global_batches = plan.batches;
+  out.workload_global_batch = plan.workload.batch.global;
+  out.device = machine.description;
+  out.executor = plan.runner.description;
+  out.workload_name = plan.workload.name;
+  out.workload_path = plan.workload.path;
+  out.workload_digest = plan.workload_digest;
+  out.workload_source = plan.workload.source;
+  out.strategy = options.strategy;
+  out.budget_seconds = options.budget;
+  out.grad_clip = plan.workload.optimizer.grad_clip;
+  out.noise_margin = search_options.noise_margin;
+  out.ranks = options.predict ? 1 : options.ranks;
+}
 
-  const std::string journal_key = digest(workload_digest + backend + device_name + runner.journal_tag);
-  if (journal_path.empty())
-    journal_path = default_journal_path(out_path, workload.name, backend + (runner.torch ? ".torch" : ""), journal_key);
-  const Journal journal(journal_path, journal_key);
+void Tune::open_journal() {
+  const std::string key =
+      digest(plan.workload_digest + plan.machine.backend + plan.machine.name + plan.runner.journal_tag);
+  journal_path = options.journal_path.empty()
+                     ? default_journal_path(options.out_path, plan.workload.name,
+                                            plan.machine.backend + (plan.runner.torch ? ".torch" : ""), key)
+                     : options.journal_path;
+  journal_ = std::make_unique<Journal>(journal_path, key);
   if (const std::string notice = take_blas_kernel_notice(); !notice.empty()) std::cerr << notice << std::endl;
   std::cerr << "autotune: journal " << journal_path << std::endl;
-  if (resume) {
+  if (options.resume) {
     int skipped = 0;
-    options.known = journal.load(&skipped);
+    search_options.known = journal_->load(&skipped);
     std::size_t finished = 0;
-    for (const auto& kv : options.known) finished += kv.second.size();
+    for (const auto& kv : search_options.known) finished += kv.second.size();
     std::cerr << "autotune: resuming with " << finished << " trials from " << journal_path
               << (skipped ? " (" + std::to_string(skipped) + " lines of another workload or device skipped)" : "") << std::endl;
   } else if (std::filesystem::exists(journal_path)) {
     std::filesystem::remove(journal_path);  // a fresh tune starts a fresh journal
   }
+}
 
-  std::signal(SIGINT, [](int) { stop_requested = true; });
-  std::vector<Ranked> seen;
-  options.on_trial = [&](const Candidate& c, const TrialResult& r) {
-    if (stop_requested) throw Interrupted{};
-    journal.append(c, r);
-    seen.push_back(Ranked{c, r});
-    if (r.ok()) setups.push_back(r.setup_seconds);
-    std::cerr << "autotune: [trial " << seen.size() << ", " << human_seconds(elapsed()) << " of " << human_seconds(budget)
-              << " budget] " << describe(c) << " -> " << result_text(r) << std::endl;
-  };
-  std::cerr << "autotune: " << workload.name << " ("
-            << static_cast<double>(entry_probe ? entry_probe->parameters : workload.parameter_count()) / 1e6 << "M parameters) on "
-            << device_name << ", " << options.budget_seconds << " s budget, " << strategy << " search";
-  if (entry_probe)
-    std::cerr << ", your model in trainbench's PyTorch loop (torch " << entry_probe->torch.torch_version << ", "
-              << entry_probe->torch.python << ")";
+void Tune::announce() const {
+  const TrialRunner& runner = plan.runner;
+  std::cerr << "autotune: " << plan.workload.name << " ("
+            << static_cast<double>(plan.entry ? plan.entry->parameters : plan.workload.parameter_count()) / 1e6
+            << "M parameters) on " << plan.machine.name << ", " << search_options.budget_seconds << " s budget, "
+            << options.strategy << " search";
+  if (plan.entry)
+    std::cerr << ", your model in trainbench's PyTorch loop (torch " << plan.entry->torch.torch_version << ", "
+              << plan.entry->torch.python << ")";
   else if (runner.torch)
     std::cerr << ", measured in the PyTorch twin of the step (torch " << runner.description["torch"].get<std::string>()
               << ", " << runner.description["interpreter"].get<std::string>() << ")";
   std::cerr << std::endl;
-  std::cerr << "autotune: " << searched_batches_text(batch_plan, described_ranks) << std::endl;
+  std::cerr << "autotune: " << searched_batches_text(plan.batches, described_ranks) << std::endl;
+}
 
-  TuneOutput out;
-  out.global_batches = batch_plan;
-  out.workload_global_batch = workload.batch.global;
+MeasurePolicy Tune::within_budget(MeasurePolicy policy) const {
+  const double left = seconds_left();
+  if (left < shortest.seconds) throw OutOfBudget("no time left in the budget for another trial");
+  policy.max_seconds = std::min(policy.max_seconds, left);
+  policy.wall_seconds = left;
+  return policy;
+}
+
+// Kept from the search for the race: about kMinRoundsToDrop rounds of every finalist at the slice
+// time the trials so far suggest (their median set-up plus a slice: a busy machine makes both
+// longer), at most `race_share` (set once the workload's own trial ran), and nothing while that
+// share cannot buy one round of the choice against the workload's own configuration.
+double Tune::race_reserve() const {
+  if (race_share <= 0 || setups.empty()) return 0.0;
+  const double slice = std::max(shortest.seconds, median_of(setups) + slice_seconds_for(options.trial_seconds));
+  const double rounds = std::min(options.race_rounds, kMinRoundsToDrop);
+  return race_share < 2 * slice ? 0.0 : std::min(race_share, rounds * static_cast<double>(kMaxSearchFinalists + 1) * slice);
+}
+
+void Tune::note_trial(const Candidate& c, const TrialResult& r) {
+  if (stop_requested) throw Interrupted{};
+  journal_->append(c, r);
+  seen.push_back(Ranked{c, r});
+  if (r.ok()) setups.push_back(r.setup_seconds);
+  std::cerr << "autotune: [trial " << seen.size() << ", " << human_seconds(clock.elapsed()) << " of "
+            << human_seconds(options.budget) << " budget] " << describe(c) << " -> " << result_text(r) << std::endl;
+}
+
+void search_step(Tune& tune) {
+  Executor& executor = *tune.plan.runner.executor;
+  const Candidate& own = tune.plan.own;
+  // The workload's own configuration first: what the speedup is measured against.
+  auto& own_known = tune.search_options.known[own.key()];
+  const bool resumed_own = !own_known.empty();
+  const TrialResult own_result =
+      resumed_own ? own_known.front() : executor.run(own, tune.within_budget(tune.search_options.measure));
+  if (!resumed_own) {
+    tune.search_options.on_trial(own, own_result);
+    own_known.push_back(own_result);  // the search takes it as the first measurement of `own`
+  }
+  tune.out.baseline = Ranked{own, own_result};
+  if (resumed_own && own_result.ok()) tune.setups.push_back(own_result.setup_seconds);
+  if (tune.options.race_rounds >= 2 && own_result.ok()) tune.race_share = kRaceShare * tune.seconds_left();
+  tune.out.report = search(executor, tune.plan.space, tune.search_options);
+  tune.race_share = 0;
+  // A trial of the workload's own configuration can take most of a short budget (sem_v55 at its
+  // batch of 4096: 73 s on an H100, 31 s of it set-up) and leave the search no time for one of its
+  // own: that measured configuration is then the answer, and nothing is raced against it.
+  tune.only_own = !tune.out.report.found && own_result.ok();
+  if (tune.only_own) {
+    settle_on_best_so_far(tune);
+    tune.out.report.budget_exhausted = true;
+    std::cerr << "autotune: the search ran no trial of its own within the budget (" << human_seconds(tune.options.budget)
+              << "; the workload's own configuration took " << human_seconds(own_result.seconds)
+              << "): reporting that configuration, measured; give a larger --budget to search" << std::endl;
+  }
+}
+
+// Trials run one after another compare the machine's drift as much as the candidates: the finalists
+// and the workload's own configuration are measured again, interleaved, and the losers dropped. The
+// race's slices are not journaled, as they repeat finished trials: a resumed tune replays the search
+// from the journal and races afresh.
+void race_step(Tune& tune) {
+  TuneOutput& out = tune.out;
+  if (!out.report.found || stop_requested || tune.only_own) return;
+  Executor& executor = *tune.plan.runner.executor;
+  const TrialResult own_result = out.baseline->result;
+  const double memory_limit = static_cast<double>(executor.memory_capacity()) * (1 - out.report.headroom);
+  const std::vector<RaceEntrant> entrants = finalists(out.report, *out.baseline, memory_limit, tune.plan.space.memory_switches);
+  const bool own_chosen = out.report.best.candidate == tune.plan.own;
+  const AutotuneOptions& options = tune.options;
+  if (entrants.size() < 2) {
+    std::cerr << "autotune: one configuration ran within the memory headroom: nothing to race it against" << std::endl;
+    if (own_chosen) out.speedup = speedup_of_own_choice();
+  } else if (options.race_rounds < 1) {
+    if (own_result.ok())
+      out.speedup = speedup_from_separate_trials(out.report.best.result.samples_per_s / own_result.samples_per_s,
+                                                 "--race-rounds 0");
+  } else {
+    announce_finalists(entrants, own_chosen, own_result.ok(), options);
+    const RaceReport raced =
+        race(executor, entrants,
+             race_options(tune.search_options, options.race_rounds, options.trial_seconds, [&] { return tune.seconds_left(); },
+                          tune.shortest.seconds, [&] { return tune.clock.elapsed(); }, options.budget));
+    if (raced.rounds == 0) std::cerr << "autotune: the race measured no round: " << raced.ended << std::endl;
+    else std::cerr << "autotune: the race ended after " << raced.rounds << " round" << (raced.rounds == 1 ? "" : "s")
+                   << ": " << raced.ended << std::endl;
+    take_race(out, raced, tune.search_options.noise_margin);
+  }
+  if (out.speedup) std::cerr << "autotune: " << out.speedup->note << std::endl;
+}
+
+void search_and_race(Tune& tune) {
+  try {
+    search_step(tune);
+    race_step(tune);
+  } catch (const OutOfBudget& e) {
+    // The workload's own configuration ran into the budget's end: nothing to compare with.
+    settle_on_best_so_far(tune);
+    tune.out.report.budget_exhausted = true;
+    std::cerr << "autotune: " << e.what() << "; the budget (" << human_seconds(tune.options.budget) << ") is spent"
+              << (tune.out.report.found ? ": reporting the best so far" : ": give a larger --budget") << std::endl;
+  } catch (const Interrupted&) {
+    tune.out.interrupted = true;
+    tune.out.race.reset();
+    tune.out.speedup.reset();
+    settle_on_best_so_far(tune);
+    std::cerr << "autotune: interrupted after " << tune.seen.size() << " trials; writing the best so far" << std::endl;
+  }
+}
+
+void predict_step(Tune& tune) {
+  const AutotuneOptions& options = tune.options;
+  TuneOutput& out = tune.out;
+  if (!options.predict || !out.report.found || out.interrupted) return;
+  const step::Workload& workload = tune.plan.workload;
+  const Candidate& best = out.report.best.candidate;
+  const int64_t ranks = options.ranks;
+  const auto bucket = best.switches.find("bucket_mb");
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const int64_t at_hand = std::min(ranks, options.probe_ranks);
+  std::cerr << "autotune: measuring the gradients' all-reduce (" << workload.parameter_count() / 1e6 << "M floats) on "
+            << at_hand << " ranks" << std::endl;
+  const AllreduceProbe probe = probe_allreduce(tune.plan.launcher, self, at_hand, workload.parameter_count(),
+                                               bucket == best.switches.end() ? workload.distributed.bucket_mb : std::stod(bucket->second),
+                                               &stop_requested);
+  RanksPrediction p = predict_ranks(ranks, best.global_batch * ranks, out.report.best.result.samples_per_s, probe);
+  if (ranks <= options.probe_ranks) {  // the ranks are at hand: run the predicted configuration on them
+    ProcessExecutor measured(self, workload.path, tune.plan.machine.use_cuda, tune.plan.machine.device, &stop_requested,
+                             ranks, tune.plan.launcher);
+    MeasurePolicy policy = tune.search_options.measure;
+    policy.max_seconds = options.trial_seconds;
+    const TrialResult r = measured.run(best, policy);
+    std::cerr << "autotune: the predicted configuration on " << ranks << " ranks: " << result_text(r) << std::endl;
+    if (r.ok()) p.measured_samples_per_s = r.samples_per_s;
+  }
+  std::cerr << "autotune: predicted for " << ranks << " ranks: " << p.samples_per_s << " samples/s (compute "
+            << p.step_compute_s * 1e3 << " ms + all-reduce " << p.allreduce_s * 1e3 << " ms per step)"
+            << (p.measured_samples_per_s > 0 ? ", measured " + std::to_string(p.measured_samples_per_s) + " samples/s" : "")
+            << std::endl;
+  out.prediction = to_json(p);
+  out.prediction["config"] = {{"micro_batch", best.micro_batch}, {"accumulation", best.accumulation()}};
+  out.ranks = ranks;
+}
+
+int output_step(const Tune& tune) {
+  const TuneOutput& out = tune.out;
+  const std::string& out_path = tune.options.out_path;
+  if (out.report.found) std::cerr << "autotune: " << global_batch_note(out) << std::endl;
+  write_output(emit(out, tune.options.format), out_path);
+  std::cerr << "autotune: " << (out.report.found ? "chose " + describe(out.report.best.candidate) : "no configuration ran")
+            << " after " << tune.seen.size() << " trials"
+            << (out.race ? " and " + std::to_string(out.race->rounds) + " race rounds" : "") << " in "
+            << human_seconds(tune.clock.elapsed()) << "; journal " << tune.journal_path
+            << (out_path.empty() ? "" : ", config " + out_path) << std::endl;
+  if (out.interrupted) return 130;
+  return out.report.found ? 0 : 1;
+}
+
+int compare_tuned(const AutotuneOptions& options) {
+  const BudgetClock clock;
+  const std::vector<std::string> executors = executor_names(options.executor);
+  if (options.compare_files.size() * executors.size() < 2)
+    throw UsageError("--compare: give two tuned files or more, or one with --executor native,torch (the C++ step "
+                     "against its PyTorch twin)");
+  if (options.format != OutFormat::yaml && options.format != OutFormat::json)
+    throw UsageError("--compare writes --format yaml or json");
+  std::vector<TunedFile> tuned;
+  for (const auto& p : options.compare_files) tuned.push_back(read_tuned_file(p));
+  // The workload the files were tuned for, unless --workload names it; either way the files'.
+  const step::Workload workload = step::load_workload(options.workload_given ? options.workload : tuned.front().workload_path);
+  const std::string workload_digest = digest(file_text(workload.path));
+  for (const auto& t : tuned)
+    if (t.workload_digest != workload_digest)
+      throw UsageError(t.path + " was tuned for another workload file (digest " + t.workload_digest + ", " + workload.path +
+                       " has " + workload_digest + ")");
+  const Machine machine = pick_machine(options.gpu);
+  // One runner per executor; with two, every file's configuration is raced in each.
+  TrialRunner runner = compare_runner(executors, options.executor, workload, machine);
+  const auto available = available_switches(workload, machine.use_cuda);
+  for (const auto& t : tuned)
+    for (const auto& [name, value] : t.chosen.switches)
+      if (!available.count(name))
+        throw UsageError(t.path + ": its configuration sets " + name + ", which " + workload.name + " does not have on " +
+                         machine.backend);
+  CompareOutput out;
   out.device = machine.description;
   out.executor = runner.description;
   out.workload_name = workload.name;
   out.workload_path = workload.path;
   out.workload_digest = workload_digest;
-  out.workload_source = workload.source;
-  out.strategy = strategy;
-  out.budget_seconds = budget;
-  out.grad_clip = workload.optimizer.grad_clip;
-  out.noise_margin = options.noise_margin;
-  out.ranks = predict ? 1 : ranks;
-
-  try {
-    // The workload's own configuration first: what the speedup is measured against.
-    auto& own_known = options.known[own.key()];
-    const bool resumed_own = !own_known.empty();
-    const TrialResult own_result = resumed_own ? own_known.front() : executor.run(own, within_budget(options.measure));
-    if (!resumed_own) {
-      options.on_trial(own, own_result);
-      own_known.push_back(own_result);  // the search takes it as the first measurement of `own`
-    }
-    out.baseline = Ranked{own, own_result};
-    if (resumed_own && own_result.ok()) setups.push_back(own_result.setup_seconds);
-    if (race_rounds >= 2 && own_result.ok()) race_share = kRaceShare * seconds_left();
-    out.report = search(executor, space, options);
-    race_share = 0;
-    // A trial of the workload's own configuration can take most of a short budget (sem_v55 at its
-    // batch of 4096: 73 s on an H100, 31 s of it set-up) and leave the search no time for one of its
-    // own: that measured configuration is then the answer, and nothing is raced against it.
-    const bool only_own = !out.report.found && own_result.ok();
-    if (only_own) {
-      out.report = best_so_far(seen, options.noise_margin);
-      out.report.budget_exhausted = true;
-      out.report.seconds = elapsed();
-      std::cerr << "autotune: the search ran no trial of its own within the budget (" << human_seconds(budget)
-                << "; the workload's own configuration took " << human_seconds(own_result.seconds)
-                << "): reporting that configuration, measured; give a larger --budget to search" << std::endl;
-    }
-    // Trials run one after another compare the machine's drift as much as the candidates: the
-    // finalists and the workload's own configuration are measured again, interleaved, and the
-    // losers dropped. The race's slices are not journaled, as they repeat finished trials: a resumed
-    // tune replays the search from the journal and races afresh.
-    const double memory_limit = static_cast<double>(executor.memory_capacity()) * (1 - out.report.headroom);
-    const std::vector<RaceEntrant> entrants =
-        out.report.found ? finalists(out.report, *out.baseline, memory_limit, space.memory_switches) : std::vector<RaceEntrant>{};
-    if (out.report.found && !stop_requested && !only_own) {
-      const bool own_chosen = out.report.best.candidate == own;
-      if (entrants.size() < 2) {
-        std::cerr << "autotune: one configuration ran within the memory headroom: nothing to race it against" << std::endl;
-        if (own_chosen) out.speedup = speedup_of_own_choice();
-      } else if (race_rounds < 1) {
-        if (own_result.ok())
-          out.speedup = speedup_from_separate_trials(out.report.best.result.samples_per_s / own_result.samples_per_s,
-                                                     "--race-rounds 0");
-      } else {
-        auto count = [&](const std::string& why) {
-          return std::count_if(entrants.begin(), entrants.end(), [&](const RaceEntrant& e) { return e.why == why; });
-        };
-        std::string values, neighbours;
-        for (const auto& e : entrants) {
-          if (e.why.rfind("best ", 0) == 0) values += (values.empty() ? "" : ", ") + e.why.substr(5);
-          if (e.why.rfind("micro-batch ", 0) == 0)
-            neighbours += (neighbours.empty() ? "" : " and ") + std::to_string(e.candidate.micro_batch);
-        }
-        std::cerr << "autotune: racing the finalists interleaved: the search's choice"
-                  << (own_chosen ? " (the workload's own configuration)" : "") << ", " << count("tie") << " within noise of it, "
-                  << count("next fastest") << " next fastest"
-                  << (values.empty() ? "" : ", the fastest with " + values)
-                  << (neighbours.empty() ? "" : ", its switches at micro-batch " + neighbours)
-                  << (own_result.ok() && !own_chosen ? ", the workload's own configuration" : "")
-                  << "; up to " << race_rounds << " rounds of " << slice_seconds_for(trial_seconds) << " s slices" << std::endl;
-        const RaceReport raced = race(executor, entrants,
-                                      race_options(options, race_rounds, trial_seconds, seconds_left, shortest.seconds, elapsed, budget));
-        if (raced.rounds == 0) std::cerr << "autotune: the race measured no round: " << raced.ended << std::endl;
-        else std::cerr << "autotune: the race ended after " << raced.rounds << " round" << (raced.rounds == 1 ? "" : "s")
-                       << ": " << raced.ended << std::endl;
-        take_race(out, raced, options.noise_margin);
-      }
-      if (out.speedup) std::cerr << "autotune: " << out.speedup->note << std::endl;
-    }
-  } catch (const OutOfBudget& e) {
-    // The workload's own configuration ran into the budget's end: nothing to compare with.
-    out.report = best_so_far(seen, options.noise_margin);
-    out.report.budget_exhausted = true;
-    out.report.seconds = elapsed();
-    std::cerr << "autotune: " << e.what() << "; the budget (" << human_seconds(budget) << ") is spent"
-              << (out.report.found ? ": reporting the best so far" : ": give a larger --budget") << std::endl;
-  } catch (const Interrupted&) {
-    out.interrupted = true;
-    out.race.reset();
-    out.speedup.reset();
-    out.report = best_so_far(seen, options.noise_margin);
-    out.report.seconds = elapsed();
-    std::cerr << "autotune: interrupted after " << seen.size() << " trials; writing the best so far" << std::endl;
-  }
-
-  if (predict && out.report.found && !out.interrupted) {
-    const Candidate& best = out.report.best.candidate;
-    const auto bucket = best.switches.find("bucket_mb");
-    const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-    const int64_t at_hand = std::min(ranks, probe_ranks);
-    std::cerr << "autotune: measuring the gradients' all-reduce (" << workload.parameter_count() / 1e6 << "M floats) on "
-              << at_hand << " ranks" << std::endl;
-    const AllreduceProbe probe = probe_allreduce(launcher_words, self, at_hand, workload.parameter_count(),
-                                                 bucket == best.switches.end() ? workload.distributed.bucket_mb : std::stod(bucket->second),
-                                                 &stop_requested);
-    RanksPrediction p = predict_ranks(ranks, best.global_batch * ranks, out.report.best.result.samples_per_s, probe);
-    if (ranks <= probe_ranks) {  // the ranks are at hand: run the predicted configuration on them
-      ProcessExecutor measured(self, workload.path, use_cuda, machine.device, &stop_requested, ranks, launcher_words);
-      MeasurePolicy policy = options.measure;
-      policy.max_seconds = trial_seconds;
-      const TrialResult r = measured.run(best, policy);
-      std::cerr << "autotune: the predicted configuration on " << ranks << " ranks: " << result_text(r) << std::endl;
-      if (r.ok()) p.measured_samples_per_s = r.samples_per_s;
-    }
-    std::cerr << "autotune: predicted for " << ranks << " ranks: " << p.samples_per_s << " samples/s (compute "
-              << p.step_compute_s * 1e3 << " ms + all-reduce " << p.allreduce_s * 1e3 << " ms per step)"
-              << (p.measured_samples_per_s > 0 ? ", measured " + std::to_string(p.measured_samples_per_s) + " samples/s" : "")
-              << std::endl;
-    out.prediction = to_json(p);
-    out.prediction["config"] = {{"micro_batch", best.micro_batch}, {"accumulation", best.accumulation()}};
-    out.ranks = ranks;
-  }
-
-  if (out.report.found) std::cerr << "autotune: " << global_batch_note(out) << std::endl;
-  const std::string text = emit(out, out_format);
-  if (out_path.empty()) std::cout << text << std::flush;
-  else write_file_atomically(out_path, text);
-  std::cerr << "autotune: " << (out.report.found ? "chose " + describe(out.report.best.candidate) : "no configuration ran")
-            << " after " << seen.size() << " trials"
-            << (out.race ? " and " + std::to_string(out.race->rounds) + " race rounds" : "") << " in "
-            << human_seconds(elapsed()) << "; journal " << journal_path << (out_path.empty() ? "" : ", config " + out_path)
-            << std::endl;
+  const std::vector<RaceEntrant> entrants = compare_entrants(tuned, executors, out);
+  if (entrants.size() >= 2) race_compared(options, workload, machine, runner, tuned, entrants, clock, out);
+  write_output(emit(out, options.format), options.out_path);
+  print_comparisons(out);
   if (out.interrupted) return 130;
-  return out.report.found ? 0 : 1;
+  if (out.race && out.race->rounds == 0) return 1;
+  return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // Before anything is measured: trials inherit the environment, and so the kernels.
-  if (!(argc == 3 && std::string(argv[1]) == "--trial")) tb::use_matching_blas_kernels(argv, "autotune");
-  try {
-    return run(argc, argv);
-  } catch (const tb::UsageError& e) {
-    std::cerr << "autotune: " << e.what() << std::endl;
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "autotune: error: " << e.what() << std::endl;
-    return 1;
+int run(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--trial") {  // the child side of a trial
+    const TrialResult r = run_trial_here(nlohmann::json::parse(argv[2]));
+    if (comm::launched_rank() == 0) std::cout << to_json(r).dump() << std::endl;  // one line, rank 0's
+    return 0;
   }
+  if (argc == 3 && std::string(argv[1]) == "--allreduce-probe") return run_allreduce_probe_here(nlohmann::json::parse(argv[2]));
+  const AutotuneOptions options = parse_options(argc, argv);
+  if (!options.help.empty()) {
+    std::cout << options.help;
+    return 0;
+  }
+  if (!options.compare_files.empty()) return compare_tuned(options);
+  const BudgetClock clock;  // the budget bounds the whole run from here: the plan, probes, trials, the race, output
+  TunePlan plan = plan_tune(options);
+  described_ranks = options.predict ? 1 : options.ranks;  // --predict: the trials run one rank's share
+  Tune tune(options, plan, clock);
+  search_and_race(tune);
+  predict_step(tune);
+  return output_step(tune);
 }
+
+}  // namespace tb::tune

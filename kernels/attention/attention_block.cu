@@ -1,13 +1,13 @@
 // The transformer block on the GPU (layernorm, QKV, attention, out-projection, layernorm, GELU MLP,
-// cuBLAS fp32 GEMMs) with the time of each part: attention's share of a block, naive or fused.
+// cuBLAS fp32 GEMMs) with the time of each part: attention's share of a block, naive or fused. Its
+// layernorm and GELU are the training step's kernels (step/cuda_layers.cuh).
 #include <algorithm>
 #include <climits>
 #include <cmath>
 #include <vector>
 
 #include "attention_cuda.cuh"
-#include "runtime/defaults.h"
-#include "runtime/gelu.h"
+#include "step/cuda_layers.cuh"
 
 namespace tb::attention {
 
@@ -15,28 +15,9 @@ namespace {
 
 // ---- the block -----------------------------------------------------------------------------------
 
-__global__ void layernorm_kernel(const float* x, const float* g, const float* b, float* y, int64_t d, float eps) {
-  __shared__ float scratch[32];
-  const float* xr = x + blockIdx.x * d;
-  float sum = 0;
-  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) sum += xr[c];
-  const float mean = block_reduce(sum, false, scratch) / static_cast<float>(d);
-  float var = 0;
-  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) var += (xr[c] - mean) * (xr[c] - mean);
-  const float inv = rsqrtf(block_reduce(var, false, scratch) / static_cast<float>(d) + eps);
-  for (int64_t c = threadIdx.x; c < d; c += blockDim.x) y[blockIdx.x * d + c] = (xr[c] - mean) * inv * g[c] + b[c];
-}
-
 __global__ void bias_residual_kernel(float* y, const float* bias, const float* residual, int64_t rows, int64_t n) {
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < rows * n; e += int64_t{gridDim.x} * blockDim.x)
     y[e] = bias[e % n] + (residual ? residual[e] : 0.0f);
-}
-
-__global__ void gelu_kernel(float* f, int64_t n) {
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
-    const float x = f[e];
-    f[e] = 0.5f * x * (1.0f + tanhf(static_cast<float>(gelu::scale) * (x + static_cast<float>(gelu::cubic) * x * x * x)));
-  }
 }
 
 // [B, S, 3, H, D] <-> three [B, H, S, D] (to_heads) and [B, H, S, D] -> [B, S, H, D] (back).
@@ -131,11 +112,14 @@ class Block final : public Instance {
                               static_cast<int>(in), &one, y, CUDA_R_32F, static_cast<int>(out), CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));
   }
+  // h = layernorm(x) with gain g and bias b: the training step's kernel (step/cuda_layers.cuh).
+  void layernorm(const float* x, const float* g, const float* b) {
+    step::cuda_layernorm_forward(h_.data(), nullptr, nullptr, x, g, b, tokens_, d_, stream_);
+  }
   void run_part(int part) {
-    const float eps = static_cast<float>(defaults::layernorm_eps);
     const int grid = cuda::grid_for(tokens_ * d_, 256, device_);
     switch (part) {
-      case 0: layernorm_kernel<<<static_cast<unsigned>(tokens_), 256, 0, stream_>>>(in_.data(), ln1_g_.data(), ln1_b_.data(), h_.data(), d_, eps); break;
+      case 0: layernorm(in_.data(), ln1_g_.data(), ln1_b_.data()); break;
       case 1:
         linear(h_.data(), w_qkv_.data(), b_qkv_.data(), qkv_.data(), d_, 3 * d_, nullptr);
         split_heads_kernel<<<grid, 256, 0, stream_>>>(qkv_.data(), x_.q32.data(), x_.k32.data(), x_.v32.data(),
@@ -149,10 +133,10 @@ class Block final : public Instance {
         merge_heads_kernel<<<grid, 256, 0, stream_>>>(x_.o32.data(), a_.data(), s_.batch, s_.seq, s_.heads, s_.head_dim);
         linear(a_.data(), w_out_.data(), b_out_.data(), r1_.data(), d_, d_, in_.data());
         break;
-      case 4: layernorm_kernel<<<static_cast<unsigned>(tokens_), 256, 0, stream_>>>(r1_.data(), ln2_g_.data(), ln2_b_.data(), h_.data(), d_, eps); break;
+      case 4: layernorm(r1_.data(), ln2_g_.data(), ln2_b_.data()); break;
       case 5:
         linear(h_.data(), w_fc1_.data(), b_fc1_.data(), f_.data(), d_, w_.hidden, nullptr);
-        gelu_kernel<<<cuda::grid_for(tokens_ * w_.hidden, 256, device_), 256, 0, stream_>>>(f_.data(), tokens_ * w_.hidden);
+        step::cuda_gelu_forward(f_.data(), f_.data(), tokens_ * w_.hidden, stream_, device_);
         linear(f_.data(), w_fc2_.data(), b_fc2_.data(), y_.data(), w_.hidden, d_, r1_.data());
         break;
     }

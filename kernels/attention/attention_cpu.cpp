@@ -17,7 +17,7 @@
 #include "runtime/host_buffer.h"
 #include "runtime/simd_math.h"
 #include "runtime/stats.h"
-#include "runtime/gelu.h"
+#include "step/layers.h"
 
 namespace tb::attention {
 
@@ -343,17 +343,10 @@ class Backward final : public Instance {
 
 // ---- the block -----------------------------------------------------------------------------------
 
-void layernorm_rows(const float* x, const float* g, const float* b, float* y, int64_t rows, int64_t d) {
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * d;
-    float mean = 0, var = 0;
-    for (int64_t c = 0; c < d; ++c) mean += xr[c];
-    mean /= static_cast<float>(d);
-    for (int64_t c = 0; c < d; ++c) var += (xr[c] - mean) * (xr[c] - mean);
-    const float inv = 1.0f / std::sqrt(var / static_cast<float>(d) + static_cast<float>(defaults::layernorm_eps));
-    for (int64_t c = 0; c < d; ++c) y[r * d + c] = (xr[c] - mean) * inv * g[c] + b[c];
-  }
+// The block's layernorms and GELU are the training step's (step/layers.h): one of each on the CPU.
+void layernorm_rows(const float* x, const std::vector<float>& g, const std::vector<float>& b, float* y, int64_t rows,
+                    int64_t d) {
+  step::cpu_layernorm_forward<float>(y, nullptr, nullptr, x, g.data(), b.data(), rows, d);
 }
 
 // y = x W + bias (+ residual), W [in][out] row-major; the bias is broadcast into y first.
@@ -403,7 +396,7 @@ class Block final : public Instance {
   void run_part(int part) {
     const int64_t S = s_.seq, D = s_.head_dim, H = s_.heads;
     switch (part) {
-      case 0: layernorm_rows(x_.data(), w_.ln1_g.data(), w_.ln1_b.data(), h_.data(), tokens_, d_); break;
+      case 0: layernorm_rows(x_.data(), w_.ln1_g, w_.ln1_b, h_.data(), tokens_, d_); break;
       case 1:
         linear(h_.data(), w_.w_qkv, w_.b_qkv, qkv_.data(), tokens_, d_, 3 * d_, nullptr);
         // [B, S, 3, H, D] -> three [B, H, S, D]: what .view().transpose().contiguous() does.
@@ -431,19 +424,12 @@ class Block final : public Instance {
               for (int64_t d = 0; d < D; ++d) a_[(b * S + t) * d_ + h * D + d] = o_[((b * H + h) * S + t) * D + d];
         linear(a_.data(), w_.w_out, w_.b_out, r1_.data(), tokens_, d_, d_, x_.data());
         break;
-      case 4: layernorm_rows(r1_.data(), w_.ln2_g.data(), w_.ln2_b.data(), h_.data(), tokens_, d_); break;
-      case 5: {
+      case 4: layernorm_rows(r1_.data(), w_.ln2_g, w_.ln2_b, h_.data(), tokens_, d_); break;
+      case 5:
         linear(h_.data(), w_.w_fc1, w_.b_fc1, f_.data(), tokens_, d_, w_.hidden, nullptr);
-        float* f = f_.data();
-        const int64_t n = tokens_ * w_.hidden;
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; ++i) {
-          const float x = f[i];
-          f[i] = 0.5f * x * (1.0f + std::tanh(static_cast<float>(gelu::scale) * (x + static_cast<float>(gelu::cubic) * x * x * x)));
-        }
+        step::cpu_gelu_forward(f_.data(), f_.data(), tokens_ * w_.hidden);
         linear(f_.data(), w_.w_fc2, w_.b_fc2, y_.data(), tokens_, w_.hidden, d_, r1_.data());
         break;
-      }
     }
   }
 

@@ -1,6 +1,6 @@
 // GELU's tanh approximation, the one GPT-2 and PyTorch's approximate='tanh' use:
-// gelu(x) = 0.5 x (1 + tanh(scale (x + cubic x^3))). One definition for the CPU and CUDA step, the
-// attention stage's block and the double references (constexpr: usable in device code too).
+// gelu(x) = 0.5 x (1 + tanh(scale (x + cubic x^3))). One definition for the CPU and CUDA step (whose
+// GELU the attention stage's block runs) and the double references (constexpr: usable in device code too).
 #pragma once
 
 namespace tb::gelu {

@@ -1,6 +1,7 @@
 // The CPU backend's ops, in the formulas of llm.c's train_gpt2.c (layernorm, GELU, attention and
 // cross-entropy backward), with the matrix products on the CPU BLAS.
 #include "step/cpu_ops.h"
+#include "step/layers.h"
 
 #include <omp.h>
 
@@ -78,9 +79,7 @@ void CpuOps<T>::encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t*
 }
 
 template <class T>
-void CpuOps<T>::layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int64_t N, int64_t C,
-                                  bool bf16_only) {
-  TB_REQUIRE(!bf16_only, "bf16 outputs are a CUDA switch");
+void cpu_layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int64_t N, int64_t C) {
   const T eps = static_cast<T>(defaults::layernorm_eps);
 #pragma omp parallel for schedule(static) if (parallel_worth(N * C))
   for (int64_t n = 0; n < N; ++n) {
@@ -93,9 +92,16 @@ void CpuOps<T>::layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const 
     v /= static_cast<T>(C);
     const T s = T(1) / std::sqrt(v + eps);
     for (int64_t c = 0; c < C; ++c) out[n * C + c] = (x[c] - m) * s * w[c] + b[c];
-    mean[n] = m;
-    rstd[n] = s;
+    if (mean) mean[n] = m;
+    if (rstd) rstd[n] = s;
   }
+}
+
+template <class T>
+void CpuOps<T>::layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int64_t N, int64_t C,
+                                  bool bf16_only) {
+  TB_REQUIRE(!bf16_only, "bf16 outputs are a CUDA switch");
+  cpu_layernorm_forward(out, mean, rstd, inp, w, b, N, C);
 }
 
 template <class T>
@@ -284,12 +290,17 @@ void over_pieces(int64_t n, F&& piece) {
 }
 
 template <class T>
-void CpuOps<T>::gelu_forward(T* out, const T* inp, int64_t n, bool bf16_only) {
-  TB_REQUIRE(!bf16_only, "bf16 outputs are a CUDA switch");
+void cpu_gelu_forward(T* out, const T* inp, int64_t n) {
   if constexpr (std::is_same_v<T, float>)
     over_pieces(n, [&](int64_t begin, int64_t end) { gelu_forward_range(out, inp, begin, end); });
   else
     over_pieces(n, [&](int64_t begin, int64_t end) { gelu_forward_scalar(out, inp, begin, end); });
+}
+
+template <class T>
+void CpuOps<T>::gelu_forward(T* out, const T* inp, int64_t n, bool bf16_only) {
+  TB_REQUIRE(!bf16_only, "bf16 outputs are a CUDA switch");
+  cpu_gelu_forward(out, inp, n);
 }
 
 template <class T>
@@ -380,5 +391,9 @@ void CpuOps<T>::allreduce_sum(T* data, int64_t n, int64_t bucket) {
 
 template class CpuOps<float>;
 template class CpuOps<double>;
+template void cpu_layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int64_t, int64_t);
+template void cpu_layernorm_forward(double*, double*, double*, const double*, const double*, const double*, int64_t, int64_t);
+template void cpu_gelu_forward(float*, const float*, int64_t);
+template void cpu_gelu_forward(double*, const double*, int64_t);
 
 }  // namespace tb::step

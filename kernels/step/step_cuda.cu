@@ -29,6 +29,7 @@
 #include "runtime/cuda_reduce.cuh"
 #include "runtime/defaults.h"
 #include "step/cpu_ops.h"
+#include "step/cuda_layers.cuh"
 #include "step/step.h"
 #include "step/trainer.h"
 #include "runtime/gelu.h"
@@ -91,10 +92,8 @@ __global__ void layernorm_forward_kernel(Out* out, float* mean, float* rstd, con
   for (int64_t c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
   const float r = rsqrtf(cuda::warp_sum(v) / static_cast<float>(C) + eps);
   for (int64_t c = lane; c < C; c += 32) store(out + row * C + c, (x[c] - m) * r * w[c] + b[c]);
-  if (lane == 0) {
-    mean[row] = m;
-    rstd[row] = r;
-  }
+  if (lane == 0 && mean) mean[row] = m;
+  if (lane == 0 && rstd) rstd[row] = r;
 }
 
 // A warp per row for dinp. dw and db: each warp sums its rows into its own slice of shared memory,
@@ -228,6 +227,33 @@ __global__ void sum_losses_kernel(float* acc, const float* losses, int64_t n, fl
 
 }  // namespace
 
+namespace {
+// Out: float, or bf16_bits for the copy a bf16 product reads.
+template <class Out>
+void launch_layernorm_forward(Out* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                              int64_t N, int64_t C, cudaStream_t stream) {
+  if (N == 0) return;
+  const int64_t blocks = (N * 32 + threads - 1) / threads;
+  layernorm_forward_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+      out, mean, rstd, inp, w, b, N, C, static_cast<float>(defaults::layernorm_eps));
+  CUDA_CHECK(cudaGetLastError());
+}
+template <class Out>
+void launch_gelu_forward(Out* out, const float* inp, int64_t n, cudaStream_t stream, int device) {
+  if (n == 0) return;
+  gelu_forward_kernel<<<cuda::grid_for(n, threads, device), threads, 0, stream>>>(out, inp, n);
+  CUDA_CHECK(cudaGetLastError());
+}
+}  // namespace
+
+void cuda_layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                            int64_t N, int64_t C, cudaStream_t stream) {
+  launch_layernorm_forward(out, mean, rstd, inp, w, b, N, C, stream);
+}
+void cuda_gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream, int device) {
+  launch_gelu_forward(out, inp, n, stream, device);
+}
+
 // The CUDA backend of Model and Trainer (float). Counts device bytes for the peak-memory figure.
 class CudaOps {
  public:
@@ -347,14 +373,8 @@ class CudaOps {
   // bf16_only: the output feeds only bf16 matrix products; only their bf16 copy of it is written.
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int64_t N,
                          int64_t C, bool bf16_only) {
-    const auto blocks = static_cast<unsigned>((N * 32 + threads - 1) / threads);
-    const auto eps = static_cast<float>(defaults::layernorm_eps);
-    if (bf16_only)
-      layernorm_forward_kernel<<<blocks, threads, 0, stream_>>>(written_bf16(kept_bf16_, out, N * C), mean, rstd, inp, w,
-                                                                b, N, C, eps);
-    else
-      layernorm_forward_kernel<<<blocks, threads, 0, stream_>>>(out, mean, rstd, inp, w, b, N, C, eps);
-    check_launch();
+    if (bf16_only) launch_layernorm_forward(written_bf16(kept_bf16_, out, N * C), mean, rstd, inp, w, b, N, C, stream_);
+    else launch_layernorm_forward(out, mean, rstd, inp, w, b, N, C, stream_);
   }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                           const float* mean, const float* rstd, int64_t N, int64_t C) {
@@ -443,8 +463,8 @@ class CudaOps {
   }
   // bf16_only: as layernorm_forward's (GELU's output and its input's gradient feed only products).
   void gelu_forward(float* out, const float* inp, int64_t n, bool bf16_only) {
-    if (bf16_only) launch(gelu_forward_kernel<bf16_bits>, n, written_bf16(kept_bf16_, out, n), inp, n);
-    else launch(gelu_forward_kernel<float>, n, out, inp, n);
+    if (bf16_only) launch_gelu_forward(written_bf16(kept_bf16_, out, n), inp, n, stream_, device_);
+    else launch_gelu_forward(out, inp, n, stream_, device_);
   }
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, bool bf16_only) {
     if (bf16_only) launch(gelu_backward_kernel<bf16_bits>, n, written_bf16(gradients_bf16_, dinp, n), inp, dout, n);

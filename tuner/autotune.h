@@ -1,0 +1,174 @@
+// autotune as steps: the command line parsed into options, the plan they make before any trial (the
+// machine, the workload as searched, the executor, the search space), then the search, the race of
+// its finalists, the --predict of more ranks and the output. run() is the command (autotune_main.cpp);
+// tests call the steps.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "step/workload.h"
+#include "tuner/emit.h"
+#include "tuner/entry.h"
+#include "tuner/journal.h"
+#include "tuner/search.h"
+#include "tuner/trial.h"
+
+namespace tb::tune {
+
+// Finalists a few percent apart on a machine with slow spells: after 6 rounds their interval often
+// still spans both (a tie, settled by memory), and two tunes of one workload then chose micro-batches
+// whose interleaved comparison later differed by 7% (2 pairs of 6 here); with 12, 6 of 6 agreed. A
+// race ends as soon as one finalist is left, so the rounds are paid only where the call is close, and
+// the race never takes more than its share of the budget.
+constexpr int kDefaultRaceRounds = 12;
+
+// The command line, parsed and checked.
+struct AutotuneOptions {
+  std::string gpu = "auto";
+  std::string workload = "small_gpt";
+  bool workload_given = false;  // --workload was on the command line (--compare reads the files' otherwise)
+  int64_t batch = 0;            // --batch, 0: not given
+  std::string batch_range;      // --batch-range A:B, "": not given
+  std::string strategy = "auto";
+  std::string switches;         // --switches: "" all the workload has, "none", or a comma list
+  OutFormat format = OutFormat::yaml;
+  std::string journal_path, out_path;
+  std::string executor = "native";  // native, torch, or native,torch with --compare
+  int64_t memory_limit = 0;         // bytes, 0: what the device has
+  std::string entry;                // --entry FILE.py:NAME or hf:MODEL (implies executor torch)
+  std::vector<std::string> compare_files;
+  int64_t ranks = 1, probe_ranks = 2;
+  std::string launcher = "mpirun";
+  bool predict = false, resume = false;
+  double budget = 300, trial_seconds = 10;
+  int race_rounds = kDefaultRaceRounds;
+  std::string help;  // --help: the text to print, and nothing else to do
+};
+
+// Throws UsageError, with one line saying what is wrong, for an unknown option, a value out of range
+// or options that cannot go together.
+AutotuneOptions parse_options(int argc, const char* const* argv);
+
+// --memory-limit: "16G", "512M", "3.5GiB", or bytes. Throws UsageError naming the value.
+int64_t parse_memory_limit(const std::string& text);
+
+// The backend a run measures on, and what the output says about it.
+struct Machine {
+  bool use_cuda = false;
+  int device = 0;
+  std::string backend, name;
+  nlohmann::json description;
+};
+
+// --gpu: auto, cpu or a device index (UsageError for one that does not exist).
+Machine pick_machine(const std::string& gpu);
+
+// The executor the trials run in: the C++ step in `autotune --trial` children (native), the PyTorch
+// twin of the step in `scripts/torch-step --trial` children (torch), or the user's own model (--entry).
+struct TrialRunner {
+  std::unique_ptr<Executor> executor;
+  nlohmann::json description;  // the output's executor
+  double extra_startup = 0;    // what a trial's start-up costs beyond the native one's (import torch)
+  std::string journal_tag;     // keeps the executors' journals apart
+  bool torch = false;
+};
+
+// A tune as the options describe it, before any trial runs.
+struct TunePlan {
+  Machine machine;
+  step::Workload workload;            // under --ranks, one rank's share of the batch
+  std::optional<EntryProbe> entry;    // --entry: the user's model, probed
+  GlobalBatchPlan batches;            // the global batches searched (one rank's share under --ranks)
+  std::vector<std::string> launcher;  // --ranks: the launcher's words
+  TrialRunner runner;
+  SearchSpace space;
+  Candidate own;                      // the workload's own configuration
+  std::string workload_digest;
+};
+
+// --ranks N: the search works on one rank's share of each global batch. Rewrites `workload`'s batch
+// and `batches` to that share; throws UsageError where the user's batch does not split over the ranks.
+void share_batches_over_ranks(const AutotuneOptions& options, step::Workload& workload, GlobalBatchPlan& batches);
+
+// --switches over the switches the workload has on this backend: the searched values per switch, the
+// ones left out at the workload's own value. Throws UsageError naming an unknown switch.
+SearchSpace search_space(const std::string& switch_list, const std::map<std::string, std::vector<std::string>>& available,
+                         const std::string& backend);
+
+// The machine, the workload (its batch shared over the ranks), the executor and the search space.
+// Throws UsageError for what cannot run: a bad workload or entry, a batch that does not split, an
+// unknown switch, a workload that does not fit at micro-batch 1.
+TunePlan plan_tune(const AutotuneOptions& options);
+
+// The budget's clock: started before the plan, so that --budget bounds the whole run.
+class BudgetClock {
+ public:
+  double elapsed() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count(); }
+
+ private:
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+};
+
+// A tune under way: its deadlines, the journal, the trials so far and the output being filled in.
+// Holds callbacks into itself: it stays where it was made.
+class Tune {
+ public:
+  // Refuses (UsageError) a budget too small for one trial; opens the journal (--resume loads it).
+  Tune(const AutotuneOptions& options, TunePlan& plan, const BudgetClock& clock);
+  Tune(const Tune&) = delete;
+  Tune& operator=(const Tune&) = delete;
+
+  const AutotuneOptions& options;
+  TunePlan& plan;
+  const BudgetClock& clock;
+  SearchOptions search_options;  // the search's settings and its callbacks
+  TrialEstimate shortest;        // the shortest trial this machine can run
+  std::vector<Ranked> seen;      // every finished trial, in order
+  std::vector<double> setups;    // of the ok trials so far, seconds
+  double race_share = 0;         // of the time left, kept for the race while the search runs (0: none)
+  std::string journal_path;
+  TuneOutput out;
+  bool only_own = false;  // the search ran nothing but the workload's own configuration
+
+  double seconds_left() const { return trial_deadline_ - clock.elapsed(); }
+  // `policy` cut to what is left of the budget; OutOfBudget when not even the shortest trial fits.
+  MeasurePolicy within_budget(MeasurePolicy policy) const;
+  // The time kept from the search for the race.
+  double race_reserve() const;
+  // A finished trial: journaled, counted, said on stderr (Interrupted after a Ctrl-C).
+  void note_trial(const Candidate& c, const TrialResult& r);
+
+ private:
+  void open_journal();
+  void announce() const;
+  std::unique_ptr<Journal> journal_;
+  double trial_deadline_ = 0;  // seconds after the clock started
+};
+
+// The workload's own configuration, then the search (search.h).
+void search_step(Tune& tune);
+// The search's finalists and the workload's own configuration raced interleaved (race.h), and the
+// speedup the race holds.
+void race_step(Tune& tune);
+// The search and the race, with what an exhausted budget or a Ctrl-C leaves: the best so far.
+void search_and_race(Tune& tune);
+// --predict: the all-reduce measured on the ranks at hand, and N ranks predicted from it.
+void predict_step(Tune& tune);
+// The configuration to stdout or --out, the summary to stderr; the exit code.
+int output_step(const Tune& tune);
+
+// `autotune --compare A B ...`: the files' choices raced interleaved, each against the first's.
+int compare_tuned(const AutotuneOptions& options);
+
+// The whole command; throws UsageError for bad usage (exit 2).
+int run(int argc, char** argv);
+
+}  // namespace tb::tune
