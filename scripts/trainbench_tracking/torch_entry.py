@@ -281,7 +281,9 @@ def build_hf_entry(name: str, overrides: Dict[str, str], micro_batch: int, devic
                 and isinstance(getattr(config, key), float):
             setattr(config, key, 0.0)
     try:
-        model = AutoModelForCausalLM.from_config(config).to(device)
+        with device:  # initialised where it trains: on a GPU, not each parameter drawn on the CPU and then copied
+            model = AutoModelForCausalLM.from_config(config)
+        model.to(device)
     except ValueError as e:
         raise EntryError(f"{where}: no causal language model for {type(config).__name__} ({_one_line(e)})") from None
     vocab = int(config.vocab_size)
