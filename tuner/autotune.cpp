@@ -69,6 +69,7 @@ Examples:
   autotune --compare tuned.yaml --executor native,torch    the C++ step against its PyTorch twin, one configuration
   autotune --executor torch --entry my_train.py:build --batch 64   your own PyTorch model (README: --entry)
   autotune --executor torch --entry 'hf:gpt2?n_layer=4&n_embd=256' --format hf --out training_args.json
+  autotune --entry hf:gpt2 --batch 64 --versus largest-batch   the choice raced against the largest batch that fits
 
 Presets: tuner/workloads/*.yaml (the source reports' pipelines). Switches: optimizer, attention (fused
 frees the T^2 probabilities, so a larger micro-batch fits), sync, activation_checkpointing, lazy_cg (with a
@@ -437,17 +438,53 @@ std::vector<RaceEntrant> finalists(const SearchReport& rep, const Ranked& own, d
   return out;
 }
 
+// What the choice is compared with: the workload's own configuration, or --versus's.
+std::string baseline_name(const TuneOutput& out) {
+  return out.versus.is_null() ? kWorkloadOwnConfig : "the largest-batch configuration";
+}
+
+// `--versus largest-batch`: the configuration Lightning's BatchSizeFinder gives (entry.h), found in a
+// child, as the baseline the choice races against; `own` takes its micro-batch.
+nlohmann::json versus_largest_batch(const EntryProbe& probe, const Machine& machine, Candidate& own, int64_t memory_capacity,
+                                    double seconds_left) {
+  std::cerr << "autotune: --versus largest-batch: doubling the micro-batch from 1 while a few training steps at it fit, as Lightning's BatchSizeFinder does (mode power), up to the global batch " << own.global_batch
+            << std::endl;
+  LargestBatch found;
+  try {
+    found = find_largest_batch(probe, machine.use_cuda, machine.device, own.global_batch, memory_capacity, seconds_left,
+                               &stop_requested);
+  } catch (const std::runtime_error&) {
+    if (stop_requested) throw Interrupted{};
+    throw;
+  }
+  if (found.micro_batch < 1)
+    throw std::runtime_error("--versus largest-batch: " + probe.label + " does not fit even one sample (" +
+                             found.tried.dump() + ")");
+  own.micro_batch = found.micro_batch;
+  std::cerr << "autotune: the largest batch that fits: micro-batch " << found.micro_batch << " x accumulation "
+            << own.accumulation() << " (" << human_seconds(found.seconds) << "); the choice races against it" << std::endl;
+  return {{"name", "largest-batch"},
+          {"how", "Lightning's BatchSizeFinder (mode power): the micro-batch doubled from 1 while " +
+                      std::to_string(found.steps_per_size) +
+                      " training steps at it fit in memory, in the entry's own configuration (its optimizer as given, "
+                      "fp32), at most the global batch and dividing it; the accumulation makes up the global batch"},
+          {"micro_batch", found.micro_batch},
+          {"accumulation", own.accumulation()},
+          {"search", {{"tried", found.tried}, {"steps_per_size", found.steps_per_size}, {"seconds", found.seconds}}}};
+}
+
 // The race's verdict in the output: the choice and the workload's own configuration as the race
 // measured them, the finalists still in as runners-up, and the speedup only where the paired rounds hold it.
 void take_race(TuneOutput& out, const RaceReport& race, double noise_margin) {
   out.race = race;
+  const std::string against = baseline_name(out);
   const std::string own_key = out.baseline->candidate.key();
   auto from_separate_trials = [&](const std::string& why) {
     if (out.baseline->result.ok() && out.baseline->result.samples_per_s > 0)
       out.speedup = speedup_from_separate_trials(out.report.best.result.samples_per_s / out.baseline->result.samples_per_s, why);
   };
   if (race.choice < 0) {
-    if (out.report.best.candidate == out.baseline->candidate) out.speedup = speedup_of_own_choice();
+    if (out.report.best.candidate == out.baseline->candidate) out.speedup = speedup_of_own_choice(against);
     else from_separate_trials("the race measured no round: " + race.ended);
     return;
   }
@@ -465,12 +502,12 @@ void take_race(TuneOutput& out, const RaceReport& race, double noise_margin) {
   out.confirmed = true;
   if (own == race.choice) {
     out.baseline->result = out.report.best.result;
-    out.speedup = speedup_of_own_choice();
+    out.speedup = speedup_of_own_choice(against);
   } else if (own >= 0 && !race.finalists[static_cast<std::size_t>(own)].slices.empty()) {
     out.baseline->result = race.finalists[static_cast<std::size_t>(own)].measured(kLevel);
-    out.speedup = speedup_from_rounds(race.compare(chosen, static_cast<std::size_t>(own), kLevel), noise_margin);
+    out.speedup = speedup_from_rounds(race.compare(chosen, static_cast<std::size_t>(own), kLevel), noise_margin, against);
   } else {
-    from_separate_trials("the workload's own configuration did not run in the race");
+    from_separate_trials(against + " did not run in the race");
   }
 }
 
@@ -654,7 +691,7 @@ int run(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--allreduce-probe") return run_allreduce_probe_here(nlohmann::json::parse(argv[2]));
 
   std::string gpu = "auto", workload_name = "small_gpt", range, strategy = "auto", switch_list, format = "yaml";
-  std::string journal_path, out_path, executor_name = "native", memory_limit_text, entry;
+  std::string journal_path, out_path, executor_name = "native", memory_limit_text, entry, versus;
   std::vector<std::string> compare_files;
   int64_t batch = 0, ranks = 1, probe_ranks = 2;
   std::string launcher = "mpirun";
@@ -692,6 +729,11 @@ int run(int argc, char** argv) {
                  "batches, loss) or a LightningModule (README: --entry); hf:MODEL?key=value&...: a transformers model from "
                  "its configuration, random weights, synthetic tokens (never downloads); implies --executor torch")
       ->excludes(workload_opt);
+  app.add_option("--versus", versus,
+                 "largest-batch: with --entry, race the choice against the configuration Lightning's BatchSizeFinder "
+                 "gives (the largest power-of-two micro-batch that fits, accumulation = global batch / it) instead of "
+                 "the entry's own, and report the ratio with its interval")
+      ->check(CLI::IsMember({"largest-batch"}));
   app.add_option("--ranks", ranks,
                  "data-parallel ranks: every trial runs the step on N ranks (LAUNCHER -n N), the global batch split as "
                  "micro-batch x accumulation x N, DDP's bucket size a switch; the output's DeepSpeed / Lightning keys are for N")
@@ -734,6 +776,8 @@ int run(int argc, char** argv) {
     return 2;
   }
   if (predict && ranks < 2) throw UsageError("--predict needs --ranks N with N >= 2");
+  if (!versus.empty() && entry.empty())
+    throw UsageError("--versus " + versus + " races the choice for an --entry against the largest batch that fits: give --entry");
   if (!entry.empty()) {
     if (app.count("--executor") && executor_name != "torch")
       throw UsageError("--entry tunes a PyTorch model: it runs with --executor torch, not " + executor_name);
@@ -838,7 +882,7 @@ int run(int argc, char** argv) {
   options.strategy = strategy == "grid" ? SearchOptions::Strategy::grid : SearchOptions::Strategy::auto_;
   options.budget_seconds = budget;
   options.measure.max_seconds = trial_seconds;
-  const Candidate own = own_candidate(workload, space);
+  Candidate own = own_candidate(workload, space);  // --versus: its micro-batch is the largest that fits
 
   // Refused before anything runs: a workload that cannot fit even at micro-batch 1 (with activation
   // checkpointing where it can be switched on), and a budget too small for one trial.
@@ -951,7 +995,8 @@ int run(int argc, char** argv) {
   out.ranks = predict ? 1 : ranks;
 
   try {
-    // The workload's own configuration first: what the speedup is measured against.
+    if (!versus.empty()) out.versus = versus_largest_batch(*entry_probe, machine, own, executor.memory_capacity(), seconds_left());
+    // The workload's own configuration (or --versus's) first: what the speedup is measured against.
     auto& own_known = options.known[own.key()];
     const bool resumed_own = !own_known.empty();
     const TrialResult own_result = resumed_own ? own_known.front() : executor.run(own, within_budget(options.measure));
@@ -972,6 +1017,7 @@ int run(int argc, char** argv) {
       out.report = best_so_far(seen, options.noise_margin);
       out.report.budget_exhausted = true;
       out.report.seconds = elapsed();
+      out.speedup = speedup_of_own_choice(baseline_name(out));
       std::cerr << "autotune: the search ran no trial of its own within the budget (" << human_seconds(budget)
                 << "; the workload's own configuration took " << human_seconds(own_result.seconds)
                 << "): reporting that configuration, measured; give a larger --budget to search" << std::endl;
@@ -987,7 +1033,7 @@ int run(int argc, char** argv) {
       const bool own_chosen = out.report.best.candidate == own;
       if (entrants.size() < 2) {
         std::cerr << "autotune: one configuration ran within the memory headroom: nothing to race it against" << std::endl;
-        if (own_chosen) out.speedup = speedup_of_own_choice();
+        if (own_chosen) out.speedup = speedup_of_own_choice(baseline_name(out));
       } else if (race_rounds < 1) {
         if (own_result.ok())
           out.speedup = speedup_from_separate_trials(out.report.best.result.samples_per_s / own_result.samples_per_s,
@@ -1003,11 +1049,11 @@ int run(int argc, char** argv) {
             neighbours += (neighbours.empty() ? "" : " and ") + std::to_string(e.candidate.micro_batch);
         }
         std::cerr << "autotune: racing the finalists interleaved: the search's choice"
-                  << (own_chosen ? " (the workload's own configuration)" : "") << ", " << count("tie") << " within noise of it, "
+                  << (own_chosen ? " (" + baseline_name(out) + ")" : "") << ", " << count("tie") << " within noise of it, "
                   << count("next fastest") << " next fastest"
                   << (values.empty() ? "" : ", the fastest with " + values)
                   << (neighbours.empty() ? "" : ", its switches at micro-batch " + neighbours)
-                  << (own_result.ok() && !own_chosen ? ", the workload's own configuration" : "")
+                  << (own_result.ok() && !own_chosen ? ", " + baseline_name(out) : "")
                   << "; up to " << race_rounds << " rounds of " << slice_seconds_for(trial_seconds) << " s slices" << std::endl;
         const RaceReport raced = race(executor, entrants,
                                       race_options(options, race_rounds, trial_seconds, seconds_left, shortest.seconds, elapsed, budget));

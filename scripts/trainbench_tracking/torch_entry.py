@@ -23,6 +23,8 @@ that changes the numbers; both are `incorrect` trials that say which, with the d
 `torch-step --entry-probe REQUEST` validates an entry (exit 2 and one line naming the file, the function and
 what was expected) and says what autotune needs of it; `torch-step --entry-trial REQUEST` runs one trial and
 prints one TrialResult line, as torch_trial.py does for the twin of the step.
+`torch-step --entry-largest-batch REQUEST` is Lightning's BatchSizeFinder on the entry (`autotune --versus
+largest-batch`): the largest power-of-two micro-batch that fits.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ HF_SAMPLES = 256           # rows of its synthetic dataset (cycled)
 HF_SEED = 1234
 DEFAULT_MAX_GRAD_NORM = 1.0
 SYNC_EVERY_N = 16
+LARGEST_BATCH_STEPS = 3     # training steps at each size of the largest-batch search (BatchSizeFinder's steps_per_trial)
 ENTRY_KEYS = ("model", "optimizer", "batches", "loss")
 RETURNS = ("dict(model=nn.Module, optimizer=Optimizer or params -> Optimizer, batches=iterable of micro-batches, "
            "loss=(model, micro_batch) -> scalar tensor), or a LightningModule")
@@ -681,6 +684,60 @@ def run_entry_trial(request: dict) -> dict:
         return fail("error", f"{type(e).__name__}: {_one_line(e)}{where}")
 
 
+def largest_batch(request: dict) -> dict:
+    """Lightning's BatchSizeFinder (mode "power") on an entry, the configuration `autotune --versus
+    largest-batch` races the choice against: the micro-batch doubled from 1 while LARGEST_BATCH_STEPS training
+    steps at it fit in memory, in the entry's own configuration (its optimizer as given, fp32), at most the
+    global batch and dividing it (the accumulation makes up the rest). The largest that fit, and every size
+    tried with its outcome. An error other than out of memory is the entry's, raised."""
+    import gc
+    import torch
+    from .torch_trial import limit_host_memory, peak_host_bytes, warm_lazy_imports
+    started = time.perf_counter()
+    device = _device(request)
+    on_gpu = device.type == "cuda"
+    global_batch = int(request["global_batch"])
+    limit = int(request.get("memory_limit_bytes", 0))
+    if on_gpu and limit > 0:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
+    if not on_gpu:
+        warm_lazy_imports("per_tensor")
+        limit_host_memory(limit)
+    tried: List[Dict[str, Any]] = []
+    largest, micro = 0, 1
+    while micro <= global_batch and global_batch % micro == 0:
+        if on_gpu:
+            torch.cuda.reset_peak_memory_stats(device)
+        entry = loop = opt = None
+        try:
+            torch.manual_seed(0)
+            entry = build_entry(request["entry"], micro, device)
+            loop = Loop(entry, device, {"sync": "every_step"}, 1)
+            opt = entry.make_optimizer(entry.model.parameters())
+            stream = cycle(entry.batches)
+            for _ in range(LARGEST_BATCH_STEPS):
+                loop.step(opt, [next(stream)])
+            if on_gpu:
+                torch.cuda.synchronize(device)
+            outcome = "fits"
+        except Exception as e:  # noqa: BLE001 - out of memory ends the doubling; anything else is the entry's
+            if not _looks_like_oom(e):
+                raise
+            outcome = f"out of memory ({type(e).__name__})"
+        peak = int(torch.cuda.max_memory_allocated(device)) if on_gpu else peak_host_bytes()
+        tried.append({"micro_batch": micro, "outcome": outcome, "peak_bytes": peak})
+        del entry, loop, opt
+        gc.collect()
+        if on_gpu:
+            torch.cuda.empty_cache()
+        if outcome != "fits":
+            break
+        largest, micro = micro, micro * 2
+    return {"micro_batch": largest, "tried": tried, "steps_per_size": LARGEST_BATCH_STEPS,
+            "seconds": time.perf_counter() - started}
+
+
 def main(mode: str, request_text: str) -> int:
     try:
         request = json.loads(request_text)
@@ -698,6 +755,14 @@ def main(mode: str, request_text: str) -> int:
             return 2
         except Exception as e:  # noqa: BLE001 - whatever else the entry did wrong: one line, exit 2
             print(f"--entry {request.get('entry')}: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+            return 2
+        print(json.dumps(out), flush=True)
+        return 0
+    if mode == "--entry-largest-batch":
+        try:
+            out = largest_batch(request)
+        except EntryError as e:
+            print(str(e), file=sys.stderr)
             return 2
         print(json.dumps(out), flush=True)
         return 0

@@ -180,3 +180,19 @@ def test_a_reference_that_does_not_fit_whole_runs_in_the_fewest_parts_that_do(mo
     _, parts = te.reference_step(entry, CPU, batches, "per_tensor", initial)
     assert parts == 4  # 32 samples as 4 x 8
     assert te.check_first_step(entry, CPU, {"optimizer": "foreach"}, batches, "per_tensor") is None
+
+
+def test_the_largest_batch_search_doubles_until_out_of_memory():
+    # BatchSizeFinder's power mode: 1, 2, 4, 8 fit, 16 does not; the global batch 32 is never reached.
+    found = te.largest_batch({"entry": os.path.join(ENTRIES, "fits_eight.py") + ":build", "backend": "cpu",
+                              "global_batch": 32})
+    assert found["micro_batch"] == 8
+    assert [t["micro_batch"] for t in found["tried"]] == [1, 2, 4, 8, 16]
+    assert [t["outcome"] for t in found["tried"]][:4] == ["fits"] * 4
+    assert found["tried"][-1]["outcome"].startswith("out of memory")
+
+
+def test_the_largest_batch_stops_at_the_largest_power_of_two_dividing_the_global_batch():
+    # 24 = 8 x 3: 16 would not divide it, so 8 with accumulation 3, though 16 fits
+    found = te.largest_batch({"entry": f"{EXAMPLE}:build", "backend": "cpu", "global_batch": 24})
+    assert found["micro_batch"] == 8 and [t["micro_batch"] for t in found["tried"]] == [1, 2, 4, 8]
