@@ -855,6 +855,8 @@ int run(int argc, char** argv) {
   const auto available = entry_probe ? entry_probe->switches : available_switches(workload, use_cuda);
   if (switch_list.empty()) {
     space.switches = available;
+    // An entry's cuda_graphs on a CPU is only ever refused: tried when --switches names it, to see why.
+    if (entry_probe && !use_cuda) space.switches.erase("cuda_graphs");
   } else if (switch_list != "none") {
     std::stringstream list(switch_list);
     std::string name;

@@ -39,6 +39,7 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .entry_graphs import GraphedMicroBatch, GraphRefused, refusal as graphs_refusal, zero_grads
 from .errors import UsageError
 
 # The relative difference of the first step's parameter updates from the reference's, ||d - d_ref|| /
@@ -374,6 +375,8 @@ class Loop:
         self.non_blocking = switches.get("pin_memory", "off") == "on"
         self.sync = switches.get("sync", "every_step")
         self.sdpa = switches.get("sdpa", "default")
+        self.graphs = switches.get("cuda_graphs", "off") == "on"
+        self.graphed: Optional[GraphedMicroBatch] = None  # captured on the first step
         self.params = [p for p in entry.model.parameters() if p.requires_grad]
         self.forward = lambda batch: entry.loss(entry.model, batch)
         self.compile_seconds = 0.0
@@ -387,8 +390,8 @@ class Loop:
         import contextlib
         import torch
         stack = contextlib.ExitStack()
-        if self.bf16:
-            stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
+        if self.bf16:  # a captured graph may not reuse autocast's cast cache (PyTorch's CUDA graphs notes)
+            stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=not self.graphs))
         if self.sdpa != "default":
             from torch.nn.attention import SDPBackend, sdpa_kernel
             stack.enter_context(sdpa_kernel({"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
@@ -396,19 +399,30 @@ class Loop:
                                              "cudnn": SDPBackend.CUDNN_ATTENTION}[self.sdpa]))
         return stack
 
+    def micro_step(self, batch):
+        """Forward, loss and backward of one micro-batch on the device; the loss, detached."""
+        with self.context():
+            loss = self.forward(batch)
+        (loss / self.accumulation).backward()
+        return loss.detach()
+
     def step(self, optimizer, micro_batches) -> None:
         import torch
         losses = []
-        for batch in micro_batches:
-            batch = to_device(batch, self.device, self.non_blocking)
-            with self.context():
-                loss = self.forward(batch)
-            (loss / self.accumulation).backward()
-            losses.append(loss.detach())
+        if self.graphs:
+            if self.graphed is None:
+                from .torch_trial import looks_like_oom
+                self.graphed = GraphedMicroBatch(self.micro_step, self.params, micro_batches[0], self.device, looks_like_oom)
+            losses = [self.graphed(batch, self.non_blocking) for batch in micro_batches]
+        else:
+            losses = [self.micro_step(to_device(batch, self.device, self.non_blocking)) for batch in micro_batches]
         if self.entry.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.entry.max_grad_norm)
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        if self.graphs:
+            zero_grads(self.params)  # kept: the graph's backward adds into them
+        else:
+            optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         self.read_loss(torch.stack(losses).float().mean())
 
@@ -605,7 +619,8 @@ def probe_entry(request: dict) -> dict:
     switches = {"optimizer": [own] + [v for v in variants if v != own],
                 "bf16_matmuls": ["off", "on"],
                 "sync": ["every_step", f"every_n:{SYNC_EVERY_N}", "async"],
-                "compile": ["off", "on"]}
+                "compile": ["off", "on"],
+                "cuda_graphs": ["off", "on"]}  # offered on a CPU too, where a trial says why it is refused
     if calls_sdpa(entry, batch, device):
         switches["sdpa"] = ["default", "math"] + (["flash", "efficient"] if on_gpu else [])
     if on_gpu and isinstance(entry.batches, torch.utils.data.DataLoader):
@@ -642,6 +657,9 @@ def run_entry_trial(request: dict) -> dict:
         switches = dict(cand.get("switches", {}))
         global_batch, micro = int(cand["global_batch"]), int(cand["micro_batch"])
         accumulation = global_batch // micro
+        refused = graphs_refusal(on_gpu, switches)
+        if refused:
+            return fail("error", f"cuda_graphs refused: {refused}")
         if not on_gpu:
             warm_lazy_imports(switches.get("optimizer", "per_tensor"))
         torch.manual_seed(0)
@@ -674,6 +692,8 @@ def run_entry_trial(request: dict) -> dict:
                        lambda: int(torch.cuda.max_memory_allocated(device)) if on_gpu else peak_host_bytes())
     except EntryError as e:
         return fail("error", str(e))
+    except GraphRefused as e:
+        return fail("error", f"cuda_graphs refused: {e}")
     except BaseException as e:  # noqa: B902 - any failure of the user's code is this trial's result
         if isinstance(e, KeyboardInterrupt):
             raise

@@ -196,3 +196,54 @@ def test_the_largest_batch_stops_at_the_largest_power_of_two_dividing_the_global
     # 24 = 8 x 3: 16 would not divide it, so 8 with accumulation 3, though 16 fits
     found = te.largest_batch({"entry": f"{EXAMPLE}:build", "backend": "cpu", "global_batch": 24})
     assert found["micro_batch"] == 8 and [t["micro_batch"] for t in found["tried"]] == [1, 2, 4, 8]
+
+
+QUICK_POLICY = {"target_rel_ci": 0.5, "max_seconds": 0.2, "min_steps": 2}
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA graph path is checked "
+                               "on a GPU (scripts/gpu-node torch)")
+UNFRIENDLY = os.path.join(ENTRIES, "graph_unfriendly.py")
+
+
+def graphs_trial(spec, backend, micro_batch=4, global_batch=16, **switches):
+    return te.run_entry_trial({"entry": spec, "backend": backend, "device": 0, "policy": QUICK_POLICY,
+                               "candidate": {"global_batch": global_batch, "micro_batch": micro_batch,
+                                             "switches": dict(switches, cuda_graphs="on")}})
+
+
+def test_cuda_graphs_on_a_cpu_are_refused_with_the_reason():
+    r = graphs_trial(f"{EXAMPLE}:build", "cpu")
+    assert r["class"] == "error"
+    assert r["message"].startswith("cuda_graphs refused: no CUDA device here"), r["message"]
+    assert "cuda_graphs" in probe(f"{EXAMPLE}:build")["switches"]
+
+
+@needs_gpu
+@pytest.mark.parametrize("spec", [f"{EXAMPLE}:build", f"{CNN}:build", TINY_GPT2])
+def test_gpu_cuda_graphs_pass_the_first_step_check_and_measure(spec):
+    # the replayed micro-batches accumulate the gradients the eager reference computes (a DataLoader, a list of
+    # tuples, a dict of tokens), with accumulation 4, and with bf16 autocast
+    for bf16 in ("off", "on"):
+        r = graphs_trial(spec, "cuda", bf16_matmuls=bf16, optimizer="foreach")
+        assert r["class"] == "ok", (bf16, r["message"])
+        assert r["samples_per_s"] > 0
+
+
+@needs_gpu
+def test_gpu_a_host_sync_in_the_loss_refuses_capture():
+    r = graphs_trial(f"{UNFRIENDLY}:host_sync", "cuda")
+    assert r["class"] == "error" and r["message"].startswith("cuda_graphs refused: capture failed"), r["message"]
+    assert graphs_trial(f"{UNFRIENDLY}:host_sync", "cuda", micro_batch=16, global_batch=16)["class"] == "error"
+
+
+@needs_gpu
+def test_gpu_micro_batches_that_change_shape_are_refused():
+    r = graphs_trial(f"{UNFRIENDLY}:changing_shapes", "cuda")
+    assert r["class"] == "error" and "the micro-batches change shape" in r["message"], r["message"]
+
+
+def test_the_unfriendly_entries_run_eagerly():
+    # what the GPU tests refuse is the graph's limit, not a broken entry: eager, both run on the CPU
+    for name in ("host_sync", "changing_shapes"):
+        r = te.run_entry_trial({"entry": f"{UNFRIENDLY}:{name}", "backend": "cpu", "policy": QUICK_POLICY,
+                                "candidate": {"global_batch": 16, "micro_batch": 4, "switches": {}}})
+        assert r["class"] == "ok", (name, r["message"])
