@@ -122,11 +122,23 @@ def _one_line(e: BaseException) -> str:
 
 
 class Entry:
-    """A built entry: what the loop needs, whichever kind of entry it came from."""
+    """A built entry: what the loop needs, whichever kind of entry it came from. `make_schedulers(optimizer)`
+    gives the learning-rate schedulers to step with that optimizer (a LightningModule's), as Scheduled."""
 
-    def __init__(self, model, make_optimizer: Callable, batches, loss: Callable, max_grad_norm: float, label: str):
+    def __init__(self, model, make_optimizer: Callable, batches, loss: Callable, max_grad_norm: float, label: str,
+                 make_schedulers: Optional[Callable] = None):
         self.model, self.make_optimizer, self.batches, self.loss = model, make_optimizer, batches, loss
         self.max_grad_norm, self.label = max_grad_norm, label
+        self.make_schedulers = make_schedulers or (lambda optimizer: [])
+        self.micro_batch = 0  # set by build_entry: the samples of one of `batches`
+
+
+class Scheduled:
+    """A learning-rate scheduler and when Lightning steps it: every `frequency` optimizer steps (interval
+    "step") or epochs (interval "epoch", Lightning's default)."""
+
+    def __init__(self, scheduler, interval: str = "epoch", frequency: int = 1):
+        self.scheduler, self.interval, self.frequency = scheduler, interval, max(int(frequency), 1)
 
 
 def _optimizer_maker(optimizer, model, where: str) -> Callable:
@@ -192,25 +204,78 @@ def own_variant(opt, on_gpu: bool) -> str:
     return "foreach" if on_gpu else "per_tensor"  # PyTorch's own choice for foreach=None
 
 
+def _lightning_configuration(conf, where: str):
+    """configure_optimizers()'s answer in any form Lightning accepts (an optimizer; a list of them; ([optimizers],
+    [schedulers]); a dict with "optimizer" and "lr_scheduler"; a list of such dicts) as the first optimizer and
+    the Scheduled that step it (a scheduler, or a dict with "scheduler", "interval", "frequency")."""
+    import torch
+    optimizers, schedulers = [], []
+    if isinstance(conf, dict):
+        conf = [conf]
+    if (isinstance(conf, (list, tuple)) and len(conf) == 2 and isinstance(conf[0], (list, tuple))
+            and isinstance(conf[1], (list, tuple))):
+        optimizers, schedulers = list(conf[0]), list(conf[1])
+    elif isinstance(conf, (list, tuple)):
+        for item in conf:
+            if isinstance(item, dict):
+                optimizers.append(item.get("optimizer"))
+                if item.get("lr_scheduler") is not None:
+                    schedulers.append(item["lr_scheduler"])
+            else:
+                optimizers.append(item)
+    else:
+        optimizers = [conf]
+    if not optimizers:
+        raise EntryError(f"{where}: configure_optimizers() returned no optimizer")
+    first = optimizers[0]
+    scheduled = []
+    for sched in schedulers:
+        config = sched if isinstance(sched, dict) else {"scheduler": sched}
+        made = config.get("scheduler")
+        if isinstance(made, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            continue  # it steps on a monitored metric, which trainbench's loop does not compute
+        if not isinstance(made, torch.optim.lr_scheduler.LRScheduler):
+            raise EntryError(f"{where}: an lr_scheduler is a {type(made).__name__}; expected a "
+                             "torch.optim.lr_scheduler scheduler or a dict with 'scheduler'")
+        if made.optimizer is not first:
+            continue  # it schedules another optimizer than the first, the one trainbench runs
+        interval = config.get("interval", "epoch")
+        if interval not in ("step", "epoch"):
+            raise EntryError(f"{where}: an lr_scheduler's interval is '{interval}'; Lightning takes 'step' or 'epoch'")
+        scheduled.append(Scheduled(made, interval, config.get("frequency", 1)))
+    return first, scheduled
+
+
+def _bind(scheduler, optimizer) -> None:
+    """Points a scheduler (and those a SequentialLR or ChainedScheduler holds) at `optimizer`: the same
+    optimizer rebuilt per-tensor, foreach or fused, whose groups carry the learning rates it set."""
+    scheduler.optimizer = optimizer
+    for inner in getattr(scheduler, "_schedulers", []):
+        _bind(inner, optimizer)
+
+
 def _from_lightning(module, where: str) -> Optional[Entry]:
     # Lightning takes seconds to import: only when the entry's module did
     kinds = [sys.modules[m].LightningModule for m in ("lightning.pytorch", "pytorch_lightning") if m in sys.modules]
     if not any(isinstance(module, k) for k in kinds):
         return None
-    conf = module.configure_optimizers()
-    if isinstance(conf, dict):
-        conf = conf.get("optimizer")
-    while isinstance(conf, (list, tuple)) and conf:
-        conf = conf[0]
-    if isinstance(conf, dict):
-        conf = conf.get("optimizer")
-    make = _optimizer_maker(conf, module, where + " (configure_optimizers)")
+    where = where + " (configure_optimizers)"
+    first, _ = _lightning_configuration(module.configure_optimizers(), where)
+    make = _optimizer_maker(first, module, where)
+
+    def make_schedulers(optimizer):
+        # a fresh configuration each time: each run's schedulers start from their first step
+        _, scheduled = _lightning_configuration(module.configure_optimizers(), where)
+        for s in scheduled:
+            _bind(s.scheduler, optimizer)
+        return scheduled
 
     def loss(model, batch):
         out = model.training_step(batch, 0)
         return out["loss"] if isinstance(out, dict) else out
     clip = getattr(module, "max_grad_norm", DEFAULT_MAX_GRAD_NORM)
-    return Entry(module, make, module.train_dataloader(), loss, float(clip), "LightningModule " + type(module).__name__)
+    return Entry(module, make, module.train_dataloader(), loss, float(clip), "LightningModule " + type(module).__name__,
+                 make_schedulers)
 
 
 def build_file_entry(path: str, name: str, micro_batch: int, device, switches: Dict[str, str]) -> Entry:
@@ -311,8 +376,11 @@ def build_hf_entry(name: str, overrides: Dict[str, str], micro_batch: int, devic
 def build_entry(spec: str, micro_batch: int, device, switches: Optional[Dict[str, str]] = None) -> Entry:
     kind, target, extra = parse_spec(spec)
     if kind == "hf":
-        return build_hf_entry(target, extra, micro_batch, device)
-    return build_file_entry(target, extra["name"], micro_batch, device, switches or {})
+        entry = build_hf_entry(target, extra, micro_batch, device)
+    else:
+        entry = build_file_entry(target, extra["name"], micro_batch, device, switches or {})
+    entry.micro_batch = micro_batch
+    return entry
 
 
 # ---- the loop ------------------------------------------------------------------------------------------------
@@ -385,6 +453,8 @@ class Loop:
         self.steps = 0
         self.pending = None
         self.last_loss = float("nan")
+        self.schedulers: Optional[List[Scheduled]] = None  # the entry's, bound to the optimizer of the first step
+        self.samples = 0  # seen, for the epochs of epoch-interval schedulers
 
     def context(self):
         import contextlib
@@ -424,7 +494,35 @@ class Loop:
         else:
             optimizer.zero_grad(set_to_none=True)
         self.steps += 1
+        self.step_schedulers(optimizer, sum(leading_size(b) or 0 for b in micro_batches))
         self.read_loss(torch.stack(losses).float().mean())
+
+    def step_schedulers(self, optimizer, samples: int) -> None:
+        """After each optimizer step, as Lightning does: interval "step" schedulers every `frequency` steps;
+        interval "epoch" ones every `frequency` epochs, an epoch being one pass over the entry's batches (those
+        of unknown length never end one). The first call binds the entry's schedulers to `optimizer`."""
+        import warnings
+        if self.schedulers is None:
+            self.schedulers = self.entry.make_schedulers(optimizer)
+        if not self.schedulers:
+            return
+        try:
+            epoch_samples = len(self.entry.batches) * self.entry.micro_batch
+        except TypeError:
+            epoch_samples = 0
+        epochs_before = self.samples // epoch_samples if epoch_samples else 0
+        self.samples += samples
+        epochs = self.samples // epoch_samples if epoch_samples else 0
+        with warnings.catch_warnings():
+            # a scheduler bound to a rebuilt optimizer warns that it did not see that optimizer's step run
+            warnings.simplefilter("ignore", UserWarning)
+            for s in self.schedulers:
+                if s.interval == "step" and self.steps % s.frequency == 0:
+                    s.scheduler.step()
+                elif s.interval == "epoch":
+                    for epoch in range(epochs_before + 1, epochs + 1):
+                        if epoch % s.frequency == 0:
+                            s.scheduler.step()
 
     def read_loss(self, loss) -> None:
         """The loss to the host per the sync switch: every step, every SYNC_EVERY_N, or one step late."""

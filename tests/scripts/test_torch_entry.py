@@ -247,3 +247,48 @@ def test_the_unfriendly_entries_run_eagerly():
         r = te.run_entry_trial({"entry": f"{UNFRIENDLY}:{name}", "backend": "cpu", "policy": QUICK_POLICY,
                                 "candidate": {"global_batch": 16, "micro_batch": 4, "switches": {}}})
         assert r["class"] == "ok", (name, r["message"])
+
+
+SCHEDULED = os.path.join(ENTRIES, "lightning_scheduled.py")
+
+
+def scheduled_loop(name, micro_batch, accumulation, variant="per_tensor"):
+    pytest.importorskip("lightning")
+    entry = te.build_entry(f"{SCHEDULED}:{name}", micro_batch, CPU)
+    opt = te.with_variant(entry.make_optimizer(entry.model.parameters()), variant)
+    return entry, te.Loop(entry, CPU, {}, accumulation), opt, te.cycle(entry.batches)
+
+
+def test_a_lightning_scheduler_is_stepped_after_the_optimizer_step_in_the_first_step_check():
+    # LambdaLR gives the first optimizer step the whole learning rate and every later one none: stepped per
+    # micro-batch or before the optimizer step, the candidate's first step (4 micro-batches) would not move the
+    # parameters while the reference's (one) would, and the check would fail
+    pytest.importorskip("lightning")
+    entry = te.build_entry(f"{SCHEDULED}:per_step", 4, CPU)
+    batches = first_micro_batches(entry, 4)
+    assert te.check_first_step(entry, CPU, {"optimizer": "foreach"}, batches, "per_tensor") is None
+    initial = te._state(entry.model)
+    moved = te.first_step(entry, CPU, {}, batches, "per_tensor", initial)
+    assert any(not torch.equal(moved[k], initial[k]) for k in initial), "the first step must move the parameters"
+
+
+def test_step_interval_schedulers_step_every_frequency_optimizer_steps_in_the_timed_loop():
+    entry, loop, opt, stream = scheduled_loop("per_step", 4, 2, "foreach")
+    loop.step(opt, [next(stream) for _ in range(2)])
+    assert opt.param_groups[0]["lr"] == 0.0  # the rebuilt (foreach) optimizer is the one scheduled
+    entry, loop, opt, stream = scheduled_loop("every_second_step", 4, 2)
+    lrs = []
+    for _ in range(4):
+        loop.step(opt, [next(stream) for _ in range(2)])
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs == pytest.approx([0.1, 0.05, 0.05, 0.025])
+
+
+def test_epoch_interval_schedulers_step_when_a_pass_over_the_loader_ends():
+    # 64 samples in micro-batches of 8, 2 to a step: an epoch is 4 optimizer steps; StepLR halves per epoch
+    entry, loop, opt, stream = scheduled_loop("per_epoch", 8, 2)
+    lrs = []
+    for _ in range(9):
+        loop.step(opt, [next(stream) for _ in range(2)])
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs == pytest.approx([0.1] * 3 + [0.05] * 4 + [0.025] * 2)
