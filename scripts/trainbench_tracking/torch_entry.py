@@ -862,25 +862,17 @@ def main(mode: str, request_text: str) -> int:
     except json.JSONDecodeError as e:
         print(f"torch-step: the request is not JSON: {e}", file=sys.stderr)
         return 2
-    if mode == "--entry-probe":
+    answers = {"--entry-probe": probe_entry, "--entry-largest-batch": largest_batch}
+    if mode in answers:
         try:
-            out = probe_entry(request)
-        except EntryError as e:
+            out = answers[mode](request)
+        except (EntryError, UsageError) as e:
             print(str(e), file=sys.stderr)
             return 2
-        except UsageError as e:
-            print(str(e), file=sys.stderr)
-            return 2
-        except Exception as e:  # noqa: BLE001 - whatever else the entry did wrong: one line, exit 2
+        except Exception as e:  # noqa: BLE001 - whatever else the entry did wrong when probed: one line, exit 2
+            if mode != "--entry-probe":
+                raise  # past the probe, a failure is the run's (exit 1, its traceback), not a bad entry
             print(f"--entry {request.get('entry')}: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
-            return 2
-        print(json.dumps(out), flush=True)
-        return 0
-    if mode == "--entry-largest-batch":
-        try:
-            out = largest_batch(request)
-        except EntryError as e:
-            print(str(e), file=sys.stderr)
             return 2
         print(json.dumps(out), flush=True)
         return 0
