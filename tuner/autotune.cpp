@@ -961,6 +961,18 @@ int run(int argc, char** argv) {
 
   std::signal(SIGINT, [](int) { stop_requested = true; });
   std::vector<Ranked> seen;
+  // What the best so far is taken from when the search did not finish: this run's trials, and the
+  // workload's own configuration when --resume took it from the journal rather than running it again.
+  std::optional<Ranked> resumed_own_trial;
+  auto report_so_far = [&] {
+    std::vector<Ranked> all = seen;
+    if (resumed_own_trial) all.insert(all.begin(), *resumed_own_trial);
+    SearchReport rep = best_so_far(all, options.noise_margin);
+    // The search's own trials: this run's, less the workload's own configuration's when it ran now.
+    const bool own_ran_now = !resumed_own_trial && !seen.empty() && seen.front().candidate == own;
+    rep.trials_run = static_cast<int64_t>(seen.size()) - (own_ran_now ? 1 : 0);
+    return rep;
+  };
   options.on_trial = [&](const Candidate& c, const TrialResult& r) {
     if (stop_requested) throw Interrupted{};
     journal.append(c, r);
@@ -1007,6 +1019,7 @@ int run(int argc, char** argv) {
       own_known.push_back(own_result);  // the search takes it as the first measurement of `own`
     }
     out.baseline = Ranked{own, own_result};
+    if (resumed_own) resumed_own_trial = Ranked{own, own_result};
     if (resumed_own && own_result.ok()) setups.push_back(own_result.setup_seconds);
     if (race_rounds >= 2 && own_result.ok()) race_share = kRaceShare * seconds_left();
     out.report = search(executor, space, options);
@@ -1016,7 +1029,7 @@ int run(int argc, char** argv) {
     // own: that measured configuration is then the answer, and nothing is raced against it.
     const bool only_own = !out.report.found && own_result.ok();
     if (only_own) {
-      out.report = best_so_far(seen, options.noise_margin);
+      out.report = report_so_far();
       out.report.budget_exhausted = true;
       out.report.seconds = elapsed();
       out.speedup = speedup_of_own_choice(baseline_name(out));
@@ -1068,7 +1081,7 @@ int run(int argc, char** argv) {
     }
   } catch (const OutOfBudget& e) {
     // The workload's own configuration ran into the budget's end: nothing to compare with.
-    out.report = best_so_far(seen, options.noise_margin);
+    out.report = report_so_far();
     out.report.budget_exhausted = true;
     out.report.seconds = elapsed();
     std::cerr << "autotune: " << e.what() << "; the budget (" << human_seconds(budget) << ") is spent"
@@ -1077,7 +1090,7 @@ int run(int argc, char** argv) {
     out.interrupted = true;
     out.race.reset();
     out.speedup.reset();
-    out.report = best_so_far(seen, options.noise_margin);
+    out.report = report_so_far();
     out.report.seconds = elapsed();
     std::cerr << "autotune: interrupted after " << seen.size() << " trials; writing the best so far" << std::endl;
   }
