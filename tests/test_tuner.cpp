@@ -179,6 +179,34 @@ RaceReport sample_race() {
   return race;
 }
 
+TEST(Emit, AVersusBaselineTakesTheWorkloadConfigsPlaceAndIsNamedInTheVerdict) {
+  // autotune --entry ... --versus largest-batch: the baseline is the largest batch that fits, not the
+  // entry's own configuration; the output must not call it the workload's.
+  TuneOutput o = sample_output();
+  o.versus = {{"name", "largest-batch"}, {"micro_batch", 32}, {"accumulation", 8}};
+  o.speedup = speedup_from_rounds(paired_rounds({112, 110, 111, 113}, {100, 100, 100, 100}), 0.01,
+                                  "the largest-batch configuration");
+  o.race = sample_race();
+  o.confirmed = true;
+  const std::string text = emit(o, OutFormat::yaml);
+  const YAML::Node y = YAML::Load(text)["trainbench_autotune"];
+  EXPECT_FALSE(y["workload_config"]);
+  EXPECT_FALSE(y["speedup_over_workload_config"]);
+  EXPECT_FALSE(y["speedup_note"]);
+  const YAML::Node v = y["versus"];
+  EXPECT_EQ(v["name"].as<std::string>(), "largest-batch");
+  EXPECT_EQ(v["config"]["micro_batch"].as<int>(), 32);
+  EXPECT_DOUBLE_EQ(v["measured"]["samples_per_s"].as<double>(), 2000);
+  EXPECT_NEAR(v["speedup"].as<double>(), 1.115, 0.005);
+  EXPECT_TRUE(v["speedup_significant"].as<bool>());
+  EXPECT_EQ(v["speedup_interval"]["interleaved_rounds"].as<int>(), 4);
+  EXPECT_NE(v["note"].as<std::string>().find("the largest-batch configuration's throughput"), std::string::npos);
+  EXPECT_EQ(v["note"].as<std::string>().find("workload"), std::string::npos);
+  EXPECT_NE(text.find("# the choice runs at"), std::string::npos) << "the verdict belongs in the header comment too";
+  EXPECT_TRUE(y["race"]["finalists"][1]["versus"].as<bool>());
+  EXPECT_FALSE(y["race"]["finalists"][1]["workload_config"]);
+}
+
 TEST(Emit, ASpeedupIsClaimedOnlyWhenTheInterleavedIntervalHoldsIt) {
   TuneOutput o = sample_output();
   auto emitted = [&] { return YAML::Load(emit(o, OutFormat::yaml))["trainbench_autotune"]; };

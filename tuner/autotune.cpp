@@ -69,6 +69,7 @@ Examples:
   autotune --compare tuned.yaml --executor native,torch    the C++ step against its PyTorch twin, one configuration
   autotune --executor torch --entry my_train.py:build --batch 64   your own PyTorch model (README: --entry)
   autotune --executor torch --entry 'hf:gpt2?n_layer=4&n_embd=256' --format hf --out training_args.json
+  autotune --entry hf:gpt2 --batch 64 --versus largest-batch   the choice raced against the largest batch that fits
 
 Presets: tuner/workloads/*.yaml (the source reports' pipelines). Switches: optimizer, attention (fused
 frees the T^2 probabilities, so a larger micro-batch fits), sync, activation_checkpointing, lazy_cg (with a
@@ -367,17 +368,55 @@ std::vector<RaceEntrant> finalists(const SearchReport& rep, const Ranked& own, d
   return out;
 }
 
-// The race's verdict in the output: the choice and the workload's own configuration as the race
-// measured them, the finalists still in as runners-up, and the speedup only where the paired rounds hold it.
+// What the choice is compared with: the workload's own configuration, or --versus's.
+std::string baseline_name(const TuneOutput& out) {
+  return out.versus.is_null() ? kWorkloadOwnConfig : "the largest-batch configuration";
+}
+
+// `--versus largest-batch`: the configuration Lightning's BatchSizeFinder gives (entry.h), found in a
+// child, as the baseline the choice races against; `own` takes its micro-batch.
+nlohmann::json versus_largest_batch(const EntryProbe& probe, const Machine& machine, Candidate& own, int64_t memory_capacity,
+                                    double seconds_left) {
+  std::cerr << "autotune: --versus largest-batch: doubling the micro-batch from 1 while a few training steps at it fit, "
+               "as Lightning's BatchSizeFinder does (mode power), up to the global batch "
+            << own.global_batch << std::endl;
+  LargestBatch found;
+  try {
+    found = find_largest_batch(probe, machine.use_cuda, machine.device, own.global_batch, memory_capacity, seconds_left,
+                               &stop_requested);
+  } catch (const std::runtime_error&) {
+    if (stop_requested) throw Interrupted{};
+    throw;
+  }
+  if (found.micro_batch < 1)
+    throw std::runtime_error("--versus largest-batch: " + probe.label + " does not fit even one sample (" +
+                             found.tried.dump() + ")");
+  own.micro_batch = found.micro_batch;
+  std::cerr << "autotune: the largest batch that fits: micro-batch " << found.micro_batch << " x accumulation "
+            << own.accumulation() << " (" << human_seconds(found.seconds) << "); the choice races against it" << std::endl;
+  return {{"name", "largest-batch"},
+          {"how", "Lightning's BatchSizeFinder (mode power): the micro-batch doubled from 1 while " +
+                      std::to_string(found.steps_per_size) +
+                      " training steps at it fit in memory, in the entry's own configuration (its optimizer as given, "
+                      "fp32), at most the global batch and dividing it; the accumulation makes up the global batch"},
+          {"micro_batch", found.micro_batch},
+          {"accumulation", own.accumulation()},
+          {"search", {{"tried", found.tried}, {"steps_per_size", found.steps_per_size}, {"seconds", found.seconds}}}};
+}
+
+// The race's verdict in the output: the choice and the workload's own configuration (or --versus's) as
+// the race measured them, the finalists still in as runners-up, and the speedup only where the paired
+// rounds hold it.
 void take_race(TuneOutput& out, const RaceReport& race, double noise_margin) {
   out.race = race;
+  const std::string against = baseline_name(out);
   const std::string own_key = out.baseline->candidate.key();
   auto from_separate_trials = [&](const std::string& why) {
     if (out.baseline->result.ok() && out.baseline->result.samples_per_s > 0)
       out.speedup = speedup_from_separate_trials(out.report.best.result.samples_per_s / out.baseline->result.samples_per_s, why);
   };
   if (race.choice < 0) {
-    if (out.report.best.candidate == out.baseline->candidate) out.speedup = speedup_of_own_choice();
+    if (out.report.best.candidate == out.baseline->candidate) out.speedup = speedup_of_own_choice(against);
     else from_separate_trials("the race measured no round: " + race.ended);
     return;
   }
@@ -395,12 +434,12 @@ void take_race(TuneOutput& out, const RaceReport& race, double noise_margin) {
   out.confirmed = true;
   if (own == race.choice) {
     out.baseline->result = out.report.best.result;
-    out.speedup = speedup_of_own_choice();
+    out.speedup = speedup_of_own_choice(against);
   } else if (own >= 0 && !race.finalists[static_cast<std::size_t>(own)].slices.empty()) {
     out.baseline->result = race.finalists[static_cast<std::size_t>(own)].measured(kLevel);
-    out.speedup = speedup_from_rounds(race.compare(chosen, static_cast<std::size_t>(own), kLevel), noise_margin);
+    out.speedup = speedup_from_rounds(race.compare(chosen, static_cast<std::size_t>(own), kLevel), noise_margin, against);
   } else {
-    from_separate_trials("the workload's own configuration did not run in the race");
+    from_separate_trials(against + " did not run in the race");
   }
 }
 
@@ -579,7 +618,8 @@ void refuse_workload_that_cannot_fit(const TunePlan& plan, int64_t memory_limit)
 }
 
 // Says which finalists race and why each is there.
-void announce_finalists(const std::vector<RaceEntrant>& entrants, bool own_chosen, bool own_ran, const AutotuneOptions& options) {
+void announce_finalists(const std::vector<RaceEntrant>& entrants, bool own_chosen, bool own_ran, const std::string& against,
+                        const AutotuneOptions& options) {
   auto count = [&](const std::string& why) {
     return std::count_if(entrants.begin(), entrants.end(), [&](const RaceEntrant& e) { return e.why == why; });
   };
@@ -590,18 +630,24 @@ void announce_finalists(const std::vector<RaceEntrant>& entrants, bool own_chose
       neighbours += (neighbours.empty() ? "" : " and ") + std::to_string(e.candidate.micro_batch);
   }
   std::cerr << "autotune: racing the finalists interleaved: the search's choice"
-            << (own_chosen ? " (the workload's own configuration)" : "") << ", " << count("tie") << " within noise of it, "
+            << (own_chosen ? " (" + against + ")" : "") << ", " << count("tie") << " within noise of it, "
             << count("next fastest") << " next fastest"
             << (values.empty() ? "" : ", the fastest with " + values)
             << (neighbours.empty() ? "" : ", its switches at micro-batch " + neighbours)
-            << (own_ran && !own_chosen ? ", the workload's own configuration" : "")
+            << (own_ran && !own_chosen ? ", " + against : "")
             << "; up to " << options.race_rounds << " rounds of " << slice_seconds_for(options.trial_seconds) << " s slices"
             << std::endl;
 }
 
-// What an exhausted budget or a Ctrl-C leaves: the best of the trials so far.
+// What an exhausted budget or a Ctrl-C leaves: the best of the trials so far, this run's and the
+// workload's own configuration's when --resume took it from the journal rather than running it again.
 void settle_on_best_so_far(Tune& tune) {
-  tune.out.report = best_so_far(tune.seen, tune.search_options.noise_margin);
+  std::vector<Ranked> all = tune.seen;
+  if (tune.resumed_own_trial) all.insert(all.begin(), *tune.resumed_own_trial);
+  tune.out.report = best_so_far(all, tune.search_options.noise_margin);
+  // The search's own trials: this run's, less the workload's own configuration's when it ran now.
+  const bool own_ran_now = !tune.resumed_own_trial && !tune.seen.empty() && tune.seen.front().candidate == tune.plan.own;
+  tune.out.report.trials_run = static_cast<int64_t>(tune.seen.size()) - (own_ran_now ? 1 : 0);
   tune.out.report.seconds = tune.clock.elapsed();
 }
 
@@ -641,6 +687,11 @@ static CLI::Option* add_options(CLI::App& app, AutotuneOptions& o, std::string& 
                  "batches, loss) or a LightningModule (README: --entry); hf:MODEL?key=value&...: a transformers model from "
                  "its configuration, random weights, synthetic tokens (never downloads); implies --executor torch")
       ->excludes(workload_opt);
+  app.add_option("--versus", o.versus,
+                 "largest-batch: with --entry, race the choice against the configuration Lightning's BatchSizeFinder "
+                 "gives (the largest power-of-two micro-batch that fits, accumulation = global batch / it) instead of "
+                 "the entry's own, and report the ratio with its interval")
+      ->check(CLI::IsMember({"largest-batch"}));
   app.add_option("--ranks", o.ranks,
                  "data-parallel ranks: every trial runs the step on N ranks (LAUNCHER -n N), the global batch split as "
                  "micro-batch x accumulation x N, DDP's bucket size a switch; the output's DeepSpeed / Lightning keys are for N")
@@ -693,6 +744,8 @@ AutotuneOptions parse_options(int argc, const char* const* argv) {
   o.workload_given = workload_opt->count() > 0;
   o.format = out_format_from_string(format);
   if (o.predict && o.ranks < 2) throw UsageError("--predict needs --ranks N with N >= 2");
+  if (!o.versus.empty() && o.entry.empty())
+    throw UsageError("--versus " + o.versus + " races the choice for an --entry against the largest batch that fits: give --entry");
   if (!o.entry.empty()) {
     if (app.count("--executor") && o.executor != "torch")
       throw UsageError("--entry tunes a PyTorch model: it runs with --executor torch, not " + o.executor);
@@ -838,6 +891,9 @@ TunePlan plan_tune(const AutotuneOptions& options) {
   plan.space = search_space(options.switches,
                             plan.entry ? plan.entry->switches : available_switches(plan.workload, machine.use_cuda),
                             machine.backend);
+  // An entry's cuda_graphs on a CPU is only ever refused: tried when --switches names it, to see why.
+  if (plan.entry && !machine.use_cuda && options.switches.empty() && plan.space.switches.count("cuda_graphs"))
+    plan.space.switches["cuda_graphs"] = {plan.entry->switches.at("cuda_graphs").front()};
   plan.space.global_batches = plan.batches.batches;
   plan.workload_digest = digest(plan.entry ? entry_digest_text(*plan.entry) : file_text(plan.workload.path));
   plan.own = own_candidate(plan.workload, plan.space);
@@ -953,8 +1009,11 @@ void Tune::note_trial(const Candidate& c, const TrialResult& r) {
 
 void search_step(Tune& tune) {
   Executor& executor = *tune.plan.runner.executor;
-  const Candidate& own = tune.plan.own;
-  // The workload's own configuration first: what the speedup is measured against.
+  if (!tune.options.versus.empty())
+    tune.out.versus = versus_largest_batch(*tune.plan.entry, tune.plan.machine, tune.plan.own, executor.memory_capacity(),
+                                           tune.seconds_left());
+  const Candidate& own = tune.plan.own;  // --versus: its micro-batch is the largest that fits
+  // The workload's own configuration (or --versus's) first: what the speedup is measured against.
   auto& own_known = tune.search_options.known[own.key()];
   const bool resumed_own = !own_known.empty();
   const TrialResult own_result =
@@ -964,6 +1023,7 @@ void search_step(Tune& tune) {
     own_known.push_back(own_result);  // the search takes it as the first measurement of `own`
   }
   tune.out.baseline = Ranked{own, own_result};
+  if (resumed_own) tune.resumed_own_trial = Ranked{own, own_result};
   if (resumed_own && own_result.ok()) tune.setups.push_back(own_result.setup_seconds);
   if (tune.options.race_rounds >= 2 && own_result.ok()) tune.race_share = kRaceShare * tune.seconds_left();
   tune.out.report = search(executor, tune.plan.space, tune.search_options);
@@ -975,6 +1035,7 @@ void search_step(Tune& tune) {
   if (tune.only_own) {
     settle_on_best_so_far(tune);
     tune.out.report.budget_exhausted = true;
+    tune.out.speedup = speedup_of_own_choice(baseline_name(tune.out));
     std::cerr << "autotune: the search ran no trial of its own within the budget (" << human_seconds(tune.options.budget)
               << "; the workload's own configuration took " << human_seconds(own_result.seconds)
               << "): reporting that configuration, measured; give a larger --budget to search" << std::endl;
@@ -996,13 +1057,13 @@ void race_step(Tune& tune) {
   const AutotuneOptions& options = tune.options;
   if (entrants.size() < 2) {
     std::cerr << "autotune: one configuration ran within the memory headroom: nothing to race it against" << std::endl;
-    if (own_chosen) out.speedup = speedup_of_own_choice();
+    if (own_chosen) out.speedup = speedup_of_own_choice(baseline_name(out));
   } else if (options.race_rounds < 1) {
     if (own_result.ok())
       out.speedup = speedup_from_separate_trials(out.report.best.result.samples_per_s / own_result.samples_per_s,
                                                  "--race-rounds 0");
   } else {
-    announce_finalists(entrants, own_chosen, own_result.ok(), options);
+    announce_finalists(entrants, own_chosen, own_result.ok(), baseline_name(out), options);
     const RaceReport raced =
         race(executor, entrants,
              race_options(tune.search_options, options.race_rounds, options.trial_seconds, [&] { return tune.seconds_left(); },

@@ -44,6 +44,7 @@ struct AutotuneOptions {
   std::string executor = "native";  // native, torch, or native,torch with --compare
   int64_t memory_limit = 0;         // bytes, 0: what the device has
   std::string entry;                // --entry FILE.py:NAME or hf:MODEL (implies executor torch)
+  std::string versus;               // --versus largest-batch (with --entry): the baseline the choice races
   std::vector<std::string> compare_files;
   int64_t ranks = 1, probe_ranks = 2;
   std::string launcher = "mpirun";
@@ -132,6 +133,7 @@ class Tune {
   SearchOptions search_options;  // the search's settings and its callbacks
   TrialEstimate shortest;        // the shortest trial this machine can run
   std::vector<Ranked> seen;      // every finished trial, in order
+  std::optional<Ranked> resumed_own_trial;  // the workload's own configuration, when --resume took it from the journal
   std::vector<double> setups;    // of the ok trials so far, seconds
   double race_share = 0;         // of the time left, kept for the race while the search runs (0: none)
   std::string journal_path;

@@ -43,7 +43,7 @@ static std::string percent(double fraction) {
   return out.str();
 }
 
-Speedup speedup_from_rounds(const PairedRounds& p, double noise_margin) {
+Speedup speedup_from_rounds(const PairedRounds& p, double noise_margin, const std::string& against) {
   Speedup s;
   s.ratio = p.ratio;
   s.level = p.level;
@@ -55,17 +55,17 @@ Speedup speedup_from_rounds(const PairedRounds& p, double noise_margin) {
   s.significant = p.faster_beyond(noise_margin);
   const std::string measured = ratio_text(p.ratio, p.ci_low, p.ci_high, p.level, p.rounds);
   if (s.significant)
-    s.note = "the choice runs at " + measured + " the workload's own configuration's throughput, measured interleaved";
+    s.note = "the choice runs at " + measured + " " + against + "'s throughput, measured interleaved";
   else if (p.slower_beyond(noise_margin))
-    s.note = "the choice is slower than the workload's own configuration beyond noise: " + measured +
-             "; it won the tie-break on peak memory among the finalists within noise of the fastest, or the workload's "
-             "own configuration runs without the memory headroom";
+    s.note = "the choice is slower than " + against + " beyond noise: " + measured +
+             "; it won the tie-break on peak memory among the finalists within noise of the fastest, or " + against +
+             " runs without the memory headroom";
   else if (!p.decides())
-    s.note = "too few interleaved rounds to judge the choice against the workload's own configuration: " + measured +
+    s.note = "too few interleaved rounds to judge the choice against " + against + ": " + measured +
              "; no speedup is claimed";
   else
-    s.note = "the choice is within noise of the workload's own configuration: " + measured + " does not exclude 1 by the " +
-             percent(noise_margin) + " noise margin; keeping the workload's configuration loses nothing measurable";
+    s.note = "the choice is within noise of " + against + ": " + measured + " does not exclude 1 by the " +
+             percent(noise_margin) + " noise margin; keeping " + against + " loses nothing measurable";
   return s;
 }
 
@@ -79,9 +79,9 @@ Speedup speedup_from_separate_trials(double ratio, const std::string& why) {
   return s;
 }
 
-Speedup speedup_of_own_choice() {
+Speedup speedup_of_own_choice(const std::string& against) {
   Speedup s;
-  s.note = "the choice is the workload's own configuration";
+  s.note = "the choice is " + against;
   return s;
 }
 
@@ -92,13 +92,15 @@ static json measured(const TrialResult& r) {
 }
 
 // Each finalist with its per-round throughput, its ratio to the leader and what became of it.
-static json race_json(const RaceReport& race, const std::string& own_key, double noise_margin) {
+// `own_as`: the key that marks the baseline's finalist (workload_config, or versus).
+static json race_json(const RaceReport& race, const std::string& own_key, double noise_margin,
+                      const std::string& own_as = "workload_config") {
   json finalists = json::array();
   for (std::size_t i = 0; i < race.finalists.size(); ++i) {
     const Finalist& f = race.finalists[i];
     json j{{"config", f.candidate.key()}};
     if (!f.why.empty()) j["raced_as"] = f.why;  // choice, tie, next fastest, best SWITCH=VALUE, own
-    if (f.candidate.key() == own_key) j["workload_config"] = true;
+    if (f.candidate.key() == own_key) j[own_as] = true;
     if (static_cast<int>(i) == race.choice) j["status"] = "chosen";
     else if (f.dropped_after) j["status"] = "dropped after round " + std::to_string(f.dropped_after);
     else j["status"] = "in";
@@ -209,19 +211,24 @@ static json ordered(const TuneOutput& o) {
     t["note"] = "no configuration ran successfully; see failed_trials";
   }
   if (o.baseline) {
-    t["workload_config"] = {{"config", chosen_json(o.baseline->candidate, o.ranks)},
-                            {"measured", o.baseline->result.ok() ? measured(o.baseline->result) : json(nullptr)}};
+    const bool versus = !o.versus.is_null();
+    json& base = versus ? (t["versus"] = o.versus) : (t["workload_config"] = json::object());
+    base["config"] = chosen_json(o.baseline->candidate, o.ranks);
+    base["measured"] = o.baseline->result.ok() ? measured(o.baseline->result) : json(nullptr);
+    if (!o.baseline->result.ok()) base["failed"] = {{"class", to_string(o.baseline->result.cls)}, {"message", o.baseline->result.message}};
     std::optional<Speedup> speedup = o.speedup;
     if (!speedup && rep.found && o.baseline->result.ok() && o.baseline->result.samples_per_s > 0)
       speedup = speedup_from_separate_trials(rep.best.result.samples_per_s / o.baseline->result.samples_per_s,
                                              "no race was run");
     if (rep.found && speedup) {
-      t["speedup_over_workload_config"] = speedup->ratio;
-      t["speedup_significant"] = speedup->significant;
+      json& into = versus ? base : t;
+      const std::string prefix = versus ? "" : "speedup_";
+      into[versus ? "speedup" : "speedup_over_workload_config"] = speedup->ratio;
+      into["speedup_significant"] = speedup->significant;
       if (speedup->rounds >= 2)
-        t["speedup_interval"] = {{"ci_low", speedup->ci_low}, {"ci_high", speedup->ci_high}, {"level", speedup->level},
-                                 {"interleaved_rounds", speedup->rounds}};
-      t["speedup_note"] = speedup->note;
+        into["speedup_interval"] = {{"ci_low", speedup->ci_low}, {"ci_high", speedup->ci_high}, {"level", speedup->level},
+                                    {"interleaved_rounds", speedup->rounds}};
+      into[prefix + "note"] = speedup->note;
     }
   }
   if (!o.prediction.is_null()) t["prediction"] = json::parse(o.prediction.dump());
@@ -255,7 +262,9 @@ static json ordered(const TuneOutput& o) {
                  {"budget_exhausted", rep.budget_exhausted}, {"max_micro_batch", rep.max_micro_batch},
                  {"interrupted", o.interrupted}};
   if (o.ranks > 1) t["ranks"] = o.ranks;  // the race's and failed trials' config keys are one rank's share (g=)
-  if (o.race) t["race"] = race_json(*o.race, o.baseline ? o.baseline->candidate.key() : "", o.noise_margin);
+  if (o.race)
+    t["race"] = race_json(*o.race, o.baseline ? o.baseline->candidate.key() : "", o.noise_margin,
+                          o.versus.is_null() ? "workload_config" : "versus");
   t["runners_up_within_noise"] = runners;
   t["failed_trials"] = failed;
   t["executor"] = json::parse(o.executor.dump());
@@ -329,6 +338,8 @@ std::string emit(const TuneOutput& o, OutFormat format) {
   comment << "\n";
   if (const json& t = doc["trainbench_autotune"]; t.contains("speedup_note"))
     comment << "# " << t["speedup_note"].get<std::string>() << "\n";
+  else if (t.contains("versus") && t["versus"].contains("note"))
+    comment << "# " << t["versus"]["note"].get<std::string>() << "\n";
   const Candidate* c = o.report.found ? &o.report.best.candidate : nullptr;
   switch (format) {
     case OutFormat::json: return doc.dump(2) + "\n";

@@ -6,7 +6,9 @@
 // The YAML and JSON document: trainbench_autotune: {chosen, measured, workload_config,
 // speedup_over_workload_config, speedup_significant, speedup_interval, speedup_note, global_batches,
 // search, race, runners_up_within_noise, failed_trials, executor, device, workload, version, git_commit}
-// (chosen is null, with a note, when nothing ran). With --ranks N: chosen also holds ranks and
+// (chosen is null, with a note, when nothing ran). With --versus the baseline and the speedup over it
+// are under `versus` instead: {name, how, ..., config, measured, speedup, speedup_significant,
+// speedup_interval, note}. With --ranks N: chosen also holds ranks and
 // per_rank_batch (its global_batch is every rank's together), the document `ranks`, and with --predict
 // `prediction` (distributed.h). `autotune --compare` writes
 // trainbench_autotune_compare: {within_noise, comparisons, configs, race, interrupted, executor,
@@ -37,12 +39,15 @@ struct Speedup {
   std::string note;                // the verdict, in a sentence
 };
 // From the race's paired rounds of the choice against the workload's own configuration.
-Speedup speedup_from_rounds(const PairedRounds& choice_vs_own, double noise_margin);
+// `against` names the configuration compared with: the workload's own, or --versus's.
+inline const std::string kWorkloadOwnConfig = "the workload's own configuration";
+Speedup speedup_from_rounds(const PairedRounds& choice_vs_own, double noise_margin,
+                            const std::string& against = kWorkloadOwnConfig);
 // From two trials measured apart (the search's, when no round could be raced): never significant,
 // since such trials compare the machine's drift as much as the configurations. `why`: why not raced.
 Speedup speedup_from_separate_trials(double ratio, const std::string& why);
 // The choice is the workload's own configuration.
-Speedup speedup_of_own_choice();
+Speedup speedup_of_own_choice(const std::string& against = kWorkloadOwnConfig);
 
 // Which step the trials ran: {"name": "native"} (trainbench's C++ step), or {"name": "torch", the
 // PyTorch and Python versions, the interpreter} for the PyTorch twin.
@@ -56,7 +61,9 @@ struct TuneOutput {
   double budget_seconds = 0;
   double grad_clip = 0;
   SearchReport report;
-  std::optional<Ranked> baseline;  // the workload's own configuration, measured
+  std::optional<Ranked> baseline;  // the workload's own configuration (or --versus's), measured
+  // --versus: what the baseline is and how it was found ({name, how, ...}); null: the workload's own.
+  nlohmann::json versus;
   bool confirmed = false;          // best and baseline measured again, interleaved, after the search
   std::optional<Speedup> speedup;  // absent: from best and baseline as measured, in separate trials
   std::optional<RaceReport> race;  // the finalists' race, when one was run

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -95,6 +96,33 @@ TrialEstimate entry_shortest_trial(const EntryProbe& p, const Candidate& c, int6
   // Start-up, the checked first step (the reference and the candidate), two untimed steps, min_steps.
   e.seconds = p.probe_seconds + static_cast<double>(4 + std::max<int64_t>(min_steps, 1)) * e.step_seconds;
   return e;
+}
+
+LargestBatch find_largest_batch(const EntryProbe& p, bool cuda, int device, int64_t global_batch,
+                                int64_t memory_limit_bytes, double timeout_s, const std::atomic<bool>* stop) {
+  const json request{{"entry", p.spec}, {"backend", cuda ? "cuda" : "cpu"}, {"device", device},
+                     {"global_batch", global_batch}, {"memory_limit_bytes", memory_limit_bytes}};
+  const ChildOutcome o = run_child({p.torch.python, p.torch.script, "--entry-largest-batch", request.dump()}, timeout_s, stop);
+  if (o.interrupted) throw std::runtime_error("interrupted during the largest-batch search");
+  if (o.timed_out)
+    throw std::runtime_error("the largest-batch search did not finish within " + std::to_string(std::lround(timeout_s)) +
+                             " s of the budget (give a larger --budget)");
+  if (o.exit_code == 2) throw UsageError(last_line(o.err_tail));
+  LargestBatch found;
+  try {
+    if (o.exit_code != 0)
+      throw std::runtime_error(o.signal ? "killed by signal " + std::to_string(o.signal)
+                                        : "exit " + std::to_string(o.exit_code) + ": " + last_line(o.err_tail));
+    const json j = json::parse(last_line(o.out));
+    found.micro_batch = j.at("micro_batch").get<int64_t>();
+    found.steps_per_size = j.at("steps_per_size").get<int64_t>();
+    found.seconds = j.at("seconds").get<double>();
+    found.tried = j.at("tried");
+  } catch (const std::exception& e) {
+    throw std::runtime_error("--entry " + p.label + ": the largest-batch search (" + p.torch.script +
+                             " --entry-largest-batch) failed: " + e.what());
+  }
+  return found;
 }
 
 EntryExecutor::EntryExecutor(EntryProbe probe, bool cuda, int device, const std::atomic<bool>* stop)

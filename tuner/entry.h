@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "step/workload.h"
 #include "tuner/search.h"
 #include "tuner/trial.h"
@@ -42,6 +44,20 @@ step::Workload entry_workload(const EntryProbe& p, int64_t global_batch);
 std::string entry_digest_text(const EntryProbe& p);
 // The shortest trial of `c`: the probe's start-up and steps at its measured rate.
 TrialEstimate entry_shortest_trial(const EntryProbe& p, const Candidate& c, int64_t min_steps);
+
+// `--versus largest-batch`: what Lightning's BatchSizeFinder (mode "power") gives on this device, found in
+// one child (`torch-step --entry-largest-batch`): the micro-batch doubled from 1 while a few steps at it fit
+// in `memory_limit_bytes`, at most the global batch and dividing it; its accumulation makes up the rest.
+struct LargestBatch {
+  int64_t micro_batch = 0;  // 0: not even one sample fits
+  int64_t steps_per_size = 0;
+  double seconds = 0;
+  nlohmann::json tried;     // [{micro_batch, outcome, peak_bytes}], in the order tried
+};
+// UsageError (one line) for a bad entry; a runtime error naming what happened when it fails otherwise, runs
+// past `timeout_s` or is stopped by `stop`.
+LargestBatch find_largest_batch(const EntryProbe& p, bool cuda, int device, int64_t global_batch,
+                                int64_t memory_limit_bytes, double timeout_s, const std::atomic<bool>* stop);
 
 class EntryExecutor final : public Executor {
  public:

@@ -23,6 +23,8 @@ that changes the numbers; both are `incorrect` trials that say which, with the d
 `torch-step --entry-probe REQUEST` validates an entry (exit 2 and one line naming the file, the function and
 what was expected) and says what autotune needs of it; `torch-step --entry-trial REQUEST` runs one trial and
 prints one TrialResult line, as torch_trial.py does for the twin of the step.
+`torch-step --entry-largest-batch REQUEST` is Lightning's BatchSizeFinder on the entry (`autotune --versus
+largest-batch`): the largest power-of-two micro-batch that fits.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .entry_graphs import GraphedMicroBatch, GraphRefused, refusal as graphs_refusal, zero_grads
 from .errors import UsageError
 
 # The relative difference of the first step's parameter updates from the reference's, ||d - d_ref|| /
@@ -49,6 +52,7 @@ HF_SAMPLES = 256           # rows of its synthetic dataset (cycled)
 HF_SEED = 1234
 DEFAULT_MAX_GRAD_NORM = 1.0
 SYNC_EVERY_N = 16
+LARGEST_BATCH_STEPS = 3     # training steps at each size of the largest-batch search (BatchSizeFinder's steps_per_trial)
 ENTRY_KEYS = ("model", "optimizer", "batches", "loss")
 RETURNS = ("dict(model=nn.Module, optimizer=Optimizer or params -> Optimizer, batches=iterable of micro-batches, "
            "loss=(model, micro_batch) -> scalar tensor), or a LightningModule")
@@ -118,11 +122,23 @@ def _one_line(e: BaseException) -> str:
 
 
 class Entry:
-    """A built entry: what the loop needs, whichever kind of entry it came from."""
+    """A built entry: what the loop needs, whichever kind of entry it came from. `make_schedulers(optimizer)`
+    gives the learning-rate schedulers to step with that optimizer (a LightningModule's), as Scheduled."""
 
-    def __init__(self, model, make_optimizer: Callable, batches, loss: Callable, max_grad_norm: float, label: str):
+    def __init__(self, model, make_optimizer: Callable, batches, loss: Callable, max_grad_norm: float, label: str,
+                 make_schedulers: Optional[Callable] = None):
         self.model, self.make_optimizer, self.batches, self.loss = model, make_optimizer, batches, loss
         self.max_grad_norm, self.label = max_grad_norm, label
+        self.make_schedulers = make_schedulers or (lambda optimizer: [])
+        self.micro_batch = 0  # set by build_entry: the samples of one of `batches`
+
+
+class Scheduled:
+    """A learning-rate scheduler and when Lightning steps it: every `frequency` optimizer steps (interval
+    "step") or epochs (interval "epoch", Lightning's default)."""
+
+    def __init__(self, scheduler, interval: str = "epoch", frequency: int = 1):
+        self.scheduler, self.interval, self.frequency = scheduler, interval, max(int(frequency), 1)
 
 
 def _optimizer_maker(optimizer, model, where: str) -> Callable:
@@ -188,25 +204,78 @@ def own_variant(opt, on_gpu: bool) -> str:
     return "foreach" if on_gpu else "per_tensor"  # PyTorch's own choice for foreach=None
 
 
+def _lightning_configuration(conf, where: str):
+    """configure_optimizers()'s answer in any form Lightning accepts (an optimizer; a list of them; ([optimizers],
+    [schedulers]); a dict with "optimizer" and "lr_scheduler"; a list of such dicts) as the first optimizer and
+    the Scheduled that step it (a scheduler, or a dict with "scheduler", "interval", "frequency")."""
+    import torch
+    optimizers, schedulers = [], []
+    if isinstance(conf, dict):
+        conf = [conf]
+    if (isinstance(conf, (list, tuple)) and len(conf) == 2 and isinstance(conf[0], (list, tuple))
+            and isinstance(conf[1], (list, tuple))):
+        optimizers, schedulers = list(conf[0]), list(conf[1])
+    elif isinstance(conf, (list, tuple)):
+        for item in conf:
+            if isinstance(item, dict):
+                optimizers.append(item.get("optimizer"))
+                if item.get("lr_scheduler") is not None:
+                    schedulers.append(item["lr_scheduler"])
+            else:
+                optimizers.append(item)
+    else:
+        optimizers = [conf]
+    if not optimizers:
+        raise EntryError(f"{where}: configure_optimizers() returned no optimizer")
+    first = optimizers[0]
+    scheduled = []
+    for sched in schedulers:
+        config = sched if isinstance(sched, dict) else {"scheduler": sched}
+        made = config.get("scheduler")
+        if isinstance(made, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            continue  # it steps on a monitored metric, which trainbench's loop does not compute
+        if not isinstance(made, torch.optim.lr_scheduler.LRScheduler):
+            raise EntryError(f"{where}: an lr_scheduler is a {type(made).__name__}; expected a "
+                             "torch.optim.lr_scheduler scheduler or a dict with 'scheduler'")
+        if made.optimizer is not first:
+            continue  # it schedules another optimizer than the first, the one trainbench runs
+        interval = config.get("interval", "epoch")
+        if interval not in ("step", "epoch"):
+            raise EntryError(f"{where}: an lr_scheduler's interval is '{interval}'; Lightning takes 'step' or 'epoch'")
+        scheduled.append(Scheduled(made, interval, config.get("frequency", 1)))
+    return first, scheduled
+
+
+def _bind(scheduler, optimizer) -> None:
+    """Points a scheduler (and those a SequentialLR or ChainedScheduler holds) at `optimizer`: the same
+    optimizer rebuilt per-tensor, foreach or fused, whose groups carry the learning rates it set."""
+    scheduler.optimizer = optimizer
+    for inner in getattr(scheduler, "_schedulers", []):
+        _bind(inner, optimizer)
+
+
 def _from_lightning(module, where: str) -> Optional[Entry]:
     # Lightning takes seconds to import: only when the entry's module did
     kinds = [sys.modules[m].LightningModule for m in ("lightning.pytorch", "pytorch_lightning") if m in sys.modules]
     if not any(isinstance(module, k) for k in kinds):
         return None
-    conf = module.configure_optimizers()
-    if isinstance(conf, dict):
-        conf = conf.get("optimizer")
-    while isinstance(conf, (list, tuple)) and conf:
-        conf = conf[0]
-    if isinstance(conf, dict):
-        conf = conf.get("optimizer")
-    make = _optimizer_maker(conf, module, where + " (configure_optimizers)")
+    where = where + " (configure_optimizers)"
+    first, _ = _lightning_configuration(module.configure_optimizers(), where)
+    make = _optimizer_maker(first, module, where)
+
+    def make_schedulers(optimizer):
+        # a fresh configuration each time: each run's schedulers start from their first step
+        _, scheduled = _lightning_configuration(module.configure_optimizers(), where)
+        for s in scheduled:
+            _bind(s.scheduler, optimizer)
+        return scheduled
 
     def loss(model, batch):
         out = model.training_step(batch, 0)
         return out["loss"] if isinstance(out, dict) else out
     clip = getattr(module, "max_grad_norm", DEFAULT_MAX_GRAD_NORM)
-    return Entry(module, make, module.train_dataloader(), loss, float(clip), "LightningModule " + type(module).__name__)
+    return Entry(module, make, module.train_dataloader(), loss, float(clip), "LightningModule " + type(module).__name__,
+                 make_schedulers)
 
 
 def build_file_entry(path: str, name: str, micro_batch: int, device, switches: Dict[str, str]) -> Entry:
@@ -281,7 +350,9 @@ def build_hf_entry(name: str, overrides: Dict[str, str], micro_batch: int, devic
                 and isinstance(getattr(config, key), float):
             setattr(config, key, 0.0)
     try:
-        model = AutoModelForCausalLM.from_config(config).to(device)
+        with device:  # initialised where it trains: on a GPU, not each parameter drawn on the CPU and then copied
+            model = AutoModelForCausalLM.from_config(config)
+        model.to(device)
     except ValueError as e:
         raise EntryError(f"{where}: no causal language model for {type(config).__name__} ({_one_line(e)})") from None
     vocab = int(config.vocab_size)
@@ -305,8 +376,11 @@ def build_hf_entry(name: str, overrides: Dict[str, str], micro_batch: int, devic
 def build_entry(spec: str, micro_batch: int, device, switches: Optional[Dict[str, str]] = None) -> Entry:
     kind, target, extra = parse_spec(spec)
     if kind == "hf":
-        return build_hf_entry(target, extra, micro_batch, device)
-    return build_file_entry(target, extra["name"], micro_batch, device, switches or {})
+        entry = build_hf_entry(target, extra, micro_batch, device)
+    else:
+        entry = build_file_entry(target, extra["name"], micro_batch, device, switches or {})
+    entry.micro_batch = micro_batch
+    return entry
 
 
 # ---- the loop ------------------------------------------------------------------------------------------------
@@ -369,6 +443,8 @@ class Loop:
         self.non_blocking = switches.get("pin_memory", "off") == "on"
         self.sync = switches.get("sync", "every_step")
         self.sdpa = switches.get("sdpa", "default")
+        self.graphs = switches.get("cuda_graphs", "off") == "on"
+        self.graphed: Optional[GraphedMicroBatch] = None  # captured on the first step
         self.params = [p for p in entry.model.parameters() if p.requires_grad]
         self.forward = lambda batch: entry.loss(entry.model, batch)
         self.compile_seconds = 0.0
@@ -377,13 +453,15 @@ class Loop:
         self.steps = 0
         self.pending = None
         self.last_loss = float("nan")
+        self.schedulers: Optional[List[Scheduled]] = None  # the entry's, bound to the optimizer of the first step
+        self.samples = 0  # seen, for the epochs of epoch-interval schedulers
 
     def context(self):
         import contextlib
         import torch
         stack = contextlib.ExitStack()
-        if self.bf16:
-            stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
+        if self.bf16:  # a captured graph may not reuse autocast's cast cache (PyTorch's CUDA graphs notes)
+            stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=not self.graphs))
         if self.sdpa != "default":
             from torch.nn.attention import SDPBackend, sdpa_kernel
             stack.enter_context(sdpa_kernel({"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
@@ -391,21 +469,60 @@ class Loop:
                                              "cudnn": SDPBackend.CUDNN_ATTENTION}[self.sdpa]))
         return stack
 
+    def micro_step(self, batch):
+        """Forward, loss and backward of one micro-batch on the device; the loss, detached."""
+        with self.context():
+            loss = self.forward(batch)
+        (loss / self.accumulation).backward()
+        return loss.detach()
+
     def step(self, optimizer, micro_batches) -> None:
         import torch
         losses = []
-        for batch in micro_batches:
-            batch = to_device(batch, self.device, self.non_blocking)
-            with self.context():
-                loss = self.forward(batch)
-            (loss / self.accumulation).backward()
-            losses.append(loss.detach())
+        if self.graphs:
+            if self.graphed is None:
+                from .torch_trial import looks_like_oom
+                self.graphed = GraphedMicroBatch(self.micro_step, self.params, micro_batches[0], self.device, looks_like_oom)
+            losses = [self.graphed(batch, self.non_blocking) for batch in micro_batches]
+        else:
+            losses = [self.micro_step(to_device(batch, self.device, self.non_blocking)) for batch in micro_batches]
         if self.entry.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.entry.max_grad_norm)
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        if self.graphs:
+            zero_grads(self.params)  # kept: the graph's backward adds into them
+        else:
+            optimizer.zero_grad(set_to_none=True)
         self.steps += 1
+        self.step_schedulers(optimizer, sum(leading_size(b) or 0 for b in micro_batches))
         self.read_loss(torch.stack(losses).float().mean())
+
+    def step_schedulers(self, optimizer, samples: int) -> None:
+        """After each optimizer step, as Lightning does: interval "step" schedulers every `frequency` steps;
+        interval "epoch" ones every `frequency` epochs, an epoch being one pass over the entry's batches (those
+        of unknown length never end one). The first call binds the entry's schedulers to `optimizer`."""
+        import warnings
+        if self.schedulers is None:
+            self.schedulers = self.entry.make_schedulers(optimizer)
+        if not self.schedulers:
+            return
+        try:
+            epoch_samples = len(self.entry.batches) * self.entry.micro_batch
+        except TypeError:
+            epoch_samples = 0
+        epochs_before = self.samples // epoch_samples if epoch_samples else 0
+        self.samples += samples
+        epochs = self.samples // epoch_samples if epoch_samples else 0
+        with warnings.catch_warnings():
+            # a scheduler bound to a rebuilt optimizer warns that it did not see that optimizer's step run
+            warnings.simplefilter("ignore", UserWarning)
+            for s in self.schedulers:
+                if s.interval == "step" and self.steps % s.frequency == 0:
+                    s.scheduler.step()
+                elif s.interval == "epoch":
+                    for epoch in range(epochs_before + 1, epochs + 1):
+                        if epoch % s.frequency == 0:
+                            s.scheduler.step()
 
     def read_loss(self, loss) -> None:
         """The loss to the host per the sync switch: every step, every SYNC_EVERY_N, or one step late."""
@@ -600,7 +717,8 @@ def probe_entry(request: dict) -> dict:
     switches = {"optimizer": [own] + [v for v in variants if v != own],
                 "bf16_matmuls": ["off", "on"],
                 "sync": ["every_step", f"every_n:{SYNC_EVERY_N}", "async"],
-                "compile": ["off", "on"]}
+                "compile": ["off", "on"],
+                "cuda_graphs": ["off", "on"]}  # offered on a CPU too, where a trial says why it is refused
     if calls_sdpa(entry, batch, device):
         switches["sdpa"] = ["default", "math"] + (["flash", "efficient"] if on_gpu else [])
     if on_gpu and isinstance(entry.batches, torch.utils.data.DataLoader):
@@ -637,6 +755,9 @@ def run_entry_trial(request: dict) -> dict:
         switches = dict(cand.get("switches", {}))
         global_batch, micro = int(cand["global_batch"]), int(cand["micro_batch"])
         accumulation = global_batch // micro
+        refused = graphs_refusal(on_gpu, switches)
+        if refused:
+            return fail("error", f"cuda_graphs refused: {refused}")
         if not on_gpu:
             warm_lazy_imports(switches.get("optimizer", "per_tensor"))
         torch.manual_seed(0)
@@ -669,6 +790,8 @@ def run_entry_trial(request: dict) -> dict:
                        lambda: int(torch.cuda.max_memory_allocated(device)) if on_gpu else peak_host_bytes())
     except EntryError as e:
         return fail("error", str(e))
+    except GraphRefused as e:
+        return fail("error", f"cuda_graphs refused: {e}")
     except BaseException as e:  # noqa: B902 - any failure of the user's code is this trial's result
         if isinstance(e, KeyboardInterrupt):
             raise
@@ -679,22 +802,76 @@ def run_entry_trial(request: dict) -> dict:
         return fail("error", f"{type(e).__name__}: {_one_line(e)}{where}")
 
 
+def largest_batch(request: dict) -> dict:
+    """Lightning's BatchSizeFinder (mode "power") on an entry, the configuration `autotune --versus
+    largest-batch` races the choice against: the micro-batch doubled from 1 while LARGEST_BATCH_STEPS training
+    steps at it fit in memory, in the entry's own configuration (its optimizer as given, fp32), at most the
+    global batch and dividing it (the accumulation makes up the rest). The largest that fit, and every size
+    tried with its outcome. An error other than out of memory is the entry's, raised."""
+    import gc
+    import torch
+    from .torch_trial import limit_host_memory, peak_host_bytes, warm_lazy_imports
+    started = time.perf_counter()
+    device = _device(request)
+    on_gpu = device.type == "cuda"
+    global_batch = int(request["global_batch"])
+    limit = int(request.get("memory_limit_bytes", 0))
+    if on_gpu and limit > 0:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
+    if not on_gpu:
+        warm_lazy_imports("per_tensor")
+        limit_host_memory(limit)
+    tried: List[Dict[str, Any]] = []
+    largest, micro = 0, 1
+    while micro <= global_batch and global_batch % micro == 0:
+        if on_gpu:
+            torch.cuda.reset_peak_memory_stats(device)
+        entry = loop = opt = None
+        try:
+            torch.manual_seed(0)
+            entry = build_entry(request["entry"], micro, device)
+            loop = Loop(entry, device, {"sync": "every_step"}, 1)
+            opt = entry.make_optimizer(entry.model.parameters())
+            stream = cycle(entry.batches)
+            for _ in range(LARGEST_BATCH_STEPS):
+                loop.step(opt, [next(stream)])
+            if on_gpu:
+                torch.cuda.synchronize(device)
+            outcome = "fits"
+        except Exception as e:  # noqa: BLE001 - out of memory ends the doubling; anything else is the entry's
+            if not _looks_like_oom(e):
+                raise
+            outcome = f"out of memory ({type(e).__name__})"
+        peak = int(torch.cuda.max_memory_allocated(device)) if on_gpu else peak_host_bytes()
+        tried.append({"micro_batch": micro, "outcome": outcome, "peak_bytes": peak})
+        del entry, loop, opt
+        gc.collect()
+        if on_gpu:
+            torch.cuda.empty_cache()
+        if outcome != "fits":
+            break
+        largest, micro = micro, micro * 2
+    return {"micro_batch": largest, "tried": tried, "steps_per_size": LARGEST_BATCH_STEPS,
+            "seconds": time.perf_counter() - started}
+
+
 def main(mode: str, request_text: str) -> int:
     try:
         request = json.loads(request_text)
     except json.JSONDecodeError as e:
         print(f"torch-step: the request is not JSON: {e}", file=sys.stderr)
         return 2
-    if mode == "--entry-probe":
+    answers = {"--entry-probe": probe_entry, "--entry-largest-batch": largest_batch}
+    if mode in answers:
         try:
-            out = probe_entry(request)
-        except EntryError as e:
+            out = answers[mode](request)
+        except (EntryError, UsageError) as e:
             print(str(e), file=sys.stderr)
             return 2
-        except UsageError as e:
-            print(str(e), file=sys.stderr)
-            return 2
-        except Exception as e:  # noqa: BLE001 - whatever else the entry did wrong: one line, exit 2
+        except Exception as e:  # noqa: BLE001 - whatever else the entry did wrong when probed: one line, exit 2
+            if mode != "--entry-probe":
+                raise  # past the probe, a failure is the run's (exit 1, its traceback), not a bad entry
             print(f"--entry {request.get('entry')}: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
             return 2
         print(json.dumps(out), flush=True)

@@ -238,6 +238,7 @@ def probe() -> dict:
 
 
 USAGE = ("usage: torch-step --trial REQUEST_JSON | --probe | --entry-probe REQUEST_JSON | --entry-trial REQUEST_JSON\n"
+         "       | --entry-largest-batch REQUEST_JSON\n"
          "  the PyTorch twin of trainbench's training step, or the user's own model (torch_entry.py), as autotune\n"
          "  --executor torch runs them")
 
@@ -250,7 +251,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args == ["--probe"]:
         print(json.dumps(probe()))
         return 0
-    if len(args) == 2 and args[0] in ("--entry-probe", "--entry-trial"):
+    if len(args) == 2 and args[0] in ("--entry-probe", "--entry-trial", "--entry-largest-batch"):
         from .torch_entry import main as entry_main
         return entry_main(args[0], args[1])
     if len(args) != 2 or args[0] != "--trial":

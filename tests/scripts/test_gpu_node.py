@@ -7,10 +7,11 @@ fixtures/sanitizer_nccl_probe.log is memcheck on test_allreduce from an H100 (20
 NCCL's kernel-image probe in ncclCommInitRank. The other two are written in compute-sanitizer's format."""
 
 import os
+import re
 import subprocess
 import tarfile
 
-from conftest import FIXTURES, run_script
+from conftest import FIXTURES, SCRIPTS, run_script
 
 
 def fixture(name):
@@ -87,3 +88,19 @@ def test_bad_minutes_are_refused(tmp_path):
     r = subprocess.run([os.path.join(FIXTURES, "..", "..", "..", "scripts", "gpu-node"), prefix, str(tmp_path / "o"),
                         "plan", "--minutes", "soon"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "--minutes takes a number" in r.stderr
+
+
+def test_the_usage_names_every_step_and_the_plan_knows_each_ones_minimum():
+    # The usage is the header comment: a step added to the case statement but not there (or not to the
+    # plan's minimum times) is one a user of the node cannot find, or one the plan gives a guessed minimum.
+    r = run_script("gpu-node")
+    assert r.returncode == 2
+    with open(os.path.join(SCRIPTS, "gpu-node")) as f:
+        text = f.read()
+    steps = re.findall(r"^    ([a-z0-9-]+)\)", text, re.M)
+    assert "entry-gpt2" in steps and "ctest" in steps, steps
+    minimums = re.search(r"declare -A least=\((.*?)\)\n", text, re.S).group(1)
+    for step in steps:
+        assert re.search(rf"^#   {re.escape(step)}\b", r.stderr, re.M), f"{step} is not in gpu-node's usage"
+    for step in ("entry-gpt2", "torch-tune", "twin"):
+        assert f"[{step}]=" in minimums, f"the plan has no minimum for {step}"

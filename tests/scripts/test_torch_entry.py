@@ -180,3 +180,115 @@ def test_a_reference_that_does_not_fit_whole_runs_in_the_fewest_parts_that_do(mo
     _, parts = te.reference_step(entry, CPU, batches, "per_tensor", initial)
     assert parts == 4  # 32 samples as 4 x 8
     assert te.check_first_step(entry, CPU, {"optimizer": "foreach"}, batches, "per_tensor") is None
+
+
+def test_the_largest_batch_search_doubles_until_out_of_memory():
+    # BatchSizeFinder's power mode: 1, 2, 4, 8 fit, 16 does not; the global batch 32 is never reached.
+    found = te.largest_batch({"entry": os.path.join(ENTRIES, "fits_eight.py") + ":build", "backend": "cpu",
+                              "global_batch": 32})
+    assert found["micro_batch"] == 8
+    assert [t["micro_batch"] for t in found["tried"]] == [1, 2, 4, 8, 16]
+    assert [t["outcome"] for t in found["tried"]][:4] == ["fits"] * 4
+    assert found["tried"][-1]["outcome"].startswith("out of memory")
+
+
+def test_the_largest_batch_stops_at_the_largest_power_of_two_dividing_the_global_batch():
+    # 24 = 8 x 3: 16 would not divide it, so 8 with accumulation 3, though 16 fits
+    found = te.largest_batch({"entry": f"{EXAMPLE}:build", "backend": "cpu", "global_batch": 24})
+    assert found["micro_batch"] == 8 and [t["micro_batch"] for t in found["tried"]] == [1, 2, 4, 8]
+
+
+QUICK_POLICY = {"target_rel_ci": 0.5, "max_seconds": 0.2, "min_steps": 2}
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA graph path is checked "
+                               "on a GPU (scripts/gpu-node torch)")
+UNFRIENDLY = os.path.join(ENTRIES, "graph_unfriendly.py")
+
+
+def graphs_trial(spec, backend, micro_batch=4, global_batch=16, **switches):
+    return te.run_entry_trial({"entry": spec, "backend": backend, "device": 0, "policy": QUICK_POLICY,
+                               "candidate": {"global_batch": global_batch, "micro_batch": micro_batch,
+                                             "switches": dict(switches, cuda_graphs="on")}})
+
+
+def test_cuda_graphs_on_a_cpu_are_refused_with_the_reason():
+    r = graphs_trial(f"{EXAMPLE}:build", "cpu")
+    assert r["class"] == "error"
+    assert r["message"].startswith("cuda_graphs refused: no CUDA device here"), r["message"]
+    assert "cuda_graphs" in probe(f"{EXAMPLE}:build")["switches"]
+
+
+@needs_gpu
+@pytest.mark.parametrize("spec", [f"{EXAMPLE}:build", f"{CNN}:build", TINY_GPT2])
+def test_gpu_cuda_graphs_pass_the_first_step_check_and_measure(spec):
+    # the replayed micro-batches accumulate the gradients the eager reference computes (a DataLoader, a list of
+    # tuples, a dict of tokens), with accumulation 4, and with bf16 autocast
+    for bf16 in ("off", "on"):
+        r = graphs_trial(spec, "cuda", bf16_matmuls=bf16, optimizer="foreach")
+        assert r["class"] == "ok", (bf16, r["message"])
+        assert r["samples_per_s"] > 0
+
+
+@needs_gpu
+def test_gpu_a_host_sync_in_the_loss_refuses_capture():
+    r = graphs_trial(f"{UNFRIENDLY}:host_sync", "cuda")
+    assert r["class"] == "error" and r["message"].startswith("cuda_graphs refused: capture failed"), r["message"]
+    assert graphs_trial(f"{UNFRIENDLY}:host_sync", "cuda", micro_batch=16, global_batch=16)["class"] == "error"
+
+
+@needs_gpu
+def test_gpu_micro_batches_that_change_shape_are_refused():
+    r = graphs_trial(f"{UNFRIENDLY}:changing_shapes", "cuda")
+    assert r["class"] == "error" and "the micro-batches change shape" in r["message"], r["message"]
+
+
+def test_the_unfriendly_entries_run_eagerly():
+    # what the GPU tests refuse is the graph's limit, not a broken entry: eager, both run on the CPU
+    for name in ("host_sync", "changing_shapes"):
+        r = te.run_entry_trial({"entry": f"{UNFRIENDLY}:{name}", "backend": "cpu", "policy": QUICK_POLICY,
+                                "candidate": {"global_batch": 16, "micro_batch": 4, "switches": {}}})
+        assert r["class"] == "ok", (name, r["message"])
+
+
+SCHEDULED = os.path.join(ENTRIES, "lightning_scheduled.py")
+
+
+def scheduled_loop(name, micro_batch, accumulation, variant="per_tensor"):
+    pytest.importorskip("lightning")
+    entry = te.build_entry(f"{SCHEDULED}:{name}", micro_batch, CPU)
+    opt = te.with_variant(entry.make_optimizer(entry.model.parameters()), variant)
+    return entry, te.Loop(entry, CPU, {}, accumulation), opt, te.cycle(entry.batches)
+
+
+def test_a_lightning_scheduler_is_stepped_after_the_optimizer_step_in_the_first_step_check():
+    # LambdaLR gives the first optimizer step the whole learning rate and every later one none: stepped per
+    # micro-batch or before the optimizer step, the candidate's first step (4 micro-batches) would not move the
+    # parameters while the reference's (one) would, and the check would fail
+    pytest.importorskip("lightning")
+    entry = te.build_entry(f"{SCHEDULED}:per_step", 4, CPU)
+    batches = first_micro_batches(entry, 4)
+    assert te.check_first_step(entry, CPU, {"optimizer": "foreach"}, batches, "per_tensor") is None
+    initial = te._state(entry.model)
+    moved = te.first_step(entry, CPU, {}, batches, "per_tensor", initial)
+    assert any(not torch.equal(moved[k], initial[k]) for k in initial), "the first step must move the parameters"
+
+
+def test_step_interval_schedulers_step_every_frequency_optimizer_steps_in_the_timed_loop():
+    entry, loop, opt, stream = scheduled_loop("per_step", 4, 2, "foreach")
+    loop.step(opt, [next(stream) for _ in range(2)])
+    assert opt.param_groups[0]["lr"] == 0.0  # the rebuilt (foreach) optimizer is the one scheduled
+    entry, loop, opt, stream = scheduled_loop("every_second_step", 4, 2)
+    lrs = []
+    for _ in range(4):
+        loop.step(opt, [next(stream) for _ in range(2)])
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs == pytest.approx([0.1, 0.05, 0.05, 0.025])
+
+
+def test_epoch_interval_schedulers_step_when_a_pass_over_the_loader_ends():
+    # 64 samples in micro-batches of 8, 2 to a step: an epoch is 4 optimizer steps; StepLR halves per epoch
+    entry, loop, opt, stream = scheduled_loop("per_epoch", 8, 2)
+    lrs = []
+    for _ in range(9):
+        loop.step(opt, [next(stream) for _ in range(2)])
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs == pytest.approx([0.1] * 3 + [0.05] * 4 + [0.025] * 2)
