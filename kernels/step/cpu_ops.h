@@ -73,7 +73,8 @@ class CpuOps {
 
   void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B, int64_t Tn, int64_t C);
   void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tn, int64_t C);
-  // bf16_only (the outputs that feed only bf16 products, a CUDA switch): never set on the CPU.
+  // bf16_only: the output feeds only bf16 products, so the CUDA backend writes only their bf16 copy.
+  // The CPU's products read fp32 (the double reference of a bf16 workload runs here): written as always.
   void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int64_t N, int64_t C,
                          bool bf16_only = false);
   void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, const T* mean,

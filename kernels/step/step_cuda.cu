@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <set>
 #include <memory>
@@ -397,9 +398,12 @@ class CudaOps {
   // overwrites (beta 0): no fill and no read of the output.
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int64_t N, int64_t C, int64_t OC,
                       bool bf16) {
-    if (bf16) {  // the bias added in the product's epilogue
+    if (bf16) {  // the bias added in the product's epilogue, which reads it 16-byte aligned
+      const bool fused_bias = bias && alignment_of(bias) >= 16;
+      if (bias && !fused_bias) launch(bias_rows_kernel, N * OC, out, bias, N, OC);
       const Bf16Operand w16 = keep_bf16(w, C * OC), in16 = keep_bf16(inp, N * C);
-      gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, w16, C, in16, C, 0.0f, out, OC, bias);
+      gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, w16, C, in16, C, bias && !fused_bias ? 1.0f : 0.0f, out, OC,
+                fused_bias ? bias : nullptr);
       return;
     }
     if (bias) launch(bias_rows_kernel, N * OC, out, bias, N, OC);
@@ -644,7 +648,10 @@ class CudaOps {
     const cuda::MatrixLayout a = ta == CUBLAS_OP_N ? layout(CUDA_R_16BF, m, k, lda) : layout(CUDA_R_16BF, k, m, lda);
     const cuda::MatrixLayout b = tb == CUBLAS_OP_N ? layout(CUDA_R_16BF, k, n, ldb) : layout(CUDA_R_16BF, n, k, ldb);
     const cuda::MatrixLayout c = layout(CUDA_R_32F, m, n, ldc);
-    const GemmShape shape{ta, tb, m, n, k, lda, ldb, ldc, bias != nullptr, beta != 0.0f};
+    // cuBLASLt assumes 256-byte aligned matrices unless told: a gradient inside the parameter arena
+    // may start anywhere a float can.
+    const uint32_t align_a = alignment_of(A), align_b = alignment_of(B), align_c = alignment_of(C);
+    const GemmShape shape{ta, tb, m, n, k, lda, ldb, ldc, bias != nullptr, beta != 0.0f, align_a, align_b, align_c};
     auto found = lt_algos_.find(shape);
     if (found == lt_algos_.end()) {
       cublasLtMatmulPreference_t raw_pref = nullptr;
@@ -653,6 +660,11 @@ class CudaOps {
       const uint64_t bytes = workspace_.bytes();
       CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes,
                                                         sizeof bytes));
+      for (const auto& [attribute, align] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
+                                             std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
+                                             std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
+                                             std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}})
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, attribute, &align, sizeof align));
       cublasLtMatmulHeuristicResult_t result{};
       int returned = 0;
       CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, raw_desc, a.get(), b.get(), c.get(), c.get(), raw_pref, 1, &result,
@@ -669,11 +681,19 @@ class CudaOps {
     cublasOperation_t ta, tb;
     int64_t m, n, k, lda, ldb, ldc;
     bool bias, accumulate;
+    uint32_t align_a, align_b, align_c;
     bool operator<(const GemmShape& o) const {
-      return std::tie(ta, tb, m, n, k, lda, ldb, ldc, bias, accumulate) <
-             std::tie(o.ta, o.tb, o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.bias, o.accumulate);
+      return std::tie(ta, tb, m, n, k, lda, ldb, ldc, bias, accumulate, align_a, align_b, align_c) <
+             std::tie(o.ta, o.tb, o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.bias, o.accumulate, o.align_a, o.align_b, o.align_c);
     }
   };
+  // The largest power of two, up to 256, that divides p's address.
+  static uint32_t alignment_of(const void* p) {
+    const auto address = reinterpret_cast<std::uintptr_t>(p);
+    uint32_t align = 256;
+    while (align > 1 && address % align != 0) align /= 2;
+    return align;
+  }
   static attention::Shape attention_shape(int64_t B, int64_t Tn, int64_t C, int64_t NH) {
     return attention::Shape{B, NH, Tn, C / NH};
   }
