@@ -131,13 +131,17 @@ nlohmann::json list_json(const tb::Registry& registry, tb::Settings settings, co
     }
     benchmarks.push_back(b);
   }
+  // With the rules this run's samples are watched by: a runner outside takes its samples again as ours.
+  json constants = tb::generator_constants();
+  constants["watch.disturbed_share"] = settings.disturbed_share;
+  constants["watch.throttled_share"] = settings.throttled_share;
   json doc{{"schema", "trainbench-list/1"},
           {"version", tb::build::version},
           {"quick", settings.quick},
           {"cuda", {{"built", cuda.built}, {"available", cuda.available()}, {"unavailable_reason", cuda.unavailable_reason},
                     {"devices", devices}}},
           {"stages", stages},
-          {"constants", tb::generator_constants()},
+          {"constants", constants},
           {"benchmarks", benchmarks}};
   if (!torch_device.empty()) doc["torch"] = tb::torch_benches_json(tb::torch_benches(entries, torch_device), torch_device);
   return doc;

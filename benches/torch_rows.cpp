@@ -24,6 +24,7 @@
 #include "launch/launch.h"
 #include "runtime/defaults.h"
 #include "runtime/error.h"
+#include "runtime/gpu_monitor.h"
 #include "runtime/tolerance.h"
 #include "spmv/laplacian.h"
 #include "spmv/spmv.h"
@@ -172,6 +173,7 @@ nlohmann::json generator_constants() {
       {"collate.seed_tokens", collate::seed_tokens}, {"collate.vocab", collate::vocab},
       {"collate.shuffle_seed", d::collate_shuffle_seed},
       {"tolerance.fp32", tolerance(tolerance::fp32)},
+      {"watch.retakes", d::disturbed_retakes}, {"watch.disturbing_clock_reasons", kDisturbingClockReasons},
   };
 }
 

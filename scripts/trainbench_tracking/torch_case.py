@@ -22,8 +22,7 @@ import torch
 
 from .errors import UsageError
 from .torch_generators import constant
-from .torch_watch import (DISTURBED_SHARE, THROTTLED_SHARE, Watch, Watched, others_share, read_cpu_ticks,
-                          take_watched, throttled_share)
+from .torch_watch import Watch, Watched, others_share, read_cpu_ticks, take_watched, throttled_share
 
 DEVICE = torch.device("cuda")   # use_device() sets it before any case is made
 WARMUP_S = 0.02                # warm-up before the first sample
@@ -238,9 +237,9 @@ def _gpu_clock_reasons() -> Optional[Callable[[], Optional[int]]]:
 def _watch() -> Optional[Watch]:
     """On the CPU, other processes' share of the CPUs; on a GPU, its throttle reasons where NVML answers."""
     if not on_gpu():
-        return Watch(read_cpu_ticks, others_share, DISTURBED_SHARE)
+        return Watch(read_cpu_ticks, others_share, float(constant("watch.disturbed_share")))
     reasons = _gpu_clock_reasons()
-    return Watch(reasons, throttled_share, THROTTLED_SHARE) if reasons else None
+    return Watch(reasons, throttled_share, float(constant("watch.throttled_share"))) if reasons else None
 
 
 def measure(case: Case, repetitions: int, min_sample_s: float) -> Tuple[List[float], int, Watched]:

@@ -7,17 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
-# A sample taken while something else held the machine measures that, not the peer: taken again, watched
-# on its own, up to DISTURBED_RETAKES times; a row that cannot get clean samples is "disturbed" and gets no
-# ratio (kernels/runtime/defaults.h).
-DISTURBED_SHARE = 0.25         # a CPU window in which other processes used more of all CPUs is disturbed
-THROTTLED_SHARE = 0.02         # a GPU window throttled for more of its time is disturbed
-DISTURBED_RETAKES = 3          # attempts per sample
-MIN_WINDOW_TICKS = 8           # /proc/stat counts in 10 ms ticks: a shorter window tells nothing
-# nvmlClocksEventReason bits that mean the environment set the speed (kernels/runtime/gpu_monitor.h):
-# hw_slowdown, sw and hw thermal slowdown, power brake. The software power cap is not one: a heavy kernel
-# runs at it every time.
-DISTURBING_CLOCK_REASONS = 0x8 | 0x20 | 0x40 | 0x80
+from .torch_generators import constant
+
+# A sample taken while something else held the machine measures that, not the case: taken again, watched on
+# its own, up to watch.retakes times; a row that cannot get clean samples is "disturbed" and gets no ratio.
+# The limits are benchsuite's, from the listing's constants (watch.disturbed_share of all CPUs,
+# watch.throttled_share of a GPU window, the NVML reasons watch.disturbing_clock_reasons).
+MIN_WINDOW_TICKS = 8           # /proc/stat counts in 10 ms ticks: a shorter window tells nothing (cpu_load.h)
 
 
 @dataclass(frozen=True)
@@ -63,7 +59,7 @@ def throttled_share(before: Optional[int], after: Optional[int]) -> float:
     go by the reasons alone."""
     if before is None or after is None:
         return -1.0
-    return 1.0 if (before | after) & DISTURBING_CLOCK_REASONS else 0.0
+    return 1.0 if (before | after) & int(constant("watch.disturbing_clock_reasons")) else 0.0
 
 
 @dataclass(frozen=True)
@@ -86,10 +82,11 @@ class Watched:
 
 
 def take_watched(take_sample: Callable[[], float], repetitions: int, watch: Optional[Watch],
-                 retakes: int = DISTURBED_RETAKES) -> Tuple[List[float], Watched]:
+                 retakes: Optional[int] = None) -> Tuple[List[float], Watched]:
     """`repetitions` samples, watched as one window; when that window is disturbed each sample is taken
     again, each attempt watched on its own, and the first one within the limit is kept (the last attempt
     when none is). An unknown share counts as clean, as benchsuite's does."""
+    retakes = int(constant("watch.retakes")) if retakes is None else retakes
     start = watch.read() if watch else None
     samples = [take_sample() for _ in range(repetitions)]
     if watch is None:

@@ -231,7 +231,7 @@ def test_throttled_share_goes_by_the_disturbing_clock_reasons():
 def share_sequence(window, retakes):
     """A Watch whose first window (two reads) saw `window` and whose n-th retake saw retakes(n)."""
     reads = iter(range(10 ** 6))
-    return watch.Watch(lambda: next(reads), lambda a, b: window if a == 0 else retakes((a - 2) // 2), watch.DISTURBED_SHARE)
+    return watch.Watch(lambda: next(reads), lambda a, b: window if a == 0 else retakes((a - 2) // 2), 0.25)
 
 
 def test_a_disturbed_window_takes_each_sample_again_up_to_three_times():
