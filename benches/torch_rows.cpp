@@ -25,6 +25,7 @@
 #include "runtime/defaults.h"
 #include "runtime/error.h"
 #include "runtime/gpu_monitor.h"
+#include "runtime/registry.h"
 #include "runtime/tolerance.h"
 #include "spmv/laplacian.h"
 #include "spmv/spmv.h"
@@ -353,6 +354,18 @@ const std::vector<TorchPair>& torch_pairs() {
   return pairs;
 }
 
+// The work model's counters at a row's problem ("solves" per call), without what the row measured: those
+// are its own run's, not the PyTorch row's. None where the registry has no such variant or problem.
+std::vector<std::pair<std::string, double>> model_counters(const Row& row) {
+  try {
+    const Stage* stage = builtin_registry().find(row.stage);
+    const Variant* variant = stage ? stage->find_variant(row.variant, backend_from_string(row.backend)) : nullptr;
+    if (variant && variant->work) return variant->work(Problem(row.problem)).counters;
+  } catch (const std::exception&) {  // a problem the model cannot size: no counters rather than wrong ones
+  }
+  return {};
+}
+
 // One measured record of the script: its samples and what it saw, credited with the work of the row it
 // mirrors (its bytes, FLOPs, peak and counters: the stage's own work model, at the same problem).
 Row torch_row(const nlohmann::json& m, const std::string& backend, const std::map<std::string, const Row*>& native,
@@ -386,7 +399,7 @@ Row torch_row(const nlohmann::json& m, const std::string& backend, const std::ma
       r.bound = ours.bound;
       r.peak_key = ours.peak_key;
       r.footprint = ours.footprint;
-      r.counters = ours.counters;
+      r.counters = model_counters(ours);
     }
     const nlohmann::json measured = m.value("counters", nlohmann::json::object());
     for (const auto& [key, value] : measured.items()) {

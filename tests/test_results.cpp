@@ -219,11 +219,12 @@ TEST(Results, AnAmortisedPairSaysWhatWasMovedOutOfTheLoop) {
 TEST(Results, TorchSamplesBecomeRowsWithPairsAndCrossPairsWithheldForADisturbedRow) {
   Results native;
   Row ours;
-  ours.name = "cg/cpu/host_checked/rows=8";
+  const std::string label = "graph=ring8,rows=4096,alpha=0.5,drift=1e-6";
+  ours.name = "cg/cpu/host_checked/" + label;
   ours.stage = "cg";
   ours.variant = "host_checked";
   ours.backend = "cpu";
-  ours.problem = {{"rows", "8"}};
+  ours.problem = {{"graph", "ring8"}, {"rows", "4096"}, {"alpha", "0.5"}, {"drift", "1e-6"}};
   ours.disposition = "passed";
   ours.samples_ns = {100, 101, 99, 100, 102};
   ours.summary = summarize(ours.samples_ns, 0.05);
@@ -231,14 +232,15 @@ TEST(Results, TorchSamplesBecomeRowsWithPairsAndCrossPairsWithheldForADisturbedR
   ours.flops = 64;
   ours.peak_key = "cpu.copy";
   ours.footprint = 1e12;  // far past any cache: the DRAM peak is its ceiling
-  ours.counters = {{"solves", 16}};
+  ours.counters = {{"solves", 16}, {"skip_rate", 0.5}};  // the model's, and one this row measured
   native.rows = {ours, ours};
-  native.rows[1].name = "cg/cpu/host_checked_warm/rows=8";
+  native.rows[1].name = "cg/cpu/host_checked_warm/" + label;
   native.rows[1].variant = "host_checked_warm";
   nlohmann::json samples{{"schema", torch_samples_schema}, {"device", "cpu"}, {"torch", {{"version", "2.15.0"}}},
                          {"rows", nlohmann::json::array()}};
   for (const char* variant : {"host_checked", "host_checked_warm", "host_checked_lazy"}) {
-    samples["rows"].push_back({{"stage", "cg"}, {"variant", variant}, {"label", "rows=8"}, {"problem", {{"rows", "8"}}},
+    samples["rows"].push_back({{"stage", "cg"}, {"variant", variant}, {"label", label},
+                               {"problem", {{"graph", "ring8"}, {"rows", "4096"}, {"alpha", "0.5"}, {"drift", "1e-6"}}},
                                {"mirrors", std::string("cpu/") + variant}, {"disposition", "passed"}, {"max_error", 1e-9},
                                {"batch", 4}, {"samples_ns", {150, 151, 149, 150, 152}},
                                {"counters", {{"iterations_per_solve", 3.0625}}}, {"per_unit", {{"us_per_solve", 16}}},
@@ -251,7 +253,7 @@ TEST(Results, TorchSamplesBecomeRowsWithPairsAndCrossPairsWithheldForADisturbedR
   merge_torch_rows(native, samples, settings);
   ASSERT_EQ(native.rows.size(), 5u);
   const Row& cold = native.rows[2];
-  EXPECT_EQ(cold.name, "cg/torch/host_checked/rows=8");
+  EXPECT_EQ(cold.name, "cg/torch/host_checked/" + label);
   EXPECT_EQ(cold.backend, "torch");
   EXPECT_DOUBLE_EQ(cold.summary.median, 150);  // summarised here, from the raw samples
   EXPECT_EQ(cold.summary.n, 5u);
@@ -264,6 +266,7 @@ TEST(Results, TorchSamplesBecomeRowsWithPairsAndCrossPairsWithheldForADisturbedR
     return -1.0;
   };
   EXPECT_EQ(counter(cold, "solves"), 16);                   // the work model's
+  EXPECT_EQ(counter(cold, "skip_rate"), -1);                 // not what the C++ row measured
   EXPECT_EQ(counter(cold, "iterations_per_solve"), 3.0625);  // measured
   EXPECT_NEAR(counter(cold, "us_per_solve"), 150e-3 / 16, 1e-12);
   EXPECT_TRUE(native.rows[3].disturbed);
@@ -272,14 +275,14 @@ TEST(Results, TorchSamplesBecomeRowsWithPairsAndCrossPairsWithheldForADisturbedR
   // cold rows has its ratio, the warm one is withheld, the lazy one has no native row.
   ASSERT_EQ(native.pairs.size(), 1u);
   EXPECT_EQ(native.pairs[0].label, "PyTorch host_checked -> trainbench cpu/host_checked");
-  EXPECT_EQ(native.pairs[0].baseline, "cg/torch/host_checked/rows=8");
-  EXPECT_EQ(native.pairs[0].improved, "cg/cpu/host_checked/rows=8");
+  EXPECT_EQ(native.pairs[0].baseline, "cg/torch/host_checked/" + label);
+  EXPECT_EQ(native.pairs[0].improved, "cg/cpu/host_checked/" + label);
   EXPECT_NEAR(native.pairs[0].ratio.ratio, 1.5, 0.02);
   ASSERT_EQ(native.withheld_pairs.size(), 3u);
   EXPECT_EQ(native.withheld_pairs[0].label, "torch CG: warm start vs cold start (.item() per iteration)");
   EXPECT_EQ(native.withheld_pairs[1].label, "torch CG: gate vs warm start alone (.item() per iteration)");
-  EXPECT_EQ(native.withheld_pairs[2].improved, "cg/cpu/host_checked_warm/rows=8");
-  EXPECT_EQ(native.withheld_pairs[2].why.rfind("cg/torch/host_checked_warm/rows=8 was disturbed: other processes used 40%", 0),
+  EXPECT_EQ(native.withheld_pairs[2].improved, "cg/cpu/host_checked_warm/" + label);
+  EXPECT_EQ(native.withheld_pairs[2].why.rfind("cg/torch/host_checked_warm/" + label + " was disturbed: other processes used 40%", 0),
             0u)
       << native.withheld_pairs[2].why;
   EXPECT_EQ(native.context.at("torch").at("version"), "2.15.0");
