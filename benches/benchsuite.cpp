@@ -88,7 +88,9 @@ void list_registry(const tb::Registry& registry, std::ostream& out) {
 // the benchmarks that the other flags select (--backend, --quick, --axis, --filter), each with its
 // problem's values and the work one call does. A runner outside this binary (the torch rows) then
 // measures exactly these problems and rates them by the same bytes and FLOPs: the sizes never drift.
-nlohmann::json list_json(const tb::Registry& registry, tb::Settings settings) {
+// With `torch_device` ("cpu" or "cuda": --backend ...,torch), also the PyTorch rows that stand beside the
+// selected ones ("torch"): what scripts/torch-peers measures.
+nlohmann::json list_json(const tb::Registry& registry, tb::Settings settings, const std::string& torch_device = "") {
   using nlohmann::json;
   const auto& cuda = tb::cuda_status();
   json devices = json::array();
@@ -114,7 +116,8 @@ nlohmann::json list_json(const tb::Registry& registry, tb::Settings settings) {
   }
   settings.peak_prepass = false;  // the rows asked for, not the peaks a run would add
   json benchmarks = json::array();
-  for (const auto& e : tb::select_entries(registry, settings)) {
+  const auto entries = tb::select_entries(registry, settings);
+  for (const auto& e : entries) {
     json problem = json::object();
     for (const auto& [key, value] : e.problem.params()) problem[key] = value;
     json b{{"name", e.name}, {"stage", e.stage->name}, {"backend", tb::to_string(e.variant->backend)},
@@ -128,13 +131,20 @@ nlohmann::json list_json(const tb::Registry& registry, tb::Settings settings) {
     }
     benchmarks.push_back(b);
   }
-  return {{"schema", "trainbench-list/1"},
+  // With the rules this run's samples are watched by: a runner outside takes its samples again as ours.
+  json constants = tb::generator_constants();
+  constants["watch.disturbed_share"] = settings.disturbed_share;
+  constants["watch.throttled_share"] = settings.throttled_share;
+  json doc{{"schema", "trainbench-list/1"},
           {"version", tb::build::version},
           {"quick", settings.quick},
           {"cuda", {{"built", cuda.built}, {"available", cuda.available()}, {"unavailable_reason", cuda.unavailable_reason},
                     {"devices", devices}}},
           {"stages", stages},
+          {"constants", constants},
           {"benchmarks", benchmarks}};
+  if (!torch_device.empty()) doc["torch"] = tb::torch_benches_json(tb::torch_benches(entries, torch_device), torch_device);
+  return doc;
 }
 
 tb::Format format_for_path(const std::string& path) {
@@ -291,8 +301,11 @@ int run(int argc, char** argv) {
     tb::select_cuda_device(device);  // a device that does not exist is bad usage
   }
 
+  // The PyTorch rows run on the native backend's device: the GPU's with cuda (where there is one).
+  const std::string torch_device = std::find(settings.backends.begin(), settings.backends.end(), tb::Backend::cuda) !=
+                                               settings.backends.end() && cuda.available() ? "cuda" : "cpu";
   if (list) {  // as JSON: after the flags that select benchmarks
-    const std::string text = list_json(registry, settings).dump(2) + "\n";
+    const std::string text = list_json(registry, settings, with_torch ? torch_device : "").dump(2) + "\n";
     if (out_path.empty()) std::cout << text;
     else tb::write_file_atomically(out_path, text);
     return 0;
@@ -323,29 +336,22 @@ int run(int argc, char** argv) {
   if (with_torch && !tb::stop_requested()) {
     namespace fs = std::filesystem;
     tb::TorchRun torch;
-    const bool on_gpu = std::find(settings.backends.begin(), settings.backends.end(), tb::Backend::cuda) !=
-                        settings.backends.end() && cuda.available();
-    torch.device = on_gpu ? "cuda" : "cpu";
+    torch.device = torch_device;
     std::error_code ec;
-    torch.benchsuite = fs::read_symlink("/proc/self/exe", ec).string();
-    if (ec) torch.benchsuite = argv[0];
     torch.quick = settings.quick;
-    torch.filter = settings.filter;
     torch.repetitions = settings.repetitions;
     torch.min_time_s = settings.min_time_s;
     torch.stop = &tb::stop_requested;
     torch.out_path = (fs::temp_directory_path() / ("trainbench-torch-" + std::to_string(::getpid()) + ".json")).string();
-    // The problems this run selected (--axis and --quick applied) as the script's listing, so that the
-    // PyTorch rows measure exactly those; the filter is the script's to apply to its own rows' names.
-    tb::Settings listed = settings;
-    listed.filter.clear();
+    // The rows this run selected (--axis, --quick and --filter applied) as the script's listing, with
+    // the PyTorch rows that stand beside exactly those, at their problems (its "torch" section).
     torch.listing_path =
         (fs::temp_directory_path() / ("trainbench-torch-list-" + std::to_string(::getpid()) + ".json")).string();
-    tb::write_file_atomically(torch.listing_path, list_json(registry, listed).dump() + "\n");
+    tb::write_file_atomically(torch.listing_path, list_json(registry, settings, torch_device).dump() + "\n");
     std::cerr << "benchsuite: the PyTorch rows (" << tb::torch_peers_script() << " --device " << torch.device << ")"
               << std::endl;
     try {
-      tb::merge_torch_rows(results, tb::run_torch_peers(torch));
+      tb::merge_torch_rows(results, tb::run_torch_peers(torch), settings);
       tb::attach_pct_of_peak(settings, results);
     } catch (const tb::UsageError& e) {
       torch_error = e.what();

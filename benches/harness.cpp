@@ -905,6 +905,19 @@ std::optional<PairRow> compare_pair(const Pair& pair, const Row& baseline, const
   return out;
 }
 
+void judge_pair(const Pair& pair, const Row& baseline, const Row& improved, Results& results) {
+  if (baseline.disturbed || improved.disturbed) {
+    const Row& d = improved.disturbed ? improved : baseline;
+    results.withheld_pairs.push_back(WithheldPair{improved.stage, pair.label, baseline.name, improved.name,
+                                                  d.name + " was disturbed: " + disturbance_text(d) +
+                                                      " during its samples"});
+    return;
+  }
+  std::string why;
+  if (auto row = compare_pair(pair, baseline, improved, why)) results.pairs.push_back(std::move(*row));
+  else results.withheld_pairs.push_back(WithheldPair{improved.stage, pair.label, baseline.name, improved.name, why});
+}
+
 // % of peak only where the peak is a ceiling, so that no row can claim more than 100%.
 void attach_pct_of_peak(const Settings& settings, Results& results) {
   for (auto& r : results.rows) {
@@ -981,16 +994,7 @@ void finish_results(const Registry& registry, const Settings& settings, Results&
         it = by_name.find(baseline_name);
       }
       if (it == by_name.end() || !it->second->timed()) continue;
-      if (r.disturbed || it->second->disturbed) {
-        const Row& d = r.disturbed ? r : *it->second;
-        results.withheld_pairs.push_back(WithheldPair{r.stage, pair.label, baseline_name, r.name,
-                                                      d.name + " was disturbed: " + disturbance_text(d) +
-                                                          " during its samples"});
-        continue;
-      }
-      std::string why;
-      if (auto row = compare_pair(pair, *it->second, r, why)) results.pairs.push_back(std::move(*row));
-      else results.withheld_pairs.push_back(WithheldPair{r.stage, pair.label, baseline_name, r.name, why});
+      judge_pair(pair, *it->second, r, results);
     }
   }
 }

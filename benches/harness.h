@@ -77,6 +77,10 @@ void attach_pct_of_peak(const Settings& settings, Results& results);
 // no cost moved out to add to it.
 std::optional<PairRow> compare_pair(const Pair& pair, const Row& baseline, const Row& improved, std::string& why);
 
+// A declared pair of two timed rows (summaries filled) into `results`: its ratio (compare_pair), or
+// withheld with the reason, when one of the rows was disturbed or no ratio would be an answer.
+void judge_pair(const Pair& pair, const Row& baseline, const Row& improved, Results& results);
+
 // The key printed under the console table: what each column and mark means, with the values this run
 // used (the intervals' levels, the noise target, each backend's cache threshold, --max-time).
 std::string table_key(const Results& results, const Settings& settings);

@@ -11,10 +11,24 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <map>
 #include <sstream>
 
+#include "adamw/param_set.h"
+#include "attention/attention.h"
+#include "cg/cg.h"
+#include "collate/collate.h"
+#include "harness.h"
+#include "hostsync/hostsync.h"
+#include "launch/launch.h"
+#include "runtime/defaults.h"
 #include "runtime/error.h"
+#include "runtime/gpu_monitor.h"
+#include "runtime/registry.h"
+#include "runtime/tolerance.h"
+#include "spmv/laplacian.h"
+#include "spmv/spmv.h"
 
 extern char** environ;
 
@@ -63,16 +77,6 @@ int run_child(const std::vector<std::string>& argv, bool quiet, bool (*stop)() =
   return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
-std::string label_of(const std::string& name) {  // "adamw/torch/fused/params=..." -> "params=..."
-  std::size_t at = 0;
-  for (int slash = 0; slash < 3; ++slash) {
-    at = name.find('/', at);
-    if (at == std::string::npos) return "";
-    ++at;
-  }
-  return name.substr(at);
-}
-
 }  // namespace
 
 std::string torch_python() {
@@ -118,11 +122,8 @@ void require_torch(const std::string& who, const std::string& script) {
 
 nlohmann::json run_torch_peers(const TorchRun& run) {
   std::vector<std::string> argv{torch_python(), torch_peers_script(), "--device", run.device, "--out", run.out_path,
-                                "--empty-ok"};
-  if (!run.listing_path.empty()) argv.insert(argv.end(), {"--listing", run.listing_path});
-  else argv.insert(argv.end(), {"--benchsuite", run.benchsuite});
+                                "--listing", run.listing_path};
   if (run.quick) argv.push_back("--quick");
-  if (!run.filter.empty()) argv.insert(argv.end(), {"--filter", run.filter});
   if (run.repetitions > 0) argv.insert(argv.end(), {"--repetitions", std::to_string(run.repetitions)});
   if (run.min_time_s > 0) {
     std::ostringstream s;
@@ -149,42 +150,348 @@ nlohmann::json run_torch_peers(const TorchRun& run) {
   return doc;
 }
 
-void merge_torch_rows(Results& into, const nlohmann::json& torch_document) {
-  const Results torch = results_from_json(torch_document);
+nlohmann::json generator_constants() {
+  namespace d = defaults;
+  const auto tolerance = [](const Tolerance& t) { return nlohmann::json{{"atol", t.atol}, {"rtol", t.rtol}}; };
+  return {
+      {"adamw.seed_param", adamw::seed_param}, {"adamw.seed_grad", adamw::seed_grad},
+      {"adamw.lr", d::adamw_lr}, {"adamw.beta1", d::adamw_beta1}, {"adamw.beta2", d::adamw_beta2},
+      {"adamw.eps", d::adamw_eps}, {"adamw.weight_decay", d::adamw_weight_decay},
+      {"gradnorm.clip_max_norm", d::clip_max_norm}, {"gradnorm.clip_norm_eps", d::clip_norm_eps},
+      {"attention.seed_q", attention::seed_q}, {"attention.seed_k", attention::seed_k},
+      {"attention.seed_v", attention::seed_v}, {"attention.checked_rows", d::attention_checked_rows},
+      {"attention.tolerance_fp32", tolerance(tolerance::attention_fp32)},
+      {"attention.tolerance_bf16", tolerance(tolerance::attention_bf16)},
+      {"spmv.seed_x", spmv::seed_x}, {"laplacian.graph_seed", laplacian::graph_seed}, {"laplacian.alpha", d::laplacian_alpha},
+      {"cg.seed_rhs", cg::seed_rhs}, {"cg.window", d::cg_window}, {"cg.tol", d::cg_tol},
+      {"cg.lazy_tol", d::lazy_cg_tol}, {"cg.max_iterations", d::cg_max_iterations},
+      {"cg.check_every", d::cg_check_every}, {"cg.residual_atol", tolerance::cg_residual_atol},
+      {"hostsync.seed_prediction", hostsync::seed_prediction}, {"hostsync.seed_target", hostsync::seed_target},
+      {"hostsync.async_slots", d::hostsync_async_slots},
+      {"launch.seed_state", launch::seed_state}, {"launch.seed_coefficients", launch::seed_coefficients},
+      {"launch.state_buffers", launch::state_buffers},
+      {"collate.seed_input", collate::seed_input}, {"collate.seed_target", collate::seed_target},
+      {"collate.seed_tokens", collate::seed_tokens}, {"collate.vocab", collate::vocab},
+      {"collate.shuffle_seed", d::collate_shuffle_seed},
+      {"tolerance.fp32", tolerance(tolerance::fp32)},
+      {"watch.retakes", d::disturbed_retakes}, {"watch.disturbing_clock_reasons", kDisturbingClockReasons},
+  };
+}
+
+namespace {
+
+// A PyTorch variant and the native variants it stands beside. `only`: the axis values it runs (an axis
+// the problem does not have restricts nothing); `cpu_implied`: what its CPU variant runs without an
+// axis for it.
+struct TorchPeer {
+  const char* stage;
+  const char* variant;
+  const char* mirrors_cuda;  // "": none
+  const char* mirrors_cpu;   // "": none (a GPU pattern)
+  const char* rationale;
+  std::vector<std::pair<std::string, std::vector<std::string>>> only;
+  std::vector<std::pair<std::string, std::string>> cpu_implied;
+
+  bool runs(const std::vector<std::pair<std::string, std::string>>& problem) const {
+    for (const auto& [axis, values] : only)
+      for (const auto& [key, value] : problem)
+        if (key == axis && std::find(values.begin(), values.end(), value) == values.end()) return false;
+    return true;
+  }
+};
+
+// AdamW: torch keeps the moments in the parameters' dtype, the stage in fp32: fp32 problems only.
+// Gradient clipping over adamw's parameter set, in place as the stage's calls are (every call scales:
+// torch multiplies by the clamped factor even where it is 1); fp32 only: torch keeps the gradients in the
+// parameters' dtype and returns the norm of bf16 gradients as bf16, the stage's bf16 rows take an fp32
+// norm. FlashAttention takes fp16 and bf16 only. The CPU stage's `naive` applies causality inside its
+// softmax; its cached-mask variant is nanoGPT's path (always causal: it has no causal axis). CG over the
+// stage's window of drifting right-hand sides, fp64: the host-checked loop is the one a PyTorch
+// propagator writes (`while rr.item() > limit`); the device loop queues cg_check_every iterations with
+// no read, as the stage's graph variant replays its captured block. hostsync: the loss of a training
+// loop read on the host (GPU-only, as the stage). collate: the data path alone (compute_us=0) and the
+// field-major layouts only (layout=token_rows, the training step's rows, has no PyTorch peer); on the
+// CPU the .to(device) is a no-op, and index_select is the PyTorch fix, with no CUDA row to stand beside.
+const std::vector<TorchPeer>& torch_peers() {
+  static const std::vector<TorchPeer> peers{
+      {"adamw", "fused", "fused", "fused",
+       "torch.optim.AdamW(fused=True): one fused multi-tensor kernel per step",
+       {{"dtype", {"fp32"}}}, {}},
+      {"adamw", "foreach", "foreach", "foreach",
+       "torch.optim.AdamW(foreach=True): _foreach_ ops over the tensor lists",
+       {{"dtype", {"fp32"}}}, {}},
+      {"adamw", "per_tensor", "per_tensor", "per_tensor",
+       "torch.optim.AdamW(foreach=False): the for-loop path, several kernels per tensor",
+       {{"dtype", {"fp32"}}}, {}},
+      {"gradnorm", "per_tensor", "per_tensor", "per_tensor",
+       "clip_grad_norm_(max_norm=1.0, foreach=False): a vector_norm per tensor, stack, norm, then mul_ per tensor; no host read (the stage's CUDA per_tensor reads each norm with .item())",
+       {{"dtype", {"fp32"}}}, {}},
+      {"gradnorm", "foreach", "multi_tensor", "multi_tensor",
+       "clip_grad_norm_(max_norm=1.0, foreach=True): _foreach_norm, stack, norm, _foreach_mul_; no host read",
+       {{"dtype", {"fp32"}}}, {}},
+      {"gradnorm", "foreach_item", "multi_tensor", "multi_tensor",
+       "the same + .item() of the returned total norm (the logging pattern): one multi-tensor norm, one host read, one multi-tensor scale, as the stage's multi_tensor (whose read comes before the scale)",
+       {{"dtype", {"fp32"}}}, {}},
+      {"attention", "sdpa_flash", "fused", "",
+       "F.scaled_dot_product_attention under sdpa_kernel(SDPBackend.FLASH_ATTENTION)",
+       {{"dtype", {"bf16"}}}, {}},
+      {"attention", "sdpa", "fused", "fused",
+       "F.scaled_dot_product_attention, the backend PyTorch picks",
+       {}, {{"dtype", "fp32"}}},
+      {"attention", "naive", "naive", "naive_mask_cached",
+       "nanoGPT's slow path: q @ k^T * scale, masked_fill with a cached causal mask, softmax, @ v",
+       {}, {{"dtype", "fp32"}, {"causal", "causal"}}},
+      {"spmv", "csr", "cusparse_csr", "csr",
+       "torch.sparse_csr_tensor (int32 indices, fp64) times a vector: torch.mv",
+       {}, {}},
+      {"spmv", "spmm_csr", "cusparse_spmm", "spmm_csr",
+       "torch.sparse_csr_tensor times a row-major block: torch.mm",
+       {}, {}},
+      {"cg", "host_checked", "host_checked", "host_checked",
+       "torch CG from x = 0, the residual norm read with .item() every iteration",
+       {}, {}},
+      {"cg", "host_checked_warm", "host_checked_warm", "host_checked_warm",
+       "the same warm-started from the cached solution (one torch.mv for its residual), never skipped",
+       {}, {}},
+      {"cg", "host_checked_lazy", "host_checked_lazy", "host_checked_lazy",
+       "the lazy gate: warm start, the solve skipped when (rr <= tol^2 bb).item() says the cache is within 1e-6",
+       {}, {}},
+      {"cg", "device_loop", "graph", "",
+       "8 CG iterations queued with no read (converged updates masked by torch.where), one .item() per 8",
+       {}, {}},
+      {"cg", "device_loop_warm", "graph_warm", "",
+       "the device loop warm-started from the cache, never skipped",
+       {}, {}},
+      {"cg", "device_loop_lazy", "graph_lazy", "",
+       "the device loop with the lazy gate (its verdict read with .item())",
+       {}, {}},
+      {"hostsync", "no_reads", "no_reads", "",
+       "the same steps with no host read: the floor",
+       {}, {}},
+      {"hostsync", "item_every_step", "item_every_step", "",
+       "total += loss.item() every step",
+       {}, {}},
+      {"hostsync", "sync_every_n", "sync_every_n", "",
+       "running_loss += loss.detach() on the device, running_loss.item() once per N steps",
+       {}, {}},
+      {"hostsync", "metrics_separate", "metrics_separate", "",
+       "three running metrics read with three .item() per N steps",
+       {}, {}},
+      {"hostsync", "metrics_batched", "metrics_batched", "",
+       "the three running metrics in one .tolist() per N steps",
+       {}, {}},
+      {"hostsync", "async_pinned", "async_pinned", "",
+       "each step's loss copied non_blocking into a pinned slot behind a torch.cuda.Event, read once query() says done (8 slots)",
+       {}, {}},
+      {"launch", "eager", "eager", "",
+       "the window's 768 in-place lerp_ kernels launched one by one",
+       {}, {}},
+      {"launch", "graph", "graph", "",
+       "the same window captured once in a torch.cuda.CUDAGraph, then replay()",
+       {}, {}},
+      {"alloc", "caching_allocator", "pool", "",
+       "torch.empty per buffer per step and del after: PyTorch's caching allocator",
+       {}, {}},
+      {"alloc", "empty_cache", "empty_cache", "",
+       "the same, with torch.cuda.empty_cache() after every step",
+       {}, {}},
+      {"alloc", "reuse", "reuse", "",
+       "the same kernels on buffers allocated once: the floor",
+       {}, {}},
+      {"collate", "per_sample", "per_sample", "per_sample",
+       "__getitem__ clones, torch.stack per field, .to('cuda') from pageable memory (on the CPU: no copy)",
+       {{"compute_us", {"0"}}, {"layout", {"text_pair", "tokens"}}}, {}},
+      {"collate", "index_select", "", "gather",
+       "torch.index_select(field, 0, batch_indices, out=batch) per field into reused batch tensors: the dataset pre-stacked, no __getitem__, no stack",
+       {{"compute_us", {"0"}}, {"layout", {"text_pair", "tokens"}}}, {}},
+      {"collate", "pin_memory", "per_sample", "",
+       "the same + .pin_memory() + .to('cuda', non_blocking=True): DataLoader(pin_memory=True)",
+       {{"compute_us", {"0"}}, {"layout", {"text_pair", "tokens"}}}, {}},
+      {"collate", "pinned", "pinned", "",
+       "index_select straight into a pinned batch (double-buffered), one non_blocking copy",
+       {{"compute_us", {"0"}}, {"layout", {"text_pair", "tokens"}}}, {}},
+  };
+  return peers;
+}
+
+// The PyTorch pairs: what a user gains by changing their PyTorch code, judged at every problem both
+// variants ran at (the same values of every axis, whatever the labels: the CPU's naive attention row is
+// labelled by its shape alone, as naive_mask_cached has no causal axis, and is the causal SDPA row's
+// problem).
+struct TorchPair {
+  const char* stage;
+  Pair pair;
+};
+
+const std::vector<TorchPair>& torch_pairs() {
+  static const std::vector<TorchPair> pairs{
+      {"adamw", {"per_tensor", "fused", "torch AdamW: fused vs per-tensor"}},
+      {"adamw", {"foreach", "fused", "torch AdamW: fused vs foreach"}},
+      {"adamw", {"per_tensor", "foreach", "torch AdamW: foreach vs per-tensor"}},
+      {"gradnorm", {"per_tensor", "foreach", "torch clip_grad_norm_: foreach vs for-loop"}},
+      {"gradnorm", {"foreach_item", "foreach", "torch clip_grad_norm_: no host read vs .item() of the norm"}},
+      {"gradnorm", {"per_tensor", "foreach_item", "torch clip_grad_norm_: foreach + .item() vs for-loop"}},
+      {"attention", {"naive", "sdpa_flash", "torch attention: SDPA flash vs naive"}},
+      {"attention", {"naive", "sdpa", "torch attention: SDPA vs naive"}},
+      {"cg", {"host_checked", "host_checked_warm", "torch CG: warm start vs cold start (.item() per iteration)"}},
+      {"cg", {"host_checked_warm", "host_checked_lazy", "torch CG: gate vs warm start alone (.item() per iteration)"}},
+      {"cg", {"device_loop_warm", "device_loop_lazy", "torch CG: gate vs warm start alone (device loop)"}},
+      {"cg", {"host_checked", "device_loop", "torch CG: one read per 8 iterations vs .item() per iteration"}},
+      {"cg", {"host_checked_lazy", "device_loop_lazy",
+              "torch CG: one read per 8 iterations vs .item() per iteration, lazy"}},
+      {"hostsync", {"item_every_step", "sync_every_n", "torch hostsync: loss.item() every N vs every step"}},
+      {"hostsync", {"item_every_step", "async_pinned", "torch hostsync: async pinned copy vs loss.item() every step"}},
+      {"hostsync", {"metrics_separate", "metrics_batched", "torch hostsync: metrics in one .tolist() vs three .item()"}},
+      {"hostsync", {"item_every_step", "no_reads", "torch hostsync: no reads vs loss.item() every step"}},
+      {"launch", {"eager", "graph", "torch launch: CUDA graph replay vs eager"}},
+      {"alloc", {"caching_allocator", "reuse", "torch alloc: reuse vs caching allocator"}},
+      {"alloc", {"empty_cache", "caching_allocator", "torch alloc: cache kept vs emptied every step"}},
+      {"collate", {"per_sample", "pinned", "torch collate: pinned gather + async copy vs per-sample + stack"}},
+      {"collate", {"per_sample", "pin_memory", "torch collate: pin_memory vs per-sample + stack"}},
+      {"collate", {"per_sample", "index_select",
+                   "torch collate: index_select into a reused batch vs per-sample + stack"}},
+  };
+  return pairs;
+}
+
+// The work model's counters at a row's problem ("solves" per call), without what the row measured: those
+// are its own run's, not the PyTorch row's. None where the registry has no such variant or problem.
+std::vector<std::pair<std::string, double>> model_counters(const Row& row) {
+  try {
+    const Stage* stage = builtin_registry().find(row.stage);
+    const Variant* variant = stage ? stage->find_variant(row.variant, backend_from_string(row.backend)) : nullptr;
+    if (variant && variant->work) return variant->work(Problem(row.problem)).counters;
+  } catch (const std::exception&) {  // a problem the model cannot size: no counters rather than wrong ones
+  }
+  return {};
+}
+
+// One measured record of the script: its samples and what it saw, credited with the work of the row it
+// mirrors (its bytes, FLOPs, peak and counters: the stage's own work model, at the same problem).
+Row torch_row(const nlohmann::json& m, const std::string& backend, const std::map<std::string, const Row*>& native,
+              const Settings& settings) {
+  const std::string where = "scripts/torch-peers' row " + m.value("stage", std::string("?")) + "/" +
+                            m.value("variant", std::string("?"));
+  Row r;
+  try {
+    r.stage = m.at("stage").get<std::string>();
+    r.variant = m.at("variant").get<std::string>();
+    const std::string label = m.at("label").get<std::string>();
+    r.backend = backend;
+    r.name = r.stage + "/" + backend + "/" + r.variant + (label.empty() ? "" : "/" + label);
+    for (const auto& [key, value] : m.at("problem").items()) r.problem.emplace_back(key, value.get<std::string>());
+    r.disposition = disposition_from_string(m.at("disposition").get<std::string>());
+    r.reason = m.value("reason", std::string());
+    if (m.contains("max_error") && m["max_error"].is_number()) r.max_error = m["max_error"].get<double>();
+    r.batch = m.value("batch", int64_t{1});
+    r.iterations = r.batch;
+    r.samples_ns = m.value("samples_ns", std::vector<double>());
+    r.others_share = m.value("others_share", -1.0);
+    r.throttled_share = m.value("throttled_share", -1.0);
+    r.disturbed = m.value("disturbed", false);
+    r.retaken = m.value("retaken", 0);
+    const std::string mirrors = m.value("mirrors", std::string());
+    const auto it = native.find(r.stage + "/" + mirrors + (label.empty() ? "" : "/" + label));
+    if (it != native.end()) {
+      const Row& ours = *it->second;
+      r.bytes = ours.bytes;
+      r.flops = ours.flops;
+      r.bound = ours.bound;
+      r.peak_key = ours.peak_key;
+      r.footprint = ours.footprint;
+      r.counters = model_counters(ours);
+    }
+    const nlohmann::json measured = m.value("counters", nlohmann::json::object());
+    for (const auto& [key, value] : measured.items()) {
+      const auto same = std::find_if(r.counters.begin(), r.counters.end(), [&](const auto& c) { return c.first == key; });
+      if (same != r.counters.end()) same->second = value.get<double>();
+      else r.counters.emplace_back(key, value.get<double>());
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(where + " is malformed: " + e.what());
+  }
+  if (r.disposition == Disposition::passed && r.samples_ns.empty()) throw std::runtime_error(where + " passed with no samples");
+  if (r.timed()) {
+    r.summary = summarize(r.samples_ns, settings.noise_target);
+    // "us_per_step": 64 steps a call -> the median call's time per step, in microseconds
+    const nlohmann::json per_unit = m.value("per_unit", nlohmann::json::object());
+    for (const auto& [key, units] : per_unit.items())
+      if (units.is_number() && units.get<double>() > 0)
+        r.counters.emplace_back(key, r.summary.median * 1e-3 / units.get<double>());
+  }
+  return r;
+}
+
+}  // namespace
+
+std::vector<TorchBench> torch_benches(const std::vector<Entry>& entries, const std::string& device) {
+  const std::string backend = device == "cuda" ? "torch_cuda" : "torch";
+  std::vector<TorchBench> out;
+  for (const TorchPeer& peer : torch_peers()) {
+    const std::string mirrored = device == "cuda" ? peer.mirrors_cuda : peer.mirrors_cpu;
+    if (mirrored.empty()) continue;
+    for (const Entry& e : entries) {
+      if (e.stage->name != peer.stage || e.variant->id != mirrored || to_string(e.variant->backend) != device) continue;
+      auto problem = e.problem.params();
+      if (device == "cpu")
+        for (const auto& [axis, value] : peer.cpu_implied)
+          if (!e.problem.has(axis)) problem.emplace_back(axis, value);
+      if (!peer.runs(problem)) continue;
+      const std::string label = e.problem.label();  // the entry's own (benchmark_name)
+      out.push_back({std::string(peer.stage) + "/" + backend + "/" + peer.variant + (label.empty() ? "" : "/" + label),
+                     peer.stage, peer.variant, label, device + "/" + mirrored, peer.rationale, problem});
+    }
+  }
+  return out;
+}
+
+nlohmann::json torch_benches_json(const std::vector<TorchBench>& benches, const std::string& device) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& b : benches) {
+    nlohmann::json problem = nlohmann::json::object();
+    for (const auto& [key, value] : b.problem) problem[key] = value;
+    rows.push_back({{"name", b.name}, {"stage", b.stage}, {"variant", b.variant}, {"label", b.label},
+                    {"mirrors", b.mirrors}, {"rationale", b.rationale}, {"problem", problem}});
+  }
+  return {{"device", device}, {"rows", rows}};
+}
+
+void merge_torch_rows(Results& into, const nlohmann::json& samples, const Settings& settings) {
+  if (!samples.is_object() || samples.value("schema", std::string()) != torch_samples_schema)
+    throw std::runtime_error(std::string("scripts/torch-peers wrote no ") + torch_samples_schema + " document");
+  const std::string backend = samples.value("device", std::string("cpu")) == "cuda" ? "torch_cuda" : "torch";
   std::map<std::string, const Row*> native;
   for (const auto& r : into.rows) native[r.name] = &r;
-  std::vector<PairRow> cross;
-  const auto& rows = torch_document.at("benchmarks");
-  for (std::size_t i = 0; i < torch.rows.size() && i < rows.size(); ++i) {
-    const Row& t = torch.rows[i];
-    const std::string mirrors = rows[i].value("mirrors", std::string());
-    if (!t.timed() || mirrors.empty()) continue;
-    const std::string label = label_of(t.name);
-    const auto it = native.find(t.stage + "/" + mirrors + (label.empty() ? "" : "/" + label));
-    if (it == native.end() || !it->second->timed()) continue;
-    const Row& ours = *it->second;
-    if (ours.disturbed || t.disturbed) {  // as every pair: a disturbed row, ours or PyTorch's, gets no ratio
-      const Row& disturbed = ours.disturbed ? ours : t;
-      into.withheld_pairs.push_back({t.stage, "PyTorch " + t.variant + " -> trainbench " + mirrors, t.name, ours.name,
-                                     disturbed.name + " was disturbed: " + disturbance_text(disturbed)});
-      continue;
-    }
-    PairRow p;
-    p.stage = t.stage;
-    p.label = "PyTorch " + t.variant + " -> trainbench " + mirrors;
-    p.baseline = t.name;
-    p.improved = ours.name;
-    p.ratio = ratio_estimate(t.samples_ns, ours.samples_ns);
-    p.baseline_ns = t.summary.median;
-    p.improved_ns = ours.summary.median;
-    cross.push_back(p);
+  std::vector<Row> torch;
+  std::vector<std::string> mirrored;  // each torch row's mirrored row's name
+  for (const auto& m : samples.value("rows", nlohmann::json::array())) {
+    torch.push_back(torch_row(m, backend, native, settings));
+    const std::string label = m.value("label", std::string());
+    mirrored.push_back(torch.back().stage + "/" + m.value("mirrors", std::string()) + (label.empty() ? "" : "/" + label));
   }
-  into.rows.insert(into.rows.end(), torch.rows.begin(), torch.rows.end());
-  into.pairs.insert(into.pairs.end(), torch.pairs.begin(), torch.pairs.end());
-  into.pairs.insert(into.pairs.end(), cross.begin(), cross.end());
-  into.withheld_pairs.insert(into.withheld_pairs.end(), torch.withheld_pairs.begin(), torch.withheld_pairs.end());
-  const auto& ctx = torch_document.value("context", nlohmann::json::object());
-  if (ctx.contains("torch")) into.context["torch"] = ctx["torch"];
+  // The PyTorch pairs, then each PyTorch row against the trainbench row it mirrors: the same judgement
+  // (ratio, or withheld and why) as every declared pair.
+  for (const auto& [stage, pair] : torch_pairs()) {
+    for (const Row& improved : torch) {
+      if (improved.stage != stage || improved.variant != pair.improved || !improved.timed()) continue;
+      for (const Row& baseline : torch)
+        if (baseline.stage == stage && baseline.variant == pair.baseline && baseline.timed() &&
+            baseline.problem == improved.problem) {
+          judge_pair(pair, baseline, improved, into);
+          break;
+        }
+    }
+  }
+  for (std::size_t i = 0; i < torch.size(); ++i) {
+    const Row& t = torch[i];
+    const auto it = native.find(mirrored[i]);
+    if (!t.timed() || it == native.end() || !it->second->timed()) continue;
+    const Row& ours = *it->second;
+    judge_pair(Pair{t.name, ours.name, "PyTorch " + t.variant + " -> trainbench " + ours.backend + "/" + ours.variant},
+               t, ours, into);
+  }
+  into.rows.insert(into.rows.end(), torch.begin(), torch.end());
+  if (samples.contains("torch")) into.context["torch"] = samples["torch"];
 }
 
 }  // namespace tb

@@ -10,19 +10,49 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness.h"
 #include "results.h"
 
 namespace tb {
 
+// The constants of the stages' input generators and checks that a runner outside this binary needs to
+// build the same inputs and hold them to the same tolerances (seeds, CG's window and tolerances, the
+// AdamW hyper-parameters, ...), by name ("cg.seed_rhs"): `--list --format json` carries them, so that
+// scripts/torch-peers takes them from the C++ headers that define them instead of keeping copies.
+nlohmann::json generator_constants();
+
+// One PyTorch row to measure: a PyTorch variant beside one selected row, at that row's problem.
+struct TorchBench {
+  std::string name;  // "adamw/torch/fused/params=10000000,tensors=200,dtype=fp32"
+  std::string stage, variant, label;
+  std::string mirrors;    // the backend/variant of the row it stands beside: "cpu/fused"
+  std::string rationale;  // what the PyTorch code does
+  // The row's problem, and on a CPU variant's problem what that variant implies without an axis for it
+  // (attention's CPU variants run fp32; naive_mask_cached is causal).
+  std::vector<std::pair<std::string, std::string>> problem;
+};
+
+// The PyTorch rows that stand beside `entries` (a run's selection) on `device` (cpu: rows `torch`,
+// cuda: rows `torch_cuda`): each PyTorch variant that mirrors an entry's variant on that backend, at the
+// entry's problem where the PyTorch variant runs it; in the order of the PyTorch variants, then of the
+// entries. The GPU patterns (flash attention, CUDA graphs, the caching allocator, pinned copies) mirror
+// no CPU variant.
+std::vector<TorchBench> torch_benches(const std::vector<Entry>& entries, const std::string& device);
+// The same as `--list --format json`'s "torch" section, what scripts/torch-peers measures.
+nlohmann::json torch_benches_json(const std::vector<TorchBench>& benches, const std::string& device);
+
+// What scripts/torch-peers writes: per PyTorch row its raw samples and what it saw (disposition, check
+// error, retaken samples, other processes' share, its measured counters); everything derived from
+// them (summaries, % of peak, pairs) is this harness's.
+inline constexpr const char* torch_samples_schema = "trainbench-torch-samples/1";
+
 struct TorchRun {
   std::string device = "cpu";  // cpu (rows `torch`) or cuda (rows `torch_cuda`)
-  std::string benchsuite;      // this binary: the script lists the problems through it, unless...
-  std::string listing_path;    // ... this run's `--list --format json` document is here: its problems are measured
+  std::string listing_path;    // this run's `--list --format json` document: the rows its PyTorch rows stand beside
   bool quick = false;
-  std::string filter;
   int repetitions = 0;
   double min_time_s = 0;
-  std::string out_path;        // where the script writes its trainbench-results/1 document
+  std::string out_path;        // where the script writes its trainbench-torch-samples/1 document
   bool (*stop)() = nullptr;    // asked while it runs: a stop request reaches the script as Ctrl-C
 };
 
@@ -39,13 +69,14 @@ std::string torch_step_script();
 // missing: checked before anything is measured, so a missing PyTorch costs no run. `who` names the
 // option in the message ("--backend torch").
 void require_torch(const std::string& who = "--backend torch", const std::string& script = torch_peers_script());
-// Runs the script (its progress and table go to stderr) and returns its document; throws
+// Runs the script (its progress goes to stderr) and returns its samples document; throws
 // std::runtime_error when it fails or writes nothing, UsageError when it rejects its arguments.
 nlohmann::json run_torch_peers(const TorchRun& run);
-// Adds the document's rows, its PyTorch pairs and the cross pairs (each passed torch row against the
-// row it `mirrors`, "cpu/fused" -> stage/cpu/fused/<label>, when that one passed; withheld when that
-// one was disturbed) to `into`, and PyTorch's versions to the context (context.torch). The torch rows
-// themselves are not watched for other processes' load: scripts/torch-peers does not look.
-void merge_torch_rows(Results& into, const nlohmann::json& torch_document);
+// Adds the PyTorch rows of the script's samples document to `into`, which holds the rows they mirror:
+// each row's summary (Settings::noise_target), the work of the row it mirrors ("cpu/fused" ->
+// stage/cpu/fused/<label>), the PyTorch pairs at each problem, and the cross pairs (each PyTorch row
+// against the row it mirrors), judged as every declared pair is (judge_pair); and PyTorch's versions
+// to the context (context.torch). % of peak is attach_pct_of_peak's, after.
+void merge_torch_rows(Results& into, const nlohmann::json& samples, const Settings& settings);
 
 }  // namespace tb

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -330,11 +331,10 @@ try:
         time.sleep(0.02)
 except KeyboardInterrupt:
     pass
-row = {"name": "peak/torch/add/n=7", "stage": "peak", "variant": "add", "backend": "torch", "problem": {"n": "7"},
-       "disposition": "passed", "iterations": 1, "samples_ns": [4e6, 4.1e6, 3.9e6], "median_ns": 4e6, "ci_low_ns": 3.9e6,
-       "ci_high_ns": 4.1e6, "ci_level": 0.75, "noisy": False, "bytes": 56}
+row = {"stage": "peak", "variant": "add", "label": "n=7", "problem": {"n": "7"}, "mirrors": "cpu/triad",
+       "disposition": "passed", "batch": 1, "samples_ns": [4e6, 4.1e6, 3.9e6]}
 with open(args[args.index("--out") + 1], "w") as f:
-    json.dump({"schema": "trainbench-results/1", "context": {}, "benchmarks": [row], "pairs": [], "pairs_withheld": []}, f)
+    json.dump({"schema": "trainbench-torch-samples/1", "device": "cpu", "rows": [row]}, f)
 sys.exit(130)
 )PY";
   fs::permissions(python, fs::perms::owner_all);
@@ -411,10 +411,11 @@ TEST(Cli, TorchBackendWithoutPyTorchSaysHowToGetItAndMeasuresNothing) {
   EXPECT_EQ(without.output.find("[  1/"), std::string::npos) << "measured before saying so:\n" << without.output;
 }
 
-// The torch rows merged: a stand-in for scripts/torch-peers lists the problems through this benchsuite
-// and writes a row per cpu/triad problem that mirrors it; benchsuite adds the rows, PyTorch's context
-// and the cross pair (PyTorch -> trainbench) to its own results.
-TEST(Cli, TorchRowsAreMergedWithACrossPairToTheRowTheyMirror) {
+// The torch rows from a stand-in for scripts/torch-peers (TRAINBENCH_TORCH_PEERS): it must receive
+// exactly the rows this run selected (--axis, --filter and --quick applied) and no filter of its own,
+// and it answers with raw samples for two PyTorch variants. benchsuite makes the rows (summaries, the
+// mirrored rows' work), the PyTorch pair and the cross pairs (PyTorch -> trainbench) from them.
+TEST(Cli, ATorchPeersStandInGetsExactlyTheSelectionAndItsSamplesBecomeRowsAndPairs) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("tb_torch_" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -424,56 +425,67 @@ TEST(Cli, TorchRowsAreMergedWithACrossPairToTheRowTheyMirror) {
   std::ofstream(peers) << R"PY(import json, sys
 args = sys.argv[1:]
 opt = lambda k: args[args.index(k) + 1]
-assert opt("--device") == "cpu", args
-assert "--benchsuite" not in args, args  # benchsuite hands over its own listing of this run
+assert opt("--device") == "cpu" and "--quick" in args and "--filter" not in args, args
 listing = json.load(open(opt("--listing")))
+label = "params=1000,tensors=200,dtype=fp32"
+names = sorted(b["name"] for b in listing["benchmarks"])
+assert names == ["adamw/cpu/fused/" + label, "adamw/cpu/per_tensor/" + label], names
+assert listing["torch"]["device"] == "cpu" and listing["constants"]["adamw.seed_param"] >= 0, listing.keys()
+torch_rows = {r["name"]: r for r in listing["torch"]["rows"]}
+assert sorted(torch_rows) == ["adamw/torch/fused/" + label, "adamw/torch/per_tensor/" + label], sorted(torch_rows)
 rows = []
-for b in listing["benchmarks"]:
-    if b["variant"] != "triad":
-        continue
-    label = b["name"].split("/", 3)[3]
-    samples = [4e6, 4.1e6, 3.9e6, 4e6, 4.05e6]
-    rows.append({"name": "peak/torch/add/" + label, "stage": "peak", "variant": "add", "backend": "torch",
-                 "problem": b["problem"], "disposition": "passed", "mirrors": "cpu/triad", "iterations": 1,
-                 "samples_ns": samples, "median_ns": 4e6, "ci_low_ns": 3.9e6, "ci_high_ns": 4.1e6,
-                 "ci_level": 0.95, "noisy": False, "bytes": b["work"]["bytes"]})
+for variant, ns in (("per_tensor", 3e6), ("fused", 1e6)):
+    r = torch_rows["adamw/torch/" + variant + "/" + label]
+    assert r["mirrors"] == "cpu/" + variant and r["problem"]["params"] == "1000", r
+    rows.append({"stage": r["stage"], "variant": r["variant"], "label": r["label"], "mirrors": r["mirrors"],
+                 "problem": r["problem"], "disposition": "passed",
+                 "max_error": 0.0, "batch": 2, "samples_ns": [ns * (1 + 0.01 * i) for i in range(5)],
+                 "disturbed": False, "others_share": 0.0, "counters": {"checked": 1}})
 with open(opt("--out"), "w") as f:
-    json.dump({"schema": "trainbench-results/1", "context": {"torch": {"version": "stand-in"}}, "benchmarks": rows,
-               "pairs": [], "pairs_withheld": []}, f)
+    json.dump({"schema": "trainbench-torch-samples/1", "device": "cpu", "torch": {"version": "stand-in"},
+               "rows": rows}, f)
 )PY";
   fs::permissions(python, fs::perms::owner_all);
   const Outcome o = benchsuite_with("TRAINBENCH_PYTHON=" + python.string() + " TRAINBENCH_TORCH_PEERS=" + peers.string(),
-                                    "--backend cpu,torch --quick --filter peak/cpu/triad --repetitions 3 --out " +
-                                        out.string());
+                                    "--backend cpu,torch --quick --filter 'adamw/cpu/(fused|per_tensor)/' "
+                                    "--axis adamw.params=1000 --axis adamw.dtype=fp32 --no-peak-prepass "
+                                    "--repetitions 3 --min-time 0.001 --out " + out.string());
   ASSERT_EQ(o.code, 0) << o.output;
   std::ifstream in(out);
   const auto doc = nlohmann::json::parse(in);
   const tb::Results r = tb::results_from_json(doc);
   EXPECT_EQ(doc.at("context").at("torch").at("version"), "stand-in");
-  std::string native, torch;
-  for (const auto& row : r.rows) {
-    if (row.name.rfind("peak/cpu/triad/", 0) == 0) native = row.name;
-    if (row.name.rfind("peak/torch/add/", 0) == 0) torch = row.name;
-  }
-  ASSERT_FALSE(native.empty()) << o.output;
-  ASSERT_EQ(torch, "peak/torch/add/" + native.substr(std::string("peak/cpu/triad/").size()));
-  // The cross pair has a ratio, or, where other processes disturbed the native row, is withheld as
-  // every pair with a disturbed row is.
-  const tb::PairRow* cross = nullptr;
+  const std::string label = "/params=1000,tensors=200,dtype=fp32";
+  std::map<std::string, const tb::Row*> rows;
+  for (const auto& row : r.rows) rows[row.name] = &row;
+  ASSERT_EQ(rows.size(), 4u) << o.output;
+  const tb::Row* fused = rows["adamw/torch/fused" + label];
+  const tb::Row* ours = rows["adamw/cpu/fused" + label];
+  ASSERT_TRUE(fused && ours && rows["adamw/torch/per_tensor" + label]) << o.output;
+  EXPECT_EQ(fused->backend, "torch");
+  EXPECT_EQ(fused->disposition, tb::Disposition::passed);
+  EXPECT_DOUBLE_EQ(fused->summary.median, 1.02e6);  // the median of the stand-in's samples
+  EXPECT_EQ(fused->bytes, ours->bytes);             // the mirrored row's work
+  EXPECT_GT(fused->bytes, 0);
+  EXPECT_EQ(fused->peak_key, ours->peak_key);
+  // The PyTorch pair, from samples the stand-in said were not disturbed: 3x.
+  const tb::PairRow* torch_pair = nullptr;
   for (const auto& p : r.pairs)
-    if (p.baseline == torch && p.improved == native) cross = &p;
-  const tb::WithheldPair* withheld = nullptr;
-  for (const auto& p : r.withheld_pairs)
-    if (p.baseline == torch && p.improved == native) withheld = &p;
-  ASSERT_TRUE(cross || withheld) << o.output;
-  if (cross) {
-    EXPECT_EQ(cross->label, "PyTorch add -> trainbench cpu/triad");
-    EXPECT_GT(cross->ratio.ratio, 0);
-  } else {
-    EXPECT_EQ(withheld->label, "PyTorch add -> trainbench cpu/triad");
-    EXPECT_NE(withheld->why.find("was disturbed"), std::string::npos) << withheld->why;
+    if (p.label == "torch AdamW: fused vs per-tensor") torch_pair = &p;
+  ASSERT_TRUE(torch_pair) << o.output;
+  EXPECT_EQ(torch_pair->baseline, "adamw/torch/per_tensor" + label);
+  EXPECT_NEAR(torch_pair->ratio.ratio, 3.0, 1e-9);
+  // A cross pair per variant: a ratio, or, where other processes disturbed the native row, withheld as
+  // every pair with a disturbed row is.
+  for (const std::string variant : {"fused", "per_tensor"}) {
+    const std::string name = "PyTorch " + variant + " -> trainbench cpu/" + variant;
+    bool found = false;
+    for (const auto& p : r.pairs) found = found || (p.label == name && p.improved == "adamw/cpu/" + variant + label);
+    for (const auto& p : r.withheld_pairs)
+      found = found || (p.label == name && p.why.find("was disturbed") != std::string::npos);
+    EXPECT_TRUE(found) << name << "\n" << o.output;
   }
-  EXPECT_NE(o.output.find("PyTorch add -> trainbench cpu/triad"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("PyTorch fused -> trainbench cpu/fused"), std::string::npos) << o.output;
   fs::remove_all(dir);
 }
 

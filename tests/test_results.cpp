@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -9,6 +10,7 @@
 #include "results.h"
 #include "torch_rows.h"
 #include "runtime/error.h"
+#include "runtime/registry.h"
 
 namespace tb {
 namespace {
@@ -262,57 +264,182 @@ TEST(Results, AnAmortisedPairSaysWhatWasMovedOutOfTheLoop) {
   }
 }
 
-// The PyTorch rows merged beside the native rows they mirror: a cross pair per passed pair of rows, and
-// none where the torch row was disturbed (its samples say as little as a disturbed native row's).
-TEST(Results, TorchRowsMergeWithCrossPairsWithheldForADisturbedRow) {
+// The PyTorch rows merged from the script's raw samples: each credited with the work of the row it
+// mirrors, summarised here, judged in the PyTorch pairs and in a cross pair per passed pair of rows,
+// and withheld where the torch row was disturbed (its samples say as little as a disturbed native row's).
+TEST(Results, TorchSamplesBecomeRowsWithPairsAndCrossPairsWithheldForADisturbedRow) {
   Results native;
   Row ours;
-  ours.name = "cg/cpu/host_checked/rows=8";
+  const std::string label = "graph=ring8,rows=4096,alpha=0.5,drift=1e-6";
+  ours.name = "cg/cpu/host_checked/" + label;
   ours.stage = "cg";
   ours.variant = "host_checked";
   ours.backend = "cpu";
+  ours.problem = {{"graph", "ring8"}, {"rows", "4096"}, {"alpha", "0.5"}, {"drift", "1e-6"}};
   ours.disposition = Disposition::passed;
   ours.samples_ns = {100, 101, 99, 100, 102};
   ours.summary = summarize(ours.samples_ns, 0.05);
+  ours.bytes = 2250;      // 15 GB/s at 150 ns
+  ours.flops = 64;
+  ours.peak_key = "cpu.copy";
+  ours.footprint = 1e12;  // far past any cache: the DRAM peak is its ceiling
+  ours.counters = {{"solves", 16}, {"skip_rate", 0.5}};  // the model's, and one this row measured
   native.rows = {ours, ours};
-  native.rows[1].name = "cg/cpu/host_checked_warm/rows=8";
+  native.rows[1].name = "cg/cpu/host_checked_warm/" + label;
   native.rows[1].variant = "host_checked_warm";
-  Results torch;
-  torch.context = {{"torch", {{"version", "2.15.0"}}}};
-  for (const char* variant : {"host_checked", "host_checked_warm"}) {
-    Row t = ours;
-    t.name = std::string("cg/torch/") + variant + "/rows=8";
-    t.variant = variant;
-    t.backend = "torch";
-    t.samples_ns = {150, 151, 149, 150, 152};
-    t.summary = summarize(t.samples_ns, 0.05);
-    t.bytes = 2250;        // 15 GB/s at 150 ns
-    t.peak_key = "cpu.copy";
-    t.footprint = 1e12;    // far past any cache: the DRAM peak is its ceiling
-    torch.rows.push_back(t);
+  nlohmann::json samples{{"schema", torch_samples_schema}, {"device", "cpu"}, {"torch", {{"version", "2.15.0"}}},
+                         {"rows", nlohmann::json::array()}};
+  for (const char* variant : {"host_checked", "host_checked_warm", "host_checked_lazy"}) {
+    samples["rows"].push_back({{"stage", "cg"}, {"variant", variant}, {"label", label},
+                               {"problem", {{"graph", "ring8"}, {"rows", "4096"}, {"alpha", "0.5"}, {"drift", "1e-6"}}},
+                               {"mirrors", std::string("cpu/") + variant}, {"disposition", "passed"}, {"max_error", 1e-9},
+                               {"batch", 4}, {"samples_ns", {150, 151, 149, 150, 152}},
+                               {"counters", {{"iterations_per_solve", 3.0625}}}, {"per_unit", {{"us_per_solve", 16}}},
+                               {"others_share", 0.05}});
   }
-  torch.rows[1].disturbed = true;
-  torch.rows[1].others_share = 0.4;
-  nlohmann::json doc = to_json(torch);
-  doc["benchmarks"][0]["mirrors"] = "cpu/host_checked";
-  doc["benchmarks"][1]["mirrors"] = "cpu/host_checked_warm";
-  merge_torch_rows(native, doc);
-  ASSERT_EQ(native.rows.size(), 4u);
+  samples["rows"][1]["disturbed"] = true;
+  samples["rows"][1]["others_share"] = 0.4;
+  samples["rows"][2]["samples_ns"] = {75, 76, 74, 75, 76};  // no native row to stand beside: no cross pair
+  Settings settings;
+  merge_torch_rows(native, samples, settings);
+  ASSERT_EQ(native.rows.size(), 5u);
+  const Row& cold = native.rows[2];
+  EXPECT_EQ(cold.name, "cg/torch/host_checked/" + label);
+  EXPECT_EQ(cold.backend, "torch");
+  EXPECT_DOUBLE_EQ(cold.summary.median, 150);  // summarised here, from the raw samples
+  EXPECT_EQ(cold.summary.n, 5u);
+  EXPECT_EQ(cold.batch, 4);
+  EXPECT_EQ(cold.bytes, 2250);  // the mirrored row's work
+  EXPECT_EQ(cold.peak_key, "cpu.copy");
+  const auto counter = [&](const Row& r, const std::string& key) {
+    for (const auto& [k, v] : r.counters)
+      if (k == key) return v;
+    return -1.0;
+  };
+  EXPECT_EQ(counter(cold, "solves"), 16);                   // the work model's
+  EXPECT_EQ(counter(cold, "skip_rate"), -1);                 // not what the C++ row measured
+  EXPECT_EQ(counter(cold, "iterations_per_solve"), 3.0625);  // measured
+  EXPECT_NEAR(counter(cold, "us_per_solve"), 150e-3 / 16, 1e-12);
+  EXPECT_TRUE(native.rows[3].disturbed);
+  EXPECT_EQ(native.rows[3].others_share, 0.4);
+  // The PyTorch pair lazy vs warm is withheld (warm disturbed), warm vs cold too; the cross pair of the
+  // cold rows has its ratio, the warm one is withheld, the lazy one has no native row.
   ASSERT_EQ(native.pairs.size(), 1u);
   EXPECT_EQ(native.pairs[0].label, "PyTorch host_checked -> trainbench cpu/host_checked");
+  EXPECT_EQ(native.pairs[0].baseline, "cg/torch/host_checked/" + label);
+  EXPECT_EQ(native.pairs[0].improved, "cg/cpu/host_checked/" + label);
   EXPECT_NEAR(native.pairs[0].ratio.ratio, 1.5, 0.02);
-  ASSERT_EQ(native.withheld_pairs.size(), 1u);
-  EXPECT_EQ(native.withheld_pairs[0].improved, "cg/cpu/host_checked_warm/rows=8");
-  EXPECT_EQ(native.withheld_pairs[0].why.rfind("cg/torch/host_checked_warm/rows=8 was disturbed: other processes used 40%", 0),
+  ASSERT_EQ(native.withheld_pairs.size(), 3u);
+  EXPECT_EQ(native.withheld_pairs[0].label, "torch CG: warm start vs cold start (.item() per iteration)");
+  EXPECT_EQ(native.withheld_pairs[1].label, "torch CG: gate vs warm start alone (.item() per iteration)");
+  EXPECT_EQ(native.withheld_pairs[2].improved, "cg/cpu/host_checked_warm/" + label);
+  EXPECT_EQ(native.withheld_pairs[2].why.rfind("cg/torch/host_checked_warm/" + label + " was disturbed: other processes used 40%", 0),
             0u)
-      << native.withheld_pairs[0].why;
+      << native.withheld_pairs[2].why;
   EXPECT_EQ(native.context.at("torch").at("version"), "2.15.0");
   // Held to the run's measured peaks, as benchsuite's own rows are.
   native.peaks["cpu.copy"] = PeakValue{1.5e11, "B/s", "peak/cpu/copy/n=1"};
-  attach_pct_of_peak(Settings{}, native);
+  attach_pct_of_peak(settings, native);
   ASSERT_TRUE(native.rows[2].pct_of_peak.has_value());
   EXPECT_NEAR(*native.rows[2].pct_of_peak, 10.0, 0.01);
-  EXPECT_FALSE(native.rows[0].pct_of_peak.has_value());  // no peak key
+}
+
+// The PyTorch rows beside a selection: each PyTorch variant beside the rows of the variant it mirrors on
+// the run's backend, at their problems and labels, where it runs them. These are the rows scripts/torch-peers
+// listed itself before the table moved here (the same 25 on the CPU's quick problems, 74 on the GPU's).
+TEST(TorchRows, ThePyTorchRowsStandBesideTheSelectedRows) {
+  Settings settings;
+  settings.quick = true;
+  settings.peak_prepass = false;
+  settings.backends = {Backend::cpu};
+  const auto cpu = torch_benches(select_entries(builtin_registry(), settings), "cpu");
+  std::vector<std::string> names;
+  for (const auto& b : cpu) names.push_back(b.name);
+  std::vector<std::string> want{
+      "adamw/torch/fused/params=10000000,tensors=200,dtype=fp32",
+      "adamw/torch/foreach/params=10000000,tensors=200,dtype=fp32",
+      "adamw/torch/per_tensor/params=10000000,tensors=200,dtype=fp32",
+      "gradnorm/torch/per_tensor/params=29900000,tensors=200,dtype=fp32",
+      "gradnorm/torch/foreach/params=29900000,tensors=200,dtype=fp32",
+      "gradnorm/torch/foreach_item/params=29900000,tensors=200,dtype=fp32",
+      "attention/torch/sdpa/cpu_shape=4x6x256x64,causal=causal",
+      "attention/torch/sdpa/cpu_shape=1x8x1024x64,causal=causal",
+      "attention/torch/naive/cpu_shape=4x6x256x64",
+      "attention/torch/naive/cpu_shape=1x8x1024x64",
+      "spmv/torch/csr/graph=ring8,rows=1048576",
+      "spmv/torch/spmm_csr/graph=ring8,rows=1048576,rhs=8"};
+  for (const char* v : {"host_checked", "host_checked_warm", "host_checked_lazy"})
+    for (const char* d : {"2e-6", "1e-6", "5e-7"})
+      want.push_back(std::string("cg/torch/") + v + "/graph=ring8,rows=65536,alpha=0.5,drift=" + d);
+  for (const char* v : {"per_sample", "index_select"})
+    for (const char* batch : {"64", "4096"})
+      want.push_back(std::string("collate/torch/") + v + "/layout=text_pair,order=shuffled,samples=8192,batch=" + batch +
+                     ",embed_dim=768,seq_len=128");
+  EXPECT_EQ(names, want);
+  for (const auto& b : cpu) {
+    EXPECT_EQ(b.mirrors.rfind("cpu/", 0), 0u) << b.name;
+    EXPECT_NE(b.variant, "sdpa_flash");  // the GPU patterns mirror no CPU variant
+  }
+  const auto naive = std::find_if(cpu.begin(), cpu.end(), [](const TorchBench& b) {
+    return b.name == "attention/torch/naive/cpu_shape=1x8x1024x64";
+  });
+  ASSERT_NE(naive, cpu.end());
+  EXPECT_EQ(naive->mirrors, "cpu/naive_mask_cached");
+  const std::vector<std::pair<std::string, std::string>> implied{{"cpu_shape", "1x8x1024x64"}, {"dtype", "fp32"},
+                                                                 {"causal", "causal"}};
+  EXPECT_EQ(naive->problem, implied);  // what naive_mask_cached runs without an axis for it
+  EXPECT_EQ(cpu[13].mirrors, "cpu/host_checked");
+  EXPECT_EQ(cpu[24].mirrors, "cpu/gather");  // index_select: the PyTorch fix on the CPU
+
+  settings.backends = {Backend::cuda};  // listed here too, unavailable or not
+  const auto cuda = torch_benches(select_entries(builtin_registry(), settings), "cuda");
+  EXPECT_EQ(cuda.size(), 74u);
+  settings.quick = false;
+  const auto all = torch_benches(select_entries(builtin_registry(), settings), "cuda");
+  EXPECT_EQ(all.size(), 134u);
+  std::set<std::string> cuda_names;
+  for (const auto& b : all) cuda_names.insert(b.name);
+  EXPECT_EQ(cuda_names.size(), all.size());
+  EXPECT_TRUE(cuda_names.count("attention/torch_cuda/sdpa_flash/shape=4x16x4096x128,causal=causal,dtype=bf16"));
+  EXPECT_FALSE(cuda_names.count("attention/torch_cuda/sdpa_flash/shape=4x16x4096x128,causal=causal,dtype=fp32"));
+  EXPECT_TRUE(cuda_names.count("cg/torch_cuda/device_loop_lazy/graph=ring8,rows=262144,alpha=0.5,drift=5e-7"));
+  for (const auto& name : cuda_names) {
+    if (name.rfind("adamw/", 0) == 0 || name.rfind("gradnorm/", 0) == 0)  // fp32 only
+      EXPECT_EQ(name.find("dtype=bf16"), std::string::npos) << name;
+    if (name.rfind("collate/", 0) == 0) EXPECT_NE(name.find("compute_us=0"), std::string::npos) << name;
+  }
+}
+
+// A PyTorch variant runs only the axis values it can: collate's field-major layouts, not the step's rows.
+TEST(TorchRows, APyTorchVariantLeavesOutTheProblemsItCannotRun) {
+  Settings settings;
+  settings.quick = true;
+  settings.peak_prepass = false;
+  settings.backends = {Backend::cpu};
+  settings.filter = "collate/cpu/per_sample/";
+  settings.overrides.push_back(parse_axis_override(builtin_registry(), "collate.layout=token_rows,text_pair"));
+  std::vector<std::string> layouts;
+  for (const auto& b : torch_benches(select_entries(builtin_registry(), settings), "cpu"))
+    for (const auto& [key, value] : b.problem)
+      if (key == "layout") layouts.push_back(value);
+  EXPECT_EQ(layouts, std::vector<std::string>({"text_pair", "text_pair"}));
+}
+
+// A document that is not the script's samples, or a passed row without samples, is an error that says so.
+TEST(Results, MalformedTorchSamplesAreAnErrorThatSaysWhat) {
+  Results native;
+  EXPECT_THROW(merge_torch_rows(native, {{"schema", "trainbench-results/1"}}, Settings{}), std::runtime_error);
+  nlohmann::json samples{{"schema", torch_samples_schema},
+                         {"rows", {{{"stage", "cg"}, {"variant", "x"}, {"label", ""}, {"problem", nlohmann::json::object()},
+                                    {"disposition", "passed"}}}}};
+  try {
+    merge_torch_rows(native, samples, Settings{});
+    FAIL() << "a passed row without samples was merged";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("cg/x passed with no samples"), std::string::npos) << e.what();
+  }
+  samples["rows"][0].erase("label");
+  EXPECT_THROW(merge_torch_rows(native, samples, Settings{}), std::runtime_error);
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ from .constants import DEFAULT_ALPHA, DEFAULT_MIN_SAMPLES, DEFAULT_THRESHOLD
 from .errors import UsageError
 from .resultfile import Run, load_run
 from .stats import FASTER, INCONCLUSIVE, SAME, SLOWER, SampleTest
-from .tracking import Analysis, Comparison, Settings, _matches, _series_point
+from .tracking import Analysis, Comparison, Settings, matches_filter, series_point
 
 OLD, NEW = "old", "new"
 MIN_ROUNDS = 2
@@ -130,13 +130,13 @@ def compare_interleaved(rounds: Sequence[Tuple[Run, Run]], settings: Settings,
             keys += [k for k in run.rows if k not in keys]
     out = []
     for key in keys:
-        if not _matches(settings, key):
+        if not matches_filter(settings, key):
             continue
         rows = [(o.rows.get(key), n.rows.get(key)) for o, n in rounds]
         first = next(r for pair in rows for r in pair if r is not None)
         c = Comparison(key=key, stage=first.stage, backend=first.backend, status="compared",
                        threshold=settings.threshold_for(first.stage),
-                       series=[_series_point(0, rows[0][0]), _series_point(1, rows[0][1])])
+                       series=[series_point(0, rows[0][0]), series_point(1, rows[0][1])])
         absent = [f"round {r + 1} {side}" for r, pair in enumerate(rows)
                   for side, row in zip((old_label, new_label), pair) if row is None]
         broken = [(r, side, row) for r, pair in enumerate(rows)

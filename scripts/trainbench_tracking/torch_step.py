@@ -5,7 +5,7 @@ PyTorch program it stands for.
 The twin is built from the workload as the C++ resolved it (`dump_step WORKLOAD` writes it as JSON, with the
 constants the step is built from), never from the YAML, and is the same training step, number for number:
 - parameters named, laid out and initialised as model.h does (runtime/random.h's generators, ported in
-  torch_peers.py); the batches are trainer.h's (its Markov-chain dataset, its shuffle, its micro-batches);
+  torch_generators.py); the batches are trainer.h's (its Markov-chain dataset, its shuffle, its micro-batches);
 - the forward of model.h: token + position embedding, pre-norm blocks (causal attention, tanh-GELU MLP), a
   final layernorm, the LM head tied to the token embedding, cross-entropy averaged over the step's tokens;
 - the propagator after every block runs model.h's CG (all rows at once until the worst row's relative
@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .errors import UsageError
-from .torch_peers import _M64, _fisher_yates, _splitmix64_np, uniform_array
+from .torch_generators import M64, fisher_yates, splitmix64_np, uniform_array
 
 DUMP_SCHEMA = "trainbench-step-dump/1"   # tests/dump_step.cpp's
 ATTENTION = ("naive", "sdpa")            # matmul-softmax-matmul (the attention stage's naive), or fused SDPA
@@ -100,7 +100,7 @@ def make_dataset(samples: int, seq_len: int, vocab: int, seed_data: int) -> np.n
     to (3 t + 2) % vocab."""
     width = seq_len + 1
     s = np.arange(samples, dtype=np.uint64)
-    token = (_splitmix64_np(np.uint64(seed_data * 7919) + s) % np.uint64(vocab)).astype(np.int64)
+    token = (splitmix64_np(np.uint64(seed_data * 7919) + s) % np.uint64(vocab)).astype(np.int64)
     u = uniform_array(seed_data, samples * width, 0.0, 1.0).reshape(samples, width)
     rows = np.empty((samples, width), dtype=np.int32)
     for t in range(width):
@@ -124,9 +124,9 @@ class SyntheticData:
 
     def _shuffle(self) -> None:
         n = len(self.order)
-        first = (self.seed_data * 104729 + self.epoch * 1000003 + 1) & _M64   # the draw of slot 0 (i = 1)
-        draws = _splitmix64_np(np.uint64(first) + np.arange(n, dtype=np.uint64))
-        self.order = self.order[_fisher_yates(n, draws)]
+        first = (self.seed_data * 104729 + self.epoch * 1000003 + 1) & M64   # the draw of slot 0 (i = 1)
+        draws = splitmix64_np(np.uint64(first) + np.arange(n, dtype=np.uint64))
+        self.order = self.order[fisher_yates(n, draws)]
         self.epoch += 1
         self.cursor = 0
 

@@ -27,10 +27,50 @@ import resource
 import sys
 import time
 import traceback
-from typing import Callable, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
 
 from .errors import UsageError
-from .torch_peers import summarize
+
+
+# ---- the stopping rule's statistics ---------------------------------------------------------------------
+# A trial stops once its interval is tight (policy target_rel_ci), judged while it measures: the interval
+# kernels/runtime/stats.cpp summarize() gives.
+@dataclass
+class Summary:
+    median: float
+    ci_low: float
+    ci_high: float
+    ci_level: float
+    noisy: bool
+
+
+def _median(values: Sequence[float]) -> float:
+    s = sorted(values)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def _binomial_half_cdf(n: int, k: int) -> float:
+    return sum(math.comb(n, i) for i in range(k + 1)) / 2.0 ** n
+
+
+def summarize(samples: Sequence[float], noise_target: float, level: float = 0.95) -> Summary:
+    """Median and the order-statistic interval [x_(k), x_(n+1-k)] with the largest k whose coverage is at
+    least `level`; with too few samples, [min, max] and its (lower) coverage."""
+    if not samples:
+        raise ValueError("summary of no samples")
+    x = sorted(samples)
+    n = len(x)
+    k = next((c for c in range(n // 2, 0, -1) if 1.0 - 2.0 * _binomial_half_cdf(n, c - 1) >= level), 0)
+    if k == 0:
+        low, high, cover = x[0], x[-1], (1.0 - 2.0 * 0.5 ** n if n > 1 else 0.0)
+    else:
+        low, high, cover = x[k - 1], x[n - k], 1.0 - 2.0 * _binomial_half_cdf(n, k - 1)
+    med = _median(x)
+    noisy = med > 0 and (high - low) / (2.0 * med) > noise_target
+    return Summary(med, low, high, cover, bool(noisy))
+
 
 SAMPLE_SECONDS = 0.02      # a sample lasts at least this long (the C++ trial's)
 MAX_BATCH = 1 << 12        # steps in one sample, at most
@@ -251,9 +291,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args == ["--probe"]:
         print(json.dumps(probe()))
         return 0
-    if len(args) == 2 and args[0] in ("--entry-probe", "--entry-trial", "--entry-largest-batch"):
-        from .torch_entry import main as entry_main
-        return entry_main(args[0], args[1])
     if len(args) != 2 or args[0] != "--trial":
         print(USAGE, file=sys.stderr)
         return 2

@@ -124,7 +124,7 @@ class Analysis:
         return 1 if self.regressions or (self.fail_on_unconfirmed and self.unconfirmed) else 0
 
 
-def _series_point(i: int, row: Optional[Row]) -> Point:
+def series_point(i: int, row: Optional[Row]) -> Point:
     if row is None:
         return Point(i, "absent")
     if not row.passed:
@@ -211,7 +211,7 @@ class _Bench:
         return _clock_text(self.rows[j], cb, cn)
 
 
-def _matches(settings: Settings, key: str) -> bool:
+def matches_filter(settings: Settings, key: str) -> bool:
     return settings.filter is None or re.search(settings.filter, key) is not None
 
 
@@ -233,13 +233,13 @@ def compare_files(base: Run, new: Run, settings: Settings, allow_machine_mismatc
     out = []
     keys = list(new.rows) + [k for k in base.rows if k not in new.rows]
     for key in keys:
-        if not _matches(settings, key):
+        if not matches_filter(settings, key):
             continue
         nr, br = new.rows.get(key), base.rows.get(key)
         row = nr or br
         c = Comparison(key=key, stage=row.stage, backend=row.backend, status="compared",
                        threshold=settings.threshold_for(row.stage),
-                       series=[_series_point(0, br), _series_point(1, nr)])
+                       series=[series_point(0, br), series_point(1, nr)])
         if nr is None:
             c.status, c.notes = "missing", ["not in the new run"]
         elif not nr.passed:
@@ -345,13 +345,13 @@ def compare_history(history: Sequence[Run], new: Run, settings: Settings) -> Ana
     out = []
     keys = list(new.rows) + [k for k in (runs[-2].rows if N else {}) if k not in new.rows]
     for key in keys:
-        if not _matches(settings, key):
+        if not matches_filter(settings, key):
             continue
         nr = new.rows.get(key)
         row = nr or runs[-2].rows[key]
         c = Comparison(key=key, stage=row.stage, backend=row.backend, status="compared",
                        threshold=settings.threshold_for(row.stage),
-                       series=[_series_point(i, r.rows.get(key)) for i, r in enumerate(runs)])
+                       series=[series_point(i, r.rows.get(key)) for i, r in enumerate(runs)])
         passed = [(i, r.rows[key]) for i, r in enumerate(runs[:N])
                   if key in r.rows and r.rows[key].passed and not r.rows[key].disturbed]
         disturbed = sum(1 for r in runs[:N] if key in r.rows and r.rows[key].passed and r.rows[key].disturbed)
