@@ -447,8 +447,9 @@ std::string baseline_name(const TuneOutput& out) {
 // child, as the baseline the choice races against; `own` takes its micro-batch.
 nlohmann::json versus_largest_batch(const EntryProbe& probe, const Machine& machine, Candidate& own, int64_t memory_capacity,
                                     double seconds_left) {
-  std::cerr << "autotune: --versus largest-batch: doubling the micro-batch from 1 while a few training steps at it fit, as Lightning's BatchSizeFinder does (mode power), up to the global batch " << own.global_batch
-            << std::endl;
+  std::cerr << "autotune: --versus largest-batch: doubling the micro-batch from 1 while a few training steps at it "
+               "fit, as Lightning's BatchSizeFinder does (mode power), up to the global batch "
+            << own.global_batch << std::endl;
   LargestBatch found;
   try {
     found = find_largest_batch(probe, machine.use_cuda, machine.device, own.global_batch, memory_capacity, seconds_left,
@@ -777,7 +778,8 @@ int run(int argc, char** argv) {
   }
   if (predict && ranks < 2) throw UsageError("--predict needs --ranks N with N >= 2");
   if (!versus.empty() && entry.empty())
-    throw UsageError("--versus " + versus + " races the choice for an --entry against the largest batch that fits: give --entry");
+    throw UsageError("--versus " + versus +
+                     " races the choice for an --entry against the largest batch that fits: give --entry");
   if (!entry.empty()) {
     if (app.count("--executor") && executor_name != "torch")
       throw UsageError("--entry tunes a PyTorch model: it runs with --executor torch, not " + executor_name);
@@ -1009,7 +1011,8 @@ int run(int argc, char** argv) {
   out.ranks = predict ? 1 : ranks;
 
   try {
-    if (!versus.empty()) out.versus = versus_largest_batch(*entry_probe, machine, own, executor.memory_capacity(), seconds_left());
+    if (!versus.empty())
+      out.versus = versus_largest_batch(*entry_probe, machine, own, executor.memory_capacity(), seconds_left());
     // The workload's own configuration (or --versus's) first: what the speedup is measured against.
     auto& own_known = options.known[own.key()];
     const bool resumed_own = !own_known.empty();
