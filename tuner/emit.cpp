@@ -215,7 +215,8 @@ static json ordered(const TuneOutput& o) {
     json& base = versus ? (t["versus"] = o.versus) : (t["workload_config"] = json::object());
     base["config"] = chosen_json(o.baseline->candidate, o.ranks);
     base["measured"] = o.baseline->result.ok() ? measured(o.baseline->result) : json(nullptr);
-    if (!o.baseline->result.ok()) base["failed"] = {{"class", to_string(o.baseline->result.cls)}, {"message", o.baseline->result.message}};
+    if (!o.baseline->result.ok())
+      base["failed"] = {{"class", to_string(o.baseline->result.cls)}, {"message", o.baseline->result.message}};
     std::optional<Speedup> speedup = o.speedup;
     if (!speedup && rep.found && o.baseline->result.ok() && o.baseline->result.samples_per_s > 0)
       speedup = speedup_from_separate_trials(rep.best.result.samples_per_s / o.baseline->result.samples_per_s,

@@ -102,7 +102,8 @@ LargestBatch find_largest_batch(const EntryProbe& p, bool cuda, int device, int6
                                 int64_t memory_limit_bytes, double timeout_s, const std::atomic<bool>* stop) {
   const json request{{"entry", p.spec}, {"backend", cuda ? "cuda" : "cpu"}, {"device", device},
                      {"global_batch", global_batch}, {"memory_limit_bytes", memory_limit_bytes}};
-  const ChildOutcome o = run_child({p.torch.python, p.torch.script, "--entry-largest-batch", request.dump()}, timeout_s, stop);
+  const ChildOutcome o =
+      run_child({p.torch.python, p.torch.script, "--entry-largest-batch", request.dump()}, timeout_s, stop);
   if (o.interrupted) throw std::runtime_error("interrupted during the largest-batch search");
   if (o.timed_out)
     throw std::runtime_error("the largest-batch search did not finish within " + std::to_string(std::lround(timeout_s)) +

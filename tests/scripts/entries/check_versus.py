@@ -1,6 +1,7 @@
 """Reads what `autotune --entry fits_eight.py:build --batch 32 --versus largest-batch --format json` wrote and
 checks what does not depend on timing: the largest-batch search found micro-batch 8 (16 ran out of memory), that
-configuration (8 x 4) was measured as the baseline, and the choice is compared with it (a ratio and a note). Exit 0 when it holds; else the reason."""
+configuration (8 x 4) was measured as the baseline, and the choice is compared with it (a ratio and a note).
+Exit 0 when it holds; else the reason."""
 import json
 import sys
 
@@ -13,7 +14,8 @@ def main(path):
     if not v:
         return f"{path}: no versus in it"
     if v.get("name") != "largest-batch" or v.get("micro_batch") != 8 or v.get("accumulation") != 4:
-        problems.append(f"expected largest-batch at 8 x 4, got {v.get('name')} {v.get('micro_batch')} x {v.get('accumulation')}")
+        problems.append(f"expected largest-batch at 8 x 4, got {v.get('name')} "
+                        f"{v.get('micro_batch')} x {v.get('accumulation')}")
     tried = [(s["micro_batch"], s["outcome"].split(" (")[0]) for s in v.get("search", {}).get("tried", [])]
     if tried != [(1, "fits"), (2, "fits"), (4, "fits"), (8, "fits"), (16, "out of memory")]:
         problems.append(f"tried {tried}")
