@@ -64,6 +64,7 @@ static json row_to_json(const Row& r) {
     if (r.pct_of_peak) j["pct_of_peak"] = *r.pct_of_peak;
     if (!r.pct_note.empty()) j["pct_of_peak_note"] = r.pct_note;
     if (!r.configuration.empty()) j["configuration"] = r.configuration;
+    if (!r.interleaved_with.empty()) j["interleaved_with"] = r.interleaved_with;
     if (r.others_share >= 0) j["others_cpu_share"] = r.others_share;
     j["disturbed"] = r.disturbed;
     j["retaken_samples"] = r.retaken;
@@ -116,6 +117,7 @@ json to_json(const Results& results) {
       pair["predicted"] = {{"counter", p.predicted->counter},
                            {"improved_ns", p.predicted->improved_ns},
                            {"ratio", p.predicted->ratio}};
+    if (p.rounds > 0) pair["rounds"] = p.rounds;
     pairs.push_back(std::move(pair));
   }
   json withheld = json::array();
@@ -204,6 +206,7 @@ Results results_from_json(const json& doc) {
       if (j.contains("pct_of_peak")) r.pct_of_peak = j["pct_of_peak"].get<double>();
       r.pct_note = j.value("pct_of_peak_note", std::string());
       r.configuration = j.value("configuration", std::string());
+      r.interleaved_with = j.value("interleaved_with", std::vector<std::string>{});
       r.others_share = j.value("others_cpu_share", -1.0);
       r.disturbed = j.value("disturbed", false);
       r.retaken = j.value("retaken_samples", 0);
@@ -231,6 +234,7 @@ Results results_from_json(const json& doc) {
       throw std::runtime_error(where + ": kind '" + p.kind + "' (timed, amortised)");
     p.baseline_ns = j.value("baseline_median_ns", 0.0);
     p.improved_ns = j.value("improved_median_ns", 0.0);
+    p.rounds = j.value("rounds", 0);
     if (j.contains("moved_out")) {
       const json& m = j["moved_out"];
       const std::string in = where + " moved_out";

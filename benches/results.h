@@ -55,6 +55,9 @@ struct Row {
   double throttled_share = -1;
   std::vector<std::pair<std::string, double>> counters;  // from the work model, e.g. launches per call
   std::string configuration;  // Instance::configuration(): which searched way ran ("" when one)
+  // The rows measured in the same rounds as this one (its pairs' other sides): sample k of each was
+  // taken in round k. Empty: measured on its own.
+  std::vector<std::string> interleaved_with;
 
   bool timed() const { return disposition == "passed" && !samples_ns.empty(); }
   // The timed region moves and computes nothing (Work::moves_nothing): no rate of any kind.
@@ -96,6 +99,9 @@ struct PairRow {
   double baseline_ns = 0, improved_ns = 0;  // the rows' median time per call (0: not in the file)
   std::optional<MovedOut> moved_out;        // amortised pairs
   std::optional<Prediction> predicted;
+  // The ratio is from this many paired rounds (the sides measured interleaved, per-round ratios);
+  // 0: from the two rows' sample sets, measured apart.
+  int rounds = 0;
 };
 
 // A declared pair whose ratio is withheld: one of its rows was disturbed, or moves nothing in its
