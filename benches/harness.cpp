@@ -999,6 +999,7 @@ nlohmann::json run_context(const Settings& settings) {
                        {"cusparse_version", g.cusparse_version}});
   context["devices"] = devices;
   context["cuda_unavailable_reason"] = cuda_status().unavailable_reason;
+  context["cache_thresholds"] = cache_thresholds_json(settings);
   json backends = json::array();
   for (Backend b : settings.backends) backends.push_back(to_string(b));
   context["settings"] = {{"mode", settings.cold ? "cold" : "hot"},
@@ -1013,16 +1014,45 @@ nlohmann::json run_context(const Settings& settings) {
   return context;
 }
 
-// The last-level cache a row's back-to-back calls can run from: the device's L2 for a CUDA row, the
-// CPU's last-level cache for a CPU row; 0 when unknown.
-static double last_level_cache_bytes(const Row& r, const Settings& settings) {
-  if (r.backend == "cuda" || r.backend == "torch_cuda") {  // PyTorch's rows on the GPU too
-    for (const auto& g : cuda_status().devices)
-      if (g.index == settings.cuda_device) return static_cast<double>(g.l2_bytes);
-    return 0;
-  }
-  return static_cast<double>(host_info().l3_bytes);
+static std::string mib_text(double bytes) {
+  std::ostringstream out;
+  out << std::setprecision(3) << bytes / (1 << 20) << " MiB";
+  return out.str();
 }
+
+// The working set below which a hot memory-bound row's back-to-back calls may run from a cache, and in
+// words how it was found: on a CPU where the copy's bandwidth fell to DRAM's in this machine's size
+// sweep (Settings::cpu_cache_bytes), else twice the reported last-level cache (what cold mode's flush
+// writes); on a GPU twice its L2. 0 when unknown.
+struct CacheLimit {
+  double bytes = 0;
+  std::string how;
+};
+static CacheLimit cache_limit(const std::string& backend, const Settings& settings) {
+  if (backend == "cuda" || backend == "torch_cuda") {  // PyTorch's rows on the GPU too
+    for (const auto& g : cuda_status().devices)
+      if (g.index == settings.cuda_device)
+        return {2.0 * static_cast<double>(g.l2_bytes), "twice the GPU's " + mib_text(static_cast<double>(g.l2_bytes)) + " L2"};
+    return {};
+  }
+  if (settings.cpu_cache_bytes > 0) return {settings.cpu_cache_bytes, settings.cpu_cache_how};
+  const double l3 = static_cast<double>(host_info().l3_bytes);
+  if (l3 <= 0) return {};
+  return {2 * l3, "twice the " + mib_text(l3) + " last-level cache the CPU reports"};
+}
+
+nlohmann::json cache_thresholds_json(const Settings& settings) {
+  nlohmann::json out = nlohmann::json::object();
+  for (Backend b : settings.backends) {
+    const CacheLimit limit = cache_limit(to_string(b), settings);
+    if (limit.bytes > 0) out[to_string(b)] = {{"bytes", limit.bytes}, {"how", limit.how}};
+  }
+  return out;
+}
+
+// A peak row's own samples agree with the best figure of its work measured beside it in the run when
+// they reach this share of it; below, the peak says what they reached.
+constexpr double kPeakAgreement = 0.98;
 
 // The measured DRAM bandwidths (STREAM copy and triad); transfers over PCIe are not cache-bound.
 static bool is_dram_peak(const std::string& key) {
@@ -1036,8 +1066,8 @@ static bool is_dram_peak(const std::string& key) {
 // flush writes) may be served from that cache, so a DRAM peak is no ceiling for it.
 static bool may_run_from_cache(const Row& r, const Settings& settings) {
   if (r.mode != "hot" || r.bound != "memory") return false;
-  const double llc = last_level_cache_bytes(r, settings);
-  return llc > 0 && r.footprint < 2 * llc;
+  const double limit = cache_limit(r.backend, settings).bytes;
+  return limit > 0 && r.footprint < limit;
 }
 
 // "95%", or "75-98%" when the rows' levels differ (their sample counts do).
@@ -1053,16 +1083,10 @@ static std::string level_range_text(std::vector<double> levels) {
   return (lo == hi ? lo : lo + "-" + hi) + "%";
 }
 
-static std::string mib_text(double bytes) {
-  std::ostringstream out;
-  out << std::setprecision(3) << bytes / (1 << 20) << " MiB";
-  return out.str();
-}
-
 std::string table_key(const Results& results, const Settings& settings) {
   std::vector<double> row_levels, pair_levels;
   bool noisy = false, disturbed = false, cache = false, above = false, dash = false;
-  std::map<std::string, double> cache_threshold;  // by backend, of the rows shown
+  std::map<std::string, double> cache_threshold;  // "CPU rows, <how>": bytes, of the rows shown
   for (const auto& r : results.rows) {
     if (!r.timed()) continue;
     row_levels.push_back(r.summary.ci_level);
@@ -1072,8 +1096,8 @@ std::string table_key(const Results& results, const Settings& settings) {
     above |= r.pct_note == "above peak";
     dash |= !r.pct_of_peak && r.pct_note.empty();
     const bool gpu = r.backend == "cuda" || r.backend == "torch_cuda";
-    const double llc = last_level_cache_bytes(r, settings);
-    if (llc > 0) cache_threshold[gpu ? "GPU rows, twice their " + mib_text(llc) + " L2" : "CPU rows, twice their " + mib_text(llc) + " last-level cache"] = 2 * llc;
+    const CacheLimit limit = cache_limit(r.backend, settings);
+    if (limit.bytes > 0) cache_threshold[(gpu ? "GPU rows, " : "CPU rows, ") + limit.how] = limit.bytes;
   }
   for (const auto& p : results.pairs) pair_levels.push_back(p.ratio.ci_level);
   std::ostringstream out;
@@ -1096,8 +1120,9 @@ std::string table_key(const Results& results, const Settings& settings) {
            "again did not help; its pairs are withheld.\n";
   out << "  rate: GB/s (memory-bound rows) or GFLOP/s, TFLOP/s (compute-bound), from the stage's work model; "
          "% peak: of the peak this run measured (listed under the table).\n";
-  out << "  cache: a hot memory-bound row whose working set is below twice the last-level cache, so it may run from "
-         "the cache and a DRAM peak is no ceiling for it";
+  out << "  cache: a hot memory-bound row whose working set is below where the cache ends (CPU: where a copy's "
+         "bandwidth falls to DRAM's in a size sweep of this machine; GPU: twice its L2), so it may run from the "
+         "cache and a DRAM peak is no ceiling for it";
   if (!cache_threshold.empty()) {
     out << " (here:";
     bool first = true;
@@ -1124,8 +1149,9 @@ std::string table_key_help() {
          "  +-CI: half-width of the median's distribution-free confidence interval, in % of the median. Its level\n"
          "        depends on the samples per row: 98% with the default 10 (pairs 95%), 75% with --quick's 3 (pairs 90%).\n"
          "  (noisy): +-CI above --noise-target (5%): run with more --repetitions.\n"
-         "  cache: a hot memory-bound row whose working set is below twice the last-level cache (GPU L2, CPU L3):\n"
-         "        it may run from the cache, so a DRAM peak is no ceiling for it (--cold measures from DRAM).\n"
+         "  cache: a hot memory-bound row whose working set is below where the cache ends (CPU: where a copy's\n"
+         "        bandwidth falls to DRAM's in a size sweep, kept per machine; GPU: twice its L2): it may run from\n"
+         "        the cache, so a DRAM peak is no ceiling for it (--cold measures from DRAM).\n"
          "  above peak: faster than the measured peak it is compared with.\n"
          "  -: no % peak applies (a peak row itself, or no peak of its kind measured).\n";
 }
@@ -1241,6 +1267,17 @@ void finish_results(const Registry& registry, const Settings& settings, Results&
   // Peaks: the fastest sample each peak variant reached in this run. A ceiling is what the machine
   // can do; interference only ever slows a sample down, so the median would understate it.
   // A DRAM peak measured on data that fits in the cache is the cache's bandwidth: not a ceiling.
+  // Figures of the same work measured beside the peak row in this run count too: the fastest call of
+  // the row's own search (its counter search_best_ns) and the fastest sample of a row of the same stage
+  // doing the same work another way (the triad on one thread). The peak is the best of them; when that
+  // is not the row's own samples by more than kPeakAgreement, the peak says what its samples reached.
+  std::map<std::string, double> own_samples;                  // by peak key: its rows' fastest sample
+  std::map<std::string, std::vector<const Row*>> peak_rows;    // by peak key: the rows that provide it
+  auto rate_at = [](const Row& r, double ns) { return (r.bound == "compute" ? r.flops : r.bytes) / (ns * 1e-9); };
+  auto offer = [&](const std::string& key, double rate, const Row& r, const std::string& configuration) {
+    PeakValue& peak = results.peaks[key];
+    if (rate > peak.value) peak = PeakValue{rate, r.bound == "compute" ? "FLOP/s" : "B/s", r.name, configuration};
+  };
   for (auto& r : results.rows) {
     if (!r.timed()) continue;
     const Stage* stage = registry.find(r.stage);
@@ -1250,10 +1287,25 @@ void finish_results(const Registry& registry, const Settings& settings, Results&
       r.pct_note = "cache";
       continue;
     }
-    const double fastest_ns = *std::min_element(r.samples_ns.begin(), r.samples_ns.end());
-    const double rate = (r.bound == "compute" ? r.flops : r.bytes) / (fastest_ns * 1e-9);
-    PeakValue& peak = results.peaks[v->provides_peak];
-    if (rate > peak.value) peak = PeakValue{rate, r.bound == "compute" ? "FLOP/s" : "B/s", r.name, r.configuration};
+    const double rate = rate_at(r, *std::min_element(r.samples_ns.begin(), r.samples_ns.end()));
+    own_samples[v->provides_peak] = std::max(own_samples[v->provides_peak], rate);
+    offer(v->provides_peak, rate, r, r.configuration);
+    if (const double* search_ns = find_counter(r, "search_best_ns"); search_ns && *search_ns > 0)
+      offer(v->provides_peak, rate_at(r, *search_ns), r,
+            (r.configuration.empty() ? std::string("its search") : r.configuration) + ", the fastest call of its search");
+    peak_rows[v->provides_peak].push_back(&r);
+  }
+  for (const auto& r : results.rows) {
+    const auto providers = peak_rows.find(r.peak_key);
+    if (!r.timed() || providers == peak_rows.end() || may_run_from_cache(r, settings)) continue;
+    const bool same_work = std::any_of(providers->second.begin(), providers->second.end(), [&](const Row* p) {
+      return p->stage == r.stage && p->bytes == r.bytes && p->flops == r.flops;
+    });
+    if (same_work) offer(r.peak_key, rate_at(r, *std::min_element(r.samples_ns.begin(), r.samples_ns.end())), r, r.variant);
+  }
+  for (auto& [key, peak] : results.peaks) {
+    const double own = own_samples[key];
+    peak.own_samples_value = own > 0 && own < kPeakAgreement * peak.value ? own : 0;
   }
   attach_pct_of_peak(settings, results);
   // Pairs: at every problem both variants ran at on the same backend.

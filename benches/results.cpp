@@ -128,6 +128,7 @@ json to_json(const Results& results) {
   for (const auto& [key, peak] : results.peaks) {
     peaks[key] = {{"value", peak.value}, {"unit", peak.unit}, {"benchmark", peak.benchmark}};
     if (!peak.configuration.empty()) peaks[key]["configuration"] = peak.configuration;
+    if (peak.own_samples_value > 0) peaks[key]["own_samples_value"] = peak.own_samples_value;
   }
   context["peaks"] = peaks;
   return json{{"schema", results_schema}, {"context", context}, {"benchmarks", rows}, {"pairs", pairs},
@@ -155,7 +156,7 @@ Results results_from_json(const json& doc) {
     for (const auto& [key, p] : results.context["peaks"].items())
       results.peaks[key] = PeakValue{field<double>(p, "value", "peak " + key), field<std::string>(p, "unit", "peak " + key),
                                      field<std::string>(p, "benchmark", "peak " + key),
-                                     p.value("configuration", std::string())};
+                                     p.value("configuration", std::string()), p.value("own_samples_value", 0.0)};
     results.context.erase("peaks");
   }
   const json rows = field<json>(doc, "benchmarks", "document");
@@ -414,7 +415,16 @@ static std::string render_console(const Results& results) {
     for (const auto& [key, peak] : results.peaks)
       out << "  " << std::left << std::setw(20) << key
           << (peak.unit == "FLOP/s" ? fixed(peak.value * 1e-12, 2) + " TFLOP/s" : fixed(peak.value * 1e-9, 2) + " GB/s")
-          << (peak.configuration.empty() ? "" : "  by " + peak.configuration) << "\n";
+          << (peak.configuration.empty() ? "" : "  by " + peak.configuration) << "\n"
+          << (peak.own_samples_value > 0 ? "      (set by " + peak.benchmark + "; the peak row's own samples reached only " +
+                                               fixed(peak.own_samples_value / peak.value, 2) +
+                                               "x of it: slowed while they were timed, or a slower way than its best)\n"
+                                         : "");
+    if (results.context.contains("cache_thresholds"))
+      for (const auto& [backend, threshold] : results.context["cache_thresholds"].items())
+        out << "  " << std::left << std::setw(20) << ("cache, " + backend + " rows") << "below "
+            << fixed(threshold.value("bytes", 0.0) / (1 << 20), 1) << " MiB of working set: "
+            << threshold.value("how", std::string()) << "\n";
   }
   return out.str();
 }

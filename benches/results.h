@@ -115,6 +115,10 @@ struct PeakValue {
   std::string unit;       // "B/s" or "FLOP/s"
   std::string benchmark;  // the row it came from
   std::string configuration;  // that row's configuration, when it searched
+  // The peak rows' own fastest sample, when a figure of the same work measured beside them in the run
+  // (their search's fastest call, a row doing it another way) beat it by more than 2% and set the peak
+  // instead (their samples were slowed, or they time a slower way than the best); 0: they agree.
+  double own_samples_value = 0;
 };
 
 struct Results {

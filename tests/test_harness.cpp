@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cache_threshold.h"
 #include "harness.h"
 #include "runtime/cpu_load.h"
 #include "runtime/device_info.h"
@@ -407,6 +408,94 @@ TEST(PercentOfPeak, NeverAboveTheCeilingAndNotForCacheResidentRows) {
   EXPECT_EQ(small.peaks.count("cpu.triad"), 0u);
   EXPECT_EQ(small.rows[0].pct_note, "cache");
   EXPECT_FALSE(small.rows[1].pct_of_peak.has_value());
+}
+
+// The CPU's threshold is where a copy's bandwidth fell in this machine's sweep when the run has one
+// (Settings::cpu_cache_bytes), not the cache size the CPU reports, and the key says which it used.
+TEST(PercentOfPeak, TheSweptThresholdDecidesWhatIsCacheResident) {
+  const double mib = 1 << 20, huge = 64 * std::max(static_cast<double>(host_info().l3_bytes), 64 * mib);
+  Settings settings;
+  settings.cpu_cache_bytes = 32 * mib;
+  settings.cpu_cache_how = "where a copy's bandwidth fell to DRAM's in this machine's size sweep (test)";
+  Results results;
+  Row peak = timed_row("peak/cpu/triad/n=big", "peak", "triad", 1e9, huge, 1e6);
+  Row below = timed_row("adamw/cpu/fused/a", "adamw", "fused", 5e8, 16 * mib, 1e6);
+  Row above = timed_row("adamw/cpu/fused/b", "adamw", "fused", 5e8, 64 * mib, 1e6);
+  for (Row* r : {&below, &above}) r->peak_key = "cpu.triad";
+  results.rows = {peak, below, above};
+  results.context["cache_thresholds"] = cache_thresholds_json(settings);
+  finish_results(builtin_registry(), settings, results);
+  EXPECT_EQ(results.rows[1].pct_note, "cache");
+  ASSERT_TRUE(results.rows[2].pct_of_peak.has_value()) << "64 MiB is above the swept 32 MiB, whatever the L3 says";
+  EXPECT_NEAR(*results.rows[2].pct_of_peak, 50.0, 1e-9);
+  EXPECT_DOUBLE_EQ(results.context["cache_thresholds"]["cpu"]["bytes"].get<double>(), 32 * mib);
+  const std::string key = table_key(results, settings);
+  EXPECT_NE(key.find("below 32 MiB for CPU rows, " + settings.cpu_cache_how), std::string::npos) << key;
+  // Beside the peaks: the threshold and how it was found.
+  const std::string console = render(results, Format::console);
+  EXPECT_NE(console.find("cache, cpu rows"), std::string::npos) << console;
+  EXPECT_NE(console.find("below 32.0 MiB of working set: " + settings.cpu_cache_how), std::string::npos) << console;
+}
+
+// The kept sweep is this machine's only under its own key, in a file of the right kind.
+TEST(CacheSweepFile, AKeptThresholdIsThisMachinesOnlyUnderItsKey) {
+  const std::string key = cache_sweep_key();
+  EXPECT_NE(key.find("c_"), std::string::npos) << key;  // CPUs, OpenMP threads and reported cache in it
+  nlohmann::json file = {{"schema", "trainbench-cache-sweep/1"}};
+  file["machines"]["another-cpu_64c_64omp_llc1"] = {{"threshold_bytes", 1e9}};
+  EXPECT_EQ(kept_sweep(file, key), nullptr);
+  file["machines"][key] = {{"threshold_bytes", 67108864.0}, {"measured", "2026-11-26"}};
+  const nlohmann::json* entry = kept_sweep(file, key);
+  ASSERT_NE(entry, nullptr);
+  const CacheThreshold t = threshold_of(*entry, "/tmp/kept.json");
+  EXPECT_DOUBLE_EQ(t.bytes, 67108864.0);
+  EXPECT_EQ(t.how, "where a copy's bandwidth fell to DRAM's in this machine's size sweep (2026-11-26, kept in /tmp/kept.json)");
+  file["schema"] = "something-else/1";
+  EXPECT_EQ(kept_sweep(file, key), nullptr);
+  EXPECT_EQ(kept_sweep(nlohmann::json::array(), key), nullptr);
+}
+
+// A peak is the best figure of its work this run measured: a peak row whose own samples were slowed
+// (a fake: its samples at half the speed its search reached) does not set it, and the peak says so.
+TEST(Peaks, AFasterFigureOfTheSameWorkMeasuredBesideASlowPeakRowSetsItAndFlagsTheRow) {
+  const double huge = 64 * std::max(static_cast<double>(host_info().l3_bytes), double(1 << 26));
+  Settings settings;
+  auto triad_row = [&](double sample_ns, double search_ns) {
+    Row r = timed_row("peak/cpu/triad/n=big", "peak", "triad", 1e9, huge, sample_ns);
+    r.configuration = "OpenMP loop, 2 threads";
+    r.counters = {{"search_best_ns", search_ns}};
+    return r;
+  };
+  // Its samples: 1e9 bytes in 2 ms (5e11 B/s); the fastest call of its search: 1 ms (1e12 B/s).
+  Results slow;
+  slow.rows = {triad_row(2e6, 1e6)};
+  finish_results(builtin_registry(), settings, slow);
+  ASSERT_EQ(slow.peaks.count("cpu.triad"), 1u);
+  const PeakValue& flagged = slow.peaks["cpu.triad"];
+  EXPECT_DOUBLE_EQ(flagged.value, 1e12);
+  EXPECT_EQ(flagged.configuration, "OpenMP loop, 2 threads, the fastest call of its search");
+  EXPECT_DOUBLE_EQ(flagged.own_samples_value, 5e11);
+  const std::string console = render(slow, Format::console);
+  EXPECT_NE(console.find("the peak row's own samples reached only 0.50x"), std::string::npos) << console;
+  EXPECT_DOUBLE_EQ(results_from_json(to_json(slow)).peaks["cpu.triad"].own_samples_value, 5e11);
+
+  // The same work another way (the triad on one thread), faster than both: it sets the peak.
+  Results beside;
+  Row one_thread = timed_row("peak/cpu/triad_1thread/n=big", "peak", "triad_1thread", 1e9, huge, 0.8e6);
+  one_thread.peak_key = "cpu.triad";
+  beside.rows = {triad_row(2e6, 1e6), one_thread};
+  finish_results(builtin_registry(), settings, beside);
+  EXPECT_DOUBLE_EQ(beside.peaks["cpu.triad"].value, 1.25e12);
+  EXPECT_EQ(beside.peaks["cpu.triad"].benchmark, one_thread.name);
+  EXPECT_DOUBLE_EQ(beside.peaks["cpu.triad"].own_samples_value, 5e11);
+
+  // Samples within 2% of the search's best agree: the peak is the better figure, unflagged.
+  Results agree;
+  agree.rows = {triad_row(1e6, 0.99e6)};
+  finish_results(builtin_registry(), settings, agree);
+  EXPECT_NEAR(agree.peaks["cpu.triad"].value, 1e9 / 0.99e-3, 1);
+  EXPECT_EQ(agree.peaks["cpu.triad"].own_samples_value, 0.0);
+  EXPECT_EQ(render(agree, Format::console).find("own samples reached only"), std::string::npos);
 }
 
 // A timed row of `ns` per call for compare_pair / finish_results: samples and their summary.
