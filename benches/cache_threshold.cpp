@@ -92,17 +92,20 @@ CacheThreshold cpu_cache_threshold(const std::string& path, bool measure_again, 
   progress << "benchsuite: finding where this CPU's caches end (a copy over working sets of 1 MiB to " << mib(largest)
            << ", once per machine" << (path.empty() ? "" : ", kept in " + path) << ")" << std::endl;
   const CpuTicks before = read_cpu_ticks();
-  const std::vector<peak::SweepPoint> curve = peak::copy_bandwidth_sweep(largest);
+  // Once others hold the CPUs, the rest of the sweep would only measure the load: it stops there.
+  const std::vector<peak::SweepPoint> curve = peak::copy_bandwidth_sweep(largest, [&] {
+    return !(others_share(before, read_cpu_ticks()) > defaults::disturbed_share);
+  });
   const double others = others_share(before, read_cpu_ticks());
   CacheThreshold t;
   t.bytes = peak::cache_threshold_from_sweep(curve);
   std::ostringstream said;
   said << "benchsuite: copy bandwidth by working set:";
   for (const auto& p : curve) said << " " << mib(p.footprint_bytes) << " " << std::fixed << std::setprecision(1) << p.bytes_per_s * 1e-9 << " GB/s;";
-  progress << said.str() << std::endl;
+  if (!curve.empty()) progress << said.str() << std::endl;
   // An OpenMP copy waits for its slowest thread: with the cores taken by others, the curve shows the
   // load, not the caches. Such a sweep is neither used nor kept.
-  if (others > defaults::disturbed_share) {
+  if (others > defaults::disturbed_share || curve.size() < 3) {
     progress << "benchsuite: other processes used " << static_cast<int>(100 * others)
              << "% of the CPUs during the sweep: it is not used (nor kept), the cache the CPU reports is" << std::endl;
     return CacheThreshold{};

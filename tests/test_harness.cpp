@@ -701,6 +701,56 @@ TEST_F(Harness, APairsSidesAreSampledInAlternatingRounds) {
   EXPECT_TRUE(row(apart, fast).interleaved_with.empty());
 }
 
+// A stop request inside a group's rounds ends it within the sample in hand: each of its rows keeps the
+// samples it took and says how many; --max-time ends a group between rounds, each row cut short.
+Registry paired_stop_registry() {
+  Registry r = stop_registry();
+  Stage s = r.stages().front();
+  s.name = "pairstop";
+  s.pairs = {Pair{"before", "sleeper", "sleeper vs before"}};
+  Registry out;
+  out.add(s);
+  return out;
+}
+
+TEST_F(Stop, AStopInAPairsRoundsKeepsEachSidesSamples) {
+  std::ostringstream progress;
+  Settings settings = quick_settings("pairstop");
+  settings.repetitions = 100;
+  settings.min_time_s = 0.005;
+  sleeper_stop_at = 40;  // past the check and warm-up (at most about 22 calls): in a round
+  const Results results = run_entries(paired_stop_registry(), select_entries(paired_stop_registry(), settings), settings, progress);
+  EXPECT_EQ(sleeper_calls.load(), 40) << "no call after the one that asked";
+  for (const char* name : {"pairstop/cpu/before/n=2000", "pairstop/cpu/sleeper/n=2000"}) {
+    const Row& r = row(results, name);
+    EXPECT_EQ(r.disposition, "passed") << name;
+    ASSERT_TRUE(r.timed()) << name;
+    EXPECT_LT(r.samples_ns.size(), 100u) << name;
+    EXPECT_EQ(r.interrupted, "SIGTERM after " + std::to_string(r.samples_ns.size()) + " of 100 samples") << name;
+  }
+  EXPECT_EQ(results.context.value("interrupted", ""), "SIGTERM");
+  EXPECT_EQ(row(results, "pairstop/cpu/after/n=2000").reason, "not run: interrupted");
+}
+
+TEST_F(Harness, MaxTimeEndsAPairsRoundsWithTheSamplesTaken) {
+  const Registry reg = toy_registry();
+  Settings settings = quick_settings("toy/cpu/(slow|fast)/");
+  settings.peak_prepass = false;
+  settings.repetitions = 1000;   // far more rounds than the time allows
+  settings.max_time_s = 0.001;   // each row's budget; the group's is the sum, checked between rounds
+  std::ostringstream progress;
+  const Results results = run_entries(reg, select_entries(reg, settings), settings, progress);
+  const Row& slow = row(results, "toy/cpu/slow/n=20000");
+  const Row& fast = row(results, "toy/cpu/fast/n=20000");
+  EXPECT_EQ(slow.samples_ns.size(), fast.samples_ns.size()) << "whole rounds only";
+  EXPECT_GE(slow.samples_ns.size(), 1u);
+  EXPECT_LT(slow.samples_ns.size(), 1000u);
+  EXPECT_EQ(slow.cut_short, "--max-time 0.001 s: " + std::to_string(slow.samples_ns.size()) + " of 1000 samples");
+  EXPECT_EQ(fast.cut_short, "--max-time 0.001 s: " + std::to_string(fast.samples_ns.size()) + " of 1000 samples");
+  ASSERT_EQ(results.pairs.size(), 1u);
+  EXPECT_EQ(results.pairs[0].rounds, static_cast<int>(slow.samples_ns.size()));
+}
+
 // A fake clock: every call advances it by its cost, times the slowdown of the moment. A slow spell of
 // the machine is the slowdown going from 1 to 2 part-way through the run.
 double fake_now_s = 0, fake_slowdown = 1;

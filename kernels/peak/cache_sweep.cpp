@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 
 #include "peak.h"
 #include "runtime/host_buffer.h"
@@ -18,15 +19,24 @@ void copy_prefix(double* __restrict dst, const double* __restrict src, int64_t n
   for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
 }
 
-double seconds_of(int64_t calls, double* dst, const double* src, int64_t n) {
+// Seconds per call, from calls repeated until `at_least_s` have passed (a call is never cut): on a
+// loaded machine a call can take far longer than the first one did, so the repeat is bounded by time,
+// not by a count.
+double seconds_per_call(double* dst, const double* src, int64_t n, double at_least_s) {
   const auto start = std::chrono::steady_clock::now();
-  for (int64_t k = 0; k < calls; ++k) copy_prefix(dst, src, n);
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  int64_t calls = 0;
+  double elapsed = 0;
+  do {
+    copy_prefix(dst, src, n);
+    ++calls;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  } while (elapsed < at_least_s);
+  return elapsed / static_cast<double>(calls);
 }
 
 }  // namespace
 
-std::vector<SweepPoint> copy_bandwidth_sweep(double largest_footprint_bytes) {
+std::vector<SweepPoint> copy_bandwidth_sweep(double largest_footprint_bytes, const std::function<bool()>& go_on) {
   const auto largest_n = static_cast<int64_t>(largest_footprint_bytes / (2 * sizeof(double)));
   HostBuffer<double> src(static_cast<std::size_t>(largest_n)), dst(static_cast<std::size_t>(largest_n));
   // Every page written once, by the threads that copy it (the copies' static schedule).
@@ -38,14 +48,12 @@ std::vector<SweepPoint> copy_bandwidth_sweep(double largest_footprint_bytes) {
   }
   std::vector<SweepPoint> curve;
   for (double footprint = sweep_smallest_bytes; footprint <= largest_footprint_bytes * 1.0001; footprint *= 2) {
+    if (go_on && !go_on()) break;
     const auto n = static_cast<int64_t>(footprint / (2 * sizeof(double)));
-    // Calls per repeat: enough for sweep_repeat_s, from one call's time after a warm one.
-    copy_prefix(d, s, n);
-    const double one = std::max(seconds_of(1, d, s, n), 1e-7);
-    const auto calls = static_cast<int64_t>(std::ceil(sweep_repeat_s / one));
+    copy_prefix(d, s, n);  // its lines in whichever cache holds them
     double best = 0;
     for (int r = 0; r < sweep_repeats; ++r) {
-      const double per_call = seconds_of(calls, d, s, n) / static_cast<double>(calls);
+      const double per_call = seconds_per_call(d, s, n, sweep_repeat_s);
       best = r == 0 ? per_call : std::min(best, per_call);
     }
     curve.push_back(SweepPoint{footprint, 2.0 * sizeof(double) * static_cast<double>(n) / best});

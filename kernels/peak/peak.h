@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -53,8 +54,10 @@ struct SweepPoint {
   double footprint_bytes = 0;  // bytes one copy touches: its source and its destination
   double bytes_per_s = 0;      // read + written per second (the fastest repeat)
 };
-// The copy's bandwidth at each footprint, with OpenMP's team, smallest first.
-std::vector<SweepPoint> copy_bandwidth_sweep(double largest_footprint_bytes);
+// The copy's bandwidth at each footprint, with OpenMP's team, smallest first; each size takes about
+// sweep_repeats x sweep_repeat_s whatever the machine's load. `go_on`, asked before each size, ends
+// the sweep early when it says false (the sizes measured so far are returned).
+std::vector<SweepPoint> copy_bandwidth_sweep(double largest_footprint_bytes, const std::function<bool()>& go_on = {});
 // The footprint from which the copy runs at DRAM's bandwidth: the smallest swept size from which every
 // larger one is within sweep_dram_tolerance of the plateau (the median rate of the two largest sizes).
 // A row whose working set is below it may run from a cache. 0 when the curve shows no fall (every size
