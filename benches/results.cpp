@@ -417,7 +417,7 @@ static std::string render_console(const Results& results) {
           << (peak.unit == "FLOP/s" ? fixed(peak.value * 1e-12, 2) + " TFLOP/s" : fixed(peak.value * 1e-9, 2) + " GB/s")
           << (peak.configuration.empty() ? "" : "  by " + peak.configuration) << "\n"
           << (peak.own_samples_value > 0 ? "      (set by " + peak.benchmark + "; the peak row's own samples reached only " +
-                                               fixed(peak.own_samples_value / peak.value, 2) +
+                                               fixed(peak.own_samples_value / peak.value, 3) +
                                                "x of it: slowed while they were timed, or a slower way than its best)\n"
                                          : "");
     if (results.context.contains("cache_thresholds"))

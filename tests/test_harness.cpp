@@ -476,7 +476,7 @@ TEST(Peaks, AFasterFigureOfTheSameWorkMeasuredBesideASlowPeakRowSetsItAndFlagsTh
   EXPECT_EQ(flagged.configuration, "OpenMP loop, 2 threads, the fastest call of its search");
   EXPECT_DOUBLE_EQ(flagged.own_samples_value, 5e11);
   const std::string console = render(slow, Format::console);
-  EXPECT_NE(console.find("the peak row's own samples reached only 0.50x"), std::string::npos) << console;
+  EXPECT_NE(console.find("the peak row's own samples reached only 0.500x"), std::string::npos) << console;
   EXPECT_DOUBLE_EQ(results_from_json(to_json(slow)).peaks["cpu.triad"].own_samples_value, 5e11);
 
   // The same work another way (the triad on one thread), faster than both: it sets the peak.
