@@ -140,12 +140,30 @@ std::vector<Entry> select_entries(const Registry& registry, const Settings& sett
   return selected;
 }
 
+// The row a declared pair compares an improved row with: the baseline at the improved row's problem;
+// failing that (no row of that name: `exists`), at its values of the axes the baseline has (a bucketed
+// all-reduce against one call per tensor: bucket_mb is its own).
+static std::string pair_baseline_name(const Stage& stage, const Pair& pair, const Row& improved,
+                                      const std::function<bool(const std::string&)>& exists) {
+  const std::string prefix = improved.stage + "/" + improved.backend + "/";
+  const std::string same_problem = prefix + pair.baseline + improved.name.substr(prefix.size() + improved.variant.size());
+  const Variant* baseline = stage.find_variant(pair.baseline, backend_from_string(improved.backend));
+  if (exists(same_problem) || !baseline) return same_problem;
+  std::vector<std::pair<std::string, std::string>> shared;
+  for (const auto& kv : improved.problem)
+    if (std::find(baseline->axes.begin(), baseline->axes.end(), kv.first) != baseline->axes.end()) shared.push_back(kv);
+  return benchmark_name(stage, *baseline, Problem(shared));
+}
+
 // ---- running -----------------------------------------------------------------------------------
 
 namespace {
 
 // The message of a repetition --max-time skipped (not an error of the row).
 constexpr const char* kCutShort = "cut short by --max-time";
+
+// A pair group's row takes at most this many batches a sample (Google Benchmark's own limit).
+constexpr int64_t kMaxSampleIterations = 1000000000;
 
 // "4m10s", "12.3s".
 std::string human_duration(double s) {
@@ -196,8 +214,23 @@ class Runner {
 
   std::vector<Row> run() {
     benchmark::ClearRegisteredBenchmarks();
+    if (settings_.interleave_pairs) find_groups();
     for (std::size_t i = 0; i < entries_.size(); ++i) {
       if (rows_[i].disposition == Disposition::unsupported) continue;
+      ++timed_rows_;
+      if (const auto g = group_of_row_.find(i); g != group_of_row_.end()) {
+        // A group runs where its first row would: each call of its function is one round.
+        const std::size_t group = g->second;
+        if (groups_[group].members.front() != i) continue;
+        group_of_name_[groups_[group].name] = group;
+        benchmark::RegisterBenchmark(groups_[group].name.c_str(),
+                                     [this, group](benchmark::State& st) { group_round(st, group); })
+            ->UseManualTime()
+            ->Iterations(1)
+            ->Repetitions(settings_.repetitions)
+            ->Unit(benchmark::kMillisecond);
+        continue;
+      }
       index_of_[entries_[i].name] = i;
       benchmark::RegisterBenchmark(entries_[i].name.c_str(), [this, i](benchmark::State& st) { body(st, i); })
           ->UseManualTime()
@@ -207,11 +240,14 @@ class Runner {
     }
     for (std::size_t i = 0; i < rows_.size(); ++i)
       if (rows_[i].disposition == Disposition::unsupported) announce(i);
-    timed_rows_ = index_of_.size();
     run_started_ = row_started_ = std::chrono::steady_clock::now();
     Reporter reporter(*this);
-    if (!index_of_.empty()) benchmark::RunSpecifiedBenchmarks(&reporter);
-    live_.reset();
+    if (timed_rows_ > 0) benchmark::RunSpecifiedBenchmarks(&reporter);
+    lives_.clear();
+    for (const Group& group : groups_)
+      for (std::size_t i : group.members)
+        for (std::size_t other : group.members)
+          if (other != i && rows_[i].timed() && rows_[other].timed()) rows_[i].interleaved_with.push_back(rows_[other].name);
     benchmark::ClearRegisteredBenchmarks();
     for (auto& r : rows_)
       if (r.disposition == Disposition::pending) {  // Google Benchmark's own filter skipped it
@@ -236,7 +272,7 @@ class Runner {
     int samples_taken = 0;
     std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now(), said_at = started;
     std::unique_ptr<SampleTimer> agreed;  // a collective's timer under mpirun (AgreedTimer)
-    SampleTimer& timer() { return agreed ? *agreed : session->timer(); }
+    SampleTimer& timer() { return agreed ? *agreed : injected ? *injected : session->timer(); }
     std::string gpu_uuid;   // CUDA rows: the device NVML is asked about
     struct Mark {           // what the rest of the machine had done by some moment
       CpuTicks cpu;         // CPU rows: all CPUs' and this process's ticks (/proc/stat)
@@ -245,6 +281,28 @@ class Runner {
     Mark measuring_from;    // when this row's first sample began
     std::chrono::steady_clock::time_point measuring_since;  // the same, for --max-time
     int whole_samples = 0;  // body calls that lasted a sample (--min-time): one exists before --max-time cuts
+    std::unique_ptr<SampleTimer> injected;  // Settings::sample_timer's, when a test gave one
+    // A row of a pair group: the calls of `batch` each a sample makes (found by its first sample, as
+    // Google Benchmark finds a single row's iteration count) ...
+    int64_t iterations = 0;
+    // ... and, where a pair compares it with a model's prediction timed inside the row (cg's lazy gate),
+    // what it observed after each of its samples, so that the model's parts are timed in the same
+    // rounds as what they predict: the row keeps each counter's median.
+    bool observe_each_round = false;
+    std::map<std::string, std::vector<double>> observed_rounds;
+    std::vector<std::string> observed_order;  // the counters in the order the instance gave them
+  };
+
+  // The rows a stage's declared pairs join at one problem (adamw's per-tensor, foreach and fused at one
+  // size), measured together in rounds: round r takes one sample of each, in entry order when r is even
+  // and in reverse when odd (A B, B A, ...), so that whatever slows the machine for a while slows both
+  // sides of the rounds it lasts, and each pair's ratio comes from its rounds.
+  struct Group {
+    std::vector<std::size_t> members;  // rows, in entry order
+    std::string name;                  // Google Benchmark's: the members' names joined by " + "
+    bool prepared = false;
+    int rounds_done = 0;
+    std::chrono::steady_clock::time_point measuring_since;  // --max-time: each member's budget, summed
   };
 
   class Reporter final : public benchmark::BenchmarkReporter {
@@ -277,13 +335,11 @@ class Runner {
       }
       // Aggregates come in a call of their own; announce each benchmark once, with its samples.
       if (!runs.empty() && runs.front().run_type == Run::RT_Iteration) {
+        const auto group = runner_.group_of_name_.find(runs.front().run_name.function_name);
+        if (group != runner_.group_of_name_.end())  // its rows' samples are in already
+          for (std::size_t i : runner_.groups_[group->second].members) runner_.finish_row(i);
         const auto it = runner_.index_of_.find(runs.front().run_name.function_name);
-        if (it != runner_.index_of_.end()) {
-          runner_.note_cut_short(it->second);
-          runner_.check_disturbance(it->second);
-          runner_.add_observed(it->second);
-          runner_.announce(it->second);
-        }
+        if (it != runner_.index_of_.end()) runner_.finish_row(it->second);
       }
     }
 
@@ -291,12 +347,28 @@ class Runner {
     Runner& runner_;
   };
 
-  Live::Mark mark(bool gpu) const {
+  // A row's measurement is over: what --max-time and the machine's load did to it, what it observed,
+  // and its progress line.
+  void finish_row(std::size_t i) {
+    note_cut_short(i);
+    check_disturbance(i);
+    add_observed(i);
+    announce(i);
+  }
+
+  // The row in hand (or one of the pair group's rows in hand), null when i is not.
+  Live* live_of(std::size_t i) const {
+    for (const auto& live : lives_)
+      if (live->index == i) return live.get();
+    return nullptr;
+  }
+
+  static Live::Mark mark(const Live& live, bool gpu) {
     Live::Mark m;
-    if (gpu) m.gpu = GpuMonitor::instance().read(live_->gpu_uuid);
+    if (gpu) m.gpu = GpuMonitor::instance().read(live.gpu_uuid);
     else m.cpu = read_cpu_ticks();
     // A collective row's "self" is every rank on this host: they are the measurement, not others.
-    if (!gpu && live_->agreed) m.cpu.self = static_cast<uint64_t>(comm::world().local_sum(static_cast<double>(m.cpu.self)));
+    if (!gpu && live.agreed) m.cpu.self = static_cast<uint64_t>(comm::world().local_sum(static_cast<double>(m.cpu.self)));
     return m;
   }
   // The share of the window between two marks that was disturbed: CPU rows, the other processes' (and
@@ -318,41 +390,42 @@ class Runner {
   // the row, whose pairs are then withheld.
   void check_disturbance(std::size_t i) {
     Row& row = rows_[i];
-    if (!live_ || live_->index != i || !row.timed()) return;
+    Live* const live = live_of(i);
+    if (!live || !row.timed()) return;
     const bool gpu = entries_[i].variant->backend == Backend::cuda;
     const double limit = gpu ? settings_.throttled_share : settings_.disturbed_share;
     double& seen = gpu ? row.throttled_share : row.others_share;
-    const Live::Mark end = mark(gpu);
+    const Live::Mark end = mark(*live, gpu);
     if (gpu) {
-      note_clock(row, live_->measuring_from.gpu);
+      note_clock(row, live->measuring_from.gpu);
       note_clock(row, end.gpu);
     }
-    seen = agreed(i, disturbed_part(gpu, live_->measuring_from, end));
+    seen = agreed(i, disturbed_part(gpu, live->measuring_from, end));
     if (seen <= limit) return;  // clean, or unknown (-1)
     // No time to take them again: --max-time is spent, or a stop was asked for (not in a collective's
     // row under mpirun, as in prepare). The samples stand, and the row says it was disturbed.
-    const bool hear_stop = !live_->agreed;
+    const bool hear_stop = !live->agreed;
     if ((hear_stop && stop_requested()) || cut_.count(i)) {
       row.disturbed = true;
       return;
     }
-    SampleTimer& timer = live_->timer();
-    CacheFlusher* flusher = settings_.cold ? &live_->session->flusher() : nullptr;
+    SampleTimer& timer = live->timer();
+    CacheFlusher* flusher = settings_.cold ? &live->session->flusher() : nullptr;
     const int64_t calls = std::max<int64_t>(row.iterations, 1);
     double worst_kept = 0;
     for (double& sample : row.samples_ns) {
       for (int attempt = 0; attempt < defaults::disturbed_retakes; ++attempt) {
-        const Live::Mark before = mark(gpu);
+        const Live::Mark before = mark(*live, gpu);
         double seconds = 0;
         int64_t k = 0;
         for (; k < calls && !(hear_stop && stop_requested()); ++k)
-          seconds += time_sample(timer, [&] { live_->instance->run(); }, row.batch, flusher);
+          seconds += time_sample(timer, [&] { live->instance->run(); }, row.batch, flusher);
         if (k < calls) {  // a stop request: this sample and those not yet taken again stand, marked
           row.disturbed = true;
           worst_kept = std::max(worst_kept, seen);
           break;
         }
-        const Live::Mark after = mark(gpu);
+        const Live::Mark after = mark(*live, gpu);
         if (gpu) note_clock(row, after.gpu);
         const double share = agreed(i, disturbed_part(gpu, before, after));
         sample = seconds / static_cast<double>(calls * row.batch) * 1e9;
@@ -376,9 +449,16 @@ class Runner {
   }
 
   void add_observed(std::size_t i) {
-    if (!live_ || live_->index != i || !rows_[i].timed()) return;
-    rows_[i].configuration = live_->instance->configuration();
-    for (const auto& [key, value] : live_->instance->observed()) {
+    Live* const live = live_of(i);
+    if (!live || !rows_[i].timed()) return;
+    rows_[i].configuration = live->instance->configuration();
+    std::vector<std::pair<std::string, double>> observed;
+    if (live->observed_order.empty()) {
+      observed = live->instance->observed();
+    } else {
+      for (const auto& key : live->observed_order) observed.emplace_back(key, median_of(live->observed_rounds[key]));
+    }
+    for (const auto& [key, value] : observed) {
       auto& counters = rows_[i].counters;
       const auto same = std::find_if(counters.begin(), counters.end(), [&](const auto& c) { return c.first == key; });
       if (same != counters.end()) same->second = value;
@@ -448,15 +528,17 @@ class Runner {
   }
 
   // First call for an entry: instantiate, run once, check against the reference, warm up, and pick
-  // the batch. Returns null when the variant must not be timed (the row says why).
-  Live* prepare(std::size_t i) {
-    if (live_ && live_->index == i) return live_.get();
-    live_.reset();  // free the previous benchmark's buffers before allocating this one's
+  // the batch. Returns null when the variant must not be timed (the row says why). A pair group's rows
+  // keep each other alive (`beside_others`); a single row frees the previous benchmark's buffers first.
+  Live* prepare(std::size_t i, bool beside_others = false) {
+    if (Live* live = live_of(i)) return live;
+    if (!beside_others) lives_.clear();
     const Entry& e = entries_[i];
     Row& row = rows_[i];
     auto live = std::make_unique<Live>();
     live->index = i;
     live->session = make_session(e.variant->backend, settings_.cuda_device);
+    if (settings_.sample_timer) live->injected = settings_.sample_timer();
     if (e.variant->collective && comm::launched_ranks() > 1) live->agreed = std::make_unique<comm::AgreedTimer>(live->session->timer());
     live->instance = e.variant->make(e.problem, live->session->context());
     // (A collective's row under mpirun does not stop halfway: its ranks would hear it at different calls.)
@@ -490,10 +572,10 @@ class Runner {
       for (const auto& g : cuda_status().devices)
         if (g.index == settings_.cuda_device) live->gpu_uuid = g.uuid;
     say(i, *live, "warmed up; sample 1/" + std::to_string(settings_.repetitions) + " next");
-    live_ = std::move(live);
-    live_->measuring_from = mark(e.variant->backend == Backend::cuda);
-    live_->measuring_since = std::chrono::steady_clock::now();
-    return live_.get();
+    live->measuring_from = mark(*live, e.variant->backend == Backend::cuda);
+    live->measuring_since = std::chrono::steady_clock::now();
+    lives_.push_back(std::move(live));
+    return lives_.back().get();
   }
 
   // A stop request before the row's first sample: it has no time.
@@ -515,10 +597,11 @@ class Runner {
   // made: each is whole), the row says how many samples it has, and with none it has no time.
   void note_interrupted(std::size_t i) {
     Row& row = rows_[i];
-    if (!live_ || live_->index != i || !live_->interrupted || row.disposition != Disposition::passed) return;
-    if (live_->partial_calls > 0) {
-      row.samples_ns.push_back(live_->partial_seconds / static_cast<double>(live_->partial_calls) * 1e9);
-      live_->partial_calls = 0;
+    Live* const live = live_of(i);
+    if (!live || !live->interrupted || row.disposition != Disposition::passed) return;
+    if (live->partial_calls > 0) {
+      row.samples_ns.push_back(live->partial_seconds / static_cast<double>(live->partial_calls) * 1e9);
+      live->partial_calls = 0;
     }
     row.interrupted = signal_name(stop_signal()) + " after " + std::to_string(row.samples_ns.size()) + " of " +
                       std::to_string(settings_.repetitions) + " samples";
@@ -589,6 +672,7 @@ class Runner {
       if (measured >= settings_.min_time_s) ++live->whole_samples;  // --max-time cuts only after one
       // Google Benchmark keeps every repetition after the first, and the first once it lasted --min-time.
       if (live->samples_taken > 0 || measured >= settings_.min_time_s) {
+        if (settings_.on_sample) settings_.on_sample(row.name, static_cast<std::size_t>(live->samples_taken));
         ++live->samples_taken;
         say(i, *live, "sample " + std::to_string(live->samples_taken) + "/" + std::to_string(settings_.repetitions));
       }
@@ -599,8 +683,207 @@ class Runner {
     }
   }
 
+  // ---- pair groups ---------------------------------------------------------------------------------
+
+  // Joins the rows each declared pair compares (the improved row and its baseline, as finish_results
+  // finds it) into groups, transitively. Under mpirun a collective row keeps its ranks in step on its
+  // own, so it joins none.
+  void find_groups() {
+    std::map<std::string, std::size_t> runnable;
+    for (std::size_t i = 0; i < rows_.size(); ++i)
+      if (rows_[i].disposition == Disposition::pending) runnable[rows_[i].name] = i;
+    std::vector<std::size_t> parent(rows_.size());
+    for (std::size_t i = 0; i < parent.size(); ++i) parent[i] = i;
+    auto root = [&](std::size_t i) {
+      while (parent[i] != i) i = parent[i] = parent[parent[i]];
+      return i;
+    };
+    const bool ranks = comm::launched_ranks() > 1;
+    for (const auto& [name, i] : runnable) {
+      const Entry& e = entries_[i];
+      if (ranks && e.variant->collective) continue;
+      for (const auto& pair : e.stage->pairs) {
+        if (pair.improved != e.variant->id) continue;
+        const auto baseline = runnable.find(pair_baseline_name(
+            *e.stage, pair, rows_[i], [&](const std::string& other) { return runnable.count(other) > 0; }));
+        if (baseline == runnable.end() || (ranks && entries_[baseline->second].variant->collective)) continue;
+        parent[root(baseline->second)] = root(i);
+      }
+    }
+    std::map<std::size_t, std::vector<std::size_t>> members;
+    for (const auto& [name, i] : runnable) members[root(i)].push_back(i);
+    for (auto& [r, rows] : members) {
+      if (rows.size() < 2) continue;
+      std::sort(rows.begin(), rows.end());
+      Group group;
+      group.members = rows;
+      for (std::size_t i : rows) {
+        group.name += (group.name.empty() ? "" : " + ") + rows_[i].name;
+        group_of_row_[i] = groups_.size();
+      }
+      groups_.push_back(std::move(group));
+    }
+    // The improved rows whose pair shows a model's prediction time the model's parts every round.
+    for (const Group& group : groups_)
+      for (std::size_t i : group.members)
+        for (const auto& pair : entries_[i].stage->pairs)
+          if (pair.improved == entries_[i].variant->id && !pair.predicted_ns.empty()) observed_each_round_.insert(i);
+  }
+
+  // What one sample of a row took: the seconds of the calls it made, and whether a stop request
+  // ended it early (its calls are then fewer than iterations x batch).
+  struct Taken {
+    double seconds = 0;
+    int64_t calls = 0;
+    bool stopped = false;
+  };
+  Taken take_sample(Live& live, int64_t iterations) {
+    CacheFlusher* flusher = settings_.cold ? &live.session->flusher() : nullptr;
+    bool (*const stop)() = live.agreed ? nullptr : &stop_requested;
+    const int64_t batch = rows_[live.index].batch;
+    Taken taken;
+    for (int64_t k = 0; k < iterations; ++k) {
+      int64_t made = batch;
+      taken.seconds += time_sample(live.timer(), [&] { live.instance->run(); }, batch, flusher, stop, &made);
+      taken.calls += made;
+      if (stop && stop() && (made < batch || k + 1 < iterations)) {
+        taken.stopped = true;
+        break;
+      }
+    }
+    return taken;
+  }
+
+  // A group row's first sample also finds how many batches its samples take, as Google Benchmark does
+  // for a single row: more until one lasts --min-time; that one is its first sample.
+  Taken first_sample(Live& live) {
+    int64_t iterations = 1;
+    for (;;) {
+      const Taken taken = take_sample(live, iterations);
+      if (taken.stopped || taken.seconds >= settings_.min_time_s || iterations >= kMaxSampleIterations) {
+        live.iterations = iterations;
+        return taken;
+      }
+      const double grow = taken.seconds > 0 ? std::min(10.0, 1.4 * settings_.min_time_s / taken.seconds) : 10.0;
+      iterations = std::max(iterations + 1, static_cast<int64_t>(std::ceil(static_cast<double>(iterations) * grow)));
+    }
+  }
+
+  // A group row that cannot go on (its call threw) leaves the group; the others carry on.
+  void drop_member(std::size_t i, const std::string& why) {
+    lives_.erase(std::remove_if(lives_.begin(), lives_.end(), [&](const auto& live) { return live->index == i; }),
+                 lives_.end());
+    rows_[i].disposition = Disposition::failed;
+    rows_[i].reason = why;
+    rows_[i].samples_ns.clear();
+  }
+
+  void prepare_group(Group& group) {
+    lives_.clear();  // the previous benchmark's buffers
+    for (std::size_t i : group.members) {
+      Row& row = rows_[i];
+      if (stop_requested()) {
+        if (row.disposition == Disposition::pending) {
+          row.disposition = Disposition::unsupported;
+          row.reason = "not run: interrupted";
+        }
+        continue;
+      }
+      try {
+        if (Live* live = prepare(i, /*beside_others=*/true)) live->observe_each_round = observed_each_round_.count(i) > 0;
+      } catch (const std::bad_alloc&) {
+        drop_member(i, describe_bad_alloc(entries_[i]) + " beside the other rows of its pairs");
+      } catch (const std::exception& ex) {
+        drop_member(i, ex.what());
+      }
+    }
+    // The rows' time and load are watched from the first round on, once every row is ready.
+    group.measuring_since = std::chrono::steady_clock::now();
+    for (auto& live : lives_) {
+      live->measuring_from = mark(*live, entries_[live->index].variant->backend == Backend::cuda);
+      live->measuring_since = group.measuring_since;
+    }
+    group.prepared = true;
+  }
+
+  // A stop request ended the group's rounds: each row keeps the samples it took (the one in hand, the
+  // calls it made) and says how many.
+  void interrupt_group(const Group& group) {
+    for (std::size_t i : group.members) {
+      Row& row = rows_[i];
+      if (row.disposition != Disposition::passed || !live_of(i)) continue;
+      row.interrupted = signal_name(stop_signal()) + " after " + std::to_string(row.samples_ns.size()) + " of " +
+                        std::to_string(settings_.repetitions) + " samples";
+      if (row.samples_ns.empty()) not_timed(row, "before its first sample");
+    }
+  }
+
+  // One call of a group's benchmark: one round, a sample of each of its rows.
+  void group_round(benchmark::State& st, std::size_t g) {
+    Group& group = groups_[g];
+    if (!group.prepared) prepare_group(group);
+    std::vector<std::size_t> order;
+    for (std::size_t i : group.members)
+      if (rows_[i].disposition == Disposition::passed && live_of(i)) order.push_back(i);
+    if (stop_requested() || order.empty()) {  // between two rounds: inside the loop, for its iteration count
+      if (stop_requested()) interrupt_group(group);
+      for (auto _ : st) {
+        if (stop_requested()) st.SkipWithError(kInterrupted);
+        else st.SetIterationTime(0);
+      }
+      return;
+    }
+    // --max-time: each row has its budget, and the group the sum of its rows', checked between rounds.
+    if (settings_.max_time_s > 0 && group.rounds_done > 0 &&
+        seconds_since(group.measuring_since) > settings_.max_time_s * static_cast<double>(order.size())) {
+      for (std::size_t i : order) cut_.insert(i);
+      st.SetLabel(kCutShort);
+      for (auto _ : st) st.SetIterationTime(0);
+      return;
+    }
+    if (group.rounds_done % 2) std::reverse(order.begin(), order.end());
+    double round_seconds = 0;
+    for (auto _ : st) {
+      for (std::size_t i : order) {
+        Live& live = *live_of(i);
+        Row& row = rows_[i];
+        try {
+          const Taken taken = group.rounds_done == 0 ? first_sample(live) : take_sample(live, live.iterations);
+          row.iterations = live.iterations;
+          if (taken.calls > 0) {
+            row.samples_ns.push_back(taken.seconds / static_cast<double>(taken.calls) * 1e9);
+            if (settings_.on_sample) settings_.on_sample(row.name, row.samples_ns.size() - 1);
+          }
+          round_seconds += taken.seconds;
+          if (taken.stopped) {
+            interrupt_group(group);
+            st.SkipWithError(kInterrupted);
+            return;
+          }
+          if (live.observe_each_round)
+            for (const auto& [key, value] : live.instance->observed()) {
+              auto& values = live.observed_rounds[key];
+              if (values.empty()) live.observed_order.push_back(key);
+              values.push_back(value);
+            }
+        } catch (const std::bad_alloc&) {
+          drop_member(i, describe_bad_alloc(entries_[i]));
+        } catch (const std::exception& ex) {
+          drop_member(i, ex.what());
+        }
+      }
+      st.SetIterationTime(round_seconds);
+    }
+    ++group.rounds_done;
+    for (std::size_t i : order)
+      if (Live* live = live_of(i))
+        say(i, *live, "sample " + std::to_string(rows_[i].samples_ns.size()) + "/" + std::to_string(settings_.repetitions) +
+                          " (rounds with " + std::to_string(order.size() - 1) + " other row" + (order.size() == 2 ? "" : "s") + ")");
+    if (stop_requested() && group.rounds_done < settings_.repetitions) interrupt_group(group);
+  }
+
   void fail(benchmark::State& st, Row& row, const std::string& why) {
-    live_.reset();
+    lives_.clear();
     row.disposition = Disposition::failed;
     row.reason = why;
     row.samples_ns.clear();
@@ -612,7 +895,11 @@ class Runner {
   std::ostream& progress_;
   std::vector<Row> rows_;
   std::map<std::string, std::size_t> index_of_;
-  std::unique_ptr<Live> live_;
+  std::vector<std::unique_ptr<Live>> lives_;  // the row in hand, or a pair group's rows
+  std::vector<Group> groups_;
+  std::map<std::size_t, std::size_t> group_of_row_;     // row -> its group
+  std::map<std::string, std::size_t> group_of_name_;    // Google Benchmark's name -> group
+  std::set<std::size_t> observed_each_round_;           // rows whose pair shows a model's prediction
   std::size_t announced_ = 0;
   std::set<std::size_t> cut_;  // rows --max-time cut short
   // The ETA on the progress line: the rows to time, those done and the seconds they took.
@@ -712,6 +999,7 @@ nlohmann::json run_context(const Settings& settings) {
                        {"cusparse_version", g.cusparse_version}});
   context["devices"] = devices;
   context["cuda_unavailable_reason"] = cuda_status().unavailable_reason;
+  context["cache_thresholds"] = cache_thresholds_json(settings);
   json backends = json::array();
   for (Backend b : settings.backends) backends.push_back(to_string(b));
   context["settings"] = {{"mode", settings.cold ? "cold" : "hot"},
@@ -726,16 +1014,45 @@ nlohmann::json run_context(const Settings& settings) {
   return context;
 }
 
-// The last-level cache a row's back-to-back calls can run from: the device's L2 for a CUDA row, the
-// CPU's last-level cache for a CPU row; 0 when unknown.
-static double last_level_cache_bytes(const Row& r, const Settings& settings) {
-  if (r.backend == "cuda" || r.backend == "torch_cuda") {  // PyTorch's rows on the GPU too
-    for (const auto& g : cuda_status().devices)
-      if (g.index == settings.cuda_device) return static_cast<double>(g.l2_bytes);
-    return 0;
-  }
-  return static_cast<double>(host_info().l3_bytes);
+static std::string mib_text(double bytes) {
+  std::ostringstream out;
+  out << std::setprecision(3) << bytes / (1 << 20) << " MiB";
+  return out.str();
 }
+
+// The working set below which a hot memory-bound row's back-to-back calls may run from a cache, and in
+// words how it was found: on a CPU where the copy's bandwidth fell to DRAM's in this machine's size
+// sweep (Settings::cpu_cache_bytes), else twice the reported last-level cache (what cold mode's flush
+// writes); on a GPU twice its L2. 0 when unknown.
+struct CacheLimit {
+  double bytes = 0;
+  std::string how;
+};
+static CacheLimit cache_limit(const std::string& backend, const Settings& settings) {
+  if (backend == "cuda" || backend == "torch_cuda") {  // PyTorch's rows on the GPU too
+    for (const auto& g : cuda_status().devices)
+      if (g.index == settings.cuda_device)
+        return {2.0 * static_cast<double>(g.l2_bytes), "twice the GPU's " + mib_text(static_cast<double>(g.l2_bytes)) + " L2"};
+    return {};
+  }
+  if (settings.cpu_cache_bytes > 0) return {settings.cpu_cache_bytes, settings.cpu_cache_how};
+  const double l3 = static_cast<double>(host_info().l3_bytes);
+  if (l3 <= 0) return {};
+  return {2 * l3, "twice the " + mib_text(l3) + " last-level cache the CPU reports"};
+}
+
+nlohmann::json cache_thresholds_json(const Settings& settings) {
+  nlohmann::json out = nlohmann::json::object();
+  for (Backend b : settings.backends) {
+    const CacheLimit limit = cache_limit(to_string(b), settings);
+    if (limit.bytes > 0) out[to_string(b)] = {{"bytes", limit.bytes}, {"how", limit.how}};
+  }
+  return out;
+}
+
+// A peak row's own samples agree with the best figure of its work measured beside it in the run when
+// they reach this share of it; below, the peak says what they reached.
+constexpr double kPeakAgreement = 0.98;
 
 // The measured DRAM bandwidths (STREAM copy and triad); transfers over PCIe are not cache-bound.
 static bool is_dram_peak(const std::string& key) {
@@ -749,8 +1066,8 @@ static bool is_dram_peak(const std::string& key) {
 // flush writes) may be served from that cache, so a DRAM peak is no ceiling for it.
 static bool may_run_from_cache(const Row& r, const Settings& settings) {
   if (r.mode != "hot" || r.bound != "memory") return false;
-  const double llc = last_level_cache_bytes(r, settings);
-  return llc > 0 && r.footprint < 2 * llc;
+  const double limit = cache_limit(r.backend, settings).bytes;
+  return limit > 0 && r.footprint < limit;
 }
 
 // "95%", or "75-98%" when the rows' levels differ (their sample counts do).
@@ -766,16 +1083,10 @@ static std::string level_range_text(std::vector<double> levels) {
   return (lo == hi ? lo : lo + "-" + hi) + "%";
 }
 
-static std::string mib_text(double bytes) {
-  std::ostringstream out;
-  out << std::setprecision(3) << bytes / (1 << 20) << " MiB";
-  return out.str();
-}
-
 std::string table_key(const Results& results, const Settings& settings) {
   std::vector<double> row_levels, pair_levels;
   bool noisy = false, disturbed = false, cache = false, above = false, dash = false;
-  std::map<std::string, double> cache_threshold;  // by backend, of the rows shown
+  std::map<std::string, double> cache_threshold;  // "CPU rows, <how>": bytes, of the rows shown
   for (const auto& r : results.rows) {
     if (!r.timed()) continue;
     row_levels.push_back(r.summary.ci_level);
@@ -785,8 +1096,8 @@ std::string table_key(const Results& results, const Settings& settings) {
     above |= r.pct_note == "above peak";
     dash |= !r.pct_of_peak && r.pct_note.empty();
     const bool gpu = r.backend == "cuda" || r.backend == "torch_cuda";
-    const double llc = last_level_cache_bytes(r, settings);
-    if (llc > 0) cache_threshold[gpu ? "GPU rows, twice their " + mib_text(llc) + " L2" : "CPU rows, twice their " + mib_text(llc) + " last-level cache"] = 2 * llc;
+    const CacheLimit limit = cache_limit(r.backend, settings);
+    if (limit.bytes > 0) cache_threshold[(gpu ? "GPU rows, " : "CPU rows, ") + limit.how] = limit.bytes;
   }
   for (const auto& p : results.pairs) pair_levels.push_back(p.ratio.ci_level);
   std::ostringstream out;
@@ -809,8 +1120,9 @@ std::string table_key(const Results& results, const Settings& settings) {
            "again did not help; its pairs are withheld.\n";
   out << "  rate: GB/s (memory-bound rows) or GFLOP/s, TFLOP/s (compute-bound), from the stage's work model; "
          "% peak: of the peak this run measured (listed under the table).\n";
-  out << "  cache: a hot memory-bound row whose working set is below twice the last-level cache, so it may run from "
-         "the cache and a DRAM peak is no ceiling for it";
+  out << "  cache: a hot memory-bound row whose working set is below where the cache ends (CPU: where a copy's "
+         "bandwidth falls to DRAM's in a size sweep of this machine; GPU: twice its L2), so it may run from the "
+         "cache and a DRAM peak is no ceiling for it";
   if (!cache_threshold.empty()) {
     out << " (here:";
     bool first = true;
@@ -837,8 +1149,9 @@ std::string table_key_help() {
          "  +-CI: half-width of the median's distribution-free confidence interval, in % of the median. Its level\n"
          "        depends on the samples per row: 98% with the default 10 (pairs 95%), 75% with --quick's 3 (pairs 90%).\n"
          "  (noisy): +-CI above --noise-target (5%): run with more --repetitions.\n"
-         "  cache: a hot memory-bound row whose working set is below twice the last-level cache (GPU L2, CPU L3):\n"
-         "        it may run from the cache, so a DRAM peak is no ceiling for it (--cold measures from DRAM).\n"
+         "  cache: a hot memory-bound row whose working set is below where the cache ends (CPU: where a copy's\n"
+         "        bandwidth falls to DRAM's in a size sweep, kept per machine; GPU: twice its L2): it may run from\n"
+         "        the cache, so a DRAM peak is no ceiling for it (--cold measures from DRAM).\n"
          "  above peak: faster than the measured peak it is compared with.\n"
          "  -: no % peak applies (a peak row itself, or no peak of its kind measured).\n";
 }
@@ -863,6 +1176,15 @@ static std::string ms_text(double ms) {
 // in its timed region compared by that time alone, or an amortised cost the row does not report.
 std::optional<PairRow> compare_pair(const Pair& pair, const Row& baseline, const Row& improved, std::string& why) {
   PairRow out{improved.stage, pair.label, baseline.name, improved.name};
+  // Sides measured in the same rounds: the ratio of each round's two samples, so that a drift of the
+  // machine that slowed both within a round cancels; sides measured apart: of the two sample sets.
+  const bool paired = std::find(baseline.interleaved_with.begin(), baseline.interleaved_with.end(), improved.name) !=
+                      baseline.interleaved_with.end();
+  auto ratio_of = [&](const std::vector<double>& b, const std::vector<double>& i, int& rounds) {
+    if (!paired) return ratio_estimate(b, i);
+    rounds = static_cast<int>(std::min(b.size(), i.size()));
+    return paired_ratio_estimate(b, i);
+  };
   out.baseline_ns = baseline.summary.median;
   out.improved_ns = improved.summary.median;
   const std::string nothing = " moves nothing in its timed region (no bytes, no FLOPs)";
@@ -889,7 +1211,7 @@ std::optional<PairRow> compare_pair(const Pair& pair, const Row& baseline, const
     std::vector<double> amortised = improved.samples_ns;
     for (double& t : amortised) t += moved_ns;
     out.kind = "amortised";
-    out.ratio = ratio_estimate(baseline.samples_ns, amortised);
+    out.ratio = ratio_of(baseline.samples_ns, amortised, out.rounds);
     out.moved_out = MovedOut{declared.what,      declared.ms_per_call, moved_ns, each_ms ? *each_ms * 1e6 : 0.0,
                              declared.paid_per, declared.call};
   } else if (improved.moves_nothing()) {
@@ -897,7 +1219,7 @@ std::optional<PairRow> compare_pair(const Pair& pair, const Row& baseline, const
                               "divide the baseline's work by no work";
     return std::nullopt;
   } else {
-    out.ratio = ratio_estimate(baseline.samples_ns, improved.samples_ns);
+    out.ratio = ratio_of(baseline.samples_ns, improved.samples_ns, out.rounds);
   }
   if (!pair.predicted_ns.empty())
     if (const double* predicted = find_counter(improved, pair.predicted_ns); predicted && *predicted > 0)
@@ -958,6 +1280,17 @@ void finish_results(const Registry& registry, const Settings& settings, Results&
   // Peaks: the fastest sample each peak variant reached in this run. A ceiling is what the machine
   // can do; interference only ever slows a sample down, so the median would understate it.
   // A DRAM peak measured on data that fits in the cache is the cache's bandwidth: not a ceiling.
+  // Figures of the same work measured beside the peak row in this run count too: the fastest call of
+  // the row's own search (its counter search_best_ns) and the fastest sample of a row of the same stage
+  // doing the same work another way (the triad on one thread). The peak is the best of them; when that
+  // is not the row's own samples by more than kPeakAgreement, the peak says what its samples reached.
+  std::map<std::string, double> own_samples;                  // by peak key: its rows' fastest sample
+  std::map<std::string, std::vector<const Row*>> peak_rows;    // by peak key: the rows that provide it
+  auto rate_at = [](const Row& r, double ns) { return (r.bound == "compute" ? r.flops : r.bytes) / (ns * 1e-9); };
+  auto offer = [&](const std::string& key, double rate, const Row& r, const std::string& configuration) {
+    PeakValue& peak = results.peaks[key];
+    if (rate > peak.value) peak = PeakValue{rate, r.bound == "compute" ? "FLOP/s" : "B/s", r.name, configuration};
+  };
   for (auto& r : results.rows) {
     if (!r.timed()) continue;
     const Stage* stage = registry.find(r.stage);
@@ -967,10 +1300,25 @@ void finish_results(const Registry& registry, const Settings& settings, Results&
       r.pct_note = "cache";
       continue;
     }
-    const double fastest_ns = *std::min_element(r.samples_ns.begin(), r.samples_ns.end());
-    const double rate = (r.bound == "compute" ? r.flops : r.bytes) / (fastest_ns * 1e-9);
-    PeakValue& peak = results.peaks[v->provides_peak];
-    if (rate > peak.value) peak = PeakValue{rate, r.bound == "compute" ? "FLOP/s" : "B/s", r.name, r.configuration};
+    const double rate = rate_at(r, *std::min_element(r.samples_ns.begin(), r.samples_ns.end()));
+    own_samples[v->provides_peak] = std::max(own_samples[v->provides_peak], rate);
+    offer(v->provides_peak, rate, r, r.configuration);
+    if (const double* search_ns = find_counter(r, "search_best_ns"); search_ns && *search_ns > 0)
+      offer(v->provides_peak, rate_at(r, *search_ns), r,
+            (r.configuration.empty() ? std::string("its search") : r.configuration) + ", the fastest call of its search");
+    peak_rows[v->provides_peak].push_back(&r);
+  }
+  for (const auto& r : results.rows) {
+    const auto providers = peak_rows.find(r.peak_key);
+    if (!r.timed() || providers == peak_rows.end() || may_run_from_cache(r, settings)) continue;
+    const bool same_work = std::any_of(providers->second.begin(), providers->second.end(), [&](const Row* p) {
+      return p->stage == r.stage && p->bytes == r.bytes && p->flops == r.flops;
+    });
+    if (same_work) offer(r.peak_key, rate_at(r, *std::min_element(r.samples_ns.begin(), r.samples_ns.end())), r, r.variant);
+  }
+  for (auto& [key, peak] : results.peaks) {
+    const double own = own_samples[key];
+    peak.own_samples_value = own > 0 && own < kPeakAgreement * peak.value ? own : 0;
   }
   attach_pct_of_peak(settings, results);
   // Pairs: at every problem both variants ran at on the same backend.
@@ -980,19 +1328,9 @@ void finish_results(const Registry& registry, const Settings& settings, Results&
     if (!stage) continue;
     for (const auto& pair : stage->pairs) {
       if (pair.improved != r.variant) continue;
-      // The baseline at the improved row's problem; failing that, at its values of the axes the
-      // baseline has (a bucketed all-reduce against one call per tensor: bucket_mb is its own).
-      const std::string prefix = r.stage + "/" + r.backend + "/";
-      std::string baseline_name = prefix + pair.baseline + r.name.substr(prefix.size() + r.variant.size());
-      auto it = by_name.find(baseline_name);
-      const Variant* baseline = stage->find_variant(pair.baseline, backend_from_string(r.backend));
-      if (it == by_name.end() && baseline) {
-        std::vector<std::pair<std::string, std::string>> shared;
-        for (const auto& kv : r.problem)
-          if (std::find(baseline->axes.begin(), baseline->axes.end(), kv.first) != baseline->axes.end()) shared.push_back(kv);
-        baseline_name = benchmark_name(*stage, *baseline, Problem(shared));
-        it = by_name.find(baseline_name);
-      }
+      const std::string baseline_name =
+          pair_baseline_name(*stage, pair, r, [&](const std::string& name) { return by_name.count(name) > 0; });
+      const auto it = by_name.find(baseline_name);
       if (it == by_name.end() || !it->second->timed()) continue;
       judge_pair(pair, *it->second, r, results);
     }

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <csignal>
+#include <functional>
 #include <iosfwd>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "results.h"
 #include "runtime/defaults.h"
 #include "runtime/registry.h"
+#include "runtime/timing.h"
 
 namespace tb {
 
@@ -36,6 +39,21 @@ struct Settings {
   // A row still measuring after this many seconds says how far it is ("sample 3/10"), again each time
   // as long again has passed; 0: after every sample.
   double progress_every_s = defaults::progress_every_s;
+  // CPU rows: the working set below which a hot memory-bound row may run from a cache, and how it was
+  // found (where the copy's bandwidth fell to DRAM's in this machine's size sweep: cache_threshold.h);
+  // 0: twice the last-level cache the CPU reports.
+  double cpu_cache_bytes = 0;
+  std::string cpu_cache_how;
+  // The rows a stage's declared pairs join at one problem (both sides of each pair) are measured
+  // together, in rounds that take one sample of each, in alternating order (A B, B A, A B, ...), so
+  // that a drift of the machine hits both sides of a round and the pair's ratio comes from the rounds.
+  // false: each row on its own, one after the other (for comparison, or where the sides of a pair do
+  // not fit in memory together).
+  bool interleave_pairs = true;
+  // Tests: makes the timer every sample is read from (a fake clock); null: the backend's own.
+  std::function<std::unique_ptr<SampleTimer>()> sample_timer;
+  // Tests: told of each sample a row keeps, in the order they were taken (row name, sample index).
+  std::function<void(const std::string& row, std::size_t sample)> on_sample;
 };
 
 // One benchmark to run: a variant at one problem.
@@ -63,6 +81,9 @@ Results run_entries(const Registry& registry, const std::vector<Entry>& entries,
 
 // The run's context: host, devices, build, settings (Google Benchmark's keys plus trainbench's).
 nlohmann::json run_context(const Settings& settings);
+// Per backend of the run, the working set below which a hot memory-bound row may run from a cache and
+// how it was found: {"cpu": {"bytes": ..., "how": "..."}} (context.cache_thresholds).
+nlohmann::json cache_thresholds_json(const Settings& settings);
 
 // Fills each row's summary and % of peak, the peaks and the pairs, from the rows' samples.
 void finish_results(const Registry& registry, const Settings& settings, Results& results);

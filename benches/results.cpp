@@ -91,6 +91,7 @@ static json row_to_json(const Row& r) {
     if (r.pct_of_peak) j["pct_of_peak"] = *r.pct_of_peak;
     if (!r.pct_note.empty()) j["pct_of_peak_note"] = r.pct_note;
     if (!r.configuration.empty()) j["configuration"] = r.configuration;
+    if (!r.interleaved_with.empty()) j["interleaved_with"] = r.interleaved_with;
     if (r.others_share >= 0) j["others_cpu_share"] = r.others_share;
     j["disturbed"] = r.disturbed;
     j["retaken_samples"] = r.retaken;
@@ -143,6 +144,7 @@ json to_json(const Results& results) {
       pair["predicted"] = {{"counter", p.predicted->counter},
                            {"improved_ns", p.predicted->improved_ns},
                            {"ratio", p.predicted->ratio}};
+    if (p.rounds > 0) pair["rounds"] = p.rounds;
     pairs.push_back(std::move(pair));
   }
   json withheld = json::array();
@@ -153,6 +155,7 @@ json to_json(const Results& results) {
   for (const auto& [key, peak] : results.peaks) {
     peaks[key] = {{"value", peak.value}, {"unit", peak.unit}, {"benchmark", peak.benchmark}};
     if (!peak.configuration.empty()) peaks[key]["configuration"] = peak.configuration;
+    if (peak.own_samples_value > 0) peaks[key]["own_samples_value"] = peak.own_samples_value;
   }
   context["peaks"] = peaks;
   return json{{"schema", results_schema}, {"context", context}, {"benchmarks", rows}, {"pairs", pairs},
@@ -180,7 +183,7 @@ Results results_from_json(const json& doc) {
     for (const auto& [key, p] : results.context["peaks"].items())
       results.peaks[key] = PeakValue{field<double>(p, "value", "peak " + key), field<std::string>(p, "unit", "peak " + key),
                                      field<std::string>(p, "benchmark", "peak " + key),
-                                     p.value("configuration", std::string())};
+                                     p.value("configuration", std::string()), p.value("own_samples_value", 0.0)};
     results.context.erase("peaks");
   }
   const json rows = field<json>(doc, "benchmarks", "document");
@@ -236,6 +239,7 @@ Results results_from_json(const json& doc) {
       if (j.contains("pct_of_peak")) r.pct_of_peak = j["pct_of_peak"].get<double>();
       r.pct_note = j.value("pct_of_peak_note", std::string());
       r.configuration = j.value("configuration", std::string());
+      r.interleaved_with = j.value("interleaved_with", std::vector<std::string>{});
       r.others_share = j.value("others_cpu_share", -1.0);
       r.disturbed = j.value("disturbed", false);
       r.retaken = j.value("retaken_samples", 0);
@@ -263,6 +267,7 @@ Results results_from_json(const json& doc) {
       throw std::runtime_error(where + ": kind '" + p.kind + "' (timed, amortised)");
     p.baseline_ns = j.value("baseline_median_ns", 0.0);
     p.improved_ns = j.value("improved_median_ns", 0.0);
+    p.rounds = j.value("rounds", 0);
     if (j.contains("moved_out")) {
       const json& m = j["moved_out"];
       const std::string in = where + " moved_out";
@@ -442,7 +447,16 @@ static std::string render_console(const Results& results) {
     for (const auto& [key, peak] : results.peaks)
       out << "  " << std::left << std::setw(20) << key
           << (peak.unit == "FLOP/s" ? fixed(peak.value * 1e-12, 2) + " TFLOP/s" : fixed(peak.value * 1e-9, 2) + " GB/s")
-          << (peak.configuration.empty() ? "" : "  by " + peak.configuration) << "\n";
+          << (peak.configuration.empty() ? "" : "  by " + peak.configuration) << "\n"
+          << (peak.own_samples_value > 0 ? "      (set by " + peak.benchmark + "; the peak row's own samples reached only " +
+                                               fixed(peak.own_samples_value / peak.value, 3) +
+                                               "x of it: slowed while they were timed, or a slower way than its best)\n"
+                                         : "");
+    if (results.context.contains("cache_thresholds"))
+      for (const auto& [backend, threshold] : results.context["cache_thresholds"].items())
+        out << "  " << std::left << std::setw(20) << ("cache, " + backend + " rows") << "below "
+            << fixed(threshold.value("bytes", 0.0) / (1 << 20), 1) << " MiB of working set: "
+            << threshold.value("how", std::string()) << "\n";
   }
   return out.str();
 }

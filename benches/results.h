@@ -64,6 +64,9 @@ struct Row {
   double throttled_share = -1;
   std::vector<std::pair<std::string, double>> counters;  // from the work model, e.g. launches per call
   std::string configuration;  // Instance::configuration(): which searched way ran ("" when one)
+  // The rows measured in the same rounds as this one (its pairs' other sides): sample k of each was
+  // taken in round k. Empty: measured on its own.
+  std::vector<std::string> interleaved_with;
 
   bool timed() const { return disposition == Disposition::passed && !samples_ns.empty(); }
   // The timed region moves and computes nothing (Work::moves_nothing): no rate of any kind.
@@ -105,6 +108,9 @@ struct PairRow {
   double baseline_ns = 0, improved_ns = 0;  // the rows' median time per call (0: not in the file)
   std::optional<MovedOut> moved_out;        // amortised pairs
   std::optional<Prediction> predicted;
+  // The ratio is from this many paired rounds (the sides measured interleaved, per-round ratios);
+  // 0: from the two rows' sample sets, measured apart.
+  int rounds = 0;
 };
 
 // A declared pair whose ratio is withheld: one of its rows was disturbed, or moves nothing in its
@@ -118,6 +124,10 @@ struct PeakValue {
   std::string unit;       // "B/s" or "FLOP/s"
   std::string benchmark;  // the row it came from
   std::string configuration;  // that row's configuration, when it searched
+  // The peak rows' own fastest sample, when a figure of the same work measured beside them in the run
+  // (their search's fastest call, a row doing it another way) beat it by more than 2% and set the peak
+  // instead (their samples were slowed, or they time a slower way than the best); 0: they agree.
+  double own_samples_value = 0;
 };
 
 struct Results {

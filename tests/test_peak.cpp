@@ -37,6 +37,67 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, PeakVariant, ::testing::Range<std::size_t>
                            return std::string(to_string(v.backend)) + "_" + v.id;
                          });
 
+// Where the caches end, from fake sweep curves (footprint in MiB, GB/s).
+std::vector<peak::SweepPoint> curve_of(const std::vector<std::pair<double, double>>& points) {
+  std::vector<peak::SweepPoint> curve;
+  for (const auto& [mib, gb_per_s] : points) curve.push_back(peak::SweepPoint{mib * (1 << 20), gb_per_s * 1e9});
+  return curve;
+}
+
+TEST(CacheSweep, TheThresholdIsWhereTheCopysBandwidthReachesDrams) {
+  // A cache of about 8 MiB: fast up to 4, falling at 8, DRAM's 20 GB/s from 16 on.
+  EXPECT_DOUBLE_EQ(peak::cache_threshold_from_sweep(curve_of({{1, 100}, {2, 100}, {4, 95}, {8, 60}, {16, 21}, {32, 20},
+                                                               {64, 20}, {128, 19.5}})),
+                   16.0 * (1 << 20));
+  // The 2-vCPU VM that reports a 300 MiB L3: its copy is at DRAM's bandwidth from 64 MiB on.
+  EXPECT_DOUBLE_EQ(peak::cache_threshold_from_sweep(curve_of({{1, 60}, {4, 55}, {16, 30}, {32, 17}, {64, 12}, {128, 11.5},
+                                                               {256, 11}, {512, 11.8}, {1024, 11.2}})),
+                   64.0 * (1 << 20));
+  // A slow middle point (a disturbed size) does not end the cache early: every size from the
+  // threshold on must be at DRAM's bandwidth.
+  EXPECT_DOUBLE_EQ(peak::cache_threshold_from_sweep(curve_of({{1, 100}, {2, 20}, {4, 95}, {8, 21}, {16, 20}, {32, 20}})),
+                   8.0 * (1 << 20));
+}
+
+TEST(CacheSweep, ACurveWithoutAFallCannotTell) {
+  // Flat: the cache is below the smallest size or above the largest.
+  EXPECT_EQ(peak::cache_threshold_from_sweep(curve_of({{1, 20}, {2, 21}, {4, 20}, {8, 19}})), 0.0);
+  // The two largest sizes disagree by far: no plateau to call DRAM's.
+  EXPECT_EQ(peak::cache_threshold_from_sweep(curve_of({{1, 100}, {2, 100}, {4, 10}, {8, 40}})), 0.0);
+  // Too few sizes.
+  EXPECT_EQ(peak::cache_threshold_from_sweep(curve_of({{1, 100}, {2, 20}})), 0.0);
+}
+
+TEST(CacheSweep, TheRealSweepCoversTheSizesWithPositiveRates) {
+  const auto curve = peak::copy_bandwidth_sweep(4.0 * (1 << 20));
+  ASSERT_EQ(curve.size(), 3u);  // 1, 2 and 4 MiB
+  for (std::size_t i = 0; i < curve.size(); ++i) {
+    EXPECT_DOUBLE_EQ(curve[i].footprint_bytes, static_cast<double>(1 << 20) * (1 << i));
+    EXPECT_GT(curve[i].bytes_per_s, 0.0);
+  }
+}
+
+// The STREAM peak rows search before they are timed: they name the way they chose, and report the
+// fastest call of their search as a figure of the same work.
+TEST(PeakSearch, CpuStreamRowsNameTheirChoiceAndTheirSearchsBest) {
+  for (const char* id : {"copy", "triad"}) {
+    const Variant* v = peak_stage().find_variant(id, Backend::cpu);
+    ASSERT_NE(v, nullptr);
+    auto session = make_session(Backend::cpu, 0);
+    auto instance = v->make(Problem(std::vector<std::pair<std::string, std::string>>{{"n", "100003"}}), session->context());
+    instance->run();
+    EXPECT_TRUE(instance->check().passed) << id;  // every candidate checked
+    EXPECT_FALSE(instance->configuration().empty()) << id;
+    double searched = 0, best_ns = 0;
+    for (const auto& [key, value] : instance->observed()) {
+      if (key == "candidates_searched") searched = value;
+      if (key == "search_best_ns") best_ns = value;
+    }
+    EXPECT_GE(searched, 2.0) << id;
+    EXPECT_GT(best_ns, 0.0) << id;
+  }
+}
+
 TEST(PeakReference, CatchesAWrongCopy) {
   std::vector<double> src{1, 2, 3}, dst{1, 2, 3.0000001};
   const Verdict v = peak::check_copy(dst.data(), src.data(), 3);

@@ -70,6 +70,29 @@ TEST(Stats, RatioWithTooFewSamplesSaysItsCoverage) {
   EXPECT_THROW(ratio_estimate({1}, {0}), std::invalid_argument);
 }
 
+TEST(Stats, PairedRatioIsTheMedianOfTheRoundsWithTheSignedRankInterval) {
+  // Five rounds of 2x, one of 1x and one of 4x: the Walsh averages' median is 2x.
+  const std::vector<double> improved{1, 1, 1, 1, 1, 1, 1};
+  const std::vector<double> baseline{2, 2, 2, 1, 2, 4, 2};
+  const RatioEstimate r = paired_ratio_estimate(baseline, improved);
+  EXPECT_DOUBLE_EQ(r.ratio, 2.0);
+  // Seven rounds reach 95%: k = 3 (P(T <= 2) = 3/128), coverage 1 - 6/128.
+  EXPECT_NEAR(r.ci_level, 1.0 - 6.0 / 128.0, 1e-12);
+  EXPECT_LE(r.ci_low, 2.0);
+  EXPECT_GE(r.ci_high, 2.0);
+  // Three rounds cannot reach 95%: [min, max] of the Walsh averages, at 1 - 2/8.
+  const RatioEstimate few = paired_ratio_estimate({2, 3, 4}, {1, 1, 1});
+  EXPECT_DOUBLE_EQ(few.ci_level, 0.75);
+  EXPECT_DOUBLE_EQ(few.ci_low, 2.0);
+  EXPECT_DOUBLE_EQ(few.ci_high, 4.0);
+  // A drift that scales both sides of a round cancels: the same rounds at 3x the time read the same.
+  const RatioEstimate drifted = paired_ratio_estimate({2, 6, 2, 6, 2}, {1, 3, 1, 3, 1});
+  EXPECT_DOUBLE_EQ(drifted.ratio, 2.0);
+  EXPECT_DOUBLE_EQ(drifted.ci_low, 2.0);
+  EXPECT_DOUBLE_EQ(drifted.ci_high, 2.0);
+  EXPECT_THROW(paired_ratio_estimate({1}, {0}), std::invalid_argument);
+}
+
 // A timer that returns scripted durations: the sampling loop and the statistics without a clock.
 class FakeTimer final : public SampleTimer {
  public:

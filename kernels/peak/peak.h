@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -36,6 +37,33 @@ std::unique_ptr<Instance> make_cpu_copy(const Problem&, const RunContext&);
 std::unique_ptr<Instance> make_cpu_triad(const Problem&, const RunContext&);
 std::unique_ptr<Instance> make_cpu_triad_1thread(const Problem&, const RunContext&);
 std::unique_ptr<Instance> make_cpu_gemm_fp32(const Problem&, const RunContext&);
+
+// ---- where the CPU's caches end for a streaming kernel (cache_sweep.cpp) ------------------------------
+// The reported last-level cache can mislead (a 2-vCPU VM reports a host's 300 MiB L3): whether a
+// working set stays in a cache for these cores is what the copy's bandwidth over growing working sets
+// shows. The sweep doubles the footprint (source + destination) from sweep_smallest_bytes to at
+// least sweep_largest_bytes (or 4x the reported cache, if larger).
+inline constexpr double sweep_smallest_bytes = 1 << 20;
+inline constexpr double sweep_largest_bytes = 1 << 30;
+inline constexpr double sweep_repeat_s = 0.02;  // each timed repeat of a size: calls of at least this long
+inline constexpr int sweep_repeats = 3;        // the fastest of these repeats counts
+// A size runs at DRAM's bandwidth when its rate is within this fraction of the largest sizes'.
+inline constexpr double sweep_dram_tolerance = 0.15;
+
+struct SweepPoint {
+  double footprint_bytes = 0;  // bytes one copy touches: its source and its destination
+  double bytes_per_s = 0;      // read + written per second (the fastest repeat)
+};
+// The copy's bandwidth at each footprint, with OpenMP's team, smallest first; each size takes about
+// sweep_repeats x sweep_repeat_s whatever the machine's load. `go_on`, asked before each size, ends
+// the sweep early when it says false (the sizes measured so far are returned).
+std::vector<SweepPoint> copy_bandwidth_sweep(double largest_footprint_bytes, const std::function<bool()>& go_on = {});
+// The footprint from which the copy runs at DRAM's bandwidth: the smallest swept size from which every
+// larger one is within sweep_dram_tolerance of the plateau (the median rate of the two largest sizes).
+// A row whose working set is below it may run from a cache. 0 when the curve shows no fall (every size
+// at the plateau: the cache is below the smallest size or above the largest, the sweep cannot tell) or
+// has fewer than 3 points.
+double cache_threshold_from_sweep(const std::vector<SweepPoint>& curve);
 
 // ---- CUDA variants (peak_cuda.cu) ----------------------------------------------------------------
 std::unique_ptr<Instance> make_cuda_copy(const Problem&, const RunContext&);

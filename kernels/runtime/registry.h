@@ -99,7 +99,9 @@ class Instance {
   virtual Verdict check() = 0;
   // What the variant observed while it was timed (a skip rate, iterations per solve, the share of a
   // copy hidden behind compute). Read once after the last sample; added to the row's counters,
-  // replacing a work-model counter of the same name.
+  // replacing a work-model counter of the same name. A row whose pair shows a model's prediction
+  // (Pair::predicted_ns), measured in rounds with its pair's other side, is read after each sample
+  // instead, so that the parts the model times are timed in the same rounds; it keeps the medians.
   virtual std::vector<std::pair<std::string, double>> observed() const { return {}; }
   // Which of the ways it searched the variant runs (a peak row's fastest kernel or cuBLASLt
   // algorithm), for the row and the peaks it sets; "" when it runs one way.

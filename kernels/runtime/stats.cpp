@@ -108,4 +108,40 @@ RatioEstimate ratio_estimate(const std::vector<double>& baseline, const std::vec
   return r;
 }
 
+RatioEstimate paired_ratio_estimate(const std::vector<double>& baseline, const std::vector<double>& improved,
+                                    double level) {
+  const std::size_t rounds = std::min(baseline.size(), improved.size());
+  if (rounds == 0) throw std::invalid_argument("ratio of no rounds");
+  std::vector<double> d(rounds);
+  for (std::size_t r = 0; r < rounds; ++r) {
+    if (!(baseline[r] > 0) || !(improved[r] > 0)) throw std::invalid_argument("ratio of non-positive times");
+    d[r] = std::log(baseline[r]) - std::log(improved[r]);
+  }
+  std::vector<double> walsh;
+  walsh.reserve(rounds * (rounds + 1) / 2);
+  for (std::size_t i = 0; i < rounds; ++i)
+    for (std::size_t j = i; j < rounds; ++j) walsh.push_back(0.5 * (d[i] + d[j]));
+  std::sort(walsh.begin(), walsh.end());
+  // The signed-rank statistic's exact null distribution: counts over the 2^rounds sign patterns.
+  std::vector<double> counts(walsh.size() + 1, 0.0);
+  counts[0] = 1.0;
+  for (std::size_t rank = 1; rank <= rounds; ++rank)
+    for (std::size_t t = counts.size() - 1; t >= rank; --t) counts[t] += counts[t - rank];
+  const double patterns = std::pow(2.0, static_cast<double>(rounds));
+  // The largest k with P(T <= k - 1) <= (1 - level) / 2, at least 1 ([min, max]).
+  std::size_t k = 1;
+  double below = counts[0] / patterns;  // P(T <= k - 1)
+  for (double next = below + counts[1] / patterns; k < (walsh.size() + 1) / 2 && next <= (1 - level) / 2;
+       next += counts[k] / patterns) {
+    below = next;
+    ++k;
+  }
+  RatioEstimate r;
+  r.ratio = std::exp(median_of(walsh));
+  r.ci_low = std::exp(walsh[k - 1]);
+  r.ci_high = std::exp(walsh[walsh.size() - k]);
+  r.ci_level = 1.0 - 2.0 * below;
+  return r;
+}
+
 }  // namespace tb

@@ -35,4 +35,13 @@ struct RatioEstimate {
 RatioEstimate ratio_estimate(const std::vector<double>& baseline, const std::vector<double>& improved,
                              double level = 0.95);
 
+// The same ratio from paired rounds (baseline[r] and improved[r] taken one after the other in round r,
+// as an A/B comparison takes them): the Hodges-Lehmann estimate of the per-round log ratios (the median
+// of their Walsh averages) and its interval from the exact signed-rank distribution, as
+// scripts/compare --interleave computes it. A drift that slows both sides of a round cancels in its
+// ratio. Only the first min(sizes) rounds are paired; with too few for `level`, the interval is the
+// smallest to the largest Walsh average and ci_level says its coverage (1 - 2 / 2^rounds).
+RatioEstimate paired_ratio_estimate(const std::vector<double>& baseline, const std::vector<double>& improved,
+                                    double level = 0.95);
+
 }  // namespace tb
