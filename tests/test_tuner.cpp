@@ -948,6 +948,50 @@ TEST(AutotuneSteps, SearchRaceAndOutputRunOnThePlansExecutor) {
   std::filesystem::remove_all(dir);
 }
 
+// A machine where the workload's own configuration (tiny's micro-batch 8) is clearly fastest, whose
+// budget ends after its trial and one trial of the search: every later trial, the race's included, is
+// stopped by it (OutOfBudget), as on an H100 where a short budget left the race no round.
+class OwnFastestShortBudget final : public Executor {
+ public:
+  TrialResult run(const Candidate& c, const MeasurePolicy&) override {
+    if (++runs_ > 2) throw OutOfBudget("the budget ended");
+    TrialResult r;
+    r.samples_per_s = c.micro_batch == 8 ? 400 : 250;
+    r.ci_low = r.samples_per_s * 0.999;
+    r.ci_high = r.samples_per_s * 1.001;
+    r.peak_bytes = (int64_t{1} << 20) * c.micro_batch;
+    r.steps = 10;
+    r.seconds = 0.01;
+    r.setup_seconds = 0.001;
+    return r;
+  }
+  int64_t memory_capacity() const override { return int64_t{1} << 40; }
+
+ private:
+  int runs_ = 0;
+};
+
+TEST(AutotuneSteps, ASearchCutShortNeverChoosesSlowerThanTheOwnConfigurationItMeasured) {
+  const auto dir = fresh_dir("tb_steps_own");
+  const std::string journal = (dir / "j.jsonl").string();
+  const AutotuneOptions o = parse({"--gpu", "cpu", "--workload", "tiny", "--batch", "16", "--switches", "none",
+                                   "--journal", journal.c_str()});
+  const BudgetClock clock;
+  TunePlan plan = plan_tune(o);
+  plan.runner.executor = std::make_unique<OwnFastestShortBudget>();
+  Tune tune(o, plan, clock);
+  search_and_race(tune);
+  ASSERT_TRUE(tune.out.report.found);
+  ASSERT_TRUE(tune.out.baseline.has_value());
+  EXPECT_EQ(tune.out.baseline->candidate.micro_batch, 8);  // tiny's own
+  EXPECT_EQ(tune.out.report.best.candidate.key(), tune.out.baseline->candidate.key());
+  EXPECT_DOUBLE_EQ(tune.out.report.best.result.samples_per_s, 400);
+  EXPECT_TRUE(tune.out.report.runners_up.empty()) << "the search's 250 samples/s is no tie of 400";
+  ASSERT_TRUE(tune.out.speedup.has_value());
+  EXPECT_EQ(tune.out.speedup->note, speedup_of_own_choice(kWorkloadOwnConfig).note);
+  std::filesystem::remove_all(dir);
+}
+
 // Two tunes of one small workload agree: each one's choice, raced interleaved against the other's
 // (autotune --compare), is within noise, or they chose the same configuration. Before the race, two
 // tunes minutes apart on a shared machine could each find their own "1.12x". Disabled in discovery,

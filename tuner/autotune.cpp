@@ -1007,6 +1007,34 @@ void Tune::note_trial(const Candidate& c, const TrialResult& r) {
             << human_seconds(options.budget) << " budget] " << describe(c) << " -> " << result_text(r) << std::endl;
 }
 
+// The search chooses among the candidates it ran, and one cut short by the budget need not have run
+// the workload's own configuration (or --versus's), measured before it: a tune never recommends a
+// configuration slower than one it measured and may choose. When that trial kept the search's memory
+// headroom and ran faster than the search's choice beyond noise, it becomes the choice; the search's
+// choice and ties stay runners-up where within noise of it. A search that ran it weighed it already.
+bool own_outran_the_search(Tune& tune) {
+  SearchReport& rep = tune.out.report;
+  const Ranked& own = *tune.out.baseline;
+  const double noise = tune.search_options.noise_margin;
+  const double memory_limit = static_cast<double>(tune.plan.runner.executor->memory_capacity()) * (1 - rep.headroom);
+  if (!rep.found || !own.result.ok() || static_cast<double>(own.result.peak_bytes) > memory_limit ||
+      own.result.samples_per_s <= (1 + noise) * rep.best.result.samples_per_s ||
+      std::any_of(rep.trials.begin(), rep.trials.end(), [&](const Ranked& t) { return t.candidate == own.candidate; }))
+    return false;
+  std::vector<Ranked> ties;
+  rep.runners_up.insert(rep.runners_up.begin(), rep.best);
+  for (const auto& r : rep.runners_up)
+    if (r.result.samples_per_s >= (1 - noise) * own.result.samples_per_s) ties.push_back(r);
+  std::sort(ties.begin(), ties.end(), [](const Ranked& a, const Ranked& b) { return a.result.samples_per_s > b.result.samples_per_s; });
+  std::cerr << "autotune: the search found nothing faster than " << baseline_name(tune.out)
+            << " within its budget: its best, " << describe(rep.best.candidate) << " -> " << result_text(rep.best.result)
+            << ", against " << describe(own.candidate) << " -> " << result_text(own.result) << "; choosing "
+            << baseline_name(tune.out) << std::endl;
+  rep.best = own;
+  rep.runners_up = std::move(ties);
+  return true;
+}
+
 void search_step(Tune& tune) {
   Executor& executor = *tune.plan.runner.executor;
   if (!tune.options.versus.empty())
@@ -1028,6 +1056,7 @@ void search_step(Tune& tune) {
   if (tune.options.race_rounds >= 2 && own_result.ok()) tune.race_share = kRaceShare * tune.seconds_left();
   tune.out.report = search(executor, tune.plan.space, tune.search_options);
   tune.race_share = 0;
+  if (own_outran_the_search(tune)) tune.out.speedup = speedup_of_own_choice(baseline_name(tune.out));
   // A trial of the workload's own configuration can take most of a short budget (sem_v55 at its
   // batch of 4096: 73 s on an H100, 31 s of it set-up) and leave the search no time for one of its
   // own: that measured configuration is then the answer, and nothing is raced against it.
@@ -1059,7 +1088,8 @@ void race_step(Tune& tune) {
     std::cerr << "autotune: one configuration ran within the memory headroom: nothing to race it against" << std::endl;
     if (own_chosen) out.speedup = speedup_of_own_choice(baseline_name(out));
   } else if (options.race_rounds < 1) {
-    if (own_result.ok())
+    if (own_chosen) out.speedup = speedup_of_own_choice(baseline_name(out));
+    else if (own_result.ok())
       out.speedup = speedup_from_separate_trials(out.report.best.result.samples_per_s / own_result.samples_per_s,
                                                  "--race-rounds 0");
   } else {
