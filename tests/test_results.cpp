@@ -404,9 +404,12 @@ TEST(TorchRows, ThePyTorchRowsStandBesideTheSelectedRows) {
   EXPECT_FALSE(cuda_names.count("attention/torch_cuda/sdpa_flash/shape=4x16x4096x128,causal=causal,dtype=fp32"));
   EXPECT_TRUE(cuda_names.count("cg/torch_cuda/device_loop_lazy/graph=ring8,rows=262144,alpha=0.5,drift=5e-7"));
   for (const auto& name : cuda_names) {
-    if (name.rfind("adamw/", 0) == 0 || name.rfind("gradnorm/", 0) == 0)  // fp32 only
+    if (name.rfind("adamw/", 0) == 0 || name.rfind("gradnorm/", 0) == 0) {  // fp32 only
       EXPECT_EQ(name.find("dtype=bf16"), std::string::npos) << name;
-    if (name.rfind("collate/", 0) == 0) EXPECT_NE(name.find("compute_us=0"), std::string::npos) << name;
+    }
+    if (name.rfind("collate/", 0) == 0) {
+      EXPECT_NE(name.find("compute_us=0"), std::string::npos) << name;
+    }
   }
 }
 
