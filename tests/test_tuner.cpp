@@ -903,21 +903,26 @@ TEST(AutotuneSteps, RanksShareEachGlobalBatch) {
             std::string::npos);
 }
 
+// A trial of `c` that measured exactly `samples_per_s` (+-0.1%), 1 MiB a sample, in 10 ms.
+TrialResult exact_trial(const Candidate& c, double samples_per_s) {
+  TrialResult r;
+  r.samples_per_s = samples_per_s;
+  r.ci_low = r.samples_per_s * 0.999;
+  r.ci_high = r.samples_per_s * 1.001;
+  r.peak_bytes = (int64_t{1} << 20) * c.micro_batch;
+  r.steps = 10;
+  r.seconds = 0.01;
+  r.setup_seconds = 0.001;
+  return r;
+}
+
 // A machine where micro-batch 4 is clearly fastest, exactly, every time: the search, the race and
 // the output steps on it choose micro-batch 4 and write it.
 class MicroBatchTable final : public Executor {
  public:
   TrialResult run(const Candidate& c, const MeasurePolicy&) override {
     static const std::map<int64_t, double> speed{{1, 100}, {2, 200}, {4, 400}, {8, 300}, {16, 250}};
-    TrialResult r;
-    r.samples_per_s = speed.at(c.micro_batch);
-    r.ci_low = r.samples_per_s * 0.999;
-    r.ci_high = r.samples_per_s * 1.001;
-    r.peak_bytes = (int64_t{1} << 20) * c.micro_batch;
-    r.steps = 10;
-    r.seconds = 0.01;
-    r.setup_seconds = 0.001;
-    return r;
+    return exact_trial(c, speed.at(c.micro_batch));
   }
   int64_t memory_capacity() const override { return int64_t{1} << 40; }
 };
@@ -955,15 +960,7 @@ class OwnFastestShortBudget final : public Executor {
  public:
   TrialResult run(const Candidate& c, const MeasurePolicy&) override {
     if (++runs_ > 2) throw OutOfBudget("the budget ended");
-    TrialResult r;
-    r.samples_per_s = c.micro_batch == 8 ? 400 : 250;
-    r.ci_low = r.samples_per_s * 0.999;
-    r.ci_high = r.samples_per_s * 1.001;
-    r.peak_bytes = (int64_t{1} << 20) * c.micro_batch;
-    r.steps = 10;
-    r.seconds = 0.01;
-    r.setup_seconds = 0.001;
-    return r;
+    return exact_trial(c, c.micro_batch == 8 ? 400 : 250);
   }
   int64_t memory_capacity() const override { return int64_t{1} << 40; }
 

@@ -201,11 +201,17 @@ __global__ void crossentropy_backward_kernel(float* dlogits, const float* probs,
   TB_GRID_STRIDE(e, N * V) dlogits[e] = (probs[e] - (e % V == targets[e / V] ? 1.0f : 0.0f)) * dloss;
 }
 
-// fp32 -> bf16 (round to nearest even), four elements a thread where the pointers allow a float4.
-__global__ void to_bf16_kernel(attention::bf16_bits* __restrict__ dst, const float* __restrict__ src, int64_t n) {
-  const int64_t quads = n / 4;
+// fp32 -> bf16 (round to nearest even); `quads`: four elements a thread, for a 16-byte aligned source
+// (a weight inside the parameter arena starts wherever the tensors before it end), else one.
+__global__ void to_bf16_kernel(attention::bf16_bits* __restrict__ dst, const float* __restrict__ src, int64_t n,
+                               bool quads) {
+  if (!quads) {
+    TB_GRID_STRIDE(i, n) store(dst + i, src[i]);
+    return;
+  }
+  const int64_t whole = n / 4;
   const float4* src4 = reinterpret_cast<const float4*>(src);
-  TB_GRID_STRIDE(i, quads) {
+  TB_GRID_STRIDE(i, whole) {
     const float4 x = src4[i];
     const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
     uint2 packed;
@@ -213,10 +219,7 @@ __global__ void to_bf16_kernel(attention::bf16_bits* __restrict__ dst, const flo
     packed.y = *reinterpret_cast<const uint32_t*>(&hi);
     reinterpret_cast<uint2*>(dst)[i] = packed;
   }
-  if (blockIdx.x == 0 && threadIdx.x < n - quads * 4) {
-    const __nv_bfloat16 b = __float2bfloat16_rn(src[quads * 4 + threadIdx.x]);
-    dst[quads * 4 + threadIdx.x] = *reinterpret_cast<const attention::bf16_bits*>(&b);
-  }
+  if (blockIdx.x == 0 && threadIdx.x < n - whole * 4) store(dst + whole * 4 + threadIdx.x, src[whole * 4 + threadIdx.x]);
 }
 
 __global__ void sum_losses_kernel(float* acc, const float* losses, int64_t n, float scale) {
@@ -593,7 +596,8 @@ class CudaOps {
   }
   bf16_bits* cast_bf16(Buffer<bf16_bits>& copy, const float* src, int64_t n) {
     bf16_bits* dst = sized(copy, n);
-    to_bf16_kernel<<<grid(n / 4 + 1), threads, 0, stream_>>>(dst, src, n);
+    const bool quads = alignment_of(src) >= 16;  // dst: a fresh allocation
+    to_bf16_kernel<<<grid(quads ? n / 4 + 1 : n), threads, 0, stream_>>>(dst, src, n, quads);
     check_launch();
     return dst;
   }
