@@ -132,10 +132,7 @@ nlohmann::json list_json(const tb::Registry& registry, tb::Settings settings, co
     }
     benchmarks.push_back(b);
   }
-  // With the rules this run's samples are watched by: a runner outside takes its samples again as ours.
   json constants = tb::generator_constants();
-  constants["watch.disturbed_share"] = settings.disturbed_share;
-  constants["watch.throttled_share"] = settings.throttled_share;
   json doc{{"schema", "trainbench-list/1"},
           {"version", tb::build::version},
           {"quick", settings.quick},
@@ -172,7 +169,7 @@ int run(int argc, char** argv) {
   split_arguments(argc, argv, ours, gbench_args);
 
   tb::Settings settings;
-  std::string backend = "auto", format_name, out_path;
+  std::string backend = "auto", format_name, out_path, torch_inputs_dir;
   std::vector<std::string> axis_texts;
   bool list = false, no_prepass = false, cache_sweep = false;
   int repetitions = 0;
@@ -229,6 +226,11 @@ int run(int argc, char** argv) {
                  "Seconds a row may measure before it stops with the samples it has, after its first (as nvbench's "
                  "--timeout); the rows it cut short are listed under the table (default: no limit)")
       ->check(CLI::Range(1e-3, 1e7));
+  app.add_option("--torch-inputs", torch_inputs_dir,
+                 "Read a listing with PyTorch rows (--backend ...,torch --list --format json) on stdin, write the "
+                 "inputs its rows read under DIR, drawn by the stages' own generators, print the listing with each "
+                 "row's inputs and exit: what a run hands scripts/torch-peers")
+      ->type_name("DIR");
 
   std::vector<std::string> reversed(ours.rbegin(), ours.rend());
   try {
@@ -240,6 +242,18 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::cerr << "benchsuite: " << e.what() << "\nRun 'benchsuite --help' for the options." << std::endl;
     return 2;
+  }
+
+  if (!torch_inputs_dir.empty()) {
+    nlohmann::json listing;
+    try {
+      std::cin >> listing;
+    } catch (const nlohmann::json::exception& e) {
+      throw tb::UsageError(std::string("--torch-inputs: stdin is not a JSON listing (") + e.what() + ")");
+    }
+    tb::attach_torch_inputs(listing, torch_inputs_dir);
+    std::cout << listing.dump(1) << std::endl;
+    return 0;
   }
 
   const tb::Registry& registry = tb::builtin_registry();
@@ -362,11 +376,14 @@ int run(int argc, char** argv) {
     // the PyTorch rows that stand beside exactly those, at their problems (its "torch" section).
     torch.listing_path =
         (fs::temp_directory_path() / ("trainbench-torch-list-" + std::to_string(::getpid()) + ".json")).string();
-    tb::write_file_atomically(torch.listing_path, list_json(registry, settings, torch_device).dump() + "\n");
+    // ...and what those rows read, drawn by the stages' own generators.
+    const fs::path inputs_dir = fs::temp_directory_path() / ("trainbench-torch-inputs-" + std::to_string(::getpid()));
     std::cerr << "benchsuite: the PyTorch rows (" << tb::torch_peers_script() << " --device " << torch.device << ")"
               << std::endl;
     try {
-      tb::merge_torch_rows(results, tb::run_torch_peers(torch), settings);
+      nlohmann::json listing = list_json(registry, settings, torch_device);
+      tb::attach_torch_inputs(listing, inputs_dir.string());
+      tb::merge_torch_rows(results, tb::measure_torch_rows(torch, listing, settings), settings);
       tb::attach_pct_of_peak(settings, results);
     } catch (const tb::UsageError& e) {
       torch_error = e.what();
@@ -376,6 +393,7 @@ int run(int argc, char** argv) {
     }
     fs::remove(torch.out_path, ec);
     fs::remove(torch.listing_path, ec);
+    fs::remove_all(inputs_dir, ec);
   }
 
   if (!out_path.empty()) {

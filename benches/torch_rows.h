@@ -41,9 +41,16 @@ std::vector<TorchBench> torch_benches(const std::vector<Entry>& entries, const s
 // The same as `--list --format json`'s "torch" section, what scripts/torch-peers measures.
 nlohmann::json torch_benches_json(const std::vector<TorchBench>& benches, const std::string& device);
 
+// Writes under `dir` what each PyTorch row of `listing` (a `--list --format json` document with its
+// "torch" section) reads, drawn by the stages' own generators (the Laplacian in CSR, CG's right-hand
+// sides, the parameter set's sizes, the epoch's order, hostsync's predictions and reference sums, the
+// launch window), and adds to each row its "inputs" ({name: {file, dtype, shape}}, raw native-endian
+// arrays) and to the section "inputs_dir". Rows at one problem share their files.
+void attach_torch_inputs(nlohmann::json& listing, const std::string& dir);
+
 // What scripts/torch-peers writes: per PyTorch row its raw samples and what it saw (disposition, check
-// error, retaken samples, other processes' share, its measured counters); everything derived from
-// them (summaries, % of peak, pairs) is this harness's.
+// error, its measured counters, and what it read of the machine at the ends of the row's samples:
+// "watch"); everything derived from them (summaries, disturbance, % of peak, pairs) is this harness's.
 inline constexpr const char* torch_samples_schema = "trainbench-torch-samples/1";
 
 struct TorchRun {
@@ -72,6 +79,11 @@ void require_torch(const std::string& who = "--backend torch", const std::string
 // Runs the script (its progress goes to stderr) and returns its samples document; throws
 // std::runtime_error when it fails or writes nothing, UsageError when it rejects its arguments.
 nlohmann::json run_torch_peers(const TorchRun& run);
+// Writes `listing` (this run's `--list --format json` document, with its rows' inputs) to
+// run.listing_path, runs the script, and takes again the rows it measured while other processes held
+// the CPUs or the GPU throttled (what it read at each row's ends: "watch"), as the harness takes its
+// own rows' samples again; returns the samples document with every row's last attempt.
+nlohmann::json measure_torch_rows(const TorchRun& run, const nlohmann::json& listing, const Settings& settings);
 // Adds the PyTorch rows of the script's samples document to `into`, which holds the rows they mirror:
 // each row's summary (Settings::noise_target), the work of the row it mirrors ("cpu/fused" ->
 // stage/cpu/fused/<label>), the PyTorch pairs at each problem, and the cross pairs (each PyTorch row

@@ -343,16 +343,30 @@ TEST(Cli, AStopRequestEndsTheRowInHandWritesWhatWasMeasuredAndExits128PlusTheSig
   }
 }
 
+// A stand-in for scripts/torch-peers in a folder of its own, beside an interpreter that "has torch" (the
+// import check passes) and runs the stand-in with python3; env() points benchsuite at both.
+struct TorchPeersStandIn {
+  std::filesystem::path dir, python, peers;
+  TorchPeersStandIn(const std::string& name, const std::string& script)
+      : dir(std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()))),
+        python(dir / "python"), peers(dir / "torch-peers") {
+    std::filesystem::create_directories(dir);
+    std::ofstream(python) << "#!/bin/sh\n[ \"$1\" = -c ] && exit 0\nexec python3 \"$@\"\n";
+    std::filesystem::permissions(python, std::filesystem::perms::owner_all);
+    std::ofstream(peers) << script;
+  }
+  ~TorchPeersStandIn() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  std::string env() const { return "TRAINBENCH_PYTHON=" + python.string() + " TRAINBENCH_TORCH_PEERS=" + peers.string(); }
+};
+
 // A stop request sent to benchsuite alone while scripts/torch-peers runs reaches the script as Ctrl-C:
 // the rows it measured are merged and written, and benchsuite exits 143.
 TEST(Cli, AStopDuringThePyTorchRowsReachesTheScriptAndKeepsItsRows) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("tb_torch_stop_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const fs::path python = dir / "python", peers = dir / "torch-peers", out = dir / "stopped.json";
-  std::ofstream(python) << "#!/bin/sh\n[ \"$1\" = -c ] && exit 0\nexec python3 \"$@\"\n";
   // A stand-in that measures until it is interrupted, then writes the one row it has.
-  std::ofstream(peers) << R"PY(import json, sys, time
+  const TorchPeersStandIn stand_in("tb_torch_stop", R"PY(import json, sys, time
 args = sys.argv[1:]
 try:
     print("stand-in: measuring", flush=True)
@@ -365,11 +379,12 @@ row = {"stage": "peak", "variant": "add", "label": "n=7", "problem": {"n": "7"},
 with open(args[args.index("--out") + 1], "w") as f:
     json.dump({"schema": "trainbench-torch-samples/1", "device": "cpu", "rows": [row]}, f)
 sys.exit(130)
-)PY";
-  fs::permissions(python, fs::perms::owner_all);
+)PY");
+  const std::filesystem::path out = stand_in.dir / "stopped.json";
   const Outcome o = stop_benchsuite({"--backend", "cpu,torch", "--quick", "--filter", "peak/cpu/triad", "--repetitions", "3",
                                      "--out", out.string()},
-                                    {"TRAINBENCH_PYTHON=" + python.string(), "TRAINBENCH_TORCH_PEERS=" + peers.string()},
+                                    {"TRAINBENCH_PYTHON=" + stand_in.python.string(),
+                                     "TRAINBENCH_TORCH_PEERS=" + stand_in.peers.string()},
                                     "stand-in: measuring", SIGTERM);
   EXPECT_EQ(o.code, 143) << o.output;
   std::ifstream in(out);
@@ -380,7 +395,81 @@ sys.exit(130)
     if (row.disposition == tb::Disposition::passed) passed.insert(row.name.substr(0, row.name.rfind('/')));
   EXPECT_EQ(passed.count("peak/cpu/triad"), 1u) << o.output;  // measured before the stop
   EXPECT_EQ(passed.count("peak/torch/add"), 1u) << o.output;   // the script's row, written when it was stopped
-  fs::remove_all(dir);
+}
+
+// A PyTorch row that the script measured while other processes held the CPUs (what it read at the row's
+// ends says so) is taken again by benchsuite in a run of the disturbed rows alone: kept when that one is
+// clean, "disturbed" with no ratio when the load stays through every retake.
+TEST(Cli, ADisturbedPyTorchRowIsTakenAgainInARunOfItsOwn) {
+  // Each call appends the rows it was given; fused is loaded until the call that CLEAN_FROM names.
+  const TorchPeersStandIn stand_in("tb_torch_retake", R"PY(import json, os, sys
+args = sys.argv[1:]
+opt = lambda k: args[args.index(k) + 1]
+listing = json.load(open(opt("--listing")))
+with open(os.environ["CALLS"], "a") as f:
+    f.write(" ".join(sorted(r["variant"] for r in listing["torch"]["rows"])) + "\n")
+call = sum(1 for _ in open(os.environ["CALLS"]))
+rows = []
+for r in listing["torch"]["rows"]:
+    loaded = r["variant"] == "fused" and call < int(os.environ["CLEAN_FROM"])
+    rows.append({"stage": r["stage"], "variant": r["variant"], "label": r["label"], "mirrors": r["mirrors"],
+                 "problem": r["problem"], "disposition": "passed", "max_error": 0.0, "batch": 1,
+                 "samples_ns": [1e6 * call] * 3,
+                 "watch": {"cpu_ticks": [[0, 1000, 0], [900 if loaded else 0, 2000, 0]]}})
+with open(opt("--out"), "w") as f:
+    json.dump({"schema": "trainbench-torch-samples/1", "device": "cpu", "rows": rows}, f)
+)PY");
+  namespace fs = std::filesystem;
+  const fs::path calls = stand_in.dir / "calls";
+  const std::string label = "/params=1000,tensors=200,dtype=fp32";
+  for (const int clean_from : {2, 99}) {
+    fs::remove(calls);
+    const fs::path out = stand_in.dir / ("retake" + std::to_string(clean_from) + ".json");
+    const Outcome o = benchsuite_with("CALLS=" + calls.string() + " CLEAN_FROM=" + std::to_string(clean_from) + " " +
+                                          stand_in.env(),
+                                      "--backend cpu,torch --quick --filter 'adamw/cpu/(fused|per_tensor)/' "
+                                      "--axis adamw.params=1000 --axis adamw.dtype=fp32 --no-peak-prepass "
+                                      "--repetitions 3 --min-time 0.001 --out " + out.string());
+    ASSERT_EQ(o.code, 0) << o.output;
+    std::ifstream seen(calls);
+    std::vector<std::string> runs;
+    for (std::string line; std::getline(seen, line);) runs.push_back(line);
+    const tb::Results r = tb::results_from_json(nlohmann::json::parse(std::ifstream(out)));
+    std::map<std::string, const tb::Row*> rows;
+    for (const auto& row : r.rows) rows[row.name] = &row;
+    const tb::Row* fused = rows["adamw/torch/fused" + label];
+    const tb::Row* per_tensor = rows["adamw/torch/per_tensor" + label];
+    ASSERT_TRUE(fused && per_tensor) << o.output;
+    EXPECT_FALSE(per_tensor->disturbed);
+    EXPECT_EQ(per_tensor->retaken, 0);
+    EXPECT_DOUBLE_EQ(per_tensor->summary.median, 1e6);  // from the first run, never taken again
+    if (clean_from == 2) {  // the second run (fused alone) is clean: kept
+      EXPECT_EQ(runs, std::vector<std::string>({"fused per_tensor", "fused"})) << o.output;
+      EXPECT_FALSE(fused->disturbed);
+      EXPECT_EQ(fused->retaken, 3);
+      EXPECT_DOUBLE_EQ(fused->summary.median, 2e6);
+      EXPECT_DOUBLE_EQ(fused->others_share, 0);
+    } else {  // loaded through every retake: the last attempt stands, disturbed, its pairs withheld
+      EXPECT_EQ(runs.size(), 1u + tb::defaults::disturbed_retakes) << o.output;
+      EXPECT_TRUE(fused->disturbed);
+      EXPECT_NEAR(fused->others_share, 0.9, 1e-12);
+      EXPECT_EQ(fused->retaken, 3 * tb::defaults::disturbed_retakes);
+      bool withheld = false;
+      for (const auto& p : r.withheld_pairs) withheld = withheld || p.label == "torch AdamW: fused vs per-tensor";
+      EXPECT_TRUE(withheld) << o.output;
+    }
+  }
+}
+
+// --torch-inputs reads a listing with PyTorch rows on stdin; anything else is one message and exit 2.
+TEST(Cli, TorchInputsWithoutAListingOfPyTorchRowsIsAUsageError) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("tb_inputs_" + std::to_string(::getpid()))).string();
+  expect_usage_error("--torch-inputs " + dir + " < /dev/null", "--torch-inputs: stdin is not a JSON listing");
+  const Outcome o = benchsuite_command("echo '{\"benchmarks\": []}' | " +
+                                       tb::testing::tool_path("benchsuite", BENCHSUITE_PATH) + " --torch-inputs " + dir + " 2>&1");
+  EXPECT_EQ(o.code, 2) << o.output;
+  EXPECT_NE(o.output.find("the listing has no PyTorch rows"), std::string::npos) << o.output;
+  std::filesystem::remove_all(dir);
 }
 
 // Other processes holding the cores while a CPU row is measured: its samples are taken again and,
@@ -445,13 +534,7 @@ TEST(Cli, TorchBackendWithoutPyTorchSaysHowToGetItAndMeasuresNothing) {
 // and it answers with raw samples for two PyTorch variants. benchsuite makes the rows (summaries, the
 // mirrored rows' work), the PyTorch pair and the cross pairs (PyTorch -> trainbench) from them.
 TEST(Cli, ATorchPeersStandInGetsExactlyTheSelectionAndItsSamplesBecomeRowsAndPairs) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("tb_torch_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const fs::path python = dir / "python", peers = dir / "torch-peers", out = dir / "merged.json";
-  // An interpreter that has "torch" (the import check passes) and runs the stand-in with python3.
-  std::ofstream(python) << "#!/bin/sh\n[ \"$1\" = -c ] && exit 0\nexec python3 \"$@\"\n";
-  std::ofstream(peers) << R"PY(import json, sys
+  const TorchPeersStandIn stand_in("tb_torch", R"PY(import json, sys
 args = sys.argv[1:]
 opt = lambda k: args[args.index(k) + 1]
 assert opt("--device") == "cpu" and "--quick" in args and "--filter" not in args, args
@@ -469,13 +552,13 @@ for variant, ns in (("per_tensor", 3e6), ("fused", 1e6)):
     rows.append({"stage": r["stage"], "variant": r["variant"], "label": r["label"], "mirrors": r["mirrors"],
                  "problem": r["problem"], "disposition": "passed",
                  "max_error": 0.0, "batch": 2, "samples_ns": [ns * (1 + 0.01 * i) for i in range(5)],
-                 "disturbed": False, "others_share": 0.0, "counters": {"checked": 1}})
+                 "watch": {"cpu_ticks": [[0, 1000, 0], [0, 2000, 0]]}, "counters": {"checked": 1}})
 with open(opt("--out"), "w") as f:
     json.dump({"schema": "trainbench-torch-samples/1", "device": "cpu", "torch": {"version": "stand-in"},
                "rows": rows}, f)
-)PY";
-  fs::permissions(python, fs::perms::owner_all);
-  const Outcome o = benchsuite_with("TRAINBENCH_PYTHON=" + python.string() + " TRAINBENCH_TORCH_PEERS=" + peers.string(),
+)PY");
+  const std::filesystem::path out = stand_in.dir / "merged.json";
+  const Outcome o = benchsuite_with(stand_in.env(),
                                     "--backend cpu,torch --quick --filter 'adamw/cpu/(fused|per_tensor)/' "
                                     "--axis adamw.params=1000 --axis adamw.dtype=fp32 --no-peak-prepass "
                                     "--repetitions 3 --min-time 0.001 --out " + out.string());
@@ -515,7 +598,6 @@ with open(opt("--out"), "w") as f:
     EXPECT_TRUE(found) << name << "\n" << o.output;
   }
   EXPECT_NE(o.output.find("PyTorch fused -> trainbench cpu/fused"), std::string::npos) << o.output;
-  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import glob
 import os
-import tempfile
 from datetime import datetime, timezone
 from typing import List, Optional, Tuple
 
+from .atomic import write_atomically
 from .resultfile import ResultFileError, Run, load_run, stored_name
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -78,15 +78,5 @@ def store_run(source_path: str, run: Run, results_dir: str) -> str:
     while os.path.exists(target):
         target = os.path.join(folder, f"{ts}-{n}_{commit}.json")
         n += 1
-    fd, tmp = tempfile.mkstemp(prefix=".incoming-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(content)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomically(target, content)
     return target

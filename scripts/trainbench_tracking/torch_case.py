@@ -9,11 +9,10 @@ in fp64 where there is arithmetic: a case that fails it is `incorrect` and never
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import math
-import re
 import time
+from collections import namedtuple
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -21,30 +20,23 @@ import numpy as np
 import torch
 
 from .errors import UsageError
-from .torch_generators import constant
-from .torch_watch import Watch, Watched, others_share, read_cpu_ticks, take_watched, throttled_share
+from .torch_inputs import constant
+from .torch_watch import gpu_clock_reasons, read_cpu_ticks
 
 DEVICE = torch.device("cuda")   # use_device() sets it before any case is made
 WARMUP_S = 0.02                # warm-up before the first sample
 WARMUP_CALLS = 2
-CUDA_MIN_SAMPLE_S = 100e-6     # a sample is never shorter (CUDA events resolve ~0.5 us)
 MAX_BATCH = 1 << 16
 
 
-@dataclass(frozen=True)
-class Tolerance:
-    """|got - ref| <= atol + rtol * |ref| (kernels/runtime/tolerance.h)."""
-
-    atol: float
-    rtol: float
-
-
+Tolerance = namedtuple("Tolerance", "atol rtol")   # |got - ref| <= atol + rtol * |ref| (runtime/tolerance.h)
 
 
 def tolerance(name: str) -> Tolerance:
     """A tolerance of the listing's constants ("tolerance.fp32": kernels/runtime/tolerance.h's fp32)."""
-    t = constant(name)
-    return Tolerance(float(t["atol"]), float(t["rtol"]))
+    return Tolerance(float(constant(name)["atol"]), float(constant(name)["rtol"]))
+
+
 @dataclass
 class Verdict:
     """A check against the reference: ok, the worst error seen, and where it failed."""
@@ -66,28 +58,20 @@ class Outcome:
     counters: Dict[str, float] = field(default_factory=dict)   # measured, beside the work model's
     per_unit: Dict[str, float] = field(default_factory=dict)   # Case.per_unit
     note: str = ""
-    disturbed: bool = False          # a sample stayed disturbed through its retakes (take_watched)
-    retaken: int = 0                 # samples taken again
-    others_share: float = -1.0       # CPU rows: other processes' share of the CPUs (-1: unknown, unwatched)
-    throttled_share: float = -1.0    # GPU rows: the share of time throttled (-1: unknown, unwatched)
+    watch: Optional[dict] = None     # what was read at the ends of the samples (torch_watch), for benchsuite
 
 
 class Unsupported(Exception):
     """The peer cannot run this problem here; the message says why."""
 
 
-def require_cuda() -> None:
-    if not torch.cuda.is_available():
-        built = "built without CUDA" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
-        raise UsageError(f"PyTorch {torch.__version__} ({built}) sees no CUDA device: "
-                         "torch.cuda.is_available() is False (--device cpu runs the CPU peers)")
-
-
 def use_device(kind: str) -> None:
     """cuda (checked to be there) or cpu: where every case puts its tensors and how it is timed."""
     global DEVICE
-    if kind == "cuda":
-        require_cuda()
+    if kind == "cuda" and not torch.cuda.is_available():
+        built = "built without CUDA" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise UsageError(f"PyTorch {torch.__version__} ({built}) sees no CUDA device: "
+                         "torch.cuda.is_available() is False (--device cpu runs the CPU peers)")
     DEVICE = torch.device(kind)
 
 
@@ -112,9 +96,13 @@ def first_line(e: BaseException) -> str:
 
 
 def generator(seed: int) -> torch.Generator:
-    g = torch.Generator(device=DEVICE)
-    g.manual_seed(seed)
-    return g
+    return torch.Generator(device=DEVICE).manual_seed(seed)
+
+
+def uniform_set(sizes, seed: int) -> List[torch.Tensor]:
+    """fp32 tensors of `sizes`, uniform in [-1, 1), drawn in turn from one generator (a parameter set's)."""
+    g = generator(seed)
+    return [torch.rand(n, generator=g, device=DEVICE) * 2 - 1 for n in sizes]
 
 
 def uniform(shape, seed: int, dtype=torch.float32) -> torch.Tensor:
@@ -212,47 +200,27 @@ def _time_calls(case: Case, n: int) -> float:
     return start.elapsed_time(end) * 1e6 / n
 
 
-@functools.lru_cache(maxsize=None)
-def _gpu_clock_reasons() -> Optional[Callable[[], Optional[int]]]:
-    """A reader of the current GPU's NVML clock event reasons (None when a read fails), where pynvml is
-    installed; None without it (it is optional: the GPU rows then go unwatched). NVML stays initialised
-    for the run."""
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByUUID(_device_uuid(torch.cuda.current_device()))
-        current = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
-    except Exception:   # noqa: BLE001 - NVML is optional
-        return None
-
-    def read() -> Optional[int]:
-        try:
-            return int(current(handle))
-        except Exception:   # noqa: BLE001 - an unanswered read is an unknown share
-            return None
-    return read
-
-
-def _watch() -> Optional[Watch]:
-    """On the CPU, other processes' share of the CPUs; on a GPU, its throttle reasons where NVML answers."""
+def _watch() -> Optional[Tuple[str, Callable[[], object]]]:
+    """What to read at a row's ends: on the CPU the ticks, on a GPU its clock event reasons where NVML answers."""
     if not on_gpu():
-        return Watch(read_cpu_ticks, others_share, float(constant("watch.disturbed_share")))
-    reasons = _gpu_clock_reasons()
-    return Watch(reasons, throttled_share, float(constant("watch.throttled_share"))) if reasons else None
+        return "cpu_ticks", read_cpu_ticks
+    reasons = gpu_clock_reasons(torch)
+    return ("clock_reasons", reasons) if reasons else None
 
 
-def measure(case: Case, repetitions: int, min_sample_s: float) -> Tuple[List[float], int, Watched]:
-    """Warm-up, then `repetitions` samples of `batch` calls each, a sample lasting at least min_sample_s,
-    watched for other load (take_watched: disturbed samples are taken again)."""
+def measure(case: Case, repetitions: int, min_sample_s: float) -> Tuple[List[float], int, Optional[dict]]:
+    """Warm-up, then `repetitions` samples of `batch` calls each, a sample lasting at least min_sample_s, and
+    what the machine was doing at their ends: {"cpu_ticks" | "clock_reasons": [before, after]}."""
     with case.scope():
         for _ in range(WARMUP_CALLS):
             case.call()
         per_call = max(_time_calls(case, 1), 1.0)
         per_call = max(_time_calls(case, min(max(math.ceil(WARMUP_S * 1e9 / per_call), 1), MAX_BATCH)), 1.0)
         batch = min(max(math.ceil(min_sample_s * 1e9 / per_call), 1), MAX_BATCH)
-        samples, watched = take_watched(lambda: _time_calls(case, batch), repetitions, _watch())
-        return samples, batch, watched
+        watch = _watch()
+        before = watch[1]() if watch else None
+        samples = [_time_calls(case, batch) for _ in range(repetitions)]
+        return samples, batch, {watch[0]: [before, watch[1]()]} if watch else None
 
 
 SHARED_ENV = Env()
@@ -271,11 +239,9 @@ def run_bench(case_class, bench, repetitions: int, min_sample_s: float) -> Outco
             return Outcome("unsupported", str(e))
         if not verdict.ok:
             return Outcome("incorrect", verdict.detail, verdict.max_error, note=case.note)
-        samples, batch, watched = measure(case, repetitions, min_sample_s)
+        samples, batch, watch = measure(case, repetitions, min_sample_s)
         return Outcome("passed", "", verdict.max_error, samples, batch, case.counters(), case.per_unit(), case.note,
-                       disturbed=watched.disturbed, retaken=watched.retaken,
-                       others_share=-1.0 if on_gpu() else watched.share,
-                       throttled_share=watched.share if on_gpu() else -1.0)
+                       watch)
     except torch.cuda.OutOfMemoryError as e:
         return Outcome("failed", f"out of memory: {first_line(e)}")
     except Exception as e:   # noqa: BLE001 - the row says what it was
@@ -287,14 +253,6 @@ def run_bench(case_class, bench, repetitions: int, min_sample_s: float) -> Outco
 
 
 # ---- context -----------------------------------------------------------------------------------------------
-def _device_uuid(index: int) -> str:
-    """The GPU's UUID as NVML names it ("GPU-..."); "" when torch does not say."""
-    uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
-    if re.fullmatch(r"[0-9a-fA-F-]{32,36}", uuid):   # torch prints it without NVML's "GPU-"
-        return "GPU-" + uuid
-    return uuid if re.fullmatch(r"GPU-[0-9a-fA-F-]{32,36}", uuid) else ""
-
-
 def torch_context() -> dict:
     """context.torch: PyTorch's versions and the settings that change its numbers (benchsuite's context
     describes the machine and its GPU)."""

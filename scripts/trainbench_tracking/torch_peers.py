@@ -2,12 +2,12 @@
 
 benchsuite --backend cpu,torch (or cuda,torch) hands this script its `--list --format json` document
 (`--listing`; --axis, --quick and --filter applied), whose "torch" section names the PyTorch rows that stand
-beside the selected rows (`adamw/torch/fused/<label>` beside `adamw/cpu/fused/<label>`) and whose
-"constants" are the stages' seeds and tolerances. For each PyTorch row the stage's case (torch_cases) builds
-the inputs (torch_generators), runs the PyTorch code, checks it against its reference, and times it. What it
-writes is raw: per row the samples, the check's error and what watching the machine saw
-(`trainbench-torch-samples/1`). benchsuite credits each row with the work of the row it mirrors and
-computes the summaries, % of peak and the pairs, as for its own rows.
+beside the selected rows (`adamw/torch/fused/<label>` beside `adamw/cpu/fused/<label>`, each with the inputs it
+reads, drawn by the stages' own generators) and whose "constants" are the stages' seeds and tolerances. For
+each PyTorch row the stage's case (torch_cases) builds its tensors (torch_inputs), runs the PyTorch code,
+checks it against its reference, and times it. What it writes is raw: per row the samples, the check's error
+and what it read of the machine at the samples' ends (`trainbench-torch-samples/1`). benchsuite credits each
+row with the work of the row it mirrors and computes the summaries, disturbance, % of peak and the pairs.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import math
 import os
 import signal
 import sys
-import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from .argtypes import positive_int
+from .argtypes import positive_int, seconds_up_to
+from .atomic import write_atomically
 from .errors import UsageError
-from .torch_generators import use_constants
+from .torch_inputs import use_constants
 
 SAMPLES_SCHEMA = "trainbench-torch-samples/1"   # benches/torch_rows.h torch_samples_schema
 PROG = "torch-peers"
@@ -45,6 +45,8 @@ class Bench:
     label: str                  # the mirrored row's problem label
     problem: Dict[str, str]     # its axes, and on a CPU variant's problem what the variant implies
     mirrors: str                # the benchsuite row's backend/variant it stands beside: "cpu/fused"
+    inputs: Dict[str, dict] = field(default_factory=dict)   # name -> {file, dtype, shape} (torch_inputs.read_input)
+    inputs_dir: str = ""
 
 
 # ---- the listing ------------------------------------------------------------------------------------------
@@ -73,43 +75,22 @@ def select_benches(listing: dict, device: str) -> List[Bench]:
         raise UsageError(f"the listing's PyTorch rows are for --device {torch_rows.get('device')}, not {device}")
     try:
         return [Bench(str(r["name"]), str(r["stage"]), str(r["variant"]), str(r["label"]),
-                      {str(k): str(v) for k, v in r["problem"].items()}, str(r["mirrors"])) for r in torch_rows["rows"]]
+                      {str(k): str(v) for k, v in r["problem"].items()}, str(r["mirrors"]), dict(r.get("inputs", {})),
+                      str(torch_rows.get("inputs_dir", ""))) for r in torch_rows["rows"]]
     except (KeyError, TypeError, AttributeError) as e:
         raise UsageError(f"the listing's PyTorch rows are malformed ({type(e).__name__}: {e})") from None
 
 
 def samples_record(bench: Bench, outcome) -> dict:
     """What one row measured (a torch_case.Outcome), raw: benchsuite derives the rest."""
-    record = {"stage": bench.stage, "variant": bench.variant, "label": bench.label,
-              "problem": dict(bench.problem), "mirrors": bench.mirrors,
-              "disposition": outcome.disposition, "reason": outcome.reason,
-              "max_error": outcome.max_error if outcome.max_error is not None and math.isfinite(outcome.max_error)
-              else None}
-    if outcome.note:
-        record["note"] = outcome.note
+    finite = outcome.max_error is not None and math.isfinite(outcome.max_error)
+    record = {"stage": bench.stage, "variant": bench.variant, "label": bench.label, "problem": dict(bench.problem),
+              "mirrors": bench.mirrors, "disposition": outcome.disposition, "reason": outcome.reason,
+              "max_error": outcome.max_error if finite else None, **({"note": outcome.note} if outcome.note else {})}
     if outcome.disposition == "passed":
         record.update({"batch": outcome.batch, "samples_ns": list(outcome.samples_ns), "counters": outcome.counters,
-                       "per_unit": outcome.per_unit, "disturbed": outcome.disturbed, "retaken": outcome.retaken,
-                       "others_share": outcome.others_share, "throttled_share": outcome.throttled_share})
+                       "per_unit": outcome.per_unit, "watch": outcome.watch})
     return record
-
-
-def write_atomically(path: str, text: str) -> None:
-    """A temporary file beside `path`, flushed, then renamed over it: a reader never sees half a file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 # ---- command line ----------------------------------------------------------------------------------------
@@ -119,26 +100,16 @@ named stage/torch/variant/problem (on a GPU stage/torch_cuda/...) beside the row
 results, with the PyTorch pairs and the cross pairs. Each row is checked against a plain reference before
 it is timed (a wrong result is `incorrect` and never timed). Timing: CUDA events (on the CPU a steady clock),
 warm-up, calls batched so that a sample lasts at least --min-time. On the CPU, samples during which other
-processes used more than 25% of all CPU time are taken again, as benchsuite's.
+processes used more than 25% of all CPU time are taken again by benchsuite, as its own.
 
 examples:
   benchsuite --backend cpu,torch --quick --filter adamw
-  benchsuite --backend cpu,torch --quick --list --format json > list.json
-  scripts/torch-peers --device cpu --listing list.json --list
+  benchsuite --backend cpu,torch --quick --list --format json | benchsuite --torch-inputs /tmp/in > list.json
+  scripts/torch-peers --device cpu --listing list.json --out samples.json
 
 exit codes: 0 done, 1 a peer was incorrect or failed, 2 bad usage or no PyTorch,
 130 interrupted by Ctrl-C (SIGINT), 143 by SIGTERM (what was measured is still written)
 """
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 < v <= 60:
-        raise argparse.ArgumentTypeError(f"must be in (0, 60] seconds: {text!r}")
-    return v
 
 
 def parser() -> argparse.ArgumentParser:
@@ -152,7 +123,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help=f"shorter samples ({QUICK_MIN_SAMPLE_S:g} s)")
     p.add_argument("--repetitions", type=positive_int, default=REPETITIONS,
                    help=f"samples per row (default {REPETITIONS})")
-    p.add_argument("--min-time", type=_seconds, metavar="S",
+    p.add_argument("--min-time", type=seconds_up_to(60), metavar="S",
                    help=f"each sample lasts at least S seconds (default {MIN_SAMPLE_S:g})")
     p.add_argument("--out", metavar="FILE", help="write the samples (JSON) atomically")
     p.add_argument("--list", action="store_true", help="print the rows that would be measured and exit")
@@ -194,46 +165,38 @@ def main(argv: Optional[List[str]] = None) -> int:
     min_sample_s = max(args.min_time or (QUICK_MIN_SAMPLE_S if args.quick else MIN_SAMPLE_S), CUDA_MIN_SAMPLE_S)
     torch_info = torch_case.torch_context()
     records: List[dict] = []
-    interrupted = False
     # Ctrl-C, or SIGTERM (`timeout`, a job's time limit, benchsuite passing on its own stop): the rows
     # measured are written. The first signal interrupts; later ones are ignored, so the writing is not.
     stopped_by: List[int] = []
-    measuring = [True]
 
     def stop(signum, frame):
         stopped_by.append(signum)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if measuring[0]:
-            raise KeyboardInterrupt
+        raise KeyboardInterrupt
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for i, bench in enumerate(benches):
             outcome = torch_case.run_bench(CASES[bench.stage], bench, args.repetitions, min_sample_s)
             records.append(samples_record(bench, outcome))
-            said = outcome.reason or f"{len(outcome.samples_ns)} samples of {outcome.batch} calls"
-            if outcome.retaken:
-                said += f", {outcome.retaken} taken again ({'disturbed' if outcome.disturbed else 'then clean'})"
-            if outcome.note:
-                said += f"; {outcome.note}"
+            said = (outcome.reason or f"{len(outcome.samples_ns)} samples of {outcome.batch} calls") + \
+                (f"; {outcome.note}" if outcome.note else "")
             print(f"{PROG}: [{i + 1}/{len(benches)}] {bench.name}: {outcome.disposition}: {said}",
                   file=sys.stderr, flush=True)
-        measuring[0] = False
     except KeyboardInterrupt:
-        interrupted = True
         print(f"{PROG}: interrupted after {len(records)} of {len(benches)} rows", file=sys.stderr)
+    for s in previous:
+        signal.signal(s, signal.SIG_IGN)
     try:
         if args.out:
             doc = {"schema": SAMPLES_SCHEMA, "device": args.device, "torch": torch_info, "rows": records}
             try:
-                write_atomically(args.out, json.dumps(doc, indent=1) + "\n")
+                write_atomically(args.out, (json.dumps(doc, indent=1) + "\n").encode())
             except OSError as e:
                 return _fail(f"cannot write {args.out}: {e.strerror or e}")
             print(f"{PROG}: wrote {len(records)} rows to {args.out}", file=sys.stderr)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    if interrupted or stopped_by:
-        return 128 + (stopped_by[0] if stopped_by else signal.SIGINT)
+    if stopped_by:
+        return 128 + stopped_by[0]
     return 1 if any(r["disposition"] in ("incorrect", "failed") for r in records) else 0

@@ -4,8 +4,9 @@ PyTorch program it stands for.
 
 The twin is built from the workload as the C++ resolved it (`dump_step WORKLOAD` writes it as JSON, with the
 constants the step is built from), never from the YAML, and is the same training step, number for number:
-- parameters named, laid out and initialised as model.h does (runtime/random.h's generators, ported in
-  torch_generators.py); the batches are trainer.h's (its Markov-chain dataset, its shuffle, its micro-batches);
+- parameters named, laid out and initialised as model.h does (runtime/random.h's generators, ported below:
+  the twin is a second program by design, held to the C++ step by its tests); the batches are trainer.h's
+  (its Markov-chain dataset, its shuffle, its micro-batches);
 - the forward of model.h: token + position embedding, pre-norm blocks (causal attention, tanh-GELU MLP), a
   final layernorm, the LM head tied to the token embedding, cross-entropy averaged over the step's tokens;
 - the propagator after every block runs model.h's CG (all rows at once until the worst row's relative
@@ -42,7 +43,6 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .errors import UsageError
-from .torch_generators import M64, fisher_yates, splitmix64_np, uniform_array
 
 DUMP_SCHEMA = "trainbench-step-dump/1"   # tests/dump_step.cpp's
 ATTENTION = ("naive", "sdpa")            # matmul-softmax-matmul (the attention stage's naive), or fused SDPA
@@ -55,6 +55,34 @@ TORCH_CLIP_NORM_EPS = 1e-6
 INIT_SPREAD = 0.02 * math.sqrt(3.0)
 # trainer.h's synthetic dataset: each token's likely successor, taken with this probability, else the other
 MARKOV_FIRST = 0.75
+
+
+# ---- runtime/random.h -------------------------------------------------------------------------------------
+M64 = (1 << 64) - 1
+
+
+def splitmix64_np(x):
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def uniform_array(seed: int, count: int, lo: float = -1.0, hi: float = 1.0) -> np.ndarray:
+    """uniform_at(seed, i) for i = 0..count-1, fp32: lo + (hi - lo) * (24 random bits) / 2^24."""
+    base = np.uint64((seed * 0x632BE59BD9B4E019) & M64)
+    bits = (splitmix64_np(base + np.arange(count, dtype=np.uint64)) >> np.uint64(40)).astype(np.float64)
+    return (lo + (hi - lo) * bits / 16777216.0).astype(np.float32)
+
+
+def fisher_yates(n: int, draws) -> List[int]:
+    """0..n-1 shuffled from the top: slot j swaps with draws[j] % (j + 1), j = n-1 .. 1."""
+    order = list(range(n))
+    picks = (draws % (np.arange(n, dtype=np.uint64) + np.uint64(1))).tolist() if n > 1 else [0] * n
+    for j in range(n - 1, 0, -1):
+        k = picks[j]
+        order[j], order[k] = order[k], order[j]
+    return order
 
 
 # ---- parameters (model.h) ---------------------------------------------------------------------------------

@@ -7,10 +7,8 @@ import math
 
 import torch
 
-from .. import torch_case as base
-from ..torch_case import Case, Env, tolerance, Unsupported, Verdict, compare, generator, merge
-from ..torch_generators import constant, param_set_sizes
-
+from ..torch_case import Case, Env, tolerance, Unsupported, Verdict, compare, merge, uniform_set
+from ..torch_inputs import constant, read_input
 
 
 def adamw_hyperparameters() -> dict:
@@ -29,12 +27,10 @@ class AdamWCase(Case):
         p = bench.problem
         if p["dtype"] != "fp32":
             raise Unsupported("torch keeps AdamW's moments in the parameters' dtype; the stage's bf16 keeps them fp32")
-        gp, gg = (generator(int(constant(f"adamw.seed_{s}"))) for s in ("param", "grad"))
-        self.params = []
-        for n in param_set_sizes(int(p["params"]), int(p["tensors"])):
-            param = torch.nn.Parameter(torch.rand(n, generator=gp, device=base.DEVICE) * 2 - 1)
-            param.grad = torch.rand(n, generator=gg, device=base.DEVICE) * 2 - 1   # fixed across steps, as the stage's
-            self.params.append(param)
+        sizes = read_input(bench, "tensor_sizes").tolist()
+        self.params = [torch.nn.Parameter(t) for t in uniform_set(sizes, int(constant("adamw.seed_param")))]
+        for param, grad in zip(self.params, uniform_set(sizes, int(constant("adamw.seed_grad")))):
+            param.grad = grad   # fixed across steps, as the stage's
         self.opt = torch.optim.AdamW(self.params, **adamw_hyperparameters(), **self.KINDS[bench.variant])
 
     def call(self):

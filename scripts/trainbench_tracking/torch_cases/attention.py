@@ -11,17 +11,27 @@ import torch.nn.functional as F
 
 from .. import torch_case as base
 from ..torch_case import Case, Env, tolerance, Unsupported, Verdict, compare, first_line, on_gpu, synchronize, uniform
-from ..torch_generators import attention_shape, constant, parse_shape
+from ..errors import UsageError
+from ..torch_inputs import constant
 
 # problem whose scores pass this is unsupported (the CUDA problem 4x16x4096x128 has 4 GiB of them), not swapped.
 NAIVE_CPU_SCORES_BYTES = 1 << 30
+
+
+def parse_shape(problem) -> tuple:
+    """BATCHxHEADSxSEQxHEAD_DIM: the CUDA variants' `shape` axis, the CPU variants' `cpu_shape`."""
+    text = problem["shape"] if "shape" in problem else problem["cpu_shape"]
+    parts = text.split("x")
+    if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise UsageError(f"attention shape {text!r} is not BATCHxHEADSxSEQxHEAD_DIM")
+    return tuple(int(p) for p in parts)
 
 
 class AttentionCase(Case):
     def __init__(self, bench, env: Env):
         p = bench.problem
         self.variant = bench.variant
-        self.batch, self.heads, self.seq, self.dim = parse_shape(attention_shape(p))
+        self.batch, self.heads, self.seq, self.dim = parse_shape(p)
         self.dtype_name = p["dtype"]
         scores = self.batch * self.heads * self.seq * self.seq * (2 if p["dtype"] == "bf16" else 4)
         if self.variant == "naive" and not on_gpu() and scores > NAIVE_CPU_SCORES_BYTES:

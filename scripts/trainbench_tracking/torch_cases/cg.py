@@ -10,8 +10,8 @@ import torch
 
 from .. import torch_case as base
 from ..torch_case import Case, Env, Verdict
-from .spmv import device_laplacian
-from ..torch_generators import cg_rhs_sequence, constant
+from .spmv import device_laplacian, reference_matvec
+from ..torch_inputs import constant, read_input
 
 
 class CgCase(Case):
@@ -30,9 +30,9 @@ class CgCase(Case):
         self.start = "lazy" if variant.endswith("_lazy") else "warm" if variant.endswith("_warm") else "cold"
         self.n = int(p["rows"])
         alpha = float(p["alpha"])
-        self.a = env.get(("laplacian", p["graph"], self.n, alpha), lambda: device_laplacian(p["graph"], self.n, alpha))
+        self.a = env.get(("laplacian", p["graph"], self.n, alpha), lambda: device_laplacian(bench))
         self.note = self.a["note"]
-        self.rhs = env.get(("cg_rhs", self.n, p["drift"]), lambda: cg_rhs_sequence(self.n, float(p["drift"]))[0])
+        self.rhs = env.get(("cg_rhs", self.n, p["drift"]), lambda: read_input(bench, "rhs"))
         self.b = torch.from_numpy(self.rhs).to(base.DEVICE, copy=True)   # what the solver reads; the check, self.rhs
         self.x = torch.zeros(self.n, dtype=torch.float64, device=base.DEVICE)
         self.r, self.p = torch.zeros_like(self.x), torch.zeros_like(self.x)
@@ -138,8 +138,7 @@ class CgCase(Case):
             if skipped and self.start != "lazy":
                 return Verdict(False, worst, f"step {t} was skipped by a solver without the gate")
             b = torch.from_numpy(self.rhs[t]).to(base.DEVICE)
-            terms = self.a["val"] * self.x[self.a["col"]]
-            ax = torch.zeros_like(b).index_add_(0, self.a["rows"], terms)
+            ax, _ = reference_matvec(self.a, self.x)
             residual = float((b - ax).norm() / b.norm())
             limit = (constant("cg.lazy_tol") if skipped else constant("cg.tol")) + constant("cg.residual_atol")
             worst = max(worst, residual if math.isfinite(residual) else math.inf)

@@ -3,20 +3,25 @@ a reference computed another way before it is timed."""
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
 
 from .. import torch_case as base
 from ..torch_case import Case, Env, Unsupported, Verdict
-from ..torch_generators import collate_fields, constant, epoch_order
+from ..torch_inputs import constant, read_input
 
 COLLATE_SEEDS = {"input_embedding": "collate.seed_input", "target_embedding": "collate.seed_target",
                  "tokens": "collate.seed_tokens"}   # each field's seed, by its constant's name
 
 
-_TORCH_DTYPES = {"float32": torch.float32, "int64": torch.int64}
+def collate_fields(problem: Dict[str, str]) -> List[Tuple[str, int, str]]:
+    """(name, elements per sample, dtype) per field, in batch order (collate::Shape::fields)."""
+    embed, tokens = int(problem.get("embed_dim", 0)), [("tokens", int(problem["seq_len"]), "int64")]
+    if problem["layout"] != "text_pair":
+        return tokens
+    return [("input_embedding", embed, "float32"), ("target_embedding", embed, "float32")] + tokens
 
 
 def _dataset(problem: Dict[str, str], env: Env) -> List[torch.Tensor]:
@@ -47,14 +52,15 @@ class CollateCase(Case):
             raise Unsupported(f"{samples} samples hold no batch of {self.batch}")
         self.fields = collate_fields(p)
         self.data = _dataset(p, env)
-        self.order = env.get(("order", samples, p["order"]), lambda: epoch_order(samples, p["order"] == "shuffled"))
+        self.order = env.get(("order", samples, p["order"]), lambda: read_input(bench, "order").tolist())
         self.order_t = torch.tensor(self.order, dtype=torch.int64)
         self.batches = samples // self.batch
         self.k = 0
         self.calls = 0
         self.out: List[torch.Tensor] = []
         if self.variant == "pinned":   # two pinned batches and two device batches, field by field in each
-            nbytes = sum(self.batch * n * (4 if d == "float32" else 8) for _, n, d in self.fields)
+            self.field_bytes = [self.batch * n * getattr(torch, d).itemsize for _, n, d in self.fields]
+            nbytes = sum(self.field_bytes)
             self.host = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
             self.device = [torch.empty(nbytes, dtype=torch.uint8, device=base.DEVICE) for _ in range(2)]
             self.host_views = [self._views(s) for s in self.host]
@@ -62,12 +68,8 @@ class CollateCase(Case):
             self.copied = [torch.cuda.Event(), torch.cuda.Event()]
 
     def _views(self, slab: torch.Tensor) -> List[torch.Tensor]:
-        views, at = [], 0
-        for _, n, dtype in self.fields:
-            size = self.batch * n * (4 if dtype == "float32" else 8)
-            views.append(slab[at:at + size].view(_TORCH_DTYPES[dtype]).view(self.batch, n))
-            at += size
-        return views
+        return [part.view(getattr(torch, d)).view(self.batch, n)
+                for part, (_, n, d) in zip(slab.split(self.field_bytes), self.fields)]
 
     def call(self):
         k = self.k
@@ -85,7 +87,7 @@ class CollateCase(Case):
             return
         if self.variant == "index_select":
             if not self.out:
-                self.out = [torch.empty((self.batch, n), dtype=_TORCH_DTYPES[d]) for _, n, d in self.fields]
+                self.out = [torch.empty((self.batch, n), dtype=getattr(torch, d)) for _, n, d in self.fields]
             idx = self.order_t[k * self.batch:(k + 1) * self.batch]
             for field, out in zip(self.data, self.out):
                 torch.index_select(field, 0, idx, out=out)

@@ -4,20 +4,11 @@ a reference computed another way before it is timed."""
 from __future__ import annotations
 
 import math
-from typing import List
 
 import torch
 
-from .. import torch_case as base
-from ..torch_case import Case, Env, tolerance, Tolerance, Unsupported, Verdict, compare, generator, merge
-from ..torch_generators import constant, param_set_sizes
-
-
-
-def adamw_grads(params: int, tensors: int) -> List[torch.Tensor]:
-    """The adamw peer's gradients: param_set_sizes' tensors drawn in order from the gradient seed."""
-    gg = generator(int(constant("adamw.seed_grad")))
-    return [torch.rand(n, generator=gg, device=base.DEVICE) * 2 - 1 for n in param_set_sizes(params, tensors)]
+from ..torch_case import Case, Env, tolerance, Tolerance, Unsupported, Verdict, compare, merge, uniform_set
+from ..torch_inputs import constant, read_input
 
 
 class GradNormCase(Case):
@@ -33,7 +24,8 @@ class GradNormCase(Case):
                               "ones; the stage's bf16 rows take the norm in fp32")
         self.variant = bench.variant
         self.params = []
-        for g in adamw_grads(int(p["params"]), int(p["tensors"])):
+        # the adamw peer's gradients: its parameter set, from its gradient seed
+        for g in uniform_set(read_input(bench, "tensor_sizes").tolist(), int(constant("adamw.seed_grad"))):
             param = torch.nn.Parameter(torch.empty_like(g))   # its values are never read
             param.grad = g
             self.params.append(param)

@@ -9,7 +9,7 @@ import torch
 
 from .. import torch_case as base
 from ..torch_case import Case, Env, tolerance, Unsupported, Verdict, compare, merge, on_gpu
-from ..torch_generators import constant, hostsync_metric_sums, hostsync_predictions, uniform_array
+from ..torch_inputs import constant, read_input
 
 
 class HostsyncCase(Case):
@@ -23,8 +23,9 @@ class HostsyncCase(Case):
         p = bench.problem
         self.variant = bench.variant
         self.steps, self.elements = int(p["steps"]), int(p["elements"])
-        self.predictions = torch.from_numpy(hostsync_predictions(self.steps, self.elements)).to(base.DEVICE)
-        self.targets = torch.from_numpy(uniform_array(int(constant("hostsync.seed_target")), self.elements)).to(base.DEVICE)
+        self.predictions, self.targets = (torch.from_numpy(read_input(bench, k)).to(base.DEVICE)
+                                          for k in ("predictions", "targets"))
+        self.want = read_input(bench, "metric_sums").tolist()   # hostsync::metric_sums: the reference
         self.prediction = torch.empty(self.elements, dtype=torch.float32, device=base.DEVICE)
         self.sums = torch.zeros(3, dtype=torch.float64, device=base.DEVICE)
         self.host = [0.0, 0.0, 0.0]          # what the host has read: the loss summed, or the last running sums
@@ -87,14 +88,13 @@ class HostsyncCase(Case):
             torch.cuda.synchronize()
             self._harvest(False)
             self.stalls = self.steps_run = 0   # the counters describe the timed calls
-        want = hostsync_metric_sums(self.steps, self.elements)
         names = ("loss", "mean |error|", "mean prediction^2")
-        verdicts = [compare(self.sums, torch.tensor(want, dtype=torch.float64), tolerance("tolerance.fp32"),
+        verdicts = [compare(self.sums, torch.tensor(self.want, dtype=torch.float64), tolerance("tolerance.fp32"),
                             f"device running sums after {self.steps} steps")]
         read = {"no_reads": 0, "metrics_separate": 3, "metrics_batched": 3}.get(self.variant, 1)
         if read:
             verdicts.append(compare(torch.tensor(self.host[:read], dtype=torch.float64),
-                                    torch.tensor(want[:read], dtype=torch.float64), tolerance("tolerance.fp32"),
+                                    torch.tensor(self.want[:read], dtype=torch.float64), tolerance("tolerance.fp32"),
                                     "what the host read (" + ", ".join(names[:read]) + ")"))
         return merge(verdicts)
 

@@ -8,8 +8,7 @@ from typing import Dict
 import torch
 
 from ..torch_case import Case, Env, Tolerance, Verdict, compare, uniform
-from ..torch_generators import constant, launch_window
-
+from ..torch_inputs import constant, read_input
 
 
 class LaunchCase(Case):
@@ -19,7 +18,8 @@ class LaunchCase(Case):
     def __init__(self, bench, env: Env):
         p = bench.problem
         buffers = int(constant("launch.state_buffers"))
-        self.window = launch_window(int(p["steps"]), int(p["kernels_per_step"]))
+        # the stage's window (launch::build_window): per kernel dst, src and its coefficient a; lerp_ by 1 - a
+        self.window = [(int(d), int(s), 1.0 - a) for d, s, a in read_input(bench, "window").tolist()]
         self.initial = uniform((buffers, int(p["elements"])), int(constant("launch.seed_state")))
         self.state = self.initial.clone()
         self.buffers = [self.state[b] for b in range(buffers)]

@@ -5,23 +5,20 @@ from __future__ import annotations
 
 import warnings
 
-from typing import Optional
-
 import torch
 
 from .. import torch_case as base
 from ..torch_case import Case, Env, Tolerance, Verdict, compare, first_line, merge, synchronize, uniform
-from ..torch_generators import constant, laplacian_csr
+from ..torch_inputs import constant, read_input
 
 SPMV_FP64_RTOL = 1e-13         # relative to sum_j |a_ij x_j|, the rounding scale of a row
 
 
-def device_laplacian(graph: str, n: int, alpha: Optional[float] = None) -> dict:
-    """The stage's A = I + alpha L (laplacian_csr) as a torch CSR tensor, int32 indices where torch takes them."""
-    row_ptr, col, val = laplacian_csr(graph, n, alpha)
-    crow_t, col_t = torch.from_numpy(row_ptr).to(base.DEVICE), torch.from_numpy(col).to(base.DEVICE)
-    val_t = torch.from_numpy(val).to(base.DEVICE)
-    notes = []
+def device_laplacian(bench) -> dict:
+    """The stage's A = I + alpha L (the row's inputs) as a torch CSR tensor, int32 indices where torch takes them."""
+    n = int(bench.problem["rows"])
+    crow_t, col_t, val_t = (torch.from_numpy(read_input(bench, k)).to(base.DEVICE) for k in ("row_ptr", "col", "val"))
+    note = ""
     with warnings.catch_warnings():   # "sparse CSR tensor support is in beta state"
         warnings.simplefilter("ignore", UserWarning)
         matrix = torch.sparse_csr_tensor(crow_t, col_t, val_t, size=(n, n))
@@ -30,9 +27,17 @@ def device_laplacian(graph: str, n: int, alpha: Optional[float] = None) -> dict:
         synchronize()
     except RuntimeError as e:
         matrix = torch.sparse_csr_tensor(crow_t.long(), col_t.long(), val_t, size=(n, n))
-        notes.append(f"int64 indices (torch refused int32: {first_line(e)}); the work model counts 4-byte ones")
+        note = f"int64 indices (torch refused int32: {first_line(e)}); the work model counts 4-byte ones"
     rows = torch.repeat_interleave(torch.arange(n, device=base.DEVICE), crow_t.long().diff())
-    return {"matrix": matrix, "rows": rows, "col": col_t.long(), "val": val_t, "note": "; ".join(notes)}
+    return {"matrix": matrix, "rows": rows, "col": col_t.long(), "val": val_t, "note": note}
+
+
+def reference_matvec(a: dict, x: torch.Tensor):
+    """A x in fp64 by a gather and scatter-add of the matrix's nonzeros (no sparse kernel), and sum_j |a_ij x_j|
+    per row, the rounding scale of a row."""
+    terms = a["val"] * x[a["col"]]
+    ref = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device).index_add_(0, a["rows"], terms)
+    return ref, torch.zeros_like(ref).index_add_(0, a["rows"], terms.abs())
 
 
 class SpmvCase(Case):
@@ -40,7 +45,7 @@ class SpmvCase(Case):
         p = bench.problem
         self.n = int(p["rows"])
         self.rhs = int(p["rhs"]) if bench.variant == "spmm_csr" else 0
-        self.a = env.get(("laplacian", p["graph"], self.n), lambda: device_laplacian(p["graph"], self.n))
+        self.a = env.get(("laplacian", p["graph"], self.n), lambda: device_laplacian(bench))
         self.note = self.a["note"]
         self.x = uniform((self.n, self.rhs) if self.rhs else (self.n,), int(constant("spmv.seed_x")), torch.float64)   # x, or a row-major block
 
@@ -53,10 +58,7 @@ class SpmvCase(Case):
         columns = [0, self.rhs - 1] if self.rhs else [None]
         verdicts = []
         for c in columns:
-            x = self.x if c is None else self.x[:, c]
-            terms = self.a["val"] * x[self.a["col"]]
-            ref = torch.zeros(self.n, dtype=torch.float64, device=base.DEVICE).index_add_(0, self.a["rows"], terms)
-            scale = torch.zeros_like(ref).index_add_(0, self.a["rows"], terms.abs())
+            ref, scale = reference_matvec(self.a, self.x if c is None else self.x[:, c])
             got = y if c is None else y[:, c]
             verdicts.append(compare(got, ref, Tolerance(0.0, SPMV_FP64_RTOL), "y" if c is None else f"y[:, {c}]",
                                     scale=scale))
