@@ -382,7 +382,10 @@ Watched watched(const nlohmann::json& record) {
     for (int i = 0; i < 2; ++i) {
       const auto& t = (*ticks)[static_cast<std::size_t>(i)];
       if (!t.is_array() || t.size() != 3) return w;
-      ends[i] = {t[1].get<uint64_t>(), t[0].get<uint64_t>(), t[2].get<uint64_t>(), true};  // total, busy, self
+      ends[i].busy = t[0].get<uint64_t>();  // the script's order: busy, total, its own
+      ends[i].total = t[1].get<uint64_t>();
+      ends[i].self = t[2].get<uint64_t>();
+      ends[i].valid = true;
     }
     w.share = others_share(ends[0], ends[1]);
   }
