@@ -10,6 +10,7 @@
 #include <csignal>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -335,7 +336,7 @@ int run(int argc, char** argv) {
       !out_path.empty() || format_name.empty() ? tb::Format::console : tb::format_from_string(format_name);
 
   if (with_torch && !list) tb::require_torch();  // before anything is measured
-  const auto entries = tb::select_entries(registry, settings);
+  auto entries = tb::select_entries(registry, settings);
   // A hot memory-bound CPU row is cache-resident below where this machine's caches end: swept once
   // per machine and kept (before the stop handlers: a stop during the sweep ends the run).
   const bool cpu_rows_may_be_cached = !settings.cold && std::any_of(entries.begin(), entries.end(), [](const tb::Entry& e) {
@@ -346,6 +347,30 @@ int run(int argc, char** argv) {
     const tb::CacheThreshold threshold = tb::cpu_cache_threshold(tb::cache_sweep_path(), cache_sweep, std::cerr);
     settings.cpu_cache_bytes = threshold.bytes;
     settings.cpu_cache_how = threshold.how;
+  }
+  // The PyTorch rows: the rows this run selected (--axis, --quick and --filter applied) as the script's
+  // listing, with the PyTorch rows that stand beside exactly those, at their problems, and what those
+  // read, drawn by the stages' own generators. They run with the native rows, each in the rounds of the
+  // row it mirrors. A script that cannot start costs no measurement.
+  namespace fs = std::filesystem;
+  const fs::path torch_listing = fs::temp_directory_path() / ("trainbench-torch-list-" + std::to_string(::getpid()) + ".json");
+  const fs::path torch_inputs = fs::temp_directory_path() / ("trainbench-torch-inputs-" + std::to_string(::getpid()));
+  struct RemoveTorchFiles {
+    fs::path listing, inputs;
+    ~RemoveTorchFiles() {
+      std::error_code ec;
+      fs::remove(listing, ec);
+      fs::remove_all(inputs, ec);
+    }
+  } remove_torch_files{torch_listing, torch_inputs};
+  std::unique_ptr<tb::TorchRows> torch;
+  if (with_torch) {
+    std::cerr << "benchsuite: the PyTorch rows (" << tb::torch_peers_script() << " --device " << torch_device << ")"
+              << std::endl;
+    nlohmann::json listing = list_json(registry, settings, torch_device);
+    tb::attach_torch_inputs(listing, torch_inputs.string());
+    torch = std::make_unique<tb::TorchRows>(tb::TorchRun{torch_device, torch_listing.string()}, listing, entries);
+    entries.insert(entries.end(), torch->entries().begin(), torch->entries().end());
   }
   // Ctrl-C, or a job's time limit (SIGTERM): the row in hand stops after the call it is in, and what
   // was measured is written. (A repeated signal changes nothing: `timeout` sends its SIGTERM twice.)
@@ -360,40 +385,9 @@ int run(int argc, char** argv) {
   }
   tb::Results results = tb::run_entries(registry, entries, settings, leader ? std::cerr : quiet);
   if (!leader) return tb::stop_requested() ? 128 + tb::stop_signal() : tb::exit_code_for(results);  // verdicts are agreed
-  std::string torch_error;
-  bool torch_usage_error = false;
-  if (with_torch && !tb::stop_requested()) {
-    namespace fs = std::filesystem;
-    tb::TorchRun torch;
-    torch.device = torch_device;
-    std::error_code ec;
-    torch.quick = settings.quick;
-    torch.repetitions = settings.repetitions;
-    torch.min_time_s = settings.min_time_s;
-    torch.stop = &tb::stop_requested;
-    torch.out_path = (fs::temp_directory_path() / ("trainbench-torch-" + std::to_string(::getpid()) + ".json")).string();
-    // The rows this run selected (--axis, --quick and --filter applied) as the script's listing, with
-    // the PyTorch rows that stand beside exactly those, at their problems (its "torch" section).
-    torch.listing_path =
-        (fs::temp_directory_path() / ("trainbench-torch-list-" + std::to_string(::getpid()) + ".json")).string();
-    // ...and what those rows read, drawn by the stages' own generators.
-    const fs::path inputs_dir = fs::temp_directory_path() / ("trainbench-torch-inputs-" + std::to_string(::getpid()));
-    std::cerr << "benchsuite: the PyTorch rows (" << tb::torch_peers_script() << " --device " << torch.device << ")"
-              << std::endl;
-    try {
-      nlohmann::json listing = list_json(registry, settings, torch_device);
-      tb::attach_torch_inputs(listing, inputs_dir.string());
-      tb::merge_torch_rows(results, tb::measure_torch_rows(torch, listing, settings), settings);
-      tb::attach_pct_of_peak(settings, results);
-    } catch (const tb::UsageError& e) {
-      torch_error = e.what();
-      torch_usage_error = true;
-    } catch (const std::exception& e) {
-      torch_error = e.what();
-    }
-    fs::remove(torch.out_path, ec);
-    fs::remove(torch.listing_path, ec);
-    fs::remove_all(inputs_dir, ec);
+  if (torch) {
+    torch->finish(results);
+    torch.reset();  // the script's conversation ends: it closes its rows and exits
   }
 
   if (!out_path.empty()) {
@@ -406,10 +400,6 @@ int run(int argc, char** argv) {
   if (tb::stop_requested()) {
     std::cerr << "benchsuite: interrupted; the results above are what was measured before" << std::endl;
     return 128 + tb::stop_signal();
-  }
-  if (!torch_error.empty()) {  // the native rows above are kept
-    std::cerr << "benchsuite: the PyTorch rows are missing: " << torch_error << std::endl;
-    return torch_usage_error ? 2 : 1;
   }
   const int code = tb::exit_code_for(results);
   if (code != 0) std::cerr << "benchsuite: a variant was incorrect or a benchmark failed (see the rows above)" << std::endl;

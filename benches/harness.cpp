@@ -195,7 +195,7 @@ class Runner {
       r.name = e.name;
       r.stage = e.stage->name;
       r.variant = e.variant->id;
-      r.backend = to_string(e.variant->backend);
+      r.backend = e.backend_name.empty() ? to_string(e.variant->backend) : e.backend_name;
       r.problem = e.problem.params();
       r.mode = settings.cold ? "cold" : "hot";
       const Work w = e.variant->work(e.problem);
@@ -272,7 +272,12 @@ class Runner {
     int samples_taken = 0;
     std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now(), said_at = started;
     std::unique_ptr<SampleTimer> agreed;  // a collective's timer under mpirun (AgreedTimer)
-    SampleTimer& timer() { return agreed ? *agreed : injected ? *injected : session->timer(); }
+    SampleTimer& timer() {
+      if (agreed) return *agreed;
+      if (injected) return *injected;
+      if (SampleTimer* own = instance ? instance->own_timer() : nullptr) return *own;  // another process's calls
+      return session->timer();
+    }
     std::string gpu_uuid;   // CUDA rows: the device NVML is asked about
     struct Mark {           // what the rest of the machine had done by some moment
       CpuTicks cpu;         // CPU rows: all CPUs' and this process's ticks (/proc/stat)
@@ -363,12 +368,23 @@ class Runner {
     return nullptr;
   }
 
-  static Live::Mark mark(const Live& live, bool gpu) {
+  // What the rest of the machine had done by now, for `live`'s window. The processes whose calls the
+  // rows in hand make (a PyTorch row's script) are the measurement too, whichever row's window it is:
+  // in a pair group with a PyTorch row, the script's time is the group's other samples, not a load.
+  Live::Mark mark(const Live& live, bool gpu) const {
     Live::Mark m;
-    if (gpu) m.gpu = GpuMonitor::instance().read(live.gpu_uuid);
-    else m.cpu = read_cpu_ticks();
+    if (gpu) {
+      m.gpu = GpuMonitor::instance().read(live.gpu_uuid);
+      return m;
+    }
+    m.cpu = read_cpu_ticks();
     // A collective row's "self" is every rank on this host: they are the measurement, not others.
-    if (!gpu && live.agreed) m.cpu.self = static_cast<uint64_t>(comm::world().local_sum(static_cast<double>(m.cpu.self)));
+    if (live.agreed) m.cpu.self = static_cast<uint64_t>(comm::world().local_sum(static_cast<double>(m.cpu.self)));
+    std::set<int> elsewhere;
+    if (live.instance && live.instance->process_id() > 0) elsewhere.insert(live.instance->process_id());
+    for (const auto& other : lives_)
+      if (other->instance && other->instance->process_id() > 0) elsewhere.insert(other->instance->process_id());
+    for (const int pid : elsewhere) m.cpu.self += process_cpu_ticks(pid);
     return m;
   }
   // The share of the window between two marks that was disturbed: CPU rows, the other processes' (and
@@ -540,7 +556,13 @@ class Runner {
     live->session = make_session(e.variant->backend, settings_.cuda_device);
     if (settings_.sample_timer) live->injected = settings_.sample_timer();
     if (e.variant->collective && comm::launched_ranks() > 1) live->agreed = std::make_unique<comm::AgreedTimer>(live->session->timer());
-    live->instance = e.variant->make(e.problem, live->session->context());
+    try {
+      live->instance = e.variant->make(e.problem, live->session->context());
+    } catch (const CannotRun& why) {  // it looked, and cannot run this problem here
+      row.disposition = Disposition::unsupported;
+      row.reason = why.what();
+      return nullptr;
+    }
     // (A collective's row under mpirun does not stop halfway: its ranks would hear it at different calls.)
     auto stopping = [&] { return !live->agreed && stop_requested(); };
     if (stopping()) return not_timed(row, "before its first call");
@@ -709,6 +731,8 @@ class Runner {
         if (baseline == runnable.end() || (ranks && entries_[baseline->second].variant->collective)) continue;
         parent[root(baseline->second)] = root(i);
       }
+      for (const auto& other : e.measured_with)
+        if (const auto with = runnable.find(other); with != runnable.end()) parent[root(with->second)] = root(i);
     }
     std::map<std::size_t, std::vector<std::size_t>> members;
     for (const auto& [name, i] : runnable) members[root(i)].push_back(i);
@@ -1291,8 +1315,10 @@ void finish_results(const Registry& registry, const Settings& settings, Results&
     PeakValue& peak = results.peaks[key];
     if (rate > peak.value) peak = PeakValue{rate, r.bound == "compute" ? "FLOP/s" : "B/s", r.name, configuration};
   };
+  // Rows of other backends (PyTorch's: torch_rows.h) set no peak and join none of the registry's pairs.
+  const auto registry_row = [](const Row& r) { return r.backend == "cpu" || r.backend == "cuda"; };
   for (auto& r : results.rows) {
-    if (!r.timed()) continue;
+    if (!r.timed() || !registry_row(r)) continue;
     const Stage* stage = registry.find(r.stage);
     const Variant* v = stage ? stage->find_variant(r.variant, backend_from_string(r.backend)) : nullptr;
     if (!v || v->provides_peak.empty()) continue;
@@ -1310,7 +1336,7 @@ void finish_results(const Registry& registry, const Settings& settings, Results&
   }
   for (const auto& r : results.rows) {
     const auto providers = peak_rows.find(r.peak_key);
-    if (!r.timed() || providers == peak_rows.end() || may_run_from_cache(r, settings)) continue;
+    if (!r.timed() || !registry_row(r) || providers == peak_rows.end() || may_run_from_cache(r, settings)) continue;
     const bool same_work = std::any_of(providers->second.begin(), providers->second.end(), [&](const Row* p) {
       return p->stage == r.stage && p->bytes == r.bytes && p->flops == r.flops;
     });
@@ -1323,7 +1349,7 @@ void finish_results(const Registry& registry, const Settings& settings, Results&
   attach_pct_of_peak(settings, results);
   // Pairs: at every problem both variants ran at on the same backend.
   for (const auto& r : results.rows) {
-    if (!r.timed()) continue;
+    if (!r.timed() || !registry_row(r)) continue;
     const Stage* stage = registry.find(r.stage);
     if (!stage) continue;
     for (const auto& pair : stage->pairs) {

@@ -63,6 +63,12 @@ struct Entry {
   Problem problem;
   std::string name;
   std::string unsupported;  // non-empty: reported as such, never run
+  // A row that is not one of the registry's (a PyTorch row: torch_rows.h): the backend its row names
+  // ("torch"); empty: the variant's.
+  std::string backend_name;
+  // Rows to measure in the same rounds as this one besides its stage's declared pairs' other sides (a
+  // PyTorch row's: the row it mirrors and its PyTorch pairs' other sides), by name.
+  std::vector<std::string> measured_with;
 };
 
 // The entries the settings select, peaks first. Throws UsageError (saying what exists) when the

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,11 +11,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iostream>
 #include <algorithm>
 #include <map>
-#include <sstream>
+#include <optional>
+#include <utility>
 
 #include "adamw/param_set.h"
 #include "attention/attention.h"
@@ -23,10 +23,8 @@
 #include "harness.h"
 #include "hostsync/hostsync.h"
 #include "launch/launch.h"
-#include "runtime/cpu_load.h"
 #include "runtime/defaults.h"
 #include "runtime/error.h"
-#include "runtime/gpu_monitor.h"
 #include "runtime/registry.h"
 #include "runtime/tolerance.h"
 #include "spmv/laplacian.h"
@@ -40,43 +38,24 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Runs argv with its stdout sent to our stderr (stdout is benchsuite's table), and waits for it.
-// Returns its exit code; 127 when it could not be started at all. With quiet, its stderr goes to
-// /dev/null too. With `stop`, asked while it runs: once it says true, the child gets SIGINT (once), so
-// that a stop request sent to this process alone ends the child's run too, what it measured written.
-int run_child(const std::vector<std::string>& argv, bool quiet, bool (*stop)() = nullptr) {
+// Runs argv quietly (its stdout and stderr to /dev/null) and waits for it: its exit code, 127 when it
+// could not be started at all.
+int run_quietly(const std::vector<std::string>& argv) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  if (quiet) {
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
-  } else {
-    posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
-  }
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
   pid_t pid = 0;
   const int spawned = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (spawned != 0) return 127;
   int status = 0;
-  bool passed_on = false;
-  for (;;) {
-    const pid_t done = waitpid(pid, &status, stop ? WNOHANG : 0);
-    if (done == pid) break;
-    if (done < 0) {
-      if (errno != EINTR) return 127;  // Ctrl-C reaches the child too: wait for it to write what it measured
-      continue;
-    }
-    if (!passed_on && stop()) {
-      kill(pid, SIGINT);
-      passed_on = true;
-    }
-    usleep(20000);
-  }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) return 127;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
 }  // namespace
@@ -113,43 +92,13 @@ std::string torch_step_script() { return script_path("TRAINBENCH_TORCH_STEP", "t
 
 void require_torch(const std::string& who, const std::string& script) {
   const std::string python = torch_python();
-  if (run_child({python, "-c", "import torch, numpy"}, true) != 0)
+  if (run_quietly({python, "-c", "import torch, numpy"}) != 0)
     throw UsageError(who + " needs PyTorch and numpy in " + python +
                      ": install them with scripts/install-deps --torch (or " + python +
                      " -m pip install torch numpy), or name another interpreter in TRAINBENCH_PYTHON");
   if (!fs::is_regular_file(script))
     throw UsageError(who + ": no " + script +
                      " (trainbench's scripts folder is missing: set TRAINBENCH_TORCH_PEERS or TRAINBENCH_TORCH_STEP to the script)");
-}
-
-nlohmann::json run_torch_peers(const TorchRun& run) {
-  std::vector<std::string> argv{torch_python(), torch_peers_script(), "--device", run.device, "--out", run.out_path,
-                                "--listing", run.listing_path};
-  if (run.quick) argv.push_back("--quick");
-  if (run.repetitions > 0) argv.insert(argv.end(), {"--repetitions", std::to_string(run.repetitions)});
-  if (run.min_time_s > 0) {
-    std::ostringstream s;
-    s << run.min_time_s;
-    argv.insert(argv.end(), {"--min-time", s.str()});
-  }
-  std::error_code ec;
-  fs::remove(run.out_path, ec);
-  const int code = run_child(argv, false, run.stop);
-  // 0: done; 1: a row incorrect or failed (written); 130, 143: interrupted (what it measured is written).
-  if (code == 2) throw UsageError("scripts/torch-peers rejected the run (its message is above)");
-  std::ifstream in(run.out_path);
-  if (!in) {
-    throw std::runtime_error("scripts/torch-peers " +
-                             std::string(code == 127 ? "could not be started" : "exited " + std::to_string(code)) +
-                             " and wrote no results");
-  }
-  nlohmann::json doc;
-  try {
-    in >> doc;
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error("scripts/torch-peers wrote " + run.out_path + ", which is not JSON: " + e.what());
-  }
-  return doc;
 }
 
 nlohmann::json generator_constants() {
@@ -355,111 +304,6 @@ const std::vector<TorchPair>& torch_pairs() {
   return pairs;
 }
 
-// What the script read at the ends of a row's measuring window ("watch": all CPUs' busy and total ticks
-// with its own, or the GPU's NVML clock event reasons), judged as this harness judges its own rows: the
-// disturbed share of the window, and the limit it is held to. -1: unwatched (no reading), as clean.
-struct Watched {
-  double share = -1;
-  bool gpu = false;
-  double limit(const Settings& s) const { return gpu ? s.throttled_share : s.disturbed_share; }
-};
-
-// A row of the listing or of the samples document, by stage, variant and problem label.
-std::string row_key(const nlohmann::json& row) {
-  return row.value("stage", std::string()) + "/" + row.value("variant", std::string()) + "/" + row.value("label", std::string());
-}
-
-Watched watched(const nlohmann::json& record) {
-  Watched w;
-  const nlohmann::json watch = record.value("watch", nlohmann::json());
-  if (!watch.is_object()) return w;
-  if (const auto reasons = watch.find("clock_reasons"); reasons != watch.end()) {
-    w.gpu = true;
-    if (reasons->size() == 2 && (*reasons)[0].is_number_unsigned() && (*reasons)[1].is_number_unsigned())
-      w.share = (((*reasons)[0].get<uint64_t>() | (*reasons)[1].get<uint64_t>()) & kDisturbingClockReasons) ? 1 : 0;
-  } else if (const auto ticks = watch.find("cpu_ticks"); ticks != watch.end() && ticks->size() == 2) {
-    CpuTicks ends[2];
-    for (int i = 0; i < 2; ++i) {
-      const auto& t = (*ticks)[static_cast<std::size_t>(i)];
-      if (!t.is_array() || t.size() != 3) return w;
-      ends[i].busy = t[0].get<uint64_t>();  // the script's order: busy, total, its own
-      ends[i].total = t[1].get<uint64_t>();
-      ends[i].self = t[2].get<uint64_t>();
-      ends[i].valid = true;
-    }
-    w.share = others_share(ends[0], ends[1]);
-  }
-  return w;
-}
-
-// The work model's counters at a row's problem ("solves" per call), without what the row measured: those
-// are its own run's, not the PyTorch row's. None where the registry has no such variant or problem.
-std::vector<std::pair<std::string, double>> model_counters(const Row& row) {
-  try {
-    const Stage* stage = builtin_registry().find(row.stage);
-    const Variant* variant = stage ? stage->find_variant(row.variant, backend_from_string(row.backend)) : nullptr;
-    if (variant && variant->work) return variant->work(Problem(row.problem)).counters;
-  } catch (const std::exception&) {  // a problem the model cannot size: no counters rather than wrong ones
-  }
-  return {};
-}
-
-// One measured record of the script: its samples and what it saw, credited with the work of the row it
-// mirrors (its bytes, FLOPs, peak and counters: the stage's own work model, at the same problem).
-Row torch_row(const nlohmann::json& m, const std::string& backend, const std::map<std::string, const Row*>& native,
-              const Settings& settings) {
-  const std::string where = "scripts/torch-peers' row " + m.value("stage", std::string("?")) + "/" +
-                            m.value("variant", std::string("?"));
-  Row r;
-  try {
-    r.stage = m.at("stage").get<std::string>();
-    r.variant = m.at("variant").get<std::string>();
-    const std::string label = m.at("label").get<std::string>();
-    r.backend = backend;
-    r.name = r.stage + "/" + backend + "/" + r.variant + (label.empty() ? "" : "/" + label);
-    for (const auto& [key, value] : m.at("problem").items()) r.problem.emplace_back(key, value.get<std::string>());
-    r.disposition = disposition_from_string(m.at("disposition").get<std::string>());
-    r.reason = m.value("reason", std::string());
-    if (m.contains("max_error") && m["max_error"].is_number()) r.max_error = m["max_error"].get<double>();
-    r.batch = m.value("batch", int64_t{1});
-    r.iterations = r.batch;
-    r.samples_ns = m.value("samples_ns", std::vector<double>());
-    const Watched w = watched(m);
-    (w.gpu ? r.throttled_share : r.others_share) = w.share;
-    r.disturbed = w.share > w.limit(settings);
-    r.retaken = m.value("retaken", 0);
-    const std::string mirrors = m.value("mirrors", std::string());
-    const auto it = native.find(r.stage + "/" + mirrors + (label.empty() ? "" : "/" + label));
-    if (it != native.end()) {
-      const Row& ours = *it->second;
-      r.bytes = ours.bytes;
-      r.flops = ours.flops;
-      r.bound = ours.bound;
-      r.peak_key = ours.peak_key;
-      r.footprint = ours.footprint;
-      r.counters = model_counters(ours);
-    }
-    const nlohmann::json measured = m.value("counters", nlohmann::json::object());
-    for (const auto& [key, value] : measured.items()) {
-      const auto same = std::find_if(r.counters.begin(), r.counters.end(), [&](const auto& c) { return c.first == key; });
-      if (same != r.counters.end()) same->second = value.get<double>();
-      else r.counters.emplace_back(key, value.get<double>());
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(where + " is malformed: " + e.what());
-  }
-  if (r.disposition == Disposition::passed && r.samples_ns.empty()) throw std::runtime_error(where + " passed with no samples");
-  if (r.timed()) {
-    r.summary = summarize(r.samples_ns, settings.noise_target);
-    // "us_per_step": 64 steps a call -> the median call's time per step, in microseconds
-    const nlohmann::json per_unit = m.value("per_unit", nlohmann::json::object());
-    for (const auto& [key, units] : per_unit.items())
-      if (units.is_number() && units.get<double>() > 0)
-        r.counters.emplace_back(key, r.summary.median * 1e-3 / units.get<double>());
-  }
-  return r;
-}
-
 }  // namespace
 
 std::vector<TorchBench> torch_benches(const std::vector<Entry>& entries, const std::string& device) {
@@ -494,79 +338,328 @@ nlohmann::json torch_benches_json(const std::vector<TorchBench>& benches, const 
   return {{"device", device}, {"rows", rows}};
 }
 
-void merge_torch_rows(Results& into, const nlohmann::json& samples, const Settings& settings) {
-  if (!samples.is_object() || samples.value("schema", std::string()) != torch_samples_schema)
-    throw std::runtime_error(std::string("scripts/torch-peers wrote no ") + torch_samples_schema + " document");
-  const std::string backend = samples.value("device", std::string("cpu")) == "cuda" ? "torch_cuda" : "torch";
-  std::map<std::string, const Row*> native;
-  for (const auto& r : into.rows) native[r.name] = &r;
-  std::vector<Row> torch;
-  std::vector<std::string> mirrored;  // each torch row's mirrored row's name
-  for (const auto& m : samples.value("rows", nlohmann::json::array())) {
-    torch.push_back(torch_row(m, backend, native, settings));
-    const std::string label = m.value("label", std::string());
-    mirrored.push_back(torch.back().stage + "/" + m.value("mirrors", std::string()) + (label.empty() ? "" : "/" + label));
+// ---- the script, serving ------------------------------------------------------------------------------
+
+namespace {
+
+// One end of a socket, closed with it.
+class Socket {
+ public:
+  explicit Socket(int fd = -1) : fd_(fd) {}
+  ~Socket() { reset(); }
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+  int get() const { return fd_; }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
   }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+// scripts/torch-peers --serve, started on a listing: one JSON request a line on its stdin, one answer a
+// line on its stdout (both one socket), its stderr ours. It runs in a process group of its own, so that
+// a Ctrl-C at the terminal reaches benchsuite alone, which ends the conversation after the sample in hand.
+class TorchServer {
+ public:
+  TorchServer(const std::string& device, const std::string& listing_path) {
+    int ends[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0)
+      throw std::runtime_error(std::string("cannot make a socket for scripts/torch-peers: ") + std::strerror(errno));
+    ours_ = std::make_unique<Socket>(ends[0]);
+    Socket theirs(ends[1]);
+    const std::vector<std::string> argv{torch_python(), torch_peers_script(), "--device", device,
+                                        "--listing", listing_path, "--serve"};
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, theirs.get(), STDIN_FILENO);  // dup2 clears close-on-exec
+    posix_spawn_file_actions_adddup2(&actions, theirs.get(), STDOUT_FILENO);
+    posix_spawnattr_t attributes;
+    posix_spawnattr_init(&attributes);
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attributes, 0);
+    const int spawned = posix_spawnp(&pid_, args[0], &actions, &attributes, args.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attributes);
+    if (spawned != 0) throw std::runtime_error("cannot start " + argv[0] + " " + argv[1] + ": " + std::strerror(spawned));
+    theirs.reset();
+    const std::optional<nlohmann::json> hello = read_answer();
+    if (!hello) {
+      const int code = wait_for_exit();
+      if (code == 2) throw UsageError("scripts/torch-peers rejected the run (its message is above)");
+      throw std::runtime_error("scripts/torch-peers exited " + std::to_string(code) + " before it answered");
+    }
+    if (hello->value("protocol", std::string()) != torch_serve_protocol)
+      throw std::runtime_error(std::string("scripts/torch-peers does not speak ") + torch_serve_protocol +
+                               " (it is not the script this benchsuite was built with)");
+    torch_context_ = hello->value("torch", nlohmann::json::object());
+  }
+
+  // The end of the conversation: the script closes its rows and exits; one that does not within a few
+  // seconds (a call that hangs) is killed.
+  ~TorchServer() {
+    ours_.reset();
+    if (pid_ <= 0) return;
+    for (int waited_ms = 0; waited_ms < 10000; waited_ms += 20) {
+      int status = 0;
+      const pid_t done = waitpid(pid_, &status, WNOHANG);
+      if (done == pid_ || (done < 0 && errno != EINTR)) return;
+      usleep(20000);
+    }
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+
+  TorchServer(const TorchServer&) = delete;
+  TorchServer& operator=(const TorchServer&) = delete;
+
+  // The script's answer to `message`; throws std::runtime_error with its words when it says "error", and
+  // when it has ended (every later request then fails at once, with the same words).
+  nlohmann::json request(const nlohmann::json& message) {
+    if (!ended_.empty()) throw std::runtime_error(ended_);
+    const std::string line = message.dump() + "\n";
+    for (std::size_t sent = 0; sent < line.size();) {
+      const ssize_t n = ::send(ours_->get(), line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail_ended();
+      sent += static_cast<std::size_t>(n);
+    }
+    const std::optional<nlohmann::json> answer = read_answer();
+    if (!answer) fail_ended();
+    if (answer->contains("error"))
+      throw std::runtime_error("scripts/torch-peers: " + answer->at("error").get<std::string>());
+    return *answer;
+  }
+
+  int pid() const { return static_cast<int>(pid_); }
+  const nlohmann::json& torch_context() const { return torch_context_; }
+
+ private:
+  // The next line as JSON; nullopt at the end of the conversation (the script ended).
+  std::optional<nlohmann::json> read_answer() {
+    for (;;) {
+      if (const auto end = buffer_.find('\n'); end != std::string::npos) {
+        const std::string line = buffer_.substr(0, end);
+        buffer_.erase(0, end + 1);
+        try {
+          return nlohmann::json::parse(line);
+        } catch (const nlohmann::json::exception& e) {
+          throw std::runtime_error("scripts/torch-peers answered something that is not JSON (" + std::string(e.what()) + ")");
+        }
+      }
+      char chunk[4096];
+      const ssize_t n = ::recv(ours_->get(), chunk, sizeof chunk, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return std::nullopt;
+      buffer_.append(chunk, static_cast<std::size_t>(n));
+    }
+  }
+
+  int wait_for_exit() {
+    int status = 0;
+    while (waitpid(pid_, &status, 0) < 0)
+      if (errno != EINTR) return 127;
+    pid_ = 0;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  }
+
+  [[noreturn]] void fail_ended() {
+    ended_ = "scripts/torch-peers ended (exit " + std::to_string(wait_for_exit()) + "; its message is above)";
+    throw std::runtime_error(ended_);
+  }
+
+  std::unique_ptr<Socket> ours_;
+  pid_t pid_ = 0;
+  std::string buffer_;  // what was read past the last answer
+  std::string ended_;
+  nlohmann::json torch_context_;
+};
+
+namespace {
+
+// One PyTorch row, opened (built and checked) by the script. run() queues a call; its timer's stop() has
+// the script make the queued calls between two reads of its clock and returns their seconds, so that a
+// sample is the PyTorch calls alone, not the requests around them.
+class TorchRowInstance final : public Instance {
+ public:
+  using UnitsSink = std::map<std::string, std::map<std::string, double>>;
+
+  TorchRowInstance(TorchServer& server, std::string name, std::shared_ptr<UnitsSink> units)
+      : server_(server), name_(std::move(name)), units_(std::move(units)), timer_(*this) {
+    const nlohmann::json said = server_.request({{"op", "open"}, {"row", name_}});
+    const std::string disposition = said.value("disposition", std::string());
+    const std::string reason = said.value("reason", std::string());
+    if (disposition == "unsupported") throw CannotRun(reason);
+    if (disposition == "failed") throw std::runtime_error(reason);
+    if (disposition != "passed" && disposition != "incorrect")
+      throw std::runtime_error("scripts/torch-peers opened " + name_ + " as '" + disposition + "'");
+    verdict_.passed = disposition == "passed";
+    verdict_.detail = reason;
+    if (said.contains("max_error") && said["max_error"].is_number()) verdict_.max_error = said["max_error"].get<double>();
+    open_ = verdict_.passed;  // the script keeps only a case that passed: an incorrect one is never timed
+  }
+
+  ~TorchRowInstance() override {
+    if (!open_) return;
+    try {
+      server_.request({{"op", "close"}, {"row", name_}});
+    } catch (const std::exception&) {  // the script has ended: nothing left to close
+    }
+  }
+
+  void run() override { ++queued_; }
+  Verdict check() override { return verdict_; }
+
+  // What the case counted (cg: iterations per solve), and its units per call, kept for finish().
+  std::vector<std::pair<std::string, double>> observed() const override {
+    if (!open_) return {};
+    const nlohmann::json said = server_.request({{"op", "counters"}, {"row", name_}});
+    const nlohmann::json counted = said.value("counters", nlohmann::json::object());
+    const nlohmann::json per_unit = said.value("per_unit", nlohmann::json::object());
+    std::vector<std::pair<std::string, double>> counters;
+    for (const auto& [key, value] : counted.items())
+      if (value.is_number()) counters.emplace_back(key, value.get<double>());
+    for (const auto& [key, value] : per_unit.items())
+      if (value.is_number()) (*units_)[name_][key] = value.get<double>();
+    return counters;
+  }
+
+  SampleTimer* own_timer() override { return &timer_; }
+  int process_id() const override { return server_.pid(); }
+
+ private:
+  class QueuedCallsTimer final : public SampleTimer {
+   public:
+    explicit QueuedCallsTimer(TorchRowInstance& row) : row_(row) {}
+    void start() override { row_.queued_ = 0; }
+    double stop() override {
+      const int64_t calls = std::exchange(row_.queued_, 0);
+      if (!row_.open_ || calls == 0) return 0;
+      return row_.server_.request({{"op", "time"}, {"row", row_.name_}, {"calls", calls}}).at("seconds").get<double>();
+    }
+
+   private:
+    TorchRowInstance& row_;
+  };
+
+  TorchServer& server_;
+  std::string name_;
+  std::shared_ptr<UnitsSink> units_;
+  QueuedCallsTimer timer_;
+  Verdict verdict_;
+  bool open_ = false;
+  int64_t queued_ = 0;
+};
+
+// The row a PyTorch row stands beside: "cpu/fused" at its label -> adamw/cpu/fused/<label>.
+std::string mirrored_name(const TorchBench& b) {
+  return b.stage + "/" + b.mirrors + (b.label.empty() ? "" : "/" + b.label);
+}
+
+}  // namespace
+
+TorchRows::TorchRows(const TorchRun& run, const nlohmann::json& listing, const std::vector<Entry>& native)
+    : per_unit_(std::make_shared<std::map<std::string, std::map<std::string, double>>>()) {
+  benches_ = torch_benches(native, run.device);
+  if (benches_.empty()) return;  // no PyTorch row stands beside this selection: nothing to start
+  write_file_atomically(run.listing_path, listing.dump() + "\n");
+  server_ = std::make_unique<TorchServer>(run.device, run.listing_path);
+  std::map<std::string, const Entry*> by_name;
+  for (const Entry& e : native) by_name[e.name] = &e;
+  const Backend device = run.device == "cuda" ? Backend::cuda : Backend::cpu;
+  for (const TorchBench& b : benches_) {
+    const auto mirrored = by_name.find(mirrored_name(b));
+    Work work;  // the mirrored row's, at its problem (no model: no rates rather than wrong ones)
+    std::string provides_peak;
+    if (mirrored != by_name.end()) {
+      try {
+        work = mirrored->second->variant->work(mirrored->second->problem);
+      } catch (const std::exception&) {
+      }
+      provides_peak = mirrored->second->variant->provides_peak;
+    }
+    Stage stage;
+    stage.name = b.stage;
+    Variant variant;
+    variant.id = b.variant;
+    variant.backend = device;
+    variant.rationale = b.rationale;
+    for (const auto& [axis, value] : b.problem) variant.axes.push_back(axis);
+    variant.work = [work](const Problem&) { return work; };
+    variant.provides_peak = provides_peak;
+    variant.make = [server = server_.get(), name = b.name, units = per_unit_](const Problem&, const RunContext&) {
+      return std::make_unique<TorchRowInstance>(*server, name, units);
+    };
+    stage.variants.push_back(std::move(variant));
+    stages_.push_back(std::move(stage));
+    Entry e;
+    e.stage = &stages_.back();
+    e.variant = &stages_.back().variants.front();
+    e.problem = Problem(b.problem);
+    e.name = b.name;
+    e.backend_name = run.device == "cuda" ? "torch_cuda" : "torch";
+    if (mirrored != by_name.end()) e.measured_with.push_back(mirrored->first);
+    // The other sides of its PyTorch pairs, at the same problem.
+    for (const auto& [stage_name, pair] : torch_pairs()) {
+      if (stage_name != b.stage || (pair.baseline != b.variant && pair.improved != b.variant)) continue;
+      const std::string other = pair.baseline == b.variant ? pair.improved : pair.baseline;
+      for (const TorchBench& o : benches_)
+        if (o.stage == b.stage && o.variant == other && o.problem == b.problem) e.measured_with.push_back(o.name);
+    }
+    entries_.push_back(std::move(e));
+  }
+}
+
+TorchRows::~TorchRows() = default;
+
+void TorchRows::finish(Results& results) const {
+  finish_torch_rows(results, benches_, *per_unit_, server_ ? server_->torch_context() : nlohmann::json::object());
+}
+
+void finish_torch_rows(Results& results, const std::vector<TorchBench>& benches,
+                       const std::map<std::string, std::map<std::string, double>>& per_unit,
+                       const nlohmann::json& torch_context) {
+  const auto is_torch = [](const Row& r) { return r.backend == "torch" || r.backend == "torch_cuda"; };
+  // "us_per_step": 64 steps a call -> the median call's time per step, in microseconds
+  for (Row& r : results.rows) {
+    const auto units = per_unit.find(r.name);
+    if (!is_torch(r) || !r.timed() || units == per_unit.end()) continue;
+    for (const auto& [key, per_call] : units->second)
+      if (per_call > 0) r.counters.emplace_back(key, r.summary.median * 1e-3 / per_call);
+  }
+  std::map<std::string, const Row*> by_name;
+  for (const Row& r : results.rows) by_name[r.name] = &r;
   // The PyTorch pairs, then each PyTorch row against the trainbench row it mirrors: the same judgement
-  // (ratio, or withheld and why) as every declared pair.
+  // (ratio, or withheld and why; from their rounds) as every declared pair.
+  std::vector<const Row*> torch;
+  for (const Row& r : results.rows)
+    if (is_torch(r) && r.timed()) torch.push_back(&r);
   for (const auto& [stage, pair] : torch_pairs()) {
-    for (const Row& improved : torch) {
-      if (improved.stage != stage || improved.variant != pair.improved || !improved.timed()) continue;
-      for (const Row& baseline : torch)
-        if (baseline.stage == stage && baseline.variant == pair.baseline && baseline.timed() &&
-            baseline.problem == improved.problem) {
-          judge_pair(pair, baseline, improved, into);
+    for (const Row* improved : torch) {
+      if (improved->stage != stage || improved->variant != pair.improved) continue;
+      for (const Row* baseline : torch)
+        if (baseline->stage == stage && baseline->variant == pair.baseline && baseline->problem == improved->problem) {
+          judge_pair(pair, *baseline, *improved, results);
           break;
         }
     }
   }
-  for (std::size_t i = 0; i < torch.size(); ++i) {
-    const Row& t = torch[i];
-    const auto it = native.find(mirrored[i]);
-    if (!t.timed() || it == native.end() || !it->second->timed()) continue;
-    const Row& ours = *it->second;
-    judge_pair(Pair{t.name, ours.name, "PyTorch " + t.variant + " -> trainbench " + ours.backend + "/" + ours.variant},
-               t, ours, into);
+  for (const TorchBench& b : benches) {
+    const auto theirs = by_name.find(b.name), ours = by_name.find(mirrored_name(b));
+    if (theirs == by_name.end() || ours == by_name.end() || !theirs->second->timed() || !ours->second->timed()) continue;
+    const Row& t = *theirs->second;
+    const Row& mine = *ours->second;
+    judge_pair(Pair{t.name, mine.name, "PyTorch " + t.variant + " -> trainbench " + mine.backend + "/" + mine.variant}, t,
+               mine, results);
   }
-  into.rows.insert(into.rows.end(), torch.begin(), torch.end());
-  if (samples.contains("torch")) into.context["torch"] = samples["torch"];
-}
-
-nlohmann::json measure_torch_rows(const TorchRun& run, const nlohmann::json& listing, const Settings& settings) {
-  write_file_atomically(run.listing_path, listing.dump() + "\n");
-  nlohmann::json samples = run_torch_peers(run);
-  // A row measured while the machine was busy with something else is taken again, as this harness takes
-  // its own rows' samples again: the disturbed rows alone, in a run of their own, up to
-  // disturbed_retakes times; the first clean attempt is kept, else the last (which says "disturbed").
-  for (int attempt = 0; attempt < defaults::disturbed_retakes && !(run.stop && run.stop()); ++attempt) {
-    if (!samples.contains("rows")) break;
-    std::map<std::string, std::size_t> disturbed;  // name -> index in samples["rows"]
-    for (std::size_t i = 0; i < samples["rows"].size(); ++i) {
-      const nlohmann::json& m = samples["rows"][i];
-      const Watched w = watched(m);
-      if (m.value("disposition", std::string()) == "passed" && w.share > w.limit(settings))
-        disturbed[row_key(m)] = i;
-    }
-    if (disturbed.empty()) break;
-    nlohmann::json again = listing;
-    nlohmann::json& rows = again["torch"]["rows"];
-    rows = nlohmann::json::array();
-    for (const auto& row : listing["torch"]["rows"])
-      if (disturbed.count(row_key(row))) rows.push_back(row);
-    std::cerr << "benchsuite: " << rows.size() << " PyTorch row(s) measured while the machine was busy with "
-              << "something else: taken again (" << attempt + 1 << " of " << defaults::disturbed_retakes << ")" << std::endl;
-    write_file_atomically(run.listing_path, again.dump() + "\n");
-    const nlohmann::json retaken = run_torch_peers(run);
-    for (const auto& m : retaken.value("rows", nlohmann::json::array())) {
-      const auto it = disturbed.find(row_key(m));
-      if (it == disturbed.end() || m.value("disposition", std::string()) != "passed") continue;
-      nlohmann::json& kept = samples["rows"][it->second];
-      const int before = kept.value("retaken", 0);
-      kept = m;
-      kept["retaken"] = before + static_cast<int>(m.value("samples_ns", std::vector<double>()).size());
-    }
-  }
-  return samples;
+  if (!torch_context.empty()) results.context["torch"] = torch_context;
 }
 
 }  // namespace tb

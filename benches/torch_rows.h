@@ -1,10 +1,14 @@
 // The torch rows of `benchsuite --backend cpu,torch` (or cuda,torch): each stage done the PyTorch way,
-// measured by scripts/torch-peers on the problems this benchsuite lists, merged into the same results
-// with two kinds of pair: the PyTorch pair ("PyTorch for-loop AdamW -> PyTorch fused": what a user
+// run and timed by scripts/torch-peers on the problems this benchsuite lists and measured by the harness
+// as its own rows are (in the rounds of the rows they are compared with), in the same results, with two
+// kinds of pair: the PyTorch pair ("PyTorch for-loop AdamW -> PyTorch fused": what a user
 // gains by changing their code) and the cross pair ("PyTorch fused -> trainbench fused": what is left
 // on the table), so that one table says which ratio applies to whose code.
 #pragma once
 
+#include <deque>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -48,19 +52,12 @@ nlohmann::json torch_benches_json(const std::vector<TorchBench>& benches, const 
 // arrays) and to the section "inputs_dir". Rows at one problem share their files.
 void attach_torch_inputs(nlohmann::json& listing, const std::string& dir);
 
-// What scripts/torch-peers writes: per PyTorch row its raw samples and what it saw (disposition, check
-// error, its measured counters, and what it read of the machine at the ends of the row's samples:
-// "watch"); everything derived from them (summaries, disturbance, % of peak, pairs) is this harness's.
-inline constexpr const char* torch_samples_schema = "trainbench-torch-samples/1";
+// What benchsuite and scripts/torch-peers --serve say to each other: a JSON object a line each way.
+inline constexpr const char* torch_serve_protocol = "trainbench-torch-serve/1";
 
 struct TorchRun {
   std::string device = "cpu";  // cpu (rows `torch`) or cuda (rows `torch_cuda`)
-  std::string listing_path;    // this run's `--list --format json` document: the rows its PyTorch rows stand beside
-  bool quick = false;
-  int repetitions = 0;
-  double min_time_s = 0;
-  std::string out_path;        // where the script writes its trainbench-torch-samples/1 document
-  bool (*stop)() = nullptr;    // asked while it runs: a stop request reaches the script as Ctrl-C
+  std::string listing_path;    // this run's `--list --format json` document, with its rows' inputs
 };
 
 // The interpreter that runs the script: $TRAINBENCH_PYTHON, else the virtual environment that
@@ -76,19 +73,47 @@ std::string torch_step_script();
 // missing: checked before anything is measured, so a missing PyTorch costs no run. `who` names the
 // option in the message ("--backend torch").
 void require_torch(const std::string& who = "--backend torch", const std::string& script = torch_peers_script());
-// Runs the script (its progress goes to stderr) and returns its samples document; throws
-// std::runtime_error when it fails or writes nothing, UsageError when it rejects its arguments.
-nlohmann::json run_torch_peers(const TorchRun& run);
-// Writes `listing` (this run's `--list --format json` document, with its rows' inputs) to
-// run.listing_path, runs the script, and takes again the rows it measured while other processes held
-// the CPUs or the GPU throttled (what it read at each row's ends: "watch"), as the harness takes its
-// own rows' samples again; returns the samples document with every row's last attempt.
-nlohmann::json measure_torch_rows(const TorchRun& run, const nlohmann::json& listing, const Settings& settings);
-// Adds the PyTorch rows of the script's samples document to `into`, which holds the rows they mirror:
-// each row's summary (Settings::noise_target), the work of the row it mirrors ("cpu/fused" ->
-// stage/cpu/fused/<label>), the PyTorch pairs at each problem, and the cross pairs (each PyTorch row
-// against the row it mirrors), judged as every declared pair is (judge_pair); and PyTorch's versions
-// to the context (context.torch). % of peak is attach_pct_of_peak's, after.
-void merge_torch_rows(Results& into, const nlohmann::json& samples, const Settings& settings);
+
+class TorchServer;
+
+// The PyTorch rows of one run, measured as benchsuite's own: each is an entry of the run whose calls one
+// scripts/torch-peers --serve process makes and times (by its clock: CUDA events on a GPU), measured in
+// rounds with the row it mirrors and with the other sides of its PyTorch pairs (Entry::measured_with),
+// its samples watched and taken again as the harness takes its own. The script runs as long as this
+// object lives; its stderr (each row's check) goes to ours.
+class TorchRows {
+ public:
+  // Writes `listing` (this run's `--list --format json` document with its "torch" rows and their inputs)
+  // to run.listing_path and starts the script on it; throws UsageError when the script rejects it (its
+  // message is above) and std::runtime_error when it cannot be started. `native`: the run's entries,
+  // which the PyTorch rows stand beside.
+  TorchRows(const TorchRun& run, const nlohmann::json& listing, const std::vector<Entry>& native);
+  ~TorchRows();
+  TorchRows(const TorchRows&) = delete;
+  TorchRows& operator=(const TorchRows&) = delete;
+
+  // The PyTorch rows as entries, to run after (and with) `native`: each credited with the work of the
+  // row it mirrors (its bytes, FLOPs, peak and the work model's counters, at the same problem).
+  const std::vector<Entry>& entries() const { return entries_; }
+  // After the run: see finish_torch_rows.
+  void finish(Results& results) const;
+
+ private:
+  std::unique_ptr<TorchServer> server_;
+  std::deque<Stage> stages_;  // each PyTorch row's stage and variant (entries_ point into them)
+  std::vector<Entry> entries_;
+  std::vector<TorchBench> benches_;
+  // Filled by the rows' instances as they are read: units per call ("us_per_solve": 16 solves a call).
+  std::shared_ptr<std::map<std::string, std::map<std::string, double>>> per_unit_;
+};
+
+// The PyTorch rows of `results` (backend torch or torch_cuda; summaries filled) finished: each row's time
+// per unit (`per_unit`: row -> {"us_per_solve": solves per call}), the PyTorch pairs at each problem, and
+// the cross pairs (each PyTorch row of `benches` against the row it mirrors), judged as every declared
+// pair is (judge_pair: from the rounds where the two sides were measured together); and PyTorch's versions
+// to the context (context.torch).
+void finish_torch_rows(Results& results, const std::vector<TorchBench>& benches,
+                       const std::map<std::string, std::map<std::string, double>>& per_unit,
+                       const nlohmann::json& torch_context);
 
 }  // namespace tb

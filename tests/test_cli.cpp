@@ -362,103 +362,106 @@ struct TorchPeersStandIn {
   std::string env() const { return "TRAINBENCH_PYTHON=" + python.string() + " TRAINBENCH_TORCH_PEERS=" + peers.string(); }
 };
 
-// A stop request sent to benchsuite alone while scripts/torch-peers runs reaches the script as Ctrl-C:
-// the rows it measured are merged and written, and benchsuite exits 143.
-TEST(Cli, AStopDuringThePyTorchRowsReachesTheScriptAndKeepsItsRows) {
-  // A stand-in that measures until it is interrupted, then writes the one row it has.
-  const TorchPeersStandIn stand_in("tb_torch_stop", R"PY(import json, sys, time
+// A stand-in for scripts/torch-peers --serve that speaks its protocol without torch: it opens every row
+// as passed, answers a time request with NS_<variant> nanoseconds a call (1 ms by default), logs every
+// request to $REQUESTS, says "stand-in: timing" at its first request for a batch of calls (a sample's),
+// and on request: SLOW_TIME seconds of sleep per batch, DIE_AFTER time requests before it exits
+// 3, REJECT: exit 2 before it answers.
+constexpr const char* kServeStandIn = R"PY(import json, os, sys, time
 args = sys.argv[1:]
-try:
-    print("stand-in: measuring", flush=True)
-    while True:
-        time.sleep(0.02)
-except KeyboardInterrupt:
-    pass
-row = {"stage": "peak", "variant": "add", "label": "n=7", "problem": {"n": "7"}, "mirrors": "cpu/triad",
-       "disposition": "passed", "batch": 1, "samples_ns": [4e6, 4.1e6, 3.9e6]}
-with open(args[args.index("--out") + 1], "w") as f:
-    json.dump({"schema": "trainbench-torch-samples/1", "device": "cpu", "rows": [row]}, f)
-sys.exit(130)
-)PY");
+opt = lambda k: args[args.index(k) + 1]
+if os.environ.get("REJECT"):
+    print("torch-peers: error: the stand-in rejects this run", file=sys.stderr)
+    sys.exit(2)
+assert opt("--device") == "cpu" and "--serve" in args and "--quick" not in args and "--filter" not in args, args
+listing = json.load(open(opt("--listing")))
+rows = {r["name"]: r for r in listing["torch"]["rows"]}
+log = open(os.environ["REQUESTS"], "a") if os.environ.get("REQUESTS") else None
+print(json.dumps({"protocol": "trainbench-torch-serve/1", "torch": {"version": "stand-in"}}), flush=True)
+timed = 0
+for line in sys.stdin:
+    request = json.loads(line)
+    if log:
+        log.write(line)
+        log.flush()
+    op, name = request["op"], request["row"]
+    if op == "open":
+        answer = {"disposition": "passed", "reason": "", "max_error": 0.0}
+    elif op == "time":
+        timed += 1
+        if timed == int(os.environ.get("DIE_AFTER", "0")):
+            sys.exit(3)
+        if request["calls"] > 1 and not os.environ.get("SAID"):   # a sample's batch, past the warm-up's single calls
+            os.environ["SAID"] = "1"
+            print("stand-in: timing", file=sys.stderr, flush=True)
+        if request["calls"] > 1:
+            time.sleep(float(os.environ.get("SLOW_TIME", "0")))
+        ns = float(os.environ.get("NS_" + rows[name]["variant"], "1e6"))
+        answer = {"seconds": request["calls"] * ns * 1e-9}
+    elif op == "counters":
+        answer = {"counters": {"checked": 1}, "per_unit": {"us_per_step": 4}}
+    else:
+        answer = {}
+    print(json.dumps(answer), flush=True)
+)PY";
+
+// The selection a run with its PyTorch rows makes, small: adamw fused and per-tensor at 1000 parameters.
+const std::string kTorchSelection = "--backend cpu,torch --quick --filter 'adamw/cpu/(fused|per_tensor)/' "
+                                    "--axis adamw.params=1000 --axis adamw.dtype=fp32 --no-peak-prepass "
+                                    "--repetitions 3 --min-time 0.001";
+
+// A stop request while a PyTorch row measures ends the run within the sample in hand: every row keeps
+// what it took, the results are written, benchsuite exits 128 + the signal, and the script (in a
+// process group of its own, so the signal is benchsuite's alone) ends with the conversation.
+TEST(Cli, AStopDuringAPyTorchRowEndsTheRunWithinASampleAndKeepsItsRows) {
+  const TorchPeersStandIn stand_in("tb_torch_stop", kServeStandIn);
   const std::filesystem::path out = stand_in.dir / "stopped.json";
-  const Outcome o = stop_benchsuite({"--backend", "cpu,torch", "--quick", "--filter", "peak/cpu/triad", "--repetitions", "3",
-                                     "--out", out.string()},
+  const Outcome o = stop_benchsuite({"--backend", "cpu,torch", "--quick", "--filter", "adamw/cpu/fused/", "--axis",
+                                     "adamw.params=1000", "--axis", "adamw.dtype=fp32", "--no-peak-prepass",
+                                     "--repetitions", "100000", "--min-time", "0.001", "--out", out.string()},
                                     {"TRAINBENCH_PYTHON=" + stand_in.python.string(),
-                                     "TRAINBENCH_TORCH_PEERS=" + stand_in.peers.string()},
-                                    "stand-in: measuring", SIGTERM);
+                                     "TRAINBENCH_TORCH_PEERS=" + stand_in.peers.string(), "SLOW_TIME=0.05", "NS_fused=1e4"},
+                                    "stand-in: timing", SIGTERM);
   EXPECT_EQ(o.code, 143) << o.output;
+  EXPECT_EQ(o.output.find("[test: "), std::string::npos) << o.output;  // it ended, the script with it
   std::ifstream in(out);
   ASSERT_TRUE(in.good()) << "no results file: " << o.output;
   const tb::Results r = tb::results_from_json(nlohmann::json::parse(in));
-  std::set<std::string> passed;
-  for (const auto& row : r.rows)
-    if (row.disposition == tb::Disposition::passed) passed.insert(row.name.substr(0, row.name.rfind('/')));
-  EXPECT_EQ(passed.count("peak/cpu/triad"), 1u) << o.output;  // measured before the stop
-  EXPECT_EQ(passed.count("peak/torch/add"), 1u) << o.output;   // the script's row, written when it was stopped
+  std::map<std::string, const tb::Row*> rows;
+  for (const auto& row : r.rows) rows[row.name] = &row;
+  const tb::Row* theirs = rows["adamw/torch/fused/params=1000,tensors=200,dtype=fp32"];
+  ASSERT_TRUE(theirs) << o.output;
+  EXPECT_EQ(theirs->disposition, tb::Disposition::passed) << theirs->reason;
+  EXPECT_FALSE(theirs->samples_ns.empty());
+  EXPECT_EQ(theirs->interrupted.rfind("SIGTERM after ", 0), 0u) << theirs->interrupted;
 }
 
-// A PyTorch row that the script measured while other processes held the CPUs (what it read at the row's
-// ends says so) is taken again by benchsuite in a run of the disturbed rows alone: kept when that one is
-// clean, "disturbed" with no ratio when the load stays through every retake.
-TEST(Cli, ADisturbedPyTorchRowIsTakenAgainInARunOfItsOwn) {
-  // Each call appends the rows it was given; fused is loaded until the call that CLEAN_FROM names.
-  const TorchPeersStandIn stand_in("tb_torch_retake", R"PY(import json, os, sys
-args = sys.argv[1:]
-opt = lambda k: args[args.index(k) + 1]
-listing = json.load(open(opt("--listing")))
-with open(os.environ["CALLS"], "a") as f:
-    f.write(" ".join(sorted(r["variant"] for r in listing["torch"]["rows"])) + "\n")
-call = sum(1 for _ in open(os.environ["CALLS"]))
-rows = []
-for r in listing["torch"]["rows"]:
-    loaded = r["variant"] == "fused" and call < int(os.environ["CLEAN_FROM"])
-    rows.append({"stage": r["stage"], "variant": r["variant"], "label": r["label"], "mirrors": r["mirrors"],
-                 "problem": r["problem"], "disposition": "passed", "max_error": 0.0, "batch": 1,
-                 "samples_ns": [1e6 * call] * 3,
-                 "watch": {"cpu_ticks": [[0, 1000, 0], [900 if loaded else 0, 2000, 0]]}})
-with open(opt("--out"), "w") as f:
-    json.dump({"schema": "trainbench-torch-samples/1", "device": "cpu", "rows": rows}, f)
-)PY");
-  namespace fs = std::filesystem;
-  const fs::path calls = stand_in.dir / "calls";
-  const std::string label = "/params=1000,tensors=200,dtype=fp32";
-  for (const int clean_from : {2, 99}) {
-    fs::remove(calls);
-    const fs::path out = stand_in.dir / ("retake" + std::to_string(clean_from) + ".json");
-    const Outcome o = benchsuite_with("CALLS=" + calls.string() + " CLEAN_FROM=" + std::to_string(clean_from) + " " +
-                                          stand_in.env(),
-                                      "--backend cpu,torch --quick --filter 'adamw/cpu/(fused|per_tensor)/' "
-                                      "--axis adamw.params=1000 --axis adamw.dtype=fp32 --no-peak-prepass "
-                                      "--repetitions 3 --min-time 0.001 --out " + out.string());
-    ASSERT_EQ(o.code, 0) << o.output;
-    std::ifstream seen(calls);
-    std::vector<std::string> runs;
-    for (std::string line; std::getline(seen, line);) runs.push_back(line);
-    const tb::Results r = tb::results_from_json(nlohmann::json::parse(std::ifstream(out)));
-    std::map<std::string, const tb::Row*> rows;
-    for (const auto& row : r.rows) rows[row.name] = &row;
-    const tb::Row* fused = rows["adamw/torch/fused" + label];
-    const tb::Row* per_tensor = rows["adamw/torch/per_tensor" + label];
-    ASSERT_TRUE(fused && per_tensor) << o.output;
-    EXPECT_FALSE(per_tensor->disturbed);
-    EXPECT_EQ(per_tensor->retaken, 0);
-    EXPECT_DOUBLE_EQ(per_tensor->summary.median, 1e6);  // from the first run, never taken again
-    if (clean_from == 2) {  // the second run (fused alone) is clean: kept
-      EXPECT_EQ(runs, std::vector<std::string>({"fused per_tensor", "fused"})) << o.output;
-      EXPECT_FALSE(fused->disturbed);
-      EXPECT_EQ(fused->retaken, 3);
-      EXPECT_DOUBLE_EQ(fused->summary.median, 2e6);
-      EXPECT_DOUBLE_EQ(fused->others_share, 0);
-    } else {  // loaded through every retake: the last attempt stands, disturbed, its pairs withheld
-      EXPECT_EQ(runs.size(), 1u + tb::defaults::disturbed_retakes) << o.output;
-      EXPECT_TRUE(fused->disturbed);
-      EXPECT_NEAR(fused->others_share, 0.9, 1e-12);
-      EXPECT_EQ(fused->retaken, 3 * tb::defaults::disturbed_retakes);
-      bool withheld = false;
-      for (const auto& p : r.withheld_pairs) withheld = withheld || p.label == "torch AdamW: fused vs per-tensor";
-      EXPECT_TRUE(withheld) << o.output;
+// A script that ends in the middle of a run: its rows from then on fail, saying so; the rows measured
+// are kept and written, and benchsuite exits 1. One that rejects the run before it answers costs no
+// measurement: one message, exit 2.
+TEST(Cli, APyTorchScriptThatEndsOrRejectsTheRunIsSaidOnce) {
+  const TorchPeersStandIn stand_in("tb_torch_dies", kServeStandIn);
+  const std::filesystem::path out = stand_in.dir / "died.json";
+  const Outcome died = benchsuite_with("DIE_AFTER=3 " + stand_in.env(), kTorchSelection + " --out " + out.string());
+  EXPECT_EQ(died.code, 1) << died.output;
+  const tb::Results r = tb::results_from_json(nlohmann::json::parse(std::ifstream(out)));
+  int native_passed = 0, torch_failed = 0;
+  for (const auto& row : r.rows) {
+    if (row.backend == "cpu" && row.disposition == tb::Disposition::passed) ++native_passed;
+    if (row.backend == "torch" && row.disposition == tb::Disposition::failed) {
+      ++torch_failed;
+      EXPECT_NE(row.reason.find("scripts/torch-peers ended (exit 3"), std::string::npos) << row.reason;
     }
   }
+  EXPECT_EQ(native_passed, 2) << died.output;
+  EXPECT_EQ(torch_failed, 2) << died.output;
+
+  const Outcome rejected = benchsuite_with("REJECT=1 " + stand_in.env(), kTorchSelection);
+  EXPECT_EQ(rejected.code, 2) << rejected.output;
+  EXPECT_NE(rejected.output.find("the stand-in rejects this run"), std::string::npos) << rejected.output;
+  EXPECT_NE(rejected.output.find("benchsuite: scripts/torch-peers rejected the run (its message is above)"),
+            std::string::npos) << rejected.output;
+  EXPECT_EQ(rejected.output.find("[  1/"), std::string::npos) << "measured before saying so:\n" << rejected.output;
 }
 
 // --torch-inputs reads a listing with PyTorch rows on stdin; anything else is one message and exit 2.
@@ -529,39 +532,16 @@ TEST(Cli, TorchBackendWithoutPyTorchSaysHowToGetItAndMeasuresNothing) {
   EXPECT_EQ(without.output.find("[  1/"), std::string::npos) << "measured before saying so:\n" << without.output;
 }
 
-// The torch rows from a stand-in for scripts/torch-peers (TRAINBENCH_TORCH_PEERS): it must receive
-// exactly the rows this run selected (--axis, --filter and --quick applied) and no filter of its own,
-// and it answers with raw samples for two PyTorch variants. benchsuite makes the rows (summaries, the
-// mirrored rows' work), the PyTorch pair and the cross pairs (PyTorch -> trainbench) from them.
-TEST(Cli, ATorchPeersStandInGetsExactlyTheSelectionAndItsSamplesBecomeRowsAndPairs) {
-  const TorchPeersStandIn stand_in("tb_torch", R"PY(import json, sys
-args = sys.argv[1:]
-opt = lambda k: args[args.index(k) + 1]
-assert opt("--device") == "cpu" and "--quick" in args and "--filter" not in args, args
-listing = json.load(open(opt("--listing")))
-label = "params=1000,tensors=200,dtype=fp32"
-names = sorted(b["name"] for b in listing["benchmarks"])
-assert names == ["adamw/cpu/fused/" + label, "adamw/cpu/per_tensor/" + label], names
-assert listing["torch"]["device"] == "cpu" and listing["constants"]["adamw.seed_param"] >= 0, listing.keys()
-torch_rows = {r["name"]: r for r in listing["torch"]["rows"]}
-assert sorted(torch_rows) == ["adamw/torch/fused/" + label, "adamw/torch/per_tensor/" + label], sorted(torch_rows)
-rows = []
-for variant, ns in (("per_tensor", 3e6), ("fused", 1e6)):
-    r = torch_rows["adamw/torch/" + variant + "/" + label]
-    assert r["mirrors"] == "cpu/" + variant and r["problem"]["params"] == "1000", r
-    rows.append({"stage": r["stage"], "variant": r["variant"], "label": r["label"], "mirrors": r["mirrors"],
-                 "problem": r["problem"], "disposition": "passed",
-                 "max_error": 0.0, "batch": 2, "samples_ns": [ns * (1 + 0.01 * i) for i in range(5)],
-                 "watch": {"cpu_ticks": [[0, 1000, 0], [0, 2000, 0]]}, "counters": {"checked": 1}})
-with open(opt("--out"), "w") as f:
-    json.dump({"schema": "trainbench-torch-samples/1", "device": "cpu", "torch": {"version": "stand-in"},
-               "rows": rows}, f)
-)PY");
-  const std::filesystem::path out = stand_in.dir / "merged.json";
-  const Outcome o = benchsuite_with(stand_in.env(),
-                                    "--backend cpu,torch --quick --filter 'adamw/cpu/(fused|per_tensor)/' "
-                                    "--axis adamw.params=1000 --axis adamw.dtype=fp32 --no-peak-prepass "
-                                    "--repetitions 3 --min-time 0.001 --out " + out.string());
+// The torch rows from a stand-in for scripts/torch-peers (TRAINBENCH_TORCH_PEERS): it must be started on
+// exactly the rows this run selected (--axis, --filter and --quick applied), and each PyTorch row is
+// measured in the rounds of the row it mirrors and of its PyTorch pair's other side, timed by the
+// script's clock. benchsuite makes the rows (summaries, the mirrored rows' work, the case's counters and
+// units), the PyTorch pair and the cross pairs (PyTorch -> trainbench) from the rounds.
+TEST(Cli, ATorchPeersStandInServesExactlyTheSelectionInTheRoundsOfTheRowsItMirrors) {
+  const TorchPeersStandIn stand_in("tb_torch", kServeStandIn);
+  const std::filesystem::path out = stand_in.dir / "merged.json", requests = stand_in.dir / "requests";
+  const Outcome o = benchsuite_with("NS_per_tensor=3e6 NS_fused=1e6 REQUESTS=" + requests.string() + " " + stand_in.env(),
+                                    kTorchSelection + " --out " + out.string());
   ASSERT_EQ(o.code, 0) << o.output;
   std::ifstream in(out);
   const auto doc = nlohmann::json::parse(in);
@@ -576,28 +556,48 @@ with open(opt("--out"), "w") as f:
   ASSERT_TRUE(fused && ours && rows["adamw/torch/per_tensor" + label]) << o.output;
   EXPECT_EQ(fused->backend, "torch");
   EXPECT_EQ(fused->disposition, tb::Disposition::passed);
-  EXPECT_DOUBLE_EQ(fused->summary.median, 1.02e6);  // the median of the stand-in's samples
-  EXPECT_EQ(fused->bytes, ours->bytes);             // the mirrored row's work
+  EXPECT_DOUBLE_EQ(fused->summary.median, 1e6);  // the stand-in's clock: 1 ms a call
+  EXPECT_EQ(fused->bytes, ours->bytes);          // the mirrored row's work
   EXPECT_GT(fused->bytes, 0);
   EXPECT_EQ(fused->peak_key, ours->peak_key);
-  // The PyTorch pair, from samples the stand-in said were not disturbed: 3x.
+  bool checked = false, per_step = false;
+  for (const auto& [key, value] : fused->counters) {
+    checked = checked || (key == "checked" && value == 1);
+    per_step = per_step || (key == "us_per_step" && std::abs(value - 250) < 1e-9);  // 1 ms a call, 4 steps a call
+  }
+  EXPECT_TRUE(checked && per_step) << o.output;
+  // One group: both native rows, both PyTorch rows, in shared rounds.
+  EXPECT_EQ(std::set<std::string>(fused->interleaved_with.begin(), fused->interleaved_with.end()),
+            std::set<std::string>({"adamw/cpu/fused" + label, "adamw/cpu/per_tensor" + label, "adamw/torch/per_tensor" + label}));
   const tb::PairRow* torch_pair = nullptr;
   for (const auto& p : r.pairs)
     if (p.label == "torch AdamW: fused vs per-tensor") torch_pair = &p;
   ASSERT_TRUE(torch_pair) << o.output;
   EXPECT_EQ(torch_pair->baseline, "adamw/torch/per_tensor" + label);
   EXPECT_NEAR(torch_pair->ratio.ratio, 3.0, 1e-9);
-  // A cross pair per variant: a ratio, or, where other processes disturbed the native row, withheld as
-  // every pair with a disturbed row is.
+  EXPECT_EQ(torch_pair->rounds, 3);
+  // A cross pair per variant from the rounds: a ratio, or, where other processes disturbed the native
+  // row, withheld as every pair with a disturbed row is.
   for (const std::string variant : {"fused", "per_tensor"}) {
     const std::string name = "PyTorch " + variant + " -> trainbench cpu/" + variant;
     bool found = false;
-    for (const auto& p : r.pairs) found = found || (p.label == name && p.improved == "adamw/cpu/" + variant + label);
+    for (const auto& p : r.pairs)
+      found = found || (p.label == name && p.improved == "adamw/cpu/" + variant + label && p.rounds == 3);
     for (const auto& p : r.withheld_pairs)
       found = found || (p.label == name && p.why.find("was disturbed") != std::string::npos);
     EXPECT_TRUE(found) << name << "\n" << o.output;
   }
   EXPECT_NE(o.output.find("PyTorch fused -> trainbench cpu/fused"), std::string::npos) << o.output;
+  // The conversation: each row opened, timed, read and closed, by name.
+  std::map<std::string, std::set<std::string>> ops;
+  std::ifstream said(requests);
+  for (std::string line; std::getline(said, line);) {
+    const auto request = nlohmann::json::parse(line);
+    ops[request.at("row").get<std::string>()].insert(request.at("op").get<std::string>());
+  }
+  const std::set<std::string> all{"open", "time", "counters", "close"};
+  EXPECT_EQ(ops.size(), 2u);
+  for (const auto& [row, seen] : ops) EXPECT_EQ(seen, all) << row;
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 // cost it moved out of the loop or not reported at all.
 #include <benchmark/benchmark.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,6 +13,7 @@
 #include <csignal>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "cache_threshold.h"
 #include "harness.h"
@@ -346,6 +349,27 @@ TEST(CpuLoad, OthersShareIsTheBusyTimeThatWasNotOurs) {
   const CpuTicks now = read_cpu_ticks();
   EXPECT_TRUE(now.valid);
   EXPECT_GE(now.total, now.busy);
+}
+
+// Another process's CPU time (a PyTorch row's script: its time is the measurement, not a disturbance).
+TEST(CpuLoad, AnotherProcesssTimeIsReadByItsId) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    alarm(60);  // never outlives a test that died
+    while (process_cpu_ticks(getpid()) < 5) {  // spins until its own /proc entry shows 5 ticks
+    }
+    for (;;) pause();
+  }
+  uint64_t ticks = 0;
+  for (int waited = 0; waited < 5000 && ticks < 5; waited += 10) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ticks = process_cpu_ticks(child);
+  }
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  EXPECT_GE(ticks, 5u);
+  EXPECT_EQ(process_cpu_ticks(child), 0u);  // gone: nothing to read
 }
 
 // A memory-bound row gets a % of a DRAM peak only when that peak is a ceiling for it: not when its
@@ -700,6 +724,84 @@ TEST_F(Harness, APairsSidesAreSampledInAlternatingRounds) {
   ASSERT_EQ(apart.pairs.size(), 1u);
   EXPECT_EQ(apart.pairs[0].rounds, 0);
   EXPECT_TRUE(row(apart, fast).interleaved_with.empty());
+}
+
+// A row whose calls another process makes (a PyTorch row: benches/torch_rows.h) is timed by that
+// process's clock, through the timer its instance gives; it is measured in the rounds of the rows it
+// names (Entry::measured_with), under the backend name it gives; a factory that finds it cannot run the
+// problem makes the row unsupported, not failed.
+class ElsewhereInstance final : public Instance {
+ public:
+  void run() override { ++queued_; }
+  Verdict check() override { return {true, 0.0, ""}; }
+  SampleTimer* own_timer() override { return &timer_; }
+
+ private:
+  // "The other process" takes 3 ms a call, whatever this one's clock says.
+  class Timer final : public SampleTimer {
+   public:
+    explicit Timer(ElsewhereInstance& row) : row_(row) {}
+    void start() override { row_.queued_ = 0; }
+    double stop() override { return 3e-3 * static_cast<double>(std::exchange(row_.queued_, 0)); }
+
+   private:
+    ElsewhereInstance& row_;
+  };
+  int64_t queued_ = 0;
+  Timer timer_{*this};
+};
+
+TEST_F(Harness, ARowTimedElsewhereIsMeasuredInTheRoundsOfTheRowItNames) {
+  const Registry reg = toy_registry();
+  Settings settings = quick_settings("toy/cpu/fast/");
+  settings.peak_prepass = false;
+  settings.repetitions = 4;
+  settings.disturbed_share = 1;  // the machine's load has no say in the order checked
+  settings.on_sample = [](const std::string& row, std::size_t) { sample_log.push_back(row); };
+  std::vector<Entry> entries = select_entries(reg, settings);
+  const std::string fast = "toy/cpu/fast/n=20000", theirs = "toy/elsewhere/fast/n=20000";
+  Stage elsewhere;
+  elsewhere.name = "toy";
+  Variant v = spin_variant("fast", 1, true, "cpu.toy");
+  v.make = [](const Problem&, const RunContext&) { return std::make_unique<ElsewhereInstance>(); };
+  Variant refused = spin_variant("refused", 1, true, "");
+  refused.make = [](const Problem&, const RunContext&) -> std::unique_ptr<Instance> {
+    throw CannotRun("the other process's backend refused this shape");
+  };
+  elsewhere.variants = {v, refused};
+  Entry e;
+  e.stage = &elsewhere;
+  e.variant = &elsewhere.variants[0];
+  e.problem = entries.back().problem;  // fast's: n=20000
+  e.name = theirs;
+  e.backend_name = "elsewhere";
+  e.measured_with = {fast};
+  entries.push_back(e);
+  e.variant = &elsewhere.variants[1];
+  e.name = "toy/elsewhere/refused/n=20000";
+  e.measured_with.clear();
+  entries.push_back(e);
+
+  sample_log.clear();
+  std::ostringstream progress;
+  const Results results = run_entries(reg, entries, settings, progress);
+  std::vector<std::string> expected;
+  for (int r = 0; r < settings.repetitions; ++r) {
+    expected.push_back(r % 2 ? theirs : fast);
+    expected.push_back(r % 2 ? fast : theirs);
+  }
+  EXPECT_EQ(sample_log, expected);
+  const Row& elsewhere_row = row(results, theirs);
+  EXPECT_EQ(elsewhere_row.backend, "elsewhere");
+  ASSERT_TRUE(elsewhere_row.timed()) << elsewhere_row.reason;
+  for (double ns : elsewhere_row.samples_ns) EXPECT_DOUBLE_EQ(ns, 3e6);  // its clock's, per call
+  EXPECT_EQ(elsewhere_row.interleaved_with, std::vector<std::string>{fast});
+  const Row& refused_row = row(results, "toy/elsewhere/refused/n=20000");
+  EXPECT_EQ(refused_row.disposition, Disposition::unsupported);
+  EXPECT_EQ(refused_row.reason, "the other process's backend refused this shape");
+  // A row of another backend sets no peak and joins none of the registry's pairs.
+  EXPECT_TRUE(results.pairs.empty() && results.withheld_pairs.empty());
+  EXPECT_EQ(results.peaks.count("cpu.toy"), 0u);
 }
 
 // A stop request inside a group's rounds ends it within the sample in hand: each of its rows keeps the

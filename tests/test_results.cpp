@@ -264,87 +264,65 @@ TEST(Results, AnAmortisedPairSaysWhatWasMovedOutOfTheLoop) {
   }
 }
 
-// The PyTorch rows merged from the script's raw samples: each credited with the work of the row it
-// mirrors, summarised here, judged in the PyTorch pairs and in a cross pair per passed pair of rows,
-// and withheld where the torch row was disturbed (its samples say as little as a disturbed native row's).
-TEST(Results, TorchSamplesBecomeRowsWithPairsAndCrossPairsWithheldForADisturbedRow) {
-  Results native;
-  Row ours;
+// The PyTorch rows of a run, measured beside the rows they mirror (the harness's rows, backend torch),
+// finished: time per unit from what the case said, the PyTorch pairs (withheld where a side was
+// disturbed), the cross pairs from the rounds the two sides shared, PyTorch's versions in the context.
+TEST(Results, ThePyTorchRowsGetTheirUnitsPairsAndCrossPairs) {
+  Results results;
   const std::string label = "graph=ring8,rows=4096,alpha=0.5,drift=1e-6";
-  ours.name = "cg/cpu/host_checked/" + label;
-  ours.stage = "cg";
-  ours.variant = "host_checked";
-  ours.backend = "cpu";
-  ours.problem = {{"graph", "ring8"}, {"rows", "4096"}, {"alpha", "0.5"}, {"drift", "1e-6"}};
-  ours.disposition = Disposition::passed;
-  ours.samples_ns = {100, 101, 99, 100, 102};
-  ours.summary = summarize(ours.samples_ns, 0.05);
-  ours.bytes = 2250;      // 15 GB/s at 150 ns
-  ours.flops = 64;
-  ours.peak_key = "cpu.copy";
-  ours.footprint = 1e12;  // far past any cache: the DRAM peak is its ceiling
-  ours.counters = {{"solves", 16}, {"skip_rate", 0.5}};  // the model's, and one this row measured
-  native.rows = {ours, ours};
-  native.rows[1].name = "cg/cpu/host_checked_warm/" + label;
-  native.rows[1].variant = "host_checked_warm";
-  nlohmann::json samples{{"schema", torch_samples_schema}, {"device", "cpu"}, {"torch", {{"version", "2.15.0"}}},
-                         {"rows", nlohmann::json::array()}};
-  for (const char* variant : {"host_checked", "host_checked_warm", "host_checked_lazy"}) {
-    samples["rows"].push_back({{"stage", "cg"}, {"variant", variant}, {"label", label},
-                               {"problem", {{"graph", "ring8"}, {"rows", "4096"}, {"alpha", "0.5"}, {"drift", "1e-6"}}},
-                               {"mirrors", std::string("cpu/") + variant}, {"disposition", "passed"}, {"max_error", 1e-9},
-                               {"batch", 4}, {"samples_ns", {150, 151, 149, 150, 152}},
-                               {"counters", {{"iterations_per_solve", 3.0625}}}, {"per_unit", {{"us_per_solve", 16}}},
-                               // all CPUs' busy and total ticks with the script's own at the row's ends: others 5%
-                               {"watch", {{"cpu_ticks", {{100, 1000, 10}, {200, 2000, 60}}}}}});
-  }
-  // Others held 40% of the CPUs while the warm row measured: over the limit, judged here.
-  samples["rows"][1]["watch"]["cpu_ticks"] = {{100, 1000, 10}, {560, 2000, 70}};
-  samples["rows"][2]["samples_ns"] = {75, 76, 74, 75, 76};  // no native row to stand beside: no cross pair
-  Settings settings;
-  merge_torch_rows(native, samples, settings);
-  ASSERT_EQ(native.rows.size(), 5u);
-  const Row& cold = native.rows[2];
-  EXPECT_EQ(cold.name, "cg/torch/host_checked/" + label);
-  EXPECT_EQ(cold.backend, "torch");
-  EXPECT_DOUBLE_EQ(cold.summary.median, 150);  // summarised here, from the raw samples
-  EXPECT_EQ(cold.summary.n, 5u);
-  EXPECT_EQ(cold.batch, 4);
-  EXPECT_EQ(cold.bytes, 2250);  // the mirrored row's work
-  EXPECT_EQ(cold.peak_key, "cpu.copy");
+  const auto measured = [&](const std::string& backend, const std::string& variant, std::vector<double> samples) {
+    Row r;
+    r.name = "cg/" + backend + "/" + variant + "/" + label;
+    r.stage = "cg";
+    r.variant = variant;
+    r.backend = backend;
+    r.problem = {{"graph", "ring8"}, {"rows", "4096"}, {"alpha", "0.5"}, {"drift", "1e-6"}};
+    r.disposition = Disposition::passed;
+    r.samples_ns = std::move(samples);
+    r.summary = summarize(r.samples_ns, 0.05);
+    r.bytes = 2250;  // the mirrored row's work (the harness credits a PyTorch row with it)
+    r.flops = 64;
+    return r;
+  };
+  results.rows = {measured("cpu", "host_checked", {100, 101, 99, 100, 102}),
+                  measured("cpu", "host_checked_warm", {100, 101, 99, 100, 102}),
+                  measured("torch", "host_checked", {150, 151.5, 148.5, 150, 153}),
+                  measured("torch", "host_checked_warm", {150, 151, 149, 150, 152}),
+                  measured("torch", "host_checked_lazy", {75, 76, 74, 75, 76})};
+  results.rows[0].interleaved_with = {results.rows[2].name};  // measured in the same rounds
+  results.rows[2].interleaved_with = {results.rows[0].name};
+  results.rows[3].disturbed = true;  // others held 40% of the CPUs through every retake
+  results.rows[3].others_share = 0.4;
+  std::vector<TorchBench> benches;
+  for (const char* variant : {"host_checked", "host_checked_warm", "host_checked_lazy"})
+    benches.push_back({std::string("cg/torch/") + variant + "/" + label, "cg", variant, label,
+                       std::string("cpu/") + (std::string(variant) == "host_checked_lazy" ? "graph_lazy" : variant), "", {}});
+  const std::map<std::string, std::map<std::string, double>> per_unit{{results.rows[2].name, {{"us_per_solve", 16}}}};
+  finish_torch_rows(results, benches, per_unit, {{"version", "2.15.0"}});
   const auto counter = [&](const Row& r, const std::string& key) {
     for (const auto& [k, v] : r.counters)
       if (k == key) return v;
     return -1.0;
   };
-  EXPECT_EQ(counter(cold, "solves"), 16);                   // the work model's
-  EXPECT_EQ(counter(cold, "skip_rate"), -1);                 // not what the C++ row measured
-  EXPECT_EQ(counter(cold, "iterations_per_solve"), 3.0625);  // measured
-  EXPECT_NEAR(counter(cold, "us_per_solve"), 150e-3 / 16, 1e-12);
-  EXPECT_TRUE(native.rows[3].disturbed);
-  EXPECT_NEAR(native.rows[3].others_share, 0.4, 1e-12);
-  EXPECT_FALSE(native.rows[2].disturbed);
-  EXPECT_NEAR(native.rows[2].others_share, 0.05, 1e-12);
-  // The PyTorch pair lazy vs warm is withheld (warm disturbed), warm vs cold too; the cross pair of the
-  // cold rows has its ratio, the warm one is withheld, the lazy one has no native row.
-  ASSERT_EQ(native.pairs.size(), 1u);
-  EXPECT_EQ(native.pairs[0].label, "PyTorch host_checked -> trainbench cpu/host_checked");
-  EXPECT_EQ(native.pairs[0].baseline, "cg/torch/host_checked/" + label);
-  EXPECT_EQ(native.pairs[0].improved, "cg/cpu/host_checked/" + label);
-  EXPECT_NEAR(native.pairs[0].ratio.ratio, 1.5, 0.02);
-  ASSERT_EQ(native.withheld_pairs.size(), 3u);
-  EXPECT_EQ(native.withheld_pairs[0].label, "torch CG: warm start vs cold start (.item() per iteration)");
-  EXPECT_EQ(native.withheld_pairs[1].label, "torch CG: gate vs warm start alone (.item() per iteration)");
-  EXPECT_EQ(native.withheld_pairs[2].improved, "cg/cpu/host_checked_warm/" + label);
-  EXPECT_EQ(native.withheld_pairs[2].why.rfind("cg/torch/host_checked_warm/" + label + " was disturbed: other processes used 40%", 0),
+  EXPECT_NEAR(counter(results.rows[2], "us_per_solve"), 150e-3 / 16, 1e-12);
+  EXPECT_EQ(counter(results.rows[3], "us_per_solve"), -1);
+  // The cross pair of the cold rows has its ratio from their 5 shared rounds; the warm one is withheld
+  // (its PyTorch side disturbed), the lazy one has no native row; the PyTorch pairs with the warm row
+  // are withheld too.
+  ASSERT_EQ(results.pairs.size(), 1u);
+  EXPECT_EQ(results.pairs[0].label, "PyTorch host_checked -> trainbench cpu/host_checked");
+  EXPECT_EQ(results.pairs[0].baseline, "cg/torch/host_checked/" + label);
+  EXPECT_EQ(results.pairs[0].improved, "cg/cpu/host_checked/" + label);
+  EXPECT_NEAR(results.pairs[0].ratio.ratio, 1.5, 1e-9);  // every round's ratio is 1.5
+  EXPECT_EQ(results.pairs[0].rounds, 5);
+  ASSERT_EQ(results.withheld_pairs.size(), 3u);
+  EXPECT_EQ(results.withheld_pairs[0].label, "torch CG: warm start vs cold start (.item() per iteration)");
+  EXPECT_EQ(results.withheld_pairs[1].label, "torch CG: gate vs warm start alone (.item() per iteration)");
+  EXPECT_EQ(results.withheld_pairs[2].improved, "cg/cpu/host_checked_warm/" + label);
+  EXPECT_EQ(results.withheld_pairs[2].why.rfind("cg/torch/host_checked_warm/" + label + " was disturbed: other processes used 40%", 0),
             0u)
-      << native.withheld_pairs[2].why;
-  EXPECT_EQ(native.context.at("torch").at("version"), "2.15.0");
-  // Held to the run's measured peaks, as benchsuite's own rows are.
-  native.peaks["cpu.copy"] = PeakValue{1.5e11, "B/s", "peak/cpu/copy/n=1"};
-  attach_pct_of_peak(settings, native);
-  ASSERT_TRUE(native.rows[2].pct_of_peak.has_value());
-  EXPECT_NEAR(*native.rows[2].pct_of_peak, 10.0, 0.01);
+      << results.withheld_pairs[2].why;
+  EXPECT_EQ(results.context.at("torch").at("version"), "2.15.0");
 }
 
 // The PyTorch rows beside a selection: each PyTorch variant beside the rows of the variant it mirrors on
@@ -429,23 +407,6 @@ TEST(TorchRows, APyTorchVariantLeavesOutTheProblemsItCannotRun) {
     for (const auto& [key, value] : b.problem)
       if (key == "layout") layouts.push_back(value);
   EXPECT_EQ(layouts, std::vector<std::string>({"text_pair", "text_pair"}));
-}
-
-// A document that is not the script's samples, or a passed row without samples, is an error that says so.
-TEST(Results, MalformedTorchSamplesAreAnErrorThatSaysWhat) {
-  Results native;
-  EXPECT_THROW(merge_torch_rows(native, {{"schema", "trainbench-results/1"}}, Settings{}), std::runtime_error);
-  nlohmann::json samples{{"schema", torch_samples_schema},
-                         {"rows", {{{"stage", "cg"}, {"variant", "x"}, {"label", ""}, {"problem", nlohmann::json::object()},
-                                    {"disposition", "passed"}}}}};
-  try {
-    merge_torch_rows(native, samples, Settings{});
-    FAIL() << "a passed row without samples was merged";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("cg/x passed with no samples"), std::string::npos) << e.what();
-  }
-  samples["rows"][0].erase("label");
-  EXPECT_THROW(merge_torch_rows(native, samples, Settings{}), std::runtime_error);
 }
 
 }  // namespace

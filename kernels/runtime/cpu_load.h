@@ -15,6 +15,9 @@ struct CpuTicks {
 };
 
 CpuTicks read_cpu_ticks();
+// One process's user and system time, all its threads, in clock ticks (/proc/<pid>/stat); 0 when
+// unreadable (a process that has ended).
+uint64_t process_cpu_ticks(int pid);
 
 // The share of all CPUs' time between `before` and `after` that was busy but not this process
 // (0..1), or -1 when unknown: /proc unreadable, or too few ticks passed to tell (under `min_ticks`).

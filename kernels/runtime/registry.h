@@ -6,11 +6,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace tb {
+
+class SampleTimer;  // runtime/timing.h
 
 enum class Backend { cpu, cuda };
 const char* to_string(Backend backend);
@@ -106,6 +109,19 @@ class Instance {
   // Which of the ways it searched the variant runs (a peak row's fastest kernel or cuBLASLt
   // algorithm), for the row and the peaks it sets; "" when it runs one way.
   virtual std::string configuration() const { return ""; }
+  // A variant whose calls another process makes (a PyTorch row: benches/torch_rows.h) times them by
+  // that process's clock: the timer its samples are taken with (its stop() has that process make the
+  // calls run() queued since start(), and returns their seconds), and that process, whose CPU time is
+  // the measurement and not a disturbance. Null and 0: the harness's own timer, this process alone.
+  virtual SampleTimer* own_timer() { return nullptr; }
+  virtual int process_id() const { return 0; }
+};
+
+// Thrown by a variant's factory that finds, once it has looked, that it cannot run this problem here
+// (a PyTorch row whose backend refuses the shape): its row is unsupported, saying why, not failed.
+class CannotRun : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 using InstanceFactory = std::function<std::unique_ptr<Instance>(const Problem&, const RunContext&)>;

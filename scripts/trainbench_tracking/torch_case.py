@@ -1,6 +1,8 @@
 """What every stage's PyTorch case stands on: the device the cases run on, the check against a reference
-(Tolerance, compare, Verdict), the Case interface, and the timing of one case (CUDA events, as benchsuite's;
-on the CPU a steady clock) with its samples watched for other load. Imported only to measure: it needs torch.
+(Tolerance, compare, Verdict), the Case interface, a case opened and checked, and n calls of it timed (CUDA
+events, as benchsuite's; on the CPU a steady clock). benchsuite decides how many calls a sample takes, when
+to take it (in rounds with the rows it is compared with) and whether the machine disturbed it. Imported only
+to measure: it needs torch.
 
 A case's check() makes its first call(s) itself and compares them with a reference computed another way,
 in fp64 where there is arithmetic: a case that fails it is `incorrect` and never timed.
@@ -13,7 +15,7 @@ import gc
 import math
 import time
 from collections import namedtuple
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -21,12 +23,8 @@ import torch
 
 from .errors import UsageError
 from .torch_inputs import constant
-from .torch_watch import gpu_clock_reasons, read_cpu_ticks
 
 DEVICE = torch.device("cuda")   # use_device() sets it before any case is made
-WARMUP_S = 0.02                # warm-up before the first sample
-WARMUP_CALLS = 2
-MAX_BATCH = 1 << 16
 
 
 Tolerance = namedtuple("Tolerance", "atol rtol")   # |got - ref| <= atol + rtol * |ref| (runtime/tolerance.h)
@@ -44,21 +42,6 @@ class Verdict:
     ok: bool
     max_error: float
     detail: str = ""
-
-
-@dataclass
-class Outcome:
-    """What measuring one bench gave."""
-
-    disposition: str                 # passed | incorrect | unsupported | failed
-    reason: str = ""
-    max_error: Optional[float] = None
-    samples_ns: List[float] = field(default_factory=list)
-    batch: int = 1
-    counters: Dict[str, float] = field(default_factory=dict)   # measured, beside the work model's
-    per_unit: Dict[str, float] = field(default_factory=dict)   # Case.per_unit
-    note: str = ""
-    watch: Optional[dict] = None     # what was read at the ends of the samples (torch_watch), for benchsuite
 
 
 class Unsupported(Exception):
@@ -181,75 +164,60 @@ class Case:
         return {}
 
 
-# ---- timing -----------------------------------------------------------------------------------------------
-def _time_calls(case: Case, n: int) -> float:
-    """ns per call of n back-to-back calls, between two CUDA events on the current stream (on the CPU,
-    the steady clock around them)."""
-    if not on_gpu():
-        begin = time.perf_counter_ns()
-        for _ in range(n):
-            case.call()
-        return (time.perf_counter_ns() - begin) / n
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(n):
-        case.call()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e6 / n
-
-
-def _watch() -> Optional[Tuple[str, Callable[[], object]]]:
-    """What to read at a row's ends: on the CPU the ticks, on a GPU its clock event reasons where NVML answers."""
-    if not on_gpu():
-        return "cpu_ticks", read_cpu_ticks
-    reasons = gpu_clock_reasons(torch)
-    return ("clock_reasons", reasons) if reasons else None
-
-
-def measure(case: Case, repetitions: int, min_sample_s: float) -> Tuple[List[float], int, Optional[dict]]:
-    """Warm-up, then `repetitions` samples of `batch` calls each, a sample lasting at least min_sample_s, and
-    what the machine was doing at their ends: {"cpu_ticks" | "clock_reasons": [before, after]}."""
-    with case.scope():
-        for _ in range(WARMUP_CALLS):
-            case.call()
-        per_call = max(_time_calls(case, 1), 1.0)
-        per_call = max(_time_calls(case, min(max(math.ceil(WARMUP_S * 1e9 / per_call), 1), MAX_BATCH)), 1.0)
-        batch = min(max(math.ceil(min_sample_s * 1e9 / per_call), 1), MAX_BATCH)
-        watch = _watch()
-        before = watch[1]() if watch else None
-        samples = [_time_calls(case, batch) for _ in range(repetitions)]
-        return samples, batch, {watch[0]: [before, watch[1]()]} if watch else None
-
-
+# ---- opening and timing -------------------------------------------------------------------------------------
 SHARED_ENV = Env()
 
 
-def run_bench(case_class, bench, repetitions: int, min_sample_s: float) -> Outcome:
-    """Set up, check, then time one row; whatever a peer throws makes its row failed, never ends the run."""
+def describe_failure(e: BaseException) -> str:
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return f"out of memory: {first_line(e)}"
+    return f"{type(e).__name__}: {first_line(e)}"
+
+
+def open_case(case_class, bench) -> Tuple[Optional[Case], dict]:
+    """Sets up one row's case and checks it: the case to time (None unless it passed) and what the check said
+    ({"disposition": passed | incorrect | unsupported | failed, "reason", "max_error", "note"}). Whatever a
+    peer throws makes its row failed, never ends the script."""
     SHARED_ENV.enter(bench.stage)
     case = None
     try:
-        try:
-            case = case_class(bench, SHARED_ENV)
-            with case.scope():
-                verdict = case.check()
-        except Unsupported as e:
-            return Outcome("unsupported", str(e))
-        if not verdict.ok:
-            return Outcome("incorrect", verdict.detail, verdict.max_error, note=case.note)
-        samples, batch, watch = measure(case, repetitions, min_sample_s)
-        return Outcome("passed", "", verdict.max_error, samples, batch, case.counters(), case.per_unit(), case.note,
-                       watch)
-    except torch.cuda.OutOfMemoryError as e:
-        return Outcome("failed", f"out of memory: {first_line(e)}")
+        case = case_class(bench, SHARED_ENV)
+        with case.scope():
+            verdict = case.check()
+    except Unsupported as e:
+        return None, {"disposition": "unsupported", "reason": str(e)}
     except Exception as e:   # noqa: BLE001 - the row says what it was
-        return Outcome("failed", f"{type(e).__name__}: {first_line(e)}")
-    finally:
-        del case
-        gc.collect()
-        release_cached_memory()
+        return None, {"disposition": "failed", "reason": describe_failure(e)}
+    finite = verdict.max_error is not None and math.isfinite(verdict.max_error)
+    said = {"disposition": "passed" if verdict.ok else "incorrect", "reason": verdict.detail,
+            "max_error": verdict.max_error if finite else None, "note": case.note}
+    return (case if verdict.ok else None), said
+
+
+def close_case(case: Case) -> None:
+    """Drops a case and what the device cached for it."""
+    del case
+    gc.collect()
+    release_cached_memory()
+
+
+def time_calls(case: Case, n: int) -> float:
+    """Seconds for n back-to-back calls, between two CUDA events on the current stream (on the CPU, the steady
+    clock around them), in the case's scope."""
+    with case.scope():
+        if not on_gpu():
+            begin = time.perf_counter_ns()
+            for _ in range(n):
+                case.call()
+            return (time.perf_counter_ns() - begin) * 1e-9
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(n):
+            case.call()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e-3
 
 
 # ---- context -----------------------------------------------------------------------------------------------

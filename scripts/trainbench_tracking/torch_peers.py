@@ -1,37 +1,32 @@
 """scripts/torch-peers: the PyTorch way of doing trainbench's stages, measured beside benchsuite's rows.
 
-benchsuite --backend cpu,torch (or cuda,torch) hands this script its `--list --format json` document
-(`--listing`; --axis, --quick and --filter applied), whose "torch" section names the PyTorch rows that stand
-beside the selected rows (`adamw/torch/fused/<label>` beside `adamw/cpu/fused/<label>`, each with the inputs it
-reads, drawn by the stages' own generators) and whose "constants" are the stages' seeds and tolerances. For
-each PyTorch row the stage's case (torch_cases) builds its tensors (torch_inputs), runs the PyTorch code,
-checks it against its reference, and times it. What it writes is raw: per row the samples, the check's error
-and what it read of the machine at the samples' ends (`trainbench-torch-samples/1`). benchsuite credits each
-row with the work of the row it mirrors and computes the summaries, disturbance, % of peak and the pairs.
+benchsuite --backend cpu,torch (or cuda,torch) starts this script once per run with its `--list --format json`
+document (`--listing`; --axis, --quick and --filter applied), whose "torch" section names the PyTorch rows that
+stand beside the selected rows (`adamw/torch/fused/<label>` beside `adamw/cpu/fused/<label>`, each with the inputs
+it reads, drawn by the stages' own generators) and whose "constants" are the stages' seeds and tolerances. The
+script then serves benchsuite's requests, one JSON object a line on its stdin, one answer a line on its stdout
+(`--serve`, protocol trainbench-torch-serve/1): open a row (its case, torch_cases, builds its tensors, runs the
+PyTorch code and checks it against its reference), time n calls of it, say what it counted, close it. benchsuite
+measures the PyTorch rows as its own: in rounds with the rows they are compared with, watching the machine,
+taking disturbed samples again, and computing the summaries, % of peak and the pairs
+(benches/torch_rows.cpp).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import signal
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, TextIO
 
-from .argtypes import positive_int, seconds_up_to
-from .atomic import write_atomically
 from .errors import UsageError
 from .torch_inputs import use_constants
 
-SAMPLES_SCHEMA = "trainbench-torch-samples/1"   # benches/torch_rows.h torch_samples_schema
+SERVE_PROTOCOL = "trainbench-torch-serve/1"   # benches/torch_rows.h torch_serve_protocol
 PROG = "torch-peers"
-REPETITIONS = 10
-MIN_SAMPLE_S = 0.05            # a sample lasts at least this long (benchsuite passes its --min-time)
-QUICK_MIN_SAMPLE_S = 0.01
-CUDA_MIN_SAMPLE_S = 100e-6     # a sample is never shorter (CUDA events resolve ~0.5 us)
 
 
 @dataclass(frozen=True)
@@ -81,52 +76,87 @@ def select_benches(listing: dict, device: str) -> List[Bench]:
         raise UsageError(f"the listing's PyTorch rows are malformed ({type(e).__name__}: {e})") from None
 
 
-def samples_record(bench: Bench, outcome) -> dict:
-    """What one row measured (a torch_case.Outcome), raw: benchsuite derives the rest."""
-    finite = outcome.max_error is not None and math.isfinite(outcome.max_error)
-    record = {"stage": bench.stage, "variant": bench.variant, "label": bench.label, "problem": dict(bench.problem),
-              "mirrors": bench.mirrors, "disposition": outcome.disposition, "reason": outcome.reason,
-              "max_error": outcome.max_error if finite else None, **({"note": outcome.note} if outcome.note else {})}
-    if outcome.disposition == "passed":
-        record.update({"batch": outcome.batch, "samples_ns": list(outcome.samples_ns), "counters": outcome.counters,
-                       "per_unit": outcome.per_unit, "watch": outcome.watch})
-    return record
+# ---- serving benchsuite ------------------------------------------------------------------------------------
+def serve(benches: List[Bench], requests: TextIO, answers: TextIO) -> int:
+    """Answers benchsuite's requests until its end of the conversation closes: {"op": "open" | "time" | "counters"
+    | "close", "row": NAME, "calls": N}. A request that fails is answered {"error": ...}; the script goes on."""
+    from . import torch_case
+    from .torch_cases import CASES
+
+    by_name = {b.name: b for b in benches}
+    opened: Dict[str, object] = {}
+
+    def answer(message: dict) -> None:
+        answers.write(json.dumps(message) + "\n")
+        answers.flush()
+
+    def handle(request: dict) -> dict:
+        op, name = request.get("op"), request.get("row")
+        if op not in ("open", "time", "counters", "close"):
+            return {"error": f"unknown op {op!r}"}
+        if op == "open":
+            if name not in by_name:
+                return {"error": f"no PyTorch row {name!r} in the listing"}
+            case, said = torch_case.open_case(CASES[by_name[name].stage], by_name[name])
+            if case is not None:
+                opened[name] = case
+            print(f"{PROG}: {name}: {said['disposition']}" + (f": {said['reason']}" if said["reason"] else "") +
+                  (f" ({said['note']})" if said.get("note") else ""), file=sys.stderr, flush=True)
+            return said
+        if name not in opened:
+            return {"error": f"row {name!r} is not open"}
+        case = opened[name]
+        if op == "time":
+            calls = request.get("calls")
+            if not isinstance(calls, int) or calls < 0:
+                return {"error": f"'calls' must be a count, not {calls!r}"}
+            return {"seconds": torch_case.time_calls(case, calls)}
+        if op == "counters":
+            return {"counters": case.counters(), "per_unit": case.per_unit()}
+        torch_case.close_case(opened.pop(name))
+        return {}
+
+    answer({"protocol": SERVE_PROTOCOL, "torch": torch_case.torch_context()})
+    for line in requests:
+        try:
+            request = json.loads(line)
+            answer(handle(request) if isinstance(request, dict) else {"error": "a request is a JSON object"})
+        except json.JSONDecodeError as e:
+            answer({"error": f"not JSON: {e.msg}"})
+        except Exception as e:   # noqa: BLE001 - the row fails, not the run
+            answer({"error": torch_case.describe_failure(e)})
+    return 0
 
 
 # ---- command line ----------------------------------------------------------------------------------------
 EPILOG = """\
 benchsuite runs this script: `benchsuite --backend cpu,torch` (or cuda,torch) adds the PyTorch rows, each
 named stage/torch/variant/problem (on a GPU stage/torch_cuda/...) beside the row it mirrors, to its own
-results, with the PyTorch pairs and the cross pairs. Each row is checked against a plain reference before
-it is timed (a wrong result is `incorrect` and never timed). Timing: CUDA events (on the CPU a steady clock),
-warm-up, calls batched so that a sample lasts at least --min-time. On the CPU, samples during which other
-processes used more than 25% of all CPU time are taken again by benchsuite, as its own.
+results, measured in rounds with the rows they are compared with, with the PyTorch pairs and the cross pairs.
+Each row is checked against a plain reference before it is timed (a wrong result is `incorrect` and never
+timed). Timing: CUDA events (on the CPU a steady clock) around the calls benchsuite asks for.
 
 examples:
   benchsuite --backend cpu,torch --quick --filter adamw
   benchsuite --backend cpu,torch --quick --list --format json | benchsuite --torch-inputs /tmp/in > list.json
-  scripts/torch-peers --device cpu --listing list.json --out samples.json
+  scripts/torch-peers --device cpu --listing list.json --list
 
-exit codes: 0 done, 1 a peer was incorrect or failed, 2 bad usage or no PyTorch,
-130 interrupted by Ctrl-C (SIGINT), 143 by SIGTERM (what was measured is still written)
+exit codes: 0 done (benchsuite closed the conversation), 2 bad usage or no PyTorch
 """
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Measure the PyTorch way of trainbench's stages beside the "
-                                "rows of a benchsuite listing; write their samples (trainbench-torch-samples/1).",
+                                "rows of a benchsuite listing, as benchsuite asks (--serve).",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--listing", metavar="FILE", required=True,
                    help="the rows to measure: a benchsuite --backend ...,torch --list --format json document")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cuda (default; the listing's cuda rows) or cpu (its cpu rows; no GPU pattern)")
-    p.add_argument("--quick", action="store_true", help=f"shorter samples ({QUICK_MIN_SAMPLE_S:g} s)")
-    p.add_argument("--repetitions", type=positive_int, default=REPETITIONS,
-                   help=f"samples per row (default {REPETITIONS})")
-    p.add_argument("--min-time", type=seconds_up_to(60), metavar="S",
-                   help=f"each sample lasts at least S seconds (default {MIN_SAMPLE_S:g})")
-    p.add_argument("--out", metavar="FILE", help="write the samples (JSON) atomically")
-    p.add_argument("--list", action="store_true", help="print the rows that would be measured and exit")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--serve", action="store_true",
+                      help=f"answer benchsuite's requests on stdin and stdout ({SERVE_PROTOCOL})")
+    mode.add_argument("--list", action="store_true", help="print the rows of the listing and exit")
     return p
 
 
@@ -144,59 +174,23 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise UsageError(f"--listing {args.listing} carries no generator constants (a benchsuite older than "
                              "this script wrote it): the inputs cannot be built as the stages build theirs")
         use_constants(listing.get("constants") or {})
-        if args.out and os.path.isdir(args.out):
-            raise UsageError(f"--out {args.out} is a directory")
     except UsageError as e:
         return _fail(str(e))
     if args.list:
         for b in benches:
             print(b.name)
         return 0
+    # The conversation is benchsuite's: a stop request (Ctrl-C reaches the whole terminal's group) ends it
+    # when benchsuite closes it, after the sample in hand; what a case prints goes to stderr, not into it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     try:
         from . import torch_case
-        from .torch_cases import CASES
         torch_case.use_device(args.device)
     except (ImportError, OSError) as e:
         return _fail(f"PyTorch is not importable ({e}); the peers need PyTorch and numpy "
                      "(scripts/install-deps --torch, or python3 -m pip install torch numpy)")
     except UsageError as e:
         return _fail(str(e))
-
-    min_sample_s = max(args.min_time or (QUICK_MIN_SAMPLE_S if args.quick else MIN_SAMPLE_S), CUDA_MIN_SAMPLE_S)
-    torch_info = torch_case.torch_context()
-    records: List[dict] = []
-    # Ctrl-C, or SIGTERM (`timeout`, a job's time limit, benchsuite passing on its own stop): the rows
-    # measured are written. The first signal interrupts; later ones are ignored, so the writing is not.
-    stopped_by: List[int] = []
-
-    def stop(signum, frame):
-        stopped_by.append(signum)
-        raise KeyboardInterrupt
-
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        for i, bench in enumerate(benches):
-            outcome = torch_case.run_bench(CASES[bench.stage], bench, args.repetitions, min_sample_s)
-            records.append(samples_record(bench, outcome))
-            said = (outcome.reason or f"{len(outcome.samples_ns)} samples of {outcome.batch} calls") + \
-                (f"; {outcome.note}" if outcome.note else "")
-            print(f"{PROG}: [{i + 1}/{len(benches)}] {bench.name}: {outcome.disposition}: {said}",
-                  file=sys.stderr, flush=True)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted after {len(records)} of {len(benches)} rows", file=sys.stderr)
-    for s in previous:
-        signal.signal(s, signal.SIG_IGN)
-    try:
-        if args.out:
-            doc = {"schema": SAMPLES_SCHEMA, "device": args.device, "torch": torch_info, "rows": records}
-            try:
-                write_atomically(args.out, (json.dumps(doc, indent=1) + "\n").encode())
-            except OSError as e:
-                return _fail(f"cannot write {args.out}: {e.strerror or e}")
-            print(f"{PROG}: wrote {len(records)} rows to {args.out}", file=sys.stderr)
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    if stopped_by:
-        return 128 + stopped_by[0]
-    return 1 if any(r["disposition"] in ("incorrect", "failed") for r in records) else 0
+    return serve(benches, sys.stdin, answers)

@@ -1,8 +1,8 @@
-"""scripts/torch-peers: the rows of a listing it measures, the samples it writes, the command line
-without torch; the inputs benchsuite --torch-inputs writes for the rows (the stages' own generators), the
-watching for other load on synthetic /proc ticks; the cases' checks on the CPU against those inputs and, where
-torch sees a GPU, the measured path. What benchsuite makes of the samples (summaries, pairs) is
-tests/test_cli.cpp's.
+"""scripts/torch-peers: the rows of a listing it serves, its conversation with benchsuite (--serve: open,
+time, counters, close), the command line without torch; the inputs benchsuite --torch-inputs writes for the
+rows (the stages' own generators); the cases' checks on the CPU against those inputs and, where torch sees a
+GPU, every quick row opened and timed. How benchsuite measures the rows (rounds, disturbance, pairs) is
+tests/test_cli.cpp's and tests/test_harness.cpp's.
 
 fixtures/benchsuite_list_cpu_quick.json is `benchsuite --backend cpu,torch --list --format json --quick`
 trimmed to adamw, gradnorm, attention, spmv, cg and collate (stages with their axes and CPU variants' ids and
@@ -16,10 +16,9 @@ import sys
 
 import pytest
 
-from conftest import FIXTURES, REPO, run_script, write_json
+from conftest import FIXTURES, REPO, SCRIPTS, run_script, write_json
 from trainbench_tracking import torch_inputs as tpi
 from trainbench_tracking import torch_peers as tp
-from trainbench_tracking import torch_watch as watch
 
 
 def listing(name="benchsuite_list_cpu_quick.json"):
@@ -107,40 +106,66 @@ def test_without_torch_one_message_and_exit_2(monkeypatch, capsys, tmp_path):
     monkeypatch.setitem(sys.modules, "torch", None)   # import torch raises ImportError
     for name in [m for m in sys.modules if m.startswith("trainbench_tracking.torch_case")]:
         monkeypatch.delitem(sys.modules, name)
-    rc = tp.main(["--device", "cpu", "--listing", write_json(tmp_path / "list.json", listing()),
-                  "--out", str(tmp_path / "x.json")])
-    err = capsys.readouterr().err
-    assert rc == 2
-    assert err.count("\n") == 1 and err.startswith("torch-peers: error: PyTorch is not importable (")
-    assert not (tmp_path / "x.json").exists()
+    p = subprocess.run([sys.executable, "-c", "import sys; sys.modules['torch'] = None; "
+                        "from trainbench_tracking import torch_peers; sys.exit(torch_peers.main(sys.argv[1:]))",
+                        "--device", "cpu", "--listing", write_json(tmp_path / "list.json", listing()), "--serve"],
+                       capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=SCRIPTS))
+    assert p.returncode == 2 and p.stdout == ""   # nothing said on the conversation
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith("torch-peers: error: PyTorch is not importable ("), p.stderr
 
 
-def test_bad_repetitions_exit_2():
-    with pytest.raises(SystemExit) as e:
-        tp.main(["--listing", "x.json", "--repetitions", "0"])
-    assert e.value.code == 2
+def test_it_serves_or_lists_and_nothing_else(tmp_path):
+    p = run_script("torch-peers", "--device", "cpu", "--listing", write_json(tmp_path / "list.json", listing()))
+    assert p.returncode == 2 and "one of the arguments --serve --list is required" in p.stderr
 
 
-def test_the_samples_document_is_raw(tmp_path):
-    """--out: per row the samples and what the row saw, and nothing derived from them (no median, interval,
-    rate or pair: benchsuite computes those)."""
-    pytest.importorskip("torch")
+class Conversation:
+    """scripts/torch-peers --serve on a listing, spoken to as benchsuite speaks to it (benches/torch_rows.cpp)."""
+
+    def __init__(self, doc, tmp_path, device="cpu"):
+        self.p = subprocess.Popen([sys.executable, os.path.join(REPO, "scripts", "torch-peers"), "--device", device,
+                                   "--listing", write_json(tmp_path / "list.json", doc), "--serve"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.hello = json.loads(self.p.stdout.readline() or "null")
+
+    def ask(self, op, row, **more):
+        self.p.stdin.write(json.dumps(dict(op=op, row=row, **more)) + "\n")
+        self.p.stdin.flush()
+        return json.loads(self.p.stdout.readline())
+
+    def end(self):
+        self.p.stdin.close()
+        return self.p.wait(timeout=60), self.p.stderr.read()
+
+
+def spmv_listing(tmp_path):
     doc = listing()
     doc["torch"]["rows"] = [dict(r, name="spmv/torch/csr/graph=ring8,rows=1000", label="graph=ring8,rows=1000",
                                  problem={"graph": "ring8", "rows": "1000"})
                             for r in doc["torch"]["rows"] if r["stage"] == "spmv" and r["variant"] == "csr"]
-    doc = listing_with_inputs(doc, tmp_path)
-    out = tmp_path / "samples.json"
-    p = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "torch-peers"), "--device", "cpu", "--listing",
-                        write_json(tmp_path / "list.json", doc), "--repetitions", "3", "--min-time", "0.001",
-                        "--out", str(out)], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    written = json.loads(out.read_text())
-    assert written["schema"] == "trainbench-torch-samples/1" and written["device"] == "cpu"
-    (row,) = written["rows"]
-    assert (row["stage"], row["variant"], row["label"], row["mirrors"]) == ("spmv", "csr", "graph=ring8,rows=1000", "cpu/csr")
-    assert row["disposition"] == "passed" and len(row["samples_ns"]) == 3 and row["max_error"] >= 0
-    assert not {"median_ns", "ci_low_ns", "noisy", "bytes", "gb_per_s", "pairs"} & (set(row) | set(written))
+    return listing_with_inputs(doc, tmp_path)
+
+
+def test_the_conversation_opens_times_counts_and_closes_a_row(tmp_path):
+    """benchsuite's requests, answered one a line: a row opened (built and checked), n calls timed by the
+    script's clock, what it counted, closed; what cannot be done is an error answer, and the script goes on."""
+    pytest.importorskip("torch")
+    talk = Conversation(spmv_listing(tmp_path), tmp_path)
+    assert talk.hello["protocol"] == "trainbench-torch-serve/1" and talk.hello["torch"]["version"]
+    row = "spmv/torch/csr/graph=ring8,rows=1000"
+    assert "is not open" in talk.ask("time", row, calls=3)["error"]
+    opened = talk.ask("open", row)
+    assert opened["disposition"] == "passed" and opened["max_error"] >= 0, opened
+    one, many = talk.ask("time", row, calls=1)["seconds"], talk.ask("time", row, calls=200)["seconds"]
+    assert 0 < one and one < many   # seconds for the calls asked for, not per call
+    assert "must be a count" in talk.ask("time", row, calls=-1)["error"]
+    assert set(talk.ask("counters", row)) == {"counters", "per_unit"}
+    assert talk.ask("close", row) == {}
+    assert "is not open" in talk.ask("counters", row)["error"]
+    assert "no PyTorch row" in talk.ask("open", "spmv/torch/csr/elsewhere")["error"]
+    assert "unknown op" in talk.ask("fly", row)["error"]
+    code, err = talk.end()
+    assert code == 0 and f"{row}: passed" in err
 
 
 # ---- the inputs (benchsuite's, drawn by the stages' own generators) ---------------------------------------
@@ -166,21 +191,6 @@ def test_each_row_reads_the_inputs_benchsuite_wrote(tmp_path):
     assert sorted(tpi.read_input(collate, "order").tolist()) == list(range(64))
     with pytest.raises(tp.UsageError, match="no input 'rhs'"):
         tpi.read_input(spmv, "rhs")
-
-
-# ---- other load: read raw, judged by benchsuite (benches/torch_rows.cpp measure_torch_rows) ----------------
-def test_read_cpu_ticks_reads_proc_stat_and_the_processs_own_time(tmp_path):
-    stat = tmp_path / "stat"
-    stat.write_text("cpu  10 1 5 100 4 2 3 6 0 0\ncpu0 5 0 2 50 2 1 1 3 0 0\n")
-    own = tmp_path / "self_stat"
-    fields = ["S"] + [str(f) for f in range(4, 14)] + ["7", "9"] + ["0"] * 30   # fields 3.., utime 7, stime 9
-    own.write_text("1234 (a (b) c) " + " ".join(fields) + "\n")
-    assert watch.read_cpu_ticks(str(stat), str(own)) == [27, 131, 16]   # busy, total, own
-    assert watch.read_cpu_ticks(str(tmp_path / "missing"), str(own)) is None
-    stat.write_text("intr 1 2 3\n")
-    assert watch.read_cpu_ticks(str(stat), str(own)) is None
-    busy, total, _ = watch.read_cpu_ticks()
-    assert 0 <= busy <= total
 
 
 # ---- the cases on the CPU -----------------------------------------------------------------------------------
@@ -210,8 +220,8 @@ def test_naive_attention_on_the_cpu_declines_what_would_not_fit(monkeypatch, tmp
     from trainbench_tracking.torch_cases import CASES
     big = tp.Bench("", "attention", "naive", "", {"shape": "4x16x4096x128", "causal": "causal", "dtype": "fp32"},
                    "cuda/naive")
-    outcome = torch_case.run_bench(CASES["attention"], big, 1, 0.001)
-    assert outcome.disposition == "unsupported" and "4 GiB" in outcome.reason
+    case, said = torch_case.open_case(CASES["attention"], big)
+    assert case is None and said["disposition"] == "unsupported" and "4 GiB" in said["reason"]
 
 
 def test_gradnorm_peers_on_the_cpu_match_the_fp64_reference(monkeypatch, tmp_path):
@@ -232,9 +242,9 @@ def test_gradnorm_peers_on_the_cpu_match_the_fp64_reference(monkeypatch, tmp_pat
     verdict = wrong.check()
     assert not verdict.ok and "grad of tensor" in verdict.detail
     from trainbench_tracking.torch_cases import CASES
-    bf16 = torch_case.run_bench(CASES["gradnorm"], tp.Bench("", "gradnorm", "per_tensor", "", dict(small, dtype="bf16"),
-                                                            "cpu/per_tensor"), 1, 0.001)
-    assert bf16.disposition == "unsupported" and "bf16" in bf16.reason
+    _, bf16 = torch_case.open_case(CASES["gradnorm"], tp.Bench("", "gradnorm", "per_tensor", "", dict(small, dtype="bf16"),
+                                                               "cpu/per_tensor"))
+    assert bf16["disposition"] == "unsupported" and "bf16" in bf16["reason"]
 
 
 # The C++ CPU rows' counters on the same problem (benchsuite --quick --backend cpu --filter cg, drift 1e-6):
@@ -288,23 +298,21 @@ def test_hostsync_async_pinned_is_a_gpu_pattern(monkeypatch, tmp_path):
         cpu_case("hostsync", "async_pinned", dict(HOSTSYNC_PROBLEM, steps="5"), monkeypatch, tmp_path)
 
 
-def test_a_cpu_row_carries_what_was_read_at_the_ends_of_its_samples(monkeypatch, tmp_path):
-    """The readings, raw, before the first sample and after the last: benchsuite decides whether the row was
-    disturbed and takes it again (tests/test_cli.cpp)."""
+def test_a_wrong_case_is_opened_as_incorrect_and_not_kept(monkeypatch, tmp_path):
     torch_case, _ = cpu_case("spmv", "csr", {"graph": "ring8", "rows": "1000"}, monkeypatch, tmp_path)
     from trainbench_tracking.torch_cases import CASES
-    reads = iter([[100, 1000, 20], [600, 2000, 220]])
-    monkeypatch.setattr(torch_case, "read_cpu_ticks", lambda: next(reads))
+
+    class Wrong(CASES["spmv"]):
+        def call(self):
+            return super().call() * 1.01
     (bench,) = with_inputs([bench_row("spmv", "csr", {"graph": "ring8", "rows": "1000"})], tmp_path)
-    outcome = torch_case.run_bench(CASES["spmv"], bench, 3, 0.001)
-    assert outcome.disposition == "passed" and len(outcome.samples_ns) == 3, outcome.reason
-    record = tp.samples_record(bench, outcome)
-    assert record["watch"] == {"cpu_ticks": [[100, 1000, 20], [600, 2000, 220]]}
-    assert not {"disturbed", "retaken", "others_share", "throttled_share"} & set(record)
+    case, said = torch_case.open_case(Wrong, bench)
+    assert case is None and said["disposition"] == "incorrect" and said["reason"], said
 
 
 # ---- on a GPU with torch ------------------------------------------------------------------------------------
 def test_quick_peers_on_the_gpu_pass(tmp_path):
+    """Every quick CUDA row opened (checked) and timed through the conversation benchsuite holds."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch sees no CUDA device")
@@ -313,13 +321,17 @@ def test_quick_peers_on_the_gpu_pass(tmp_path):
         pytest.skip("no built benchsuite (set TRAINBENCH_BENCHSUITE or build build/benches/benchsuite)")
     listed = subprocess.run([benchsuite, "--backend", "cuda,torch", "--quick", "--list", "--format", "json"],
                             capture_output=True, text=True, timeout=120, check=True)
-    out = tmp_path / "samples.json"
-    p = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "torch-peers"), "--listing",
-                        write_json(tmp_path / "list.json", listing_with_inputs(json.loads(listed.stdout), tmp_path)), "--quick",
-                        "--repetitions", "3", "--min-time", "0.002", "--out", str(out)],
-                       capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 74
-    assert {r["disposition"] for r in rows} <= {"passed", "unsupported"}, \
-        [(r["stage"], r["variant"], r["reason"]) for r in rows if r["disposition"] != "passed"]
+    doc = listing_with_inputs(json.loads(listed.stdout), tmp_path)
+    assert len(doc["torch"]["rows"]) == 74
+    talk = Conversation(doc, tmp_path, device="cuda")
+    outcomes = {}
+    for row in doc["torch"]["rows"]:
+        said = talk.ask("open", row["name"])
+        outcomes[row["name"]] = said.get("disposition"), said.get("reason") or said.get("error")
+        if said.get("disposition") == "passed":
+            assert talk.ask("time", row["name"], calls=2)["seconds"] > 0
+            talk.ask("close", row["name"])
+    code, err = talk.end()
+    assert code == 0, err[-3000:]
+    assert {d for d, _ in outcomes.values()} <= {"passed", "unsupported"}, \
+        {name: o for name, o in outcomes.items() if o[0] != "passed"}
