@@ -1256,27 +1256,27 @@ void attach_pct_of_peak(const Settings& settings, Results& results) {
   }
 }
 
+void add_per_call_rates(Row& r) {
+  if (!r.timed() || r.summary.median <= 0 || r.moves_nothing()) return;
+  std::vector<std::pair<std::string, double>> rates;
+  for (const auto& [key, value] : r.counters) {
+    const std::string suffix = "_per_call";
+    if (key.size() > suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0)
+      rates.emplace_back(key.substr(0, key.size() - suffix.size()) + "_per_s", value / (r.summary.median * 1e-9));
+  }
+  for (auto& rate : rates) {
+    const auto same = std::find_if(r.counters.begin(), r.counters.end(), [&](const auto& c) { return c.first == rate.first; });
+    if (same == r.counters.end()) r.counters.push_back(std::move(rate));
+  }
+}
+
 void finish_results(const Registry& registry, const Settings& settings, Results& results) {
   std::map<std::string, const Row*> by_name;
   for (auto& r : results.rows) {
     if (r.timed()) r.summary = summarize(r.samples_ns, settings.noise_target);
     by_name[r.name] = &r;
   }
-  // A counter "X_per_call" (samples per call) gets its rate "X_per_s" from the row's median time,
-  // unless the timed region does no work: samples "delivered" by a pointer bump are no rate.
-  for (auto& r : results.rows) {
-    if (!r.timed() || r.summary.median <= 0 || r.moves_nothing()) continue;
-    std::vector<std::pair<std::string, double>> rates;
-    for (const auto& [key, value] : r.counters) {
-      const std::string suffix = "_per_call";
-      if (key.size() > suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0)
-        rates.emplace_back(key.substr(0, key.size() - suffix.size()) + "_per_s", value / (r.summary.median * 1e-9));
-    }
-    for (auto& rate : rates) {
-      const auto same = std::find_if(r.counters.begin(), r.counters.end(), [&](const auto& c) { return c.first == rate.first; });
-      if (same == r.counters.end()) r.counters.push_back(std::move(rate));
-    }
-  }
+  for (auto& r : results.rows) add_per_call_rates(r);
   // Peaks: the fastest sample each peak variant reached in this run. A ceiling is what the machine
   // can do; interference only ever slows a sample down, so the median would understate it.
   // A DRAM peak measured on data that fits in the cache is the cache's bandwidth: not a ceiling.

@@ -85,6 +85,9 @@ nlohmann::json run_context(const Settings& settings);
 // how it was found: {"cpu": {"bytes": ..., "how": "..."}} (context.cache_thresholds).
 nlohmann::json cache_thresholds_json(const Settings& settings);
 
+// A counter "X_per_call" (samples per call) gets its rate "X_per_s" from the row's median time (summary
+// filled), unless the timed region does no work: samples "delivered" by a pointer bump are no rate.
+void add_per_call_rates(Row& r);
 // Fills each row's summary and % of peak, the peaks and the pairs, from the rows' samples.
 void finish_results(const Registry& registry, const Settings& settings, Results& results);
 // Each timed row's % of its peak key's measured peak (or why it has none: "cache", "above peak"); run

@@ -213,6 +213,8 @@ struct TorchPeer {
 // loop read on the host (GPU-only, as the stage). collate: the data path alone (compute_us=0) and the
 // field-major layouts only (layout=token_rows, the training step's rows, has no PyTorch peer); on the
 // CPU the .to(device) is a no-op, and index_select is the PyTorch fix, with no CUDA row to stand beside.
+// step: the twin at every workload the step runs, checked as the step checks itself (the first sequence's
+// losses against the C++ double forward), with the same part counters (data_ns ... sync_ns).
 const std::vector<TorchPeer>& torch_peers() {
   static const std::vector<TorchPeer> peers{
       {"adamw", "fused", "fused", "fused",
@@ -311,6 +313,11 @@ const std::vector<TorchPeer>& torch_peers() {
       {"collate", "pinned", "pinned", "",
        "index_select straight into a pinned batch (double-buffered), one non_blocking copy",
        {{"compute_us", {"0"}}, {"layout", {"text_pair", "tokens"}}}, {}},
+      {"step", "twin", "train", "train",
+       "the PyTorch twin of the step (scripts/torch-step): the same resolved workload and switches, eager (graph "
+       "replays where the workload captures CUDA graphs), bf16 autocast and SDPA where the C++ step uses bf16 / "
+       "fused attention",
+       {}, {}},
   };
   return peers;
 }
@@ -456,6 +463,7 @@ Row torch_row(const nlohmann::json& m, const std::string& backend, const std::ma
     for (const auto& [key, units] : per_unit.items())
       if (units.is_number() && units.get<double>() > 0)
         r.counters.emplace_back(key, r.summary.median * 1e-3 / units.get<double>());
+    add_per_call_rates(r);  // the mirrored row's samples_per_call: samples_per_s at this row's median
   }
   return r;
 }
