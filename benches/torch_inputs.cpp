@@ -15,7 +15,11 @@
 #include "runtime/defaults.h"
 #include "runtime/error.h"
 #include "runtime/registry.h"
+#include "runtime/tolerance.h"
 #include "spmv/laplacian.h"
+#include "step/resolved.h"
+#include "step/step.h"
+#include "step/trainer.h"
 #include "torch_rows.h"
 
 namespace tb {
@@ -39,22 +43,36 @@ class InputWriter {
   template <class T>
   nlohmann::json add(const std::string& key, std::vector<int64_t> shape, const T* values) {
     if (const auto it = written_.find(key); it != written_.end()) return it->second;
-    std::string file;
-    for (const char c : key) file += std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ? c : '_';
-    file += ".bin";
     std::size_t count = 1;
     for (const int64_t n : shape) count *= static_cast<std::size_t>(n);
-    const fs::path path = dir_ / file, partial = dir_ / (file + ".partial");
-    {
-      std::unique_ptr<FILE, int (*)(FILE*)> out(std::fopen(partial.c_str(), "wb"), &std::fclose);
-      if (!out || std::fwrite(values, sizeof(T), count, out.get()) != count || std::fflush(out.get()) != 0)
-        throw std::runtime_error("cannot write the torch rows' input " + path.string());
-    }
-    fs::rename(partial, path);
+    const std::string file = write(key, ".bin", values, sizeof(T) * count);
     return written_[key] = {{"file", file}, {"dtype", dtype_name<T>()}, {"shape", shape}};
   }
 
+  // A JSON document (torch_inputs.read_document), described as {"file", "format": "json"}.
+  template <class Json>
+  nlohmann::json add_document(const std::string& key, const Json& doc) {
+    if (const auto it = written_.find(key); it != written_.end()) return it->second;
+    const std::string text = doc.dump() + "\n";
+    return written_[key] = {{"file", write(key, ".json", text.data(), text.size())}, {"format", "json"}};
+  }
+
  private:
+  // `bytes` into the file named after `key`, whole or not at all; its name.
+  std::string write(const std::string& key, const char* extension, const void* bytes, std::size_t size) {
+    std::string file;
+    for (const char c : key) file += std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ? c : '_';
+    file += extension;
+    const fs::path path = dir_ / file, partial = dir_ / (file + ".partial");
+    {
+      std::unique_ptr<FILE, int (*)(FILE*)> out(std::fopen(partial.c_str(), "wb"), &std::fclose);
+      if (!out || std::fwrite(bytes, 1, size, out.get()) != size || std::fflush(out.get()) != 0)
+        throw std::runtime_error("cannot write the torch rows' input " + path.string());
+    }
+    fs::rename(partial, path);
+    return file;
+  }
+
   fs::path dir_;
   std::map<std::string, nlohmann::json> written_;
 };
@@ -107,6 +125,18 @@ nlohmann::json stage_inputs(InputWriter& w, const std::string& stage, const Prob
       window.insert(window.end(), {double(k.dst), double(k.src), double(k.a)});
     inputs["window"] = w.add("launch_window-" + p.get("steps") + "-" + p.get("kernels_per_step"),
                              {static_cast<int64_t>(window.size() / 3), 3}, window.data());
+  } else if (stage == "step") {
+    // The twin is built from the workload as the step resolves it, and its first step is checked as the
+    // step's own (check_first_losses): the first sequence's per-token losses against the double forward.
+    const std::string name = p.has("cpu_workload") ? p.get("cpu_workload") : p.get("workload");
+    const step::Workload workload = step::load_workload(name);
+    const int32_t first = step::first_sample_of(workload.data.samples);
+    const Tolerance tol = workload.switches.bf16_matmuls ? tolerance::step_bf16 : tolerance::step_fp32;
+    nlohmann::ordered_json doc{
+        {"resolved", step::resolved_workload(workload)},
+        {"reference", {{"sample", first}, {"losses", step::reference_losses(workload, first)}, {"rtol", tol.rtol},
+                       {"atol", tol.atol}}}};
+    inputs["step"] = w.add_document("step-" + name, doc);
   }
   return inputs;
 }

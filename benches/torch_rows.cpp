@@ -162,6 +162,8 @@ struct TorchPeer {
 // loop read on the host (GPU-only, as the stage). collate: the data path alone (compute_us=0) and the
 // field-major layouts only (layout=token_rows, the training step's rows, has no PyTorch peer); on the
 // CPU the .to(device) is a no-op, and index_select is the PyTorch fix, with no CUDA row to stand beside.
+// step: the twin at every workload the step runs, checked as the step checks itself (the first sequence's
+// losses against the C++ double forward), with the same part counters (data_ns ... sync_ns).
 const std::vector<TorchPeer>& torch_peers() {
   static const std::vector<TorchPeer> peers{
       {"adamw", "fused", "fused", "fused",
@@ -260,6 +262,11 @@ const std::vector<TorchPeer>& torch_peers() {
       {"collate", "pinned", "pinned", "",
        "index_select straight into a pinned batch (double-buffered), one non_blocking copy",
        {{"compute_us", {"0"}}, {"layout", {"text_pair", "tokens"}}}, {}},
+      {"step", "twin", "train", "train",
+       "the PyTorch twin of the step (scripts/torch-step): the same resolved workload and switches, eager (graph "
+       "replays where the workload captures CUDA graphs), bf16 autocast and SDPA where the C++ step uses bf16 / "
+       "fused attention",
+       {}, {}},
   };
   return peers;
 }
@@ -390,7 +397,7 @@ class TorchServer {
     posix_spawnattr_destroy(&attributes);
     if (spawned != 0) throw std::runtime_error("cannot start " + argv[0] + " " + argv[1] + ": " + std::strerror(spawned));
     theirs.reset();
-    const std::optional<nlohmann::json> hello = read_answer();
+    const std::optional<nlohmann::ordered_json> hello = read_answer();
     if (!hello) {
       const int code = wait_for_exit();
       if (code == 2) throw UsageError("scripts/torch-peers rejected the run (its message is above)");
@@ -399,7 +406,7 @@ class TorchServer {
     if (hello->value("protocol", std::string()) != torch_serve_protocol)
       throw std::runtime_error(std::string("scripts/torch-peers does not speak ") + torch_serve_protocol +
                                " (it is not the script this benchsuite was built with)");
-    torch_context_ = hello->value("torch", nlohmann::json::object());
+    torch_context_ = nlohmann::json::parse(hello->value("torch", nlohmann::ordered_json::object()).dump());
   }
 
   // The end of the conversation: the script closes its rows and exits; one that does not within a few
@@ -420,9 +427,10 @@ class TorchServer {
   TorchServer(const TorchServer&) = delete;
   TorchServer& operator=(const TorchServer&) = delete;
 
-  // The script's answer to `message`; throws std::runtime_error with its words when it says "error", and
-  // when it has ended (every later request then fails at once, with the same words).
-  nlohmann::json request(const nlohmann::json& message) {
+  // The script's answer to `message`, its keys in the script's order (a case's counters in the order it
+  // gives them); throws std::runtime_error with its words when it says "error", and when it has ended
+  // (every later request then fails at once, with the same words).
+  nlohmann::ordered_json request(const nlohmann::json& message) {
     if (!ended_.empty()) throw std::runtime_error(ended_);
     const std::string line = message.dump() + "\n";
     for (std::size_t sent = 0; sent < line.size();) {
@@ -431,7 +439,7 @@ class TorchServer {
       if (n <= 0) fail_ended();
       sent += static_cast<std::size_t>(n);
     }
-    const std::optional<nlohmann::json> answer = read_answer();
+    const std::optional<nlohmann::ordered_json> answer = read_answer();
     if (!answer) fail_ended();
     if (answer->contains("error"))
       throw std::runtime_error("scripts/torch-peers: " + answer->at("error").get<std::string>());
@@ -443,13 +451,13 @@ class TorchServer {
 
  private:
   // The next line as JSON; nullopt at the end of the conversation (the script ended).
-  std::optional<nlohmann::json> read_answer() {
+  std::optional<nlohmann::ordered_json> read_answer() {
     for (;;) {
       if (const auto end = buffer_.find('\n'); end != std::string::npos) {
         const std::string line = buffer_.substr(0, end);
         buffer_.erase(0, end + 1);
         try {
-          return nlohmann::json::parse(line);
+          return nlohmann::ordered_json::parse(line);
         } catch (const nlohmann::json::exception& e) {
           throw std::runtime_error("scripts/torch-peers answered something that is not JSON (" + std::string(e.what()) + ")");
         }
@@ -493,7 +501,7 @@ class TorchRowInstance final : public Instance {
 
   TorchRowInstance(TorchServer& server, std::string name, std::shared_ptr<UnitsSink> units)
       : server_(server), name_(std::move(name)), units_(std::move(units)), timer_(*this) {
-    const nlohmann::json said = server_.request({{"op", "open"}, {"row", name_}});
+    const nlohmann::ordered_json said = server_.request({{"op", "open"}, {"row", name_}});
     const std::string disposition = said.value("disposition", std::string());
     const std::string reason = said.value("reason", std::string());
     if (disposition == "unsupported") throw CannotRun(reason);
@@ -520,9 +528,9 @@ class TorchRowInstance final : public Instance {
   // What the case counted (cg: iterations per solve), and its units per call, kept for finish().
   std::vector<std::pair<std::string, double>> observed() const override {
     if (!open_) return {};
-    const nlohmann::json said = server_.request({{"op", "counters"}, {"row", name_}});
-    const nlohmann::json counted = said.value("counters", nlohmann::json::object());
-    const nlohmann::json per_unit = said.value("per_unit", nlohmann::json::object());
+    const nlohmann::ordered_json said = server_.request({{"op", "counters"}, {"row", name_}});
+    const nlohmann::ordered_json counted = said.value("counters", nlohmann::ordered_json::object());
+    const nlohmann::ordered_json per_unit = said.value("per_unit", nlohmann::ordered_json::object());
     std::vector<std::pair<std::string, double>> counters;
     for (const auto& [key, value] : counted.items())
       if (value.is_number()) counters.emplace_back(key, value.get<double>());

@@ -16,9 +16,9 @@
 
 #include "runtime/error.h"
 #include "step/cpu_ops.h"
+#include "step/resolved.h"
 #include "step/step.h"
 #include "step/trainer.h"
-#include "tuner/trial.h"
 
 namespace {
 
@@ -84,7 +84,7 @@ json dump(const Workload& w, int64_t steps) {
   for (std::size_t t = 0; t < shapes.size(); ++t)
     parameters.push_back({{"name", shapes[t].name}, {"shape", shapes[t].shape}, {"offset", model.tensors()[t].offset}});
 
-  json doc = tb::tune::resolved_workload(w);  // schema, workload, constants
+  json doc = resolved_workload(w);  // schema, workload, constants
   doc.update(json{
       {"precision", "double"},
       {"parameters", parameters},

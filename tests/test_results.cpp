@@ -356,6 +356,7 @@ TEST(TorchRows, ThePyTorchRowsStandBesideTheSelectedRows) {
     for (const char* batch : {"64", "4096"})
       want.push_back(std::string("collate/torch/") + v + "/layout=text_pair,order=shuffled,samples=8192,batch=" + batch +
                      ",embed_dim=768,seq_len=128");
+  want.push_back("step/torch/twin/cpu_workload=tiny");
   EXPECT_EQ(names, want);
   for (const auto& b : cpu) {
     EXPECT_EQ(b.mirrors.rfind("cpu/", 0), 0u) << b.name;
@@ -371,19 +372,21 @@ TEST(TorchRows, ThePyTorchRowsStandBesideTheSelectedRows) {
   EXPECT_EQ(naive->problem, implied);  // what naive_mask_cached runs without an axis for it
   EXPECT_EQ(cpu[13].mirrors, "cpu/host_checked");
   EXPECT_EQ(cpu[24].mirrors, "cpu/gather");  // index_select: the PyTorch fix on the CPU
+  EXPECT_EQ(cpu[25].mirrors, "cpu/train");   // the twin of the whole step
 
   settings.backends = {Backend::cuda};  // listed here too, unavailable or not
   const auto cuda = torch_benches(select_entries(builtin_registry(), settings), "cuda");
-  EXPECT_EQ(cuda.size(), 74u);
+  EXPECT_EQ(cuda.size(), 76u);
   settings.quick = false;
   const auto all = torch_benches(select_entries(builtin_registry(), settings), "cuda");
-  EXPECT_EQ(all.size(), 134u);
+  EXPECT_EQ(all.size(), 139u);
   std::set<std::string> cuda_names;
   for (const auto& b : all) cuda_names.insert(b.name);
   EXPECT_EQ(cuda_names.size(), all.size());
   EXPECT_TRUE(cuda_names.count("attention/torch_cuda/sdpa_flash/shape=4x16x4096x128,causal=causal,dtype=bf16"));
   EXPECT_FALSE(cuda_names.count("attention/torch_cuda/sdpa_flash/shape=4x16x4096x128,causal=causal,dtype=fp32"));
   EXPECT_TRUE(cuda_names.count("cg/torch_cuda/device_loop_lazy/graph=ring8,rows=262144,alpha=0.5,drift=5e-7"));
+  EXPECT_TRUE(cuda_names.count("step/torch_cuda/twin/workload=sem_v55"));  // every preset the CUDA step runs
   for (const auto& name : cuda_names) {
     if (name.rfind("adamw/", 0) == 0 || name.rfind("gradnorm/", 0) == 0) {  // fp32 only
       EXPECT_EQ(name.find("dtype=bf16"), std::string::npos) << name;

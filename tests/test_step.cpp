@@ -2,11 +2,12 @@
 // differences in double, with and without the propagator), checkpointing and optimizer variants
 // change nothing but speed, the loss falls on the synthetic task, and each backend's step passes its
 // check against the double-precision forward, as does every micro-batch of several steps. Timed steps
-// take no timing marks, a failed graph capture leaves the stream usable, and each backend's gradients
-// match the CPU's in double.
+// take no timing marks, the profiled steps' parts make up a step, a failed graph capture leaves the
+// stream usable, and each backend's gradients match the CPU's in double.
 #include <gtest/gtest.h>
 #include <filesystem>
 
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -550,6 +551,39 @@ TEST(StepTiming, UnprofiledStepsTakeNoMarksOnTheCpu) { expect_unprofiled_steps_t
 TEST(StepTiming, CudaEventPoolDoesNotGrowOverUnprofiledSteps) {
   expect_unprofiled_steps_take_no_marks(Backend::cuda, 200);
 }
+
+// The row's time by part (observed(): profiled steps after the timed ones), named as the PyTorch twin's
+// row names its own (torch_cases/step.py): every part of the step is there, and the parts that always
+// run took time. Their sum is a median step's at most what the profiled steps took together (each
+// part's median is at most its sum over those steps), and on the CPU, whose clock sees each step, at
+// least a fifth of the fastest unprofiled step: the parts leave none of the step out.
+void expect_parts_make_up_a_step(Backend backend) {
+  if (const std::string why = testing::cannot_run_here(train_variant(backend)); !why.empty()) GTEST_SKIP() << why;
+  MadeStep made = make_step(backend, "tiny");  // data, forward, backward, the propagator's solves, the optimizer
+  double fastest_step = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    const auto begin = std::chrono::steady_clock::now();
+    made.step->run();
+    fastest_step = std::min(fastest_step, std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
+  }
+  ASSERT_TRUE(made.step->check().passed);
+  const auto begin = std::chrono::steady_clock::now();
+  std::map<std::string, double> seen;
+  for (const auto& [key, value] : made.step->observed()) seen[key] = value;
+  const double profiling_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - begin).count();
+  double parts_ns = 0;
+  for (const char* part : {"data_ns", "forward_ns", "backward_ns", "optimizer_ns", "sync_ns", "solver_ns"}) {
+    ASSERT_TRUE(seen.count(part)) << part;
+    EXPECT_GE(seen[part], 0) << part;
+    parts_ns += seen[part];
+  }
+  for (const char* part : {"data_ns", "forward_ns", "backward_ns", "optimizer_ns", "solver_ns"}) EXPECT_GT(seen[part], 0) << part;
+  EXPECT_LE(parts_ns, profiling_ns);
+  if (backend == Backend::cpu) EXPECT_GE(parts_ns, 0.2 * fastest_step * 1e9);
+}
+
+TEST(StepTiming, PartsMakeUpTheStepOnTheCpu) { expect_parts_make_up_a_step(Backend::cpu); }
+TEST(StepTiming, PartsMakeUpTheStepOnCuda) { expect_parts_make_up_a_step(Backend::cuda); }
 
 // An error inside the captured micro-step: the host-checked CG synchronises, which a capture does
 // not allow (the registry refuses graphs with a propagator; made directly here, the step reaches

@@ -22,6 +22,7 @@
 #include "runtime/defaults.h"
 #include "runtime/error.h"
 #include "step/cpu_ops.h"
+#include "step/resolved.h"
 #include "step/step.h"
 #include "step/trainer.h"
 #include "step/workload.h"
@@ -560,8 +561,8 @@ TEST(AutotuneCli, ExecutorTorchWithoutPyTorchSaysHowToInstallItAndRunsNothing) {
 TEST(TorchExecutor, TheTwinGetsTheResolvedWorkloadAndTheFirstSample) {
   step::Workload w = step::load_workload("tiny");
   w.batch.micro = 2;
-  const auto doc = resolved_workload(w);
-  EXPECT_EQ(doc["schema"], kResolvedSchema);
+  const auto doc = step::resolved_workload(w);
+  EXPECT_EQ(doc["schema"], step::kResolvedSchema);
   EXPECT_EQ(doc["workload"]["batch"]["micro"], 2);
   EXPECT_EQ(doc["workload"]["batch"]["accumulation"], w.batch.global / 2);
   EXPECT_EQ(doc["constants"]["seed_data"], step::seed_data);

@@ -22,6 +22,7 @@
 #include "runtime/stats.h"
 #include "runtime/tolerance.h"
 #include "step/optimizer.h"
+#include "step/resolved.h"
 #include "step/step.h"
 #include "step/trainer.h"
 #include "torch_rows.h"
@@ -158,34 +159,6 @@ TrialEstimate shortest_trial(const step::Workload& w, int64_t min_steps, bool cu
   e.step_seconds = e.step_flops / e.flop_rate;
   e.seconds = startup + static_cast<double>(1 + warmup_steps(w) + std::max<int64_t>(min_steps, 1)) * e.step_seconds;
   return e;
-}
-
-nlohmann::ordered_json resolved_workload(const step::Workload& w) {
-  using ordered = nlohmann::ordered_json;
-  const auto& m = w.model;
-  const auto& p = w.propagator;
-  const auto& o = w.optimizer;
-  ordered workload{
-      {"name", w.name},
-      {"source", w.source},
-      {"path", w.path},
-      {"model", {{"layers", m.layers}, {"d_model", m.d_model}, {"heads", m.heads}, {"seq_len", m.seq_len},
-                 {"vocab", m.vocab}, {"mlp_ratio", m.mlp_ratio}}},
-      {"propagator", {{"enabled", p.enabled}, {"sparsity", p.sparsity}, {"alpha", p.alpha}, {"cg_tol", p.cg_tol},
-                      {"lazy_tol", p.lazy_tol}, {"max_iters", p.max_iters}}},
-      {"optimizer", {{"variant", o.variant}, {"lr", o.lr}, {"weight_decay", o.weight_decay},
-                     {"betas", {o.beta1, o.beta2}}, {"eps", o.eps}, {"grad_clip", o.grad_clip}}},
-      {"data", {{"samples", w.data.samples}, {"location", w.data.location}, {"per_sample_copy", w.data.per_sample_copy}}},
-      {"batch", {{"global", w.batch.global}, {"micro", w.batch.micro}, {"accumulation", w.batch.accumulation()},
-                 {"global_range", {w.batch.global_min, w.batch.global_max}}}},
-      {"logging", {{"sync", w.logging.sync}, {"interval", w.logging.interval}}},
-      {"switches", {{"attention", w.switches.fused_attention ? "fused" : "naive"}, {"cuda_graphs", w.switches.cuda_graphs}, {"activation_checkpointing", w.switches.activation_checkpointing},
-                    {"bf16_matmuls", w.switches.bf16_matmuls}, {"lazy_cg", w.switches.lazy_cg}}},
-  };
-  return ordered{{"schema", kResolvedSchema},
-                 {"workload", workload},
-                 {"constants", {{"seed_params", step::seed_params}, {"seed_data", step::seed_data},
-                                {"layernorm_eps", defaults::layernorm_eps}, {"clip_norm_eps", step::clip_norm_eps}}}};
 }
 
 json to_json(const Candidate& c) {
@@ -540,7 +513,7 @@ TorchExecutor::TorchExecutor(const step::Workload& workload, bool cuda, int devi
 TrialResult TorchExecutor::run(const Candidate& candidate, const MeasurePolicy& policy) {
   const step::Workload w = apply(workload_, candidate);
   const Tolerance tol = w.switches.bf16_matmuls ? tolerance::step_bf16 : tolerance::step_fp32;
-  json request{{"resolved", resolved_workload(w)},
+  json request{{"resolved", step::resolved_workload(w)},
                {"backend", cuda_ ? "cuda" : "cpu"},
                {"device", device_},
                {"candidate", to_json(candidate)},

@@ -40,12 +40,6 @@ struct TrialEstimate {
 };
 TrialEstimate shortest_trial(const step::Workload& w, int64_t min_steps, bool cuda, int device);
 
-// The workload as the step resolved it, with the constants the step is built from (seeds, the
-// layernorm and clipping epsilons), under the schema "trainbench-step-dump/1": what a twin of the
-// step in another framework is built from (scripts/trainbench_tracking/torch_step.py), never the YAML.
-nlohmann::ordered_json resolved_workload(const step::Workload& w);
-inline constexpr const char* kResolvedSchema = "trainbench-step-dump/1";
-
 nlohmann::json to_json(const Candidate& c);
 Candidate candidate_from_json(const nlohmann::json& j);
 nlohmann::json to_json(const TrialResult& r);

@@ -38,3 +38,18 @@ def read_input(bench, name: str):
         return np.fromfile(path, dtype=spec["dtype"]).reshape(spec["shape"])
     except (OSError, ValueError) as e:
         raise UsageError(f"input {name!r} of {bench.name or bench.stage}: cannot read {path} ({e})") from None
+
+
+def read_document(bench, name: str):
+    """The row's input `name` as the JSON document benchsuite wrote ({"file", "format": "json"})."""
+    import json
+    spec = bench.inputs.get(name)
+    if spec is None or spec.get("format") != "json":
+        raise UsageError(f"the listing gives {bench.name or bench.stage} no JSON input {name!r}: make it with "
+                         "benchsuite --torch-inputs DIR (a run of --backend ...,torch does)")
+    path = os.path.join(bench.inputs_dir, spec["file"])
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"input {name!r} of {bench.name or bench.stage}: cannot read {path} ({e})") from None

@@ -23,7 +23,9 @@ constants the step is built from), never from the YAML, and is the same training
 - cuda_graphs (a GPU only, without the propagator, whose CG reads the host every iteration) as the C++
   step captures them: from step GRAPH_CAPTURE_STEP on, each micro-batch's forward, loss and backward is one
   graph replay (torch.cuda.make_graphed_callables over the model and its loss), the batch copied into the
-  graph's static inputs; data loading, clipping and AdamW stay eager.
+  graph's static inputs; data loading, clipping and AdamW stay eager;
+- a step can be profiled (`step(clock=PartClock(device))`): its parts (STEP_PARTS) marked where trainer.h's
+  profiled step marks them, the propagator's solves apart, for the step's PyTorch row (torch_cases/step.py).
 tests/scripts/test_torch_step.py holds the twin's parameters, loss, gradients and the parameters after
 optimizer steps to the C++ step's in double precision.
 
@@ -33,6 +35,7 @@ Imported only where torch is installed.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -343,6 +346,7 @@ class RingSolver:
         self.lazy_tol = float(spec["lazy_tol"])
         self.max_iters = int(spec["max_iters"])
         self.stats = SolveStats()
+        self.clock: Optional[PartClock] = None   # set by a profiled step: its solves are the "solver" part
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """A x = x + alpha (k x_i - the k ring neighbours' sum), summed as cg::CpuRows::laplacian_apply sums it."""
@@ -351,8 +355,19 @@ class RingSolver:
             neighbours = neighbours + (torch.roll(x, d, dims=-1) + torch.roll(x, -d, dims=-1))
         return x + self.alpha * (self.sparsity * x - neighbours)
 
-    @torch.no_grad()
     def solve(self, b: torch.Tensor, cache: Optional[torch.Tensor], lazy: bool) -> torch.Tensor:
+        """_solve; in a profiled step, timed as the part "solver" apart from the forward or backward it is in
+        (as model.h's profiled solves are)."""
+        if self.clock is None:
+            return self._solve(b, cache, lazy)
+        interrupted = self.clock.switch("solver")
+        try:
+            return self._solve(b, cache, lazy)
+        finally:
+            self.clock.mark(interrupted)
+
+    @torch.no_grad()
+    def _solve(self, b: torch.Tensor, cache: Optional[torch.Tensor], lazy: bool) -> torch.Tensor:
         """With `cache` (the layer's last solution): the lazy gate keeps it when its relative residual
         (over all rows) is below lazy_tol, else CG starts from it and the solution is cached for the next call.
         Without: CG from zero (the backward's solve)."""
@@ -512,6 +527,47 @@ class TwinModel(nn.Module):
 
 
 # ---- the step (trainer.h) ---------------------------------------------------------------------------------
+STEP_PARTS = ("data", "forward", "backward", "optimizer", "sync", "solver")   # trainer.h's StepReport parts
+
+
+class PartClock:
+    """A step timed part by part, as Trainer::step(profile=true) marks it: mark(part) starts `part` where the
+    part before ends; on a GPU a CUDA event recorded on the current stream (nothing waits for it until
+    seconds()), on the CPU the steady clock. switch(part) starts a part inside another (the propagator's
+    solves inside forward and backward) and returns the part it interrupted, to be marked again after."""
+
+    def __init__(self, device=None):
+        self.on_gpu = device is not None and torch.device(device).type == "cuda"
+        self.marks: List[Tuple[str, object]] = []   # (the part that starts here, its event or ns)
+
+    def mark(self, part: str) -> None:
+        if self.on_gpu:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append((part, event))
+        else:
+            self.marks.append((part, time.perf_counter_ns()))
+
+    def switch(self, part: str) -> str:
+        interrupted = self.marks[-1][0] if self.marks else ""
+        self.mark(part)
+        return interrupted
+
+    def seconds(self) -> Dict[str, float]:
+        """Seconds per part, summed over its spans; the last mark only ends the span before it."""
+        if self.on_gpu:
+            torch.cuda.synchronize()
+        out: Dict[str, float] = {}
+        for (part, begin), (_, end) in zip(self.marks, self.marks[1:]):
+            span = begin.elapsed_time(end) * 1e-3 if self.on_gpu else (end - begin) * 1e-9
+            out[part] = out.get(part, 0.0) + span
+        return out
+
+
+def _unmarked(part: str) -> None:
+    """An unprofiled step's marks: none."""
+
+
 GRAPH_CAPTURE_STEP = 1   # step.h's graph_capture_step: the steps before it run eagerly (the first is checked)
 
 
@@ -585,9 +641,11 @@ class TrainingStep:
         self.graphed: Optional[nn.Module] = None   # the captured micro-step, from GRAPH_CAPTURE_STEP on
         self.steps = 0
 
-    def micro_step(self, tokens: torch.Tensor, targets: torch.Tensor, keep_losses: bool = False):
+    def micro_step(self, tokens: torch.Tensor, targets: torch.Tensor, keep_losses: bool = False, mark=_unmarked):
         """Forward and backward of one micro-batch, accumulating into the gradients; its share of the step's
-        loss, detached (with keep_losses, also the per-token losses [B, T], detached)."""
+        loss, detached (with keep_losses, also the per-token losses [B, T], detached). `mark`: a PartClock's,
+        in a profiled step."""
+        mark("forward")
         losses = self.losses
         if self.graphs and self.steps >= GRAPH_CAPTURE_STEP:
             if self.graphed is None:   # capture (after make_graphed_callables' own warm-up iterations)
@@ -596,25 +654,40 @@ class TrainingStep:
             tokens, targets = tokens.contiguous(), targets.contiguous()   # the static inputs' layout
         per_token = losses(tokens, targets)
         loss = per_token.mean() / self.accumulation
+        mark("backward")
         loss.backward()
         if keep_losses:
             return loss.detach(), per_token.detach().view(targets.shape)
         return loss.detach()
 
-    def step(self, record_first: bool = False) -> StepResult:
+    def step(self, record_first: bool = False, clock: Optional[PartClock] = None) -> StepResult:
         """One optimizer step; with record_first, the first micro-batch's first sequence's per-token losses
-        are kept (what the trial checks against the C++ double-precision reference)."""
+        are kept (what the trial checks against the C++ double-precision reference). With a clock, the step
+        is profiled: its parts (STEP_PARTS) marked on it as trainer.h marks them."""
+        if clock is None:
+            return self._step(record_first, _unmarked)
+        if self.model.solver is not None:
+            self.model.solver.clock = clock
+        try:
+            return self._step(record_first, clock.mark)
+        finally:
+            if self.model.solver is not None:
+                self.model.solver.clock = None
+
+    def _step(self, record_first: bool, mark) -> StepResult:
         loss = torch.zeros((), dtype=self.params[0].dtype, device=self.device)
         picked, first = [], None
         for k in range(self.accumulation):
+            mark("data")
             tokens, targets = self.loader.next_batch()
             picked.append(list(self.loader.picked))
             if record_first and k == 0:
-                share, per_token = self.micro_step(tokens, targets, keep_losses=True)
+                share, per_token = self.micro_step(tokens, targets, keep_losses=True, mark=mark)
                 first = per_token[0].double().cpu()
             else:
-                share = self.micro_step(tokens, targets)
+                share = self.micro_step(tokens, targets, mark=mark)
             loss += share
+        mark("optimizer")   # clipping, AdamW and clearing the gradients, as trainer.h's optimizer part
         if self.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         else:
@@ -623,5 +696,7 @@ class TrainingStep:
         # With graphs the gradients stay allocated: the replayed backward accumulates into them in place
         self.optimizer.zero_grad(set_to_none=not self.graphs)
         self.steps += 1
+        mark("sync")
         self.log.after_step(loss, grad_norm.detach())
+        mark("end")
         return StepResult(loss, grad_norm.detach(), picked, first)

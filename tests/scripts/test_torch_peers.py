@@ -322,7 +322,7 @@ def test_quick_peers_on_the_gpu_pass(tmp_path):
     listed = subprocess.run([benchsuite, "--backend", "cuda,torch", "--quick", "--list", "--format", "json"],
                             capture_output=True, text=True, timeout=120, check=True)
     doc = listing_with_inputs(json.loads(listed.stdout), tmp_path)
-    assert len(doc["torch"]["rows"]) == 74
+    assert len(doc["torch"]["rows"]) == 76
     talk = Conversation(doc, tmp_path, device="cuda")
     outcomes = {}
     for row in doc["torch"]["rows"]:

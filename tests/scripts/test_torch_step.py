@@ -470,3 +470,113 @@ def test_gpu_graphed_steps_match_eager_steps(ts, tool, tmp_path):
     assert graphed.graphed is not None and eager.graphed is None
     for (name, a), (_, b) in zip(eager.model.layout(), graphed.model.layout()):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), name
+
+
+# ---- the step's PyTorch row (torch_cases/step.py: benchsuite --backend cpu,torch --filter step) ---------------
+def benchsuite_tool():
+    """$TRAINBENCH_BENCHSUITE, else the newest build*/benches/benchsuite of this checkout; None when neither."""
+    path = os.environ.get("TRAINBENCH_BENCHSUITE")
+    if path:
+        return path if os.access(path, os.X_OK) else None
+    built = [p for p in glob.glob(os.path.join(REPO, "build*", "benches", "benchsuite")) if os.access(p, os.X_OK)]
+    return max(built, key=os.path.getmtime) if built else None
+
+
+@pytest.fixture(scope="module")
+def step_row(tmp_path_factory):
+    """The step's PyTorch row at `tiny` on the CPU as benchsuite lists it, with the input it writes for it
+    (--torch-inputs): a torch_peers.Bench."""
+    pytest.importorskip("torch")
+    benchsuite = benchsuite_tool()
+    if benchsuite is None:
+        pytest.skip("no built benchsuite to write the row's input (set TRAINBENCH_BENCHSUITE)")
+    from trainbench_tracking import torch_peers
+    listed = subprocess.run([benchsuite, "--backend", "cpu,torch", "--quick", "--filter", "step/cpu/train/cpu_workload=tiny",
+                             "--list", "--format", "json"], capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    inputs = tmp_path_factory.mktemp("step_inputs")
+    written = subprocess.run([benchsuite, "--torch-inputs", str(inputs)], input=listed.stdout, capture_output=True,
+                             text=True, timeout=120)
+    assert written.returncode == 0, written.stderr
+    benches = torch_peers.select_benches(json.loads(written.stdout), "cpu")
+    assert [(b.name, b.mirrors) for b in benches] == [("step/torch/twin/cpu_workload=tiny", "cpu/train")]
+    return benches[0]
+
+
+@pytest.fixture
+def on_the_cpu():
+    from trainbench_tracking import torch_case
+    torch_case.use_device("cpu")
+    return torch_case
+
+
+def test_the_step_rows_input_is_the_resolved_workload_and_the_cpp_double_forward(step_row, tiny):
+    """What benchsuite writes for the row: dump_step's resolved workload, and as the reference the first
+    sequence's per-token losses of the C++ forward in double (the dump's first micro-batch starts with it)."""
+    from trainbench_tracking.torch_inputs import read_document
+    doc = read_document(step_row, "step")
+    assert doc["resolved"] == {key: tiny[key] for key in ("schema", "workload", "constants")}
+    T = tiny["workload"]["model"]["seq_len"]
+    reference = doc["reference"]
+    assert reference["sample"] == tiny["micro_batch"]["samples"][0]
+    # The reference solves the propagator for its one sequence, the step for the micro-batch's rows at once (CG
+    # stops at the worst row's cg_tol, 1e-6): they agree to that, not to rounding (measured 2e-7 on tiny).
+    worst = max(abs(a - b) for a, b in zip(reference["losses"], tiny["micro_batch"]["losses"][:T]))
+    assert worst <= 10 * tiny["workload"]["propagator"]["cg_tol"]
+    assert (reference["atol"], reference["rtol"]) == (FP32_TOL["atol"], FP32_TOL["rtol"])
+
+
+def test_the_step_row_is_checked_then_timed_with_its_parts(step_row, on_the_cpu):
+    """tiny on the CPU: the twin's first step passes the C++ step's own check, and the parts of the profiled
+    steps after the samples carry the C++ row's names; the parts that always run took time (sync: tiny reads
+    the loss every 4th step only). How the parts add up is test_a_profiled_step_is_the_same_step's (the marks
+    cover the step) and, on the C++ side, StepTiming.PartsMakeUpTheStep*'s."""
+    from trainbench_tracking.torch_cases import CASES
+    outcome = on_the_cpu.run_bench(CASES["step"], step_row, 3, 0.01)
+    assert outcome.disposition == "passed", outcome.reason
+    assert len(outcome.samples_ns) == 3 and outcome.max_error < FP32_TOL["atol"]
+    parts = {"data_ns", "forward_ns", "backward_ns", "optimizer_ns", "sync_ns", "solver_ns"}
+    assert set(outcome.counters) == parts
+    assert all(outcome.counters[p] > 0 for p in parts - {"sync_ns"}), outcome.counters
+
+
+def test_a_broken_twin_is_incorrect_and_not_timed(step_row, on_the_cpu):
+    """A perturbed weight (the final layernorm's bias, which shifts every logit) moves the first losses out
+    of the step's tolerance; a twin whose reference names another first sample has another data order."""
+    import torch
+    from trainbench_tracking.torch_cases.step import StepCase
+
+    class PerturbedTwin(StepCase):
+        def __init__(self, bench, env):
+            super().__init__(bench, env)
+            with torch.no_grad():
+                self.twin.model.lnfb[0] += 1.0
+
+    class OtherOrder(StepCase):
+        def __init__(self, bench, env):
+            super().__init__(bench, env)
+            self.reference = dict(self.reference, sample=self.reference["sample"] + 1)
+
+    perturbed = on_the_cpu.run_bench(PerturbedTwin, step_row, 3, 0.01)
+    assert perturbed.disposition == "incorrect" and not perturbed.samples_ns, perturbed
+    assert perturbed.reason.startswith("per-token loss of sample"), perturbed.reason
+    reordered = on_the_cpu.run_bench(OtherOrder, step_row, 3, 0.01)
+    assert reordered.disposition == "incorrect" and "the twin's data order differs" in reordered.reason
+
+
+def test_a_profiled_step_is_the_same_step(ts, tiny):
+    """The marks change no number: a twin stepped with a PartClock keeps the unprofiled twin's losses and
+    parameters exactly; its marks are the step's parts, each micro-batch's in turn, the solves inside them."""
+    import torch
+    plain, profiled = ts.TrainingStep(tiny), ts.TrainingStep(tiny)
+    accumulation = tiny["workload"]["batch"]["accumulation"]
+    for _ in range(2):
+        clock = ts.PartClock()
+        assert plain.step().loss.item() == profiled.step(clock=clock).loss.item()
+        parts = [part for part, _ in clock.marks]
+        assert parts.count("data") == accumulation and parts[0] == "data" and parts[-3:] == ["optimizer", "sync", "end"]
+        assert set(parts) == set(ts.STEP_PARTS) | {"end"}
+        assert set(clock.seconds()) == set(ts.STEP_PARTS) and all(v >= 0 for v in clock.seconds().values())
+        assert profiled.model.solver.clock is None
+    for (name, a), (_, b) in zip(plain.model.layout(), profiled.model.layout()):
+        assert torch.equal(a, b), name

@@ -10,6 +10,8 @@ from .gradnorm import GradNormCase
 from .hostsync import HostsyncCase
 from .launch import LaunchCase
 from .spmv import SpmvCase
+from .step import StepCase
 
 CASES = {"adamw": AdamWCase, "gradnorm": GradNormCase, "attention": AttentionCase, "spmv": SpmvCase, "cg": CgCase,
-         "hostsync": HostsyncCase, "launch": LaunchCase, "alloc": AllocCase, "collate": CollateCase}
+         "hostsync": HostsyncCase, "launch": LaunchCase, "alloc": AllocCase, "collate": CollateCase,
+         "step": StepCase}
