@@ -554,18 +554,13 @@ TEST(StepTiming, CudaEventPoolDoesNotGrowOverUnprofiledSteps) {
 
 // The row's time by part (observed(): profiled steps after the timed ones), named as the PyTorch twin's
 // row names its own (torch_cases/step.py): every part of the step is there, and the parts that always
-// run took time. Their sum is a median step's at most what the profiled steps took together (each
-// part's median is at most its sum over those steps), and on the CPU, whose clock sees each step, at
-// least a fifth of the fastest unprofiled step: the parts leave none of the step out.
+// run took time. Their sum is a median step's, at most what the profiled steps took together (each
+// part's median is at most its sum over those steps): a bound the machine's load cannot break. (That
+// the marks leave none of the step out is test_torch_step.py's, on the marks themselves.)
 void expect_parts_make_up_a_step(Backend backend) {
   if (const std::string why = testing::cannot_run_here(train_variant(backend)); !why.empty()) GTEST_SKIP() << why;
   MadeStep made = make_step(backend, "tiny");  // data, forward, backward, the propagator's solves, the optimizer
-  double fastest_step = 1e30;
-  for (int i = 0; i < 5; ++i) {
-    const auto begin = std::chrono::steady_clock::now();
-    made.step->run();
-    fastest_step = std::min(fastest_step, std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
-  }
+  for (int i = 0; i < 5; ++i) made.step->run();
   ASSERT_TRUE(made.step->check().passed);
   const auto begin = std::chrono::steady_clock::now();
   std::map<std::string, double> seen;
@@ -579,7 +574,6 @@ void expect_parts_make_up_a_step(Backend backend) {
   }
   for (const char* part : {"data_ns", "forward_ns", "backward_ns", "optimizer_ns", "solver_ns"}) EXPECT_GT(seen[part], 0) << part;
   EXPECT_LE(parts_ns, profiling_ns);
-  if (backend == Backend::cpu) EXPECT_GE(parts_ns, 0.2 * fastest_step * 1e9);
 }
 
 TEST(StepTiming, PartsMakeUpTheStepOnTheCpu) { expect_parts_make_up_a_step(Backend::cpu); }

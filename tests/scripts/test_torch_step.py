@@ -36,13 +36,17 @@ FP32_GRAD_RTOL = 1e-5              # a float32 twin against the double step (mea
 STEPS = 3                          # optimizer steps compared: bias correction past step 1, the cache across steps
 
 
-def dump_step_tool():
-    """$TRAINBENCH_DUMP_STEP, else the newest build*/tests/dump_step of this checkout; None when neither exists."""
-    path = os.environ.get("TRAINBENCH_DUMP_STEP")
+def built_tool(env_name, *relative):
+    """$env_name, else the newest build*/<relative> of this checkout; None when neither exists."""
+    path = os.environ.get(env_name)
     if path:
         return path if os.access(path, os.X_OK) else None
-    built = [p for p in glob.glob(os.path.join(REPO, "build*", "tests", "dump_step")) if os.access(p, os.X_OK)]
+    built = [p for p in glob.glob(os.path.join(REPO, "build*", *relative)) if os.access(p, os.X_OK)]
     return max(built, key=os.path.getmtime) if built else None
+
+
+def dump_step_tool():
+    return built_tool("TRAINBENCH_DUMP_STEP", "tests", "dump_step")
 
 
 @pytest.fixture(scope="module")
@@ -474,12 +478,7 @@ def test_gpu_graphed_steps_match_eager_steps(ts, tool, tmp_path):
 
 # ---- the step's PyTorch row (torch_cases/step.py: benchsuite --backend cpu,torch --filter step) ---------------
 def benchsuite_tool():
-    """$TRAINBENCH_BENCHSUITE, else the newest build*/benches/benchsuite of this checkout; None when neither."""
-    path = os.environ.get("TRAINBENCH_BENCHSUITE")
-    if path:
-        return path if os.access(path, os.X_OK) else None
-    built = [p for p in glob.glob(os.path.join(REPO, "build*", "benches", "benchsuite")) if os.access(p, os.X_OK)]
-    return max(built, key=os.path.getmtime) if built else None
+    return built_tool("TRAINBENCH_BENCHSUITE", "benches", "benchsuite")
 
 
 @pytest.fixture(scope="module")
@@ -532,12 +531,14 @@ def test_the_step_row_is_checked_then_timed_with_its_parts(step_row, on_the_cpu)
     the loss every 4th step only). How the parts add up is test_a_profiled_step_is_the_same_step's (the marks
     cover the step) and, on the C++ side, StepTiming.PartsMakeUpTheStep*'s."""
     from trainbench_tracking.torch_cases import CASES
-    outcome = on_the_cpu.run_bench(CASES["step"], step_row, 3, 0.01)
-    assert outcome.disposition == "passed", outcome.reason
-    assert len(outcome.samples_ns) == 3 and outcome.max_error < FP32_TOL["atol"]
+    case, said = on_the_cpu.open_case(CASES["step"], step_row)
+    assert said["disposition"] == "passed", said["reason"]
+    assert said["max_error"] < FP32_TOL["atol"]
+    assert on_the_cpu.time_calls(case, 2) > 0
+    counters = case.counters()
     parts = {"data_ns", "forward_ns", "backward_ns", "optimizer_ns", "sync_ns", "solver_ns"}
-    assert set(outcome.counters) == parts
-    assert all(outcome.counters[p] > 0 for p in parts - {"sync_ns"}), outcome.counters
+    assert set(counters) == parts
+    assert all(counters[p] > 0 for p in parts - {"sync_ns"}), counters
 
 
 def test_a_broken_twin_is_incorrect_and_not_timed(step_row, on_the_cpu):
@@ -557,11 +558,12 @@ def test_a_broken_twin_is_incorrect_and_not_timed(step_row, on_the_cpu):
             super().__init__(bench, env)
             self.reference = dict(self.reference, sample=self.reference["sample"] + 1)
 
-    perturbed = on_the_cpu.run_bench(PerturbedTwin, step_row, 3, 0.01)
-    assert perturbed.disposition == "incorrect" and not perturbed.samples_ns, perturbed
-    assert perturbed.reason.startswith("per-token loss of sample"), perturbed.reason
-    reordered = on_the_cpu.run_bench(OtherOrder, step_row, 3, 0.01)
-    assert reordered.disposition == "incorrect" and "the twin's data order differs" in reordered.reason
+    case, perturbed = on_the_cpu.open_case(PerturbedTwin, step_row)
+    assert case is None and perturbed["disposition"] == "incorrect", perturbed   # not kept: never timed
+    assert perturbed["reason"].startswith("per-token loss of sample"), perturbed["reason"]
+    case, reordered = on_the_cpu.open_case(OtherOrder, step_row)
+    assert case is None and reordered["disposition"] == "incorrect"
+    assert "the twin's data order differs" in reordered["reason"]
 
 
 def test_a_profiled_step_is_the_same_step(ts, tiny):
