@@ -630,56 +630,70 @@ class CudaOps {
     check_launch();
   }
 
-  // C = A B (+ beta C) (+ bias per row of C, in the epilogue) on cuBLASLt, bf16 A and B, fp32 C. The
-  // heuristic's first algorithm per shape, asked once: a captured graph then replays it.
+  // C = A B (+ beta C) (+ bias per row of C, in the epilogue) on cuBLASLt, bf16 A and B, fp32 C. Each
+  // shape's descriptors and the heuristic's first algorithm are made once and kept (an eager step of a
+  // small model makes dozens of products, and four descriptors a product cost host time on every one);
+  // only the bias pointer changes between calls. A captured graph replays the algorithm.
   void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, Bf16Operand A, int64_t lda,
                  Bf16Operand B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias = nullptr) {
+    // cuBLASLt assumes 256-byte aligned matrices unless told: a gradient inside the parameter arena
+    // may start anywhere a float can.
+    const uint32_t align_a = alignment_of(A), align_b = alignment_of(B), align_c = alignment_of(C);
+    const GemmShape shape{ta, tb, m, n, k, lda, ldb, ldc, bias != nullptr, beta != 0.0f, align_a, align_b, align_c};
+    auto found = lt_plans_.find(shape);
+    if (found == lt_plans_.end()) found = lt_plans_.emplace(shape, plan_gemm_bf16(shape)).first;
+    LtPlan& plan = found->second;
+    if (bias)
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    const float alpha = 1.0f;
+    CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc.get(), &alpha, A, plan.a.get(), B, plan.b.get(), &beta, C, plan.c.get(), C,
+                                plan.c.get(), &plan.algo, workspace_.data(), workspace_.bytes(), stream_));
+  }
+  // One product shape's cuBLASLt descriptors and the algorithm the heuristic puts first for them.
+  struct LtPlan {
+    cuda::MatmulDesc desc;
+    cuda::MatrixLayout a, b, c;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  struct GemmShape;
+  LtPlan plan_gemm_bf16(const GemmShape& s) {
+    LtPlan plan;
     cublasLtMatmulDesc_t raw_desc = nullptr;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cuda::MatmulDesc desc(raw_desc);
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    if (bias) {
+    plan.desc = cuda::MatmulDesc(raw_desc);
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, &s.ta, sizeof s.ta));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, &s.tb, sizeof s.tb));
+    if (s.bias) {
       const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     }
     const auto layout = [](cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
       cublasLtMatrixLayout_t l = nullptr;
       CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
       return cuda::MatrixLayout(l);
     };
-    const cuda::MatrixLayout a = ta == CUBLAS_OP_N ? layout(CUDA_R_16BF, m, k, lda) : layout(CUDA_R_16BF, k, m, lda);
-    const cuda::MatrixLayout b = tb == CUBLAS_OP_N ? layout(CUDA_R_16BF, k, n, ldb) : layout(CUDA_R_16BF, n, k, ldb);
-    const cuda::MatrixLayout c = layout(CUDA_R_32F, m, n, ldc);
-    // cuBLASLt assumes 256-byte aligned matrices unless told: a gradient inside the parameter arena
-    // may start anywhere a float can.
-    const uint32_t align_a = alignment_of(A), align_b = alignment_of(B), align_c = alignment_of(C);
-    const GemmShape shape{ta, tb, m, n, k, lda, ldb, ldc, bias != nullptr, beta != 0.0f, align_a, align_b, align_c};
-    auto found = lt_algos_.find(shape);
-    if (found == lt_algos_.end()) {
-      cublasLtMatmulPreference_t raw_pref = nullptr;
-      CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
-      const cuda::MatmulPreference pref(raw_pref);
-      const uint64_t bytes = workspace_.bytes();
-      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes,
-                                                        sizeof bytes));
-      for (const auto& [attribute, align] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
-                                             std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
-                                             std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
-                                             std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}})
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, attribute, &align, sizeof align));
-      cublasLtMatmulHeuristicResult_t result{};
-      int returned = 0;
-      CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, raw_desc, a.get(), b.get(), c.get(), c.get(), raw_pref, 1, &result,
-                                                  &returned));
-      TB_REQUIRE(returned > 0, "cuBLASLt has no bf16 algorithm for a " + std::to_string(m) + " x " +
-                                   std::to_string(n) + " x " + std::to_string(k) + " product");
-      found = lt_algos_.emplace(shape, result.algo).first;
-    }
-    const float alpha = 1.0f;
-    CUBLAS_CHECK(cublasLtMatmul(lt_, raw_desc, &alpha, A, a.get(), B, b.get(), &beta, C, c.get(), C, c.get(),
-                                &found->second, workspace_.data(), workspace_.bytes(), stream_));
+    plan.a = s.ta == CUBLAS_OP_N ? layout(CUDA_R_16BF, s.m, s.k, s.lda) : layout(CUDA_R_16BF, s.k, s.m, s.lda);
+    plan.b = s.tb == CUBLAS_OP_N ? layout(CUDA_R_16BF, s.k, s.n, s.ldb) : layout(CUDA_R_16BF, s.n, s.k, s.ldb);
+    plan.c = layout(CUDA_R_32F, s.m, s.n, s.ldc);
+    cublasLtMatmulPreference_t raw_pref = nullptr;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
+    const cuda::MatmulPreference pref(raw_pref);
+    const uint64_t bytes = workspace_.bytes();
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes,
+                                                      sizeof bytes));
+    for (const auto& [attribute, align] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, s.align_a},
+                                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, s.align_b},
+                                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, s.align_c},
+                                           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, s.align_c}})
+      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, attribute, &align, sizeof align));
+    cublasLtMatmulHeuristicResult_t result{};
+    int returned = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, raw_desc, plan.a.get(), plan.b.get(), plan.c.get(), plan.c.get(),
+                                                raw_pref, 1, &result, &returned));
+    TB_REQUIRE(returned > 0, "cuBLASLt has no bf16 algorithm for a " + std::to_string(s.m) + " x " +
+                                 std::to_string(s.n) + " x " + std::to_string(s.k) + " product");
+    plan.algo = result.algo;
+    return plan;
   }
   struct GemmShape {
     cublasOperation_t ta, tb;
@@ -759,7 +773,7 @@ class CudaOps {
   Bf16Copies gradients_bf16_;  // output gradients written in bf16 by their producer
   Buffer<bf16_bits> gradient_scratch_bf16_;
   std::set<const float*> fresh_bf16_;  // copies written by their producer, not yet read
-  std::map<GemmShape, cublasLtMatmulAlgo_t> lt_algos_;
+  std::map<GemmShape, LtPlan> lt_plans_;
   GraphExec exec_;
 };
 
