@@ -185,6 +185,19 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// A flush that returns once it is done (CacheFlusher::wait), for a row another process times.
+class FlushThenWait final : public CacheFlusher {
+ public:
+  explicit FlushThenWait(CacheFlusher& inner) : inner_(inner) {}
+  void flush() override {
+    inner_.flush();
+    inner_.wait();
+  }
+
+ private:
+  CacheFlusher& inner_;
+};
+
 class Runner {
  public:
   Runner(const std::vector<Entry>& entries, const Settings& settings, std::ostream& progress)
@@ -272,6 +285,15 @@ class Runner {
     int samples_taken = 0;
     std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now(), said_at = started;
     std::unique_ptr<SampleTimer> agreed;  // a collective's timer under mpirun (AgreedTimer)
+    // Cold mode's flush before each sample, or null. A row timed by another process's clock waits for
+    // the flush to end: that process's calls would not queue behind it on this process's stream.
+    CacheFlusher* flusher(bool cold) {
+      if (!cold) return nullptr;
+      if (!instance || !instance->own_timer()) return &session->flusher();
+      if (!waiting_flusher) waiting_flusher = std::make_unique<FlushThenWait>(session->flusher());
+      return waiting_flusher.get();
+    }
+    std::unique_ptr<CacheFlusher> waiting_flusher;
     SampleTimer& timer() {
       if (agreed) return *agreed;
       if (injected) return *injected;
@@ -426,7 +448,7 @@ class Runner {
       return;
     }
     SampleTimer& timer = live->timer();
-    CacheFlusher* flusher = settings_.cold ? &live->session->flusher() : nullptr;
+    CacheFlusher* flusher = live->flusher(settings_.cold);
     const int64_t calls = std::max<int64_t>(row.iterations, 1);
     double worst_kept = 0;
     for (double& sample : row.samples_ns) {
@@ -671,7 +693,7 @@ class Runner {
         for (auto _ : st) st.SetIterationTime(0);
         return;
       }
-      CacheFlusher* flusher = settings_.cold ? &live->session->flusher() : nullptr;
+      CacheFlusher* flusher = live->flusher(settings_.cold);
       SampleTimer& timer = live->timer();
       Instance& instance = *live->instance;
       const int64_t batch = row.batch;
@@ -762,7 +784,7 @@ class Runner {
     bool stopped = false;
   };
   Taken take_sample(Live& live, int64_t iterations) {
-    CacheFlusher* flusher = settings_.cold ? &live.session->flusher() : nullptr;
+    CacheFlusher* flusher = live.flusher(settings_.cold);
     bool (*const stop)() = live.agreed ? nullptr : &stop_requested;
     const int64_t batch = rows_[live.index].batch;
     Taken taken;

@@ -36,6 +36,7 @@ class L2Flusher final : public CacheFlusher {
   void flush() override {
     CUDA_CHECK(cudaMemsetAsync(buffer_.data(), ++value_, buffer_.bytes(), stream_));
   }
+  void wait() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
  private:
   cudaStream_t stream_;

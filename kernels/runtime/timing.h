@@ -29,6 +29,9 @@ class CacheFlusher {
  public:
   virtual ~CacheFlusher() = default;
   virtual void flush() = 0;
+  // Returns once the flush is done. A timer on the flush's own stream needs no wait (its start queues
+  // behind the flush); one that is not (another process's: a PyTorch row) does.
+  virtual void wait() {}
 };
 
 // Seconds for `batch` calls of `call`. The flush (cold mode) happens before start(), outside the
