@@ -38,12 +38,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Runs argv quietly (its stdout and stderr to /dev/null) and waits for it: its exit code, 127 when it
-// could not be started at all.
-int run_quietly(const std::vector<std::string>& argv) {
+// posix_spawn's argument vector for `argv` (pointers into it, null-terminated).
+std::vector<char*> spawn_arguments(const std::vector<std::string>& argv) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  return args;
+}
+
+// Runs argv quietly (its stdout and stderr to /dev/null) and waits for it: its exit code, 127 when it
+// could not be started at all.
+int run_quietly(const std::vector<std::string>& argv) {
+  std::vector<char*> args = spawn_arguments(argv);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
@@ -381,9 +387,7 @@ class TorchServer {
     Socket theirs(ends[1]);
     const std::vector<std::string> argv{torch_python(), torch_peers_script(), "--device", device,
                                         "--listing", listing_path, "--serve"};
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
+    std::vector<char*> args = spawn_arguments(argv);
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, theirs.get(), STDIN_FILENO);  // dup2 clears close-on-exec

@@ -1,6 +1,7 @@
 """Shared helpers for the tests of scripts/ (nightly tracking)."""
 
 import copy
+import glob
 import json
 import os
 import subprocess
@@ -29,6 +30,16 @@ def cli(capsys):
         out = capsys.readouterr()
         return rc, out.out, out.err
     return run
+
+
+def built_tool(env_name, *relative):
+    """A built trainbench tool: $env_name, else the newest build*/<relative> of this checkout; None when
+    neither exists."""
+    path = os.environ.get(env_name)
+    if path:
+        return path if os.access(path, os.X_OK) else None
+    built = [p for p in glob.glob(os.path.join(REPO, "build*", *relative)) if os.access(p, os.X_OK)]
+    return max(built, key=os.path.getmtime) if built else None
 
 
 def run_script(name, *args, env=None):

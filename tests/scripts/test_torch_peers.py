@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import FIXTURES, REPO, SCRIPTS, run_script, write_json
+from conftest import FIXTURES, REPO, SCRIPTS, built_tool, run_script, write_json
 from trainbench_tracking import torch_inputs as tpi
 from trainbench_tracking import torch_peers as tp
 
@@ -32,12 +32,6 @@ def generator_constants():
     tpi.use_constants(listing()["constants"])
 
 
-def live_tool(env_name, *relative):
-    """A built trainbench tool: $env_name, else the repository's build; None when neither exists."""
-    path = os.environ.get(env_name) or os.path.join(REPO, *relative)
-    return path if os.access(path, os.X_OK) else None
-
-
 def bench_row(stage, variant, problem, device="cpu"):
     label = ",".join(f"{k}={v}" for k, v in problem.items())
     return {"name": f"{stage}/torch/{variant}/{label}", "stage": stage, "variant": variant, "label": label,
@@ -46,7 +40,7 @@ def bench_row(stage, variant, problem, device="cpu"):
 
 def listing_with_inputs(doc, tmp_path):
     """`doc` with the inputs of its PyTorch rows, written by benchsuite --torch-inputs (as a run writes them)."""
-    benchsuite = live_tool("TRAINBENCH_BENCHSUITE", "build", "benches", "benchsuite")
+    benchsuite = built_tool("TRAINBENCH_BENCHSUITE", "benches", "benchsuite")
     if benchsuite is None:
         pytest.skip("no built benchsuite to write the rows' inputs (set TRAINBENCH_BENCHSUITE)")
     p = subprocess.run([benchsuite, "--torch-inputs", str(tmp_path / "inputs")], input=json.dumps(doc),
@@ -316,7 +310,7 @@ def test_quick_peers_on_the_gpu_pass(tmp_path):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch sees no CUDA device")
-    benchsuite = live_tool("TRAINBENCH_BENCHSUITE", "build", "benches", "benchsuite")
+    benchsuite = built_tool("TRAINBENCH_BENCHSUITE", "benches", "benchsuite")
     if benchsuite is None:
         pytest.skip("no built benchsuite (set TRAINBENCH_BENCHSUITE or build build/benches/benchsuite)")
     listed = subprocess.run([benchsuite, "--backend", "cuda,torch", "--quick", "--list", "--format", "json"],

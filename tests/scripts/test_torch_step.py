@@ -13,7 +13,6 @@ without torch only the dump tool's own tests run.
 """
 
 import dataclasses
-import glob
 import json
 import math
 import os
@@ -22,7 +21,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, built_tool
 
 TINY_YAML = os.path.join(REPO, "tuner", "workloads", "tiny.yaml")
 
@@ -34,15 +33,6 @@ GRAD_RTOL = 1e-10                  # of max |gradient| of the tensor
 PARAMS_ATOL = 1e-12                # parameters after the optimizer steps
 FP32_GRAD_RTOL = 1e-5              # a float32 twin against the double step (measured 7e-7)
 STEPS = 3                          # optimizer steps compared: bias correction past step 1, the cache across steps
-
-
-def built_tool(env_name, *relative):
-    """$env_name, else the newest build*/<relative> of this checkout; None when neither exists."""
-    path = os.environ.get(env_name)
-    if path:
-        return path if os.access(path, os.X_OK) else None
-    built = [p for p in glob.glob(os.path.join(REPO, "build*", *relative)) if os.access(p, os.X_OK)]
-    return max(built, key=os.path.getmtime) if built else None
 
 
 def dump_step_tool():
