@@ -31,6 +31,7 @@
 #include "tuner/journal.h"
 #include "tuner/race.h"
 #include "tuner/trial.h"
+#include "tuner/worker.h"
 #include "tool_path.h"
 
 namespace tb::tune {
@@ -76,6 +77,103 @@ TEST(Child, StopsWhenInterrupted) {
   const ChildOutcome o = run_child({"/bin/sh", "-c", "sleep 30"}, 60, &stop);
   EXPECT_TRUE(o.interrupted);
   EXPECT_EQ(classify(o).message, "interrupted");
+}
+
+// ---- the PyTorch worker, through a fake one (tests/scripts/fixtures/fake_torch_worker.py) --------------------
+// The measuring rule is autotune's (measure_steps): the worker only says how long the steps it was asked for
+// took, so a worker that makes its times up tests the rule, the interval and the restarts exactly.
+std::unique_ptr<WorkerExecutor> fake_worker() {
+  auto w = std::make_unique<WorkerExecutor>(std::vector<std::string>{"python3", FAKE_TORCH_WORKER},
+                                            [](const Candidate& c) { return nlohmann::json{{"candidate", to_json(c)}}; },
+                                            int64_t{1} << 30, nullptr);
+  w->set_hang_floor(1);
+  return w;
+}
+
+Candidate fake(const std::string& mode, const std::string& step_ms = "1") {
+  return Candidate{64, 64, {{"fake", mode}, {"step_ms", step_ms}}};
+}
+
+MeasurePolicy quick_policy() {
+  MeasurePolicy p;
+  p.target_rel_ci = 0.01;
+  p.max_seconds = 2;
+  p.min_steps = 3;
+  return p;
+}
+
+TEST(Worker, MeasuresWholeStepsByAutotunesRuleAndStartsOnce) {
+  auto worker = fake_worker();
+  const TrialResult r = worker->run(fake("steady", "2"), quick_policy());
+  ASSERT_TRUE(r.ok()) << r.message;
+  // Exact times: the interval closes on the first three samples, each of ~20 ms (10 steps of 2 ms).
+  EXPECT_DOUBLE_EQ(r.samples_per_s, 64 / 0.002);
+  EXPECT_DOUBLE_EQ(r.ci_low, r.samples_per_s);
+  EXPECT_EQ(r.steps, 30);
+  EXPECT_EQ(r.peak_bytes, 12345);
+  EXPECT_TRUE(worker->run(fake("steady"), quick_policy()).ok());
+  EXPECT_EQ(worker->stats().starts, 1) << "one worker for every candidate";
+  EXPECT_EQ(worker->stats().restarts, 0);
+}
+
+TEST(Worker, ADriftingCandidateStopsAtMaxSecondsOrWhenClearlyBehind) {
+  auto worker = fake_worker();
+  MeasurePolicy policy = quick_policy();
+  policy.max_seconds = 0.3;
+  const TrialResult r = worker->run(fake("drifting"), policy);
+  ASSERT_TRUE(r.ok()) << r.message;
+  EXPECT_LT(r.ci_low, r.ci_high) << "samples 3% apart: a wide interval";
+  policy.max_seconds = 60;
+  policy.stop_below = 1e9;  // far ahead of anything this candidate can do
+  const TrialResult behind = worker->run(fake("drifting"), policy);
+  ASSERT_TRUE(behind.ok()) << behind.message;
+  EXPECT_EQ(behind.message, "stopped early: clearly behind the best so far");
+  EXPECT_LT(behind.seconds, 30);
+}
+
+TEST(Worker, ACrashOrAnExitCostsThatCandidateAndTheWorkerIsStartedAgain) {
+  auto worker = fake_worker();
+  ASSERT_TRUE(worker->run(fake("steady"), quick_policy()).ok());
+  const TrialResult crash = worker->run(fake("crash_on_open"), quick_policy());
+  EXPECT_EQ(crash.cls, TrialClass::error);
+  EXPECT_NE(crash.message.find("killed by signal 11"), std::string::npos) << crash.message;
+  const TrialResult exit = worker->run(fake("exit_on_open"), quick_policy());
+  EXPECT_EQ(exit.cls, TrialClass::error);
+  EXPECT_NE(exit.message.find("exited with code 3: fake worker: giving up"), std::string::npos) << exit.message;
+  EXPECT_TRUE(worker->run(fake("steady"), quick_policy()).ok());
+  EXPECT_EQ(worker->stats().starts, 3);
+  ASSERT_EQ(worker->stats().restarts, 2);
+  EXPECT_NE(worker->stats().reasons[0].find("fake=crash_on_open"), std::string::npos) << worker->stats().reasons[0];
+}
+
+TEST(Worker, AHangIsATimeoutAndHeldMemoryOrAStickyErrorRestarts) {
+  auto worker = fake_worker();
+  ASSERT_TRUE(worker->run(fake("steady"), quick_policy()).ok());
+  const TrialResult hang = worker->run(fake("hang_on_time"), quick_policy());
+  EXPECT_EQ(hang.cls, TrialClass::timeout) << hang.message;
+  EXPECT_LT(hang.seconds, 20);
+  const TrialResult oom = worker->run(fake("oom_on_time"), quick_policy());
+  EXPECT_EQ(oom.cls, TrialClass::oom) << oom.message;
+  EXPECT_TRUE(worker->run(fake("sticky_error"), quick_policy()).ok());
+  const TrialResult incorrect = worker->run(fake("incorrect"), quick_policy());
+  EXPECT_EQ(incorrect.cls, TrialClass::incorrect);
+  EXPECT_EQ(incorrect.message, "the first step differs (fake)");
+  EXPECT_EQ(worker->stats().restarts, 3) << "after the hang, the out-of-memory that held memory and the sticky error; "
+                                            "not after a wrong result";
+}
+
+TEST(Worker, ABudgetThatEndsDuringARequestIsTheBudgetsNotTheCandidates) {
+  auto worker = fake_worker();
+  worker->set_hang_floor(30);  // the budget's end comes first
+  ASSERT_TRUE(worker->run(fake("steady"), quick_policy()).ok());
+  MeasurePolicy policy = quick_policy();
+  policy.wall_seconds = 0.5;
+  EXPECT_THROW(worker->run(fake("hang_on_time"), policy), OutOfBudget);
+}
+
+TEST(Worker, AScriptThatDoesNotSpeakTheProtocolIsRefused) {
+  WorkerExecutor wrong({"python3", "-c", "print('{}')"}, [](const Candidate&) { return nlohmann::json::object(); }, 1, nullptr);
+  EXPECT_THROW(wrong.start(30), std::runtime_error);
 }
 
 TEST(Journal, AppendsAndLoadsItsOwnContextOnly) {

@@ -1063,6 +1063,55 @@ TEST(TunerRace, ARealTenPercentIsFoundUnderTheSameDrift) {
   EXPECT_GE(apart_wrong, kRaces / 5) << "the drift is too weak to tell the race from measuring apart";
 }
 
+// A switch that does nothing (the stand-in: both values run at the same speed, within the machine's drift and
+// noise): the race cannot separate the search's choice from the workload's own configuration, and the choice is
+// the own one, closer to what the user runs, whatever the memory. A costly switch (compile=on) that measures a
+// few percent ahead without the rounds showing it beyond noise is not bought either.
+TEST(TunerRace, TiesGoToTheSimplerConfigurationAndACostlySwitchNeedsAVerdict) {
+  const Candidate own{32, 32, {{"sync", "every_step"}, {"compile", "off"}}};
+  const Candidate changed{32, 32, {{"sync", "async"}, {"compile", "off"}}};
+  const Candidate compiled{32, 32, {{"sync", "every_step"}, {"compile", "on"}}};
+  auto entrant = [](const Candidate& c, const std::string& why, int costly, int changed_count) {
+    RaceEntrant e;
+    e.candidate = c;
+    e.why = why;
+    e.costly = costly;
+    e.changed = changed_count;
+    return e;
+  };
+  std::vector<RaceEntrant> entrants{entrant(changed, "choice", 0, 1), entrant(own, "own", 0, 0)};
+  int own_chosen = 0;
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    DriftingMachine machine({{own.key(), 100}, {changed.key(), 100}}, seed);
+    machine.peak[own.key()] = 2 * kGiB;  // more memory: the old tie-break would not choose it
+    const RaceReport r = race(machine, entrants, race_options_on(machine));
+    ASSERT_GE(r.rounds, 3);
+    if (r.choice == 1) {
+      ++own_chosen;
+      if (r.leader != 1) {
+        EXPECT_NE(r.choice_why.find("it is the simpler: 0 changes"), std::string::npos) << r.choice_why;
+      }
+    }
+  }
+  EXPECT_GE(own_chosen, 19) << "a switch that does nothing: the race cannot separate them";
+
+  // compile=on 3% ahead on a noisy machine, the rounds unable to show it: the eager model is kept.
+  std::vector<RaceEntrant> costly{entrant(compiled, "choice", 1, 1), entrant(own, "own", 0, 0)};
+  DriftingMachine noisy({{own.key(), 100}, {compiled.key(), 103}}, 7);
+  noisy.noise = 0.06;
+  RaceOptions o = race_options_on(noisy);
+  o.max_rounds = 3;
+  const RaceReport kept = race(noisy, costly, o);
+  ASSERT_EQ(kept.rounds, 3);
+  if (!kept.compare(0, 1, 0.95).faster_beyond(0.01)) {
+    EXPECT_EQ(kept.choice, 1) << "compile=on is not chosen on a difference the rounds cannot tell from noise";
+  }
+  // ... and taken where the rounds do show it.
+  DriftingMachine clear({{own.key(), 100}, {compiled.key(), 130}}, 8);
+  clear.noise = clear.trend = 0;
+  EXPECT_EQ(race(clear, costly, race_options_on(clear)).choice, 0);
+}
+
 // Finalists within noise of each other go to the least memory (the search's tie-break); a finalist
 // clearly faster wins whatever its memory; once the finalists still in are shown within noise of
 // each other the race stops early.

@@ -177,8 +177,17 @@ GlobalBatchPlan global_batches(const step::Workload& w, int64_t batch, const std
 // drops the ones clearly behind after kMinRoundsToDrop rounds, so a round of five is paid three times.
 constexpr std::size_t kMaxSearchFinalists = 4;
 constexpr int kMinRoundsToDrop = PairedRounds::kMinRoundsForVerdict;
-constexpr double kSliceShare = 0.25;  // a slice measures this share of --trial-seconds, at least a second (or all of it)
-constexpr double kRaceShare = 0.3;  // at most this share of the time left after the workload's own trial is kept for the race
+// A slice measures this share of --trial-seconds, at least a second (or all of it): the race's verdict rests on
+// the rounds' ratios, so more rounds of short slices tell more than few long ones.
+constexpr double kSliceShare = 0.1;
+// The race decides the claim: the time of kMinRoundsToDrop rounds of kExpectedFinalists is kept for it from the
+// start of the search, at most this share of what is left after the workload's own trial.
+constexpr double kRaceShare = 0.5;
+// The search's, the workload's own, a switch value none of those has, the choice's neighbouring micro-batches.
+constexpr double kExpectedFinalists = kMaxSearchFinalists + 4;
+// Without a race verdict, a search's choice other than the workload's own must beat it by more than the drift
+// between trials; where no candidate was measured twice, this (a shared machine's run-to-run spread, 10-20%).
+constexpr double kDefaultTrialDrift = 0.15;
 constexpr double kLevel = 0.95;  // of every interval the race reports
 
 // The trials as `inner` runs them, planned for at most `limit` bytes: the memory model's wall, the
@@ -196,14 +205,14 @@ class MemoryCapped final : public Executor {
 };
 
 TrialRunner make_runner(const std::string& which, const step::Workload& workload, const Machine& machine, int64_t ranks = 1,
-                        const std::vector<std::string>& launcher = {}, bool independent = false) {
+                        const std::vector<std::string>& launcher = {}, bool independent = false, int64_t memory_limit = 0) {
   TrialRunner r;
   if (which == "torch") {
-    auto torch = std::make_unique<TorchExecutor>(workload, machine.use_cuda, machine.device, &stop_requested);
+    auto torch = std::make_unique<TorchExecutor>(workload, machine.use_cuda, machine.device, &stop_requested, memory_limit);
     const TorchProbe& p = torch->probe();
-    r.description = {{"name", "torch"}, {"step", "the PyTorch twin of the step (scripts/torch-step)"},
+    r.description = {{"name", "torch"}, {"step", "the PyTorch twin of the step (scripts/torch-step), in one worker for the tune"},
                      {"torch", p.torch_version}, {"python", p.python_version}, {"interpreter", p.python}};
-    r.extra_startup = p.import_seconds;
+    r.worker = &torch->worker_stats();
     r.journal_tag = " torch " + p.torch_version;
     r.torch = true;
     r.executor = std::move(torch);
@@ -222,15 +231,19 @@ TrialRunner make_runner(const std::string& which, const step::Workload& workload
   return r;
 }
 
-// The user's own model (--entry): each trial is `torch-step --entry-trial` (entry.h).
-TrialRunner entry_runner(const EntryProbe& p, const Machine& machine) {
+// The user's own model (--entry): every candidate in the tune's one worker (entry.h, worker.h), the one the
+// entry was validated in.
+TrialRunner entry_runner(std::unique_ptr<EntryExecutor> entry) {
+  const EntryProbe& p = entry->probe();
   TrialRunner r;
-  r.description = {{"name", "torch-entry"}, {"step", "the user's own PyTorch model, trainbench's loop (--entry)"},
+  r.description = {{"name", "torch-entry"}, {"step", "the user's own PyTorch model, trainbench's loop (--entry), in one worker for the tune"},
                    {"entry", p.spec}, {"torch", p.torch.torch_version}, {"python", p.torch.python_version},
                    {"interpreter", p.torch.python}};
   r.journal_tag = " torch-entry " + p.torch.torch_version;
   r.torch = true;
-  r.executor = std::make_unique<EntryExecutor>(p, machine.use_cuda, machine.device, &stop_requested);
+  r.worker = &entry->worker_stats();
+  r.entry = entry.get();
+  r.executor = std::move(entry);
   return r;
 }
 
@@ -365,6 +378,16 @@ std::vector<RaceEntrant> finalists(const SearchReport& rep, const Ranked& own, d
         "micro-batch " + std::to_string(micro) + " with the choice's switches");
   }
   if (own.result.ok()) add(own, fits(own.result), "own");
+  // How far each is from the workload's own configuration: ties in the race go to the simpler.
+  for (auto& e : out) {
+    const auto compiles = e.candidate.switches.find("compile");
+    e.costly = compiles != e.candidate.switches.end() && compiles->second == "on" ? 1 : 0;
+    e.changed = e.candidate.micro_batch != own.candidate.micro_batch ? 1 : 0;
+    for (const auto& [name, value] : e.candidate.switches) {
+      const auto theirs = own.candidate.switches.find(name);
+      if (theirs == own.candidate.switches.end() || theirs->second != value) ++e.changed;
+    }
+  }
   return out;
 }
 
@@ -375,21 +398,19 @@ std::string baseline_name(const TuneOutput& out) {
 
 // `--versus largest-batch`: the configuration Lightning's BatchSizeFinder gives (entry.h), found in a
 // child, as the baseline the choice races against; `own` takes its micro-batch.
-nlohmann::json versus_largest_batch(const EntryProbe& probe, const Machine& machine, Candidate& own, int64_t memory_capacity,
-                                    double seconds_left) {
+nlohmann::json versus_largest_batch(EntryExecutor& entry, Candidate& own, int64_t memory_capacity, double seconds_left) {
   std::cerr << "autotune: --versus largest-batch: doubling the micro-batch from 1 while a few training steps at it fit, "
                "as Lightning's BatchSizeFinder does (mode power), up to the global batch "
             << own.global_batch << std::endl;
   LargestBatch found;
   try {
-    found = find_largest_batch(probe, machine.use_cuda, machine.device, own.global_batch, memory_capacity, seconds_left,
-                               &stop_requested);
+    found = entry.largest_batch(own.global_batch, memory_capacity, seconds_left);
   } catch (const std::runtime_error&) {
     if (stop_requested) throw Interrupted{};
     throw;
   }
   if (found.micro_batch < 1)
-    throw std::runtime_error("--versus largest-batch: " + probe.label + " does not fit even one sample (" +
+    throw std::runtime_error("--versus largest-batch: " + entry.probe().label + " does not fit even one sample (" +
                              found.tried.dump() + ")");
   own.micro_batch = found.micro_batch;
   std::cerr << "autotune: the largest batch that fits: micro-batch " << found.micro_batch << " x accumulation "
@@ -513,7 +534,6 @@ TrialRunner compare_runner(const std::vector<std::string>& executors, const std:
   runner.description = {{"name", executor_name}};
   for (auto& [name, r] : runners) {
     runner.description[name] = r.description;
-    runner.extra_startup = std::max(runner.extra_startup, r.extra_startup);
     runner.torch = runner.torch || r.torch;
     inner.emplace(name, std::move(r.executor));
   }
@@ -555,7 +575,6 @@ void race_compared(const AutotuneOptions& options, const step::Workload& workloa
   Candidate first = entrants.front().candidate;
   first.switches.erase(ByExecutor::executor_switch);
   TrialEstimate shortest = shortest_trial(apply(workload, first), search.measure.min_steps, machine.use_cuda, machine.device);
-  shortest.seconds += runner.extra_startup;
   refuse_budget_below_one_trial(workload, first, shortest, search.measure, options.budget, clock.elapsed());
   const double deadline = options.budget - output_reserve(options.budget);
   std::signal(SIGINT, [](int) { stop_requested = true; });
@@ -641,6 +660,58 @@ void announce_finalists(const std::vector<RaceEntrant>& entrants, bool own_chose
 
 // What an exhausted budget or a Ctrl-C leaves: the best of the trials so far, this run's and the
 // workload's own configuration's when --resume took it from the journal rather than running it again.
+// The largest relative spread between trials of one configuration (at least the noise margin), or
+// kDefaultTrialDrift where none was measured twice: how far trials run apart can differ for nothing.
+double drift_between_trials(const std::vector<Ranked>& trials, double noise) {
+  std::map<std::string, std::pair<double, double>> range;  // key -> (slowest, fastest)
+  std::map<std::string, int> count;
+  for (const auto& t : trials) {
+    if (!t.result.ok() || t.result.samples_per_s <= 0) continue;
+    auto [it, fresh] = range.try_emplace(t.candidate.key(), t.result.samples_per_s, t.result.samples_per_s);
+    if (!fresh) it->second = {std::min(it->second.first, t.result.samples_per_s), std::max(it->second.second, t.result.samples_per_s)};
+    ++count[t.candidate.key()];
+  }
+  double drift = 0;
+  bool measured = false;
+  for (const auto& [key, r] : range)
+    if (count[key] >= 2) drift = std::max(drift, r.second / r.first - 1), measured = true;
+  return measured ? std::max(drift, noise) : kDefaultTrialDrift;
+}
+
+// Without a race verdict (no race, or fewer rounds than a verdict needs) the search's trials ran apart, and
+// compare the machine's drift as much as the configurations: its choice replaces the workload's own (or
+// --versus's) only when it is ahead of it by more than the drift seen between trials; else that configuration
+// is kept. Either way the output says which.
+void keep_own_without_verdict(Tune& tune) {
+  TuneOutput& out = tune.out;
+  if (!out.report.found || !out.baseline || !out.baseline->result.ok() || out.interrupted) return;
+  if (out.race && out.race->rounds >= PairedRounds::kMinRoundsForVerdict) return;
+  if (out.report.best.candidate == out.baseline->candidate) return;
+  const Ranked& own = *out.baseline;
+  const double memory_limit = static_cast<double>(tune.plan.runner.executor->memory_capacity()) * (1 - out.report.headroom);
+  if (static_cast<double>(own.result.peak_bytes) > memory_limit) return;  // it may not be chosen: no headroom
+  const double drift = drift_between_trials(tune.seen, tune.search_options.noise_margin);
+  const double ratio = out.report.best.result.samples_per_s / own.result.samples_per_s;
+  const std::string verdict = out.race ? "after " + std::to_string(out.race->rounds) + " race round" +
+                                             (out.race->rounds == 1 ? "" : "s") + " (a verdict needs " +
+                                             std::to_string(PairedRounds::kMinRoundsForVerdict) + ")"
+                                       : "without a race";
+  std::ostringstream note;
+  note << std::fixed << std::setprecision(2);
+  if (ratio > 1 + drift) {
+    note << verdict << ", the search's choice is ahead of " << baseline_name(out) << " by " << ratio
+         << "x in trials run apart, more than the drift seen between trials (" << 100 * drift << "%): chosen, not claimed";
+    out.choice_note = note.str();
+    return;
+  }
+  note << verdict << ", " << baseline_name(out) << " is kept: the search's best, " << out.report.best.candidate.key() << ", was "
+       << ratio << "x of it in trials run apart, within the drift seen between trials (" << 100 * drift << "%)";
+  out.choice_note = note.str();
+  out.report.runners_up.insert(out.report.runners_up.begin(), out.report.best);
+  out.report.best = own;
+  out.speedup = speedup_of_own_choice(baseline_name(out));
+}
+
 void settle_on_best_so_far(Tune& tune) {
   std::vector<Ranked> all = tune.seen;
   if (tune.resumed_own_trial) all.insert(all.begin(), *tune.resumed_own_trial);
@@ -868,9 +939,12 @@ TunePlan plan_tune(const AutotuneOptions& options) {
   if (options.entry.empty()) plan.workload = step::load_workload(options.workload);  // a bad file: UsageError
   plan.machine = pick_machine(options.gpu);
   const Machine& machine = plan.machine;
-  if (!options.entry.empty()) {  // validated before anything runs (a bad one: UsageError)
+  std::unique_ptr<EntryExecutor> entry;
+  if (!options.entry.empty()) {  // validated in the tune's worker before anything runs (a bad one: UsageError)
     const int64_t g = options.batch > 0 ? options.batch : kEntryDefaultBatch;
-    plan.entry = probe_entry(options.entry, machine.use_cuda, machine.device, g, &stop_requested);
+    entry = std::make_unique<EntryExecutor>(options.entry, machine.use_cuda, machine.device, g, &stop_requested,
+                                            options.memory_limit, std::max(options.budget, 30.0));
+    plan.entry = entry->probe();
     plan.workload = entry_workload(*plan.entry, g);
   }
   plan.batches = global_batches(plan.workload, options.batch, options.batch_range);
@@ -882,8 +956,9 @@ TunePlan plan_tune(const AutotuneOptions& options) {
     share_batches_over_ranks(options, plan.workload, plan.batches);
   }
   const int64_t trial_ranks = options.predict ? std::min(options.ranks, options.probe_ranks) : options.ranks;
-  plan.runner = plan.entry ? entry_runner(*plan.entry, machine)
-                           : make_runner(options.executor, plan.workload, machine, trial_ranks, plan.launcher, options.predict);
+  plan.runner = entry ? entry_runner(std::move(entry))
+                           : make_runner(options.executor, plan.workload, machine, trial_ranks, plan.launcher, options.predict,
+                                         options.memory_limit);
   if (options.memory_limit > 0) {
     plan.runner.executor = std::make_unique<MemoryCapped>(std::move(plan.runner.executor), options.memory_limit);
     plan.runner.description["memory_limit_bytes"] = options.memory_limit;
@@ -903,6 +978,7 @@ TunePlan plan_tune(const AutotuneOptions& options) {
 
 Tune::Tune(const AutotuneOptions& options_in, TunePlan& plan_in, const BudgetClock& clock_in)
     : options(options_in), plan(plan_in), clock(clock_in) {
+  plan_seconds = clock.elapsed();
   const Machine& machine = plan.machine;
   search_options.strategy = options.strategy == "grid" ? SearchOptions::Strategy::grid : SearchOptions::Strategy::auto_;
   search_options.budget_seconds = options.budget;
@@ -911,7 +987,6 @@ Tune::Tune(const AutotuneOptions& options_in, TunePlan& plan_in, const BudgetClo
   shortest = plan.entry ? entry_shortest_trial(*plan.entry, plan.own, search_options.measure.min_steps)
                         : shortest_trial(apply(plan.workload, plan.own), search_options.measure.min_steps, machine.use_cuda,
                                          machine.device);
-  shortest.seconds += plan.runner.extra_startup;
   refuse_budget_below_one_trial(plan.workload, plan.entry ? Candidate{} : plan.own, shortest, search_options.measure,
                                 options.budget, clock.elapsed());
   // --predict: the all-reduce probe after the search, and where the ranks are at hand one real N-rank
@@ -993,9 +1068,11 @@ MeasurePolicy Tune::within_budget(MeasurePolicy policy) const {
 // share cannot buy one round of the choice against the workload's own configuration.
 double Tune::race_reserve() const {
   if (race_share <= 0 || setups.empty()) return 0.0;
-  const double slice = std::max(shortest.seconds, median_of(setups) + slice_seconds_for(options.trial_seconds));
+  // A slice: a candidate's set-up as the trials so far measured it (in the PyTorch worker, opening a candidate;
+  // natively, a process), then its measuring, with the race's safety margin.
+  const double slice = 1.1 * std::max(shortest.seconds, median_of(setups) + slice_seconds_for(options.trial_seconds));
   const double rounds = std::min(options.race_rounds, kMinRoundsToDrop);
-  return race_share < 2 * slice ? 0.0 : std::min(race_share, rounds * static_cast<double>(kMaxSearchFinalists + 1) * slice);
+  return race_share < 2 * slice ? 0.0 : std::min(race_share, rounds * kExpectedFinalists * slice);
 }
 
 void Tune::note_trial(const Candidate& c, const TrialResult& r) {
@@ -1038,8 +1115,8 @@ bool own_outran_the_search(Tune& tune) {
 void search_step(Tune& tune) {
   Executor& executor = *tune.plan.runner.executor;
   if (!tune.options.versus.empty())
-    tune.out.versus = versus_largest_batch(*tune.plan.entry, tune.plan.machine, tune.plan.own, executor.memory_capacity(),
-                                           tune.seconds_left());
+    tune.out.versus = versus_largest_batch(*tune.plan.runner.entry, tune.plan.own, executor.memory_capacity(), tune.seconds_left());
+  tune.search_started = tune.clock.elapsed();
   const Candidate& own = tune.plan.own;  // --versus: its micro-batch is the largest that fits
   // The workload's own configuration (or --versus's) first: what the speedup is measured against.
   auto& own_known = tune.search_options.known[own.key()];
@@ -1055,6 +1132,7 @@ void search_step(Tune& tune) {
   if (resumed_own && own_result.ok()) tune.setups.push_back(own_result.setup_seconds);
   if (tune.options.race_rounds >= 2 && own_result.ok()) tune.race_share = kRaceShare * tune.seconds_left();
   tune.out.report = search(executor, tune.plan.space, tune.search_options);
+  tune.search_ended = tune.clock.elapsed();
   tune.race_share = 0;
   if (own_outran_the_search(tune)) tune.out.speedup = speedup_of_own_choice(baseline_name(tune.out));
   // A trial of the workload's own configuration can take most of a short budget (sem_v55 at its
@@ -1102,14 +1180,56 @@ void race_step(Tune& tune) {
     else std::cerr << "autotune: the race ended after " << raced.rounds << " round" << (raced.rounds == 1 ? "" : "s")
                    << ": " << raced.ended << std::endl;
     take_race(out, raced, tune.search_options.noise_margin);
+    if (!raced.choice_why.empty()) out.choice_note = raced.choice_why;
   }
+  keep_own_without_verdict(tune);
+  if (!out.choice_note.empty()) std::cerr << "autotune: " << out.choice_note << std::endl;
   if (out.speedup) std::cerr << "autotune: " << out.speedup->note << std::endl;
+}
+
+// Where the budget went, and the PyTorch worker's starts: in the output and on stderr.
+void account_budget(Tune& tune) {
+  TuneOutput& out = tune.out;
+  const double now = tune.clock.elapsed();
+  const WorkerStats* worker = tune.plan.runner.worker;
+  const double search_end = tune.search_ended > 0 ? tune.search_ended : now;
+  const double race_end = tune.race_ended > 0 ? tune.race_ended : now;
+  // The worker starts in the plan; a restart within the trial or slice that lost it.
+  const double search = std::max(search_end - tune.search_started, 0.0);
+  const double race = tune.search_ended > 0 ? std::max(race_end - tune.search_ended, 0.0) : 0.0;
+  const double set_up = tune.plan_seconds;
+  std::vector<double> after_first(tune.setups.size() > 1 ? tune.setups.begin() + 1 : tune.setups.end(), tune.setups.end());
+  out.budget_spent = {{"set_up_seconds", set_up},
+                      {"versus_seconds", tune.search_started > tune.plan_seconds ? tune.search_started - tune.plan_seconds : 0.0},
+                      {"search_seconds", search},
+                      {"race_seconds", race},
+                      {"total_seconds", now},
+                      {"set_up_per_candidate_seconds", after_first.empty() ? nlohmann::json(nullptr) : nlohmann::json(median_of(after_first))},
+                      {"note", "set_up: the plan (the PyTorch worker's start; the entry's probe in it); "
+                               "versus: --versus's largest-batch search; search: the workload's own trial and the search's; "
+                               "race: the finalists' rounds; set_up_per_candidate: the median set-up of the trials after the "
+                               "first (opening a candidate: building, checking and warming it up)"}};
+  std::cerr << std::fixed << std::setprecision(1) << "autotune: the budget: " << set_up << " s set-up, " << search
+            << " s search (" << tune.seen.size() << " trials), " << race << " s race ("
+            << (out.race ? out.race->rounds : 0) << " rounds), " << now << " s of " << tune.options.budget << " s"
+            << std::defaultfloat << std::endl;
+  if (worker) {
+    out.executor["worker"] = worker->to_json();
+    std::cerr << "autotune: the PyTorch worker started " << worker->starts << " time" << (worker->starts == 1 ? "" : "s");
+    if (worker->restarts > 0) {
+      std::cerr << " (" << worker->restarts << " restart" << (worker->restarts == 1 ? "" : "s") << ":";
+      for (const auto& why : worker->reasons) std::cerr << " [" << why << "]";
+      std::cerr << ")";
+    }
+    std::cerr << std::endl;
+  }
 }
 
 void search_and_race(Tune& tune) {
   try {
     search_step(tune);
     race_step(tune);
+    tune.race_ended = tune.clock.elapsed();
   } catch (const OutOfBudget& e) {
     // The workload's own configuration ran into the budget's end: nothing to compare with.
     settle_on_best_so_far(tune);
@@ -1123,6 +1243,7 @@ void search_and_race(Tune& tune) {
     settle_on_best_so_far(tune);
     std::cerr << "autotune: interrupted after " << tune.seen.size() << " trials; writing the best so far" << std::endl;
   }
+  account_budget(tune);
 }
 
 void predict_step(Tune& tune) {

@@ -73,11 +73,12 @@ struct Machine {
 Machine pick_machine(const std::string& gpu);
 
 // The executor the trials run in: the C++ step in `autotune --trial` children (native), the PyTorch
-// twin of the step in `scripts/torch-step --trial` children (torch), or the user's own model (--entry).
+// twin of the step (torch) or the user's own model (--entry) in one `scripts/torch-step --serve` worker.
 struct TrialRunner {
   std::unique_ptr<Executor> executor;
   nlohmann::json description;  // the output's executor
-  double extra_startup = 0;    // what a trial's start-up costs beyond the native one's (import torch)
+  const WorkerStats* worker = nullptr;  // the PyTorch worker's starts and restarts (torch executors), owned by `executor`
+  EntryExecutor* entry = nullptr;  // --entry: the executor (owned by `executor`), which also finds --versus's batch
   std::string journal_tag;     // keeps the executors' journals apart
   bool torch = false;
 };
@@ -139,6 +140,9 @@ class Tune {
   std::string journal_path;
   TuneOutput out;
   bool only_own = false;  // the search ran nothing but the workload's own configuration
+  // Where the budget went (seconds on the clock): the plan (probes; the twin's worker start) ends when the tune
+  // starts; the search runs from search_started (after --versus's largest-batch search) to search_ended.
+  double plan_seconds = 0, search_started = 0, search_ended = 0, race_ended = 0;
 
   double seconds_left() const { return trial_deadline_ - clock.elapsed(); }
   // `policy` cut to what is left of the budget; OutOfBudget when not even the shortest trial fits.

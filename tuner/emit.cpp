@@ -206,6 +206,7 @@ static json ordered(const TuneOutput& o) {
     t["measured"]["headroom"] = rep.headroom;
     t["measured"]["confirmed"] = o.confirmed;
     t["measured"]["interleaved_rounds"] = o.confirmed && o.race ? o.race->rounds : 0;
+    if (!o.choice_note.empty()) t["choice_note"] = o.choice_note;
   } else {
     t["chosen"] = nullptr;
     t["note"] = "no configuration ran successfully; see failed_trials";
@@ -262,6 +263,7 @@ static json ordered(const TuneOutput& o) {
                  {"seconds", rep.seconds},       {"budget_seconds", o.budget_seconds},
                  {"budget_exhausted", rep.budget_exhausted}, {"max_micro_batch", rep.max_micro_batch},
                  {"interrupted", o.interrupted}};
+  if (!o.budget_spent.is_null()) t["search"]["budget_spent"] = json::parse(o.budget_spent.dump());
   if (o.ranks > 1) t["ranks"] = o.ranks;  // the race's and failed trials' config keys are one rank's share (g=)
   if (o.race)
     t["race"] = race_json(*o.race, o.baseline ? o.baseline->candidate.key() : "", o.noise_margin,

@@ -77,6 +77,10 @@ struct TuneOutput {
   // workload's own global batch.
   GlobalBatchPlan global_batches;
   int64_t workload_global_batch = 0;
+  // Why the choice is what it is where a rule other than "the fastest" decided it (a tie in the race went to
+  // the simpler configuration; without a race verdict, the workload's own was kept or left): "" otherwise.
+  std::string choice_note;
+  nlohmann::json budget_spent;  // {set_up_seconds, search_seconds, race_seconds, ...}, or null
 };
 
 // "searching global batches 4, 8 and 16 (the workload's global_range [4, 16]; ...)": said before the search.

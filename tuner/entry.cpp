@@ -14,56 +14,12 @@ namespace tb::tune {
 
 using json = nlohmann::json;
 
-namespace {
-
-// The last non-empty line of a child's standard error: a bad entry's message (warnings come before it).
-std::string last_line(const std::string& text) {
-  std::stringstream in(text);
-  std::string line, last;
-  while (std::getline(in, line))
-    if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
-  return last;
-}
-
-}  // namespace
-
-EntryProbe probe_entry(const std::string& spec, bool cuda, int device, int64_t global_batch, const std::atomic<bool>* stop) {
-  EntryProbe p;
-  p.spec = spec;
-  if (spec.rfind("hf:", 0) != 0) {
-    const auto colon = spec.rfind(':');
-    if (colon == std::string::npos || colon == 0 || colon + 1 == spec.size())
-      throw UsageError("--entry " + spec + ": expected FILE.py:NAME (a function NAME(micro_batch, device) in FILE.py) or hf:MODEL");
-    p.file = std::filesystem::absolute(spec.substr(0, colon)).lexically_normal().string();
-    p.spec = p.file + spec.substr(colon);
-  }
-  p.torch.python = torch_python();
-  p.torch.script = torch_step_script();
-  if (const std::string found = find_on_path(p.torch.python); !found.empty()) p.torch.python = found;
-  const json request{{"entry", p.spec}, {"backend", cuda ? "cuda" : "cpu"}, {"device", device},
-                     {"micro_batch", std::min<int64_t>(global_batch, 8)}};
-  const auto started = std::chrono::steady_clock::now();
-  const ChildOutcome o = run_child({p.torch.python, p.torch.script, "--entry-probe", request.dump()}, 600, stop);
-  p.probe_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  if (o.exit_code == 2) throw UsageError(last_line(o.err_tail));
-  if (o.exit_code != 0) require_torch("--executor torch --entry", p.torch.script);  // PyTorch missing: how to install it
-  try {
-    if (o.exit_code != 0) throw std::runtime_error("exit " + std::to_string(o.exit_code) + ": " + last_line(o.err_tail));
-    const json j = json::parse(last_line(o.out));
-    p.label = j.at("label").get<std::string>();
-    p.parameters = j.at("parameters").get<int64_t>();
-    p.max_grad_norm = j.at("max_grad_norm").get<double>();
-    p.micro_batch = j.at("micro_batch").get<int64_t>();
-    p.step_seconds = j.at("step_seconds").get<double>();
-    p.switches = j.at("switches").get<std::map<std::string, std::vector<std::string>>>();
-    p.torch.torch_version = j.at("torch").get<std::string>();
-    p.torch.python_version = j.value("python", "");
-    p.torch.cuda = cuda;
-  } catch (const std::exception& e) {
-    throw UsageError("--entry " + spec + ": " + p.torch.script + " --entry-probe failed under " + p.torch.python + " (" +
-                     e.what() + ")");
-  }
-  return p;
+std::string entry_spec(const std::string& spec) {
+  if (spec.rfind("hf:", 0) == 0) return spec;
+  const auto colon = spec.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == spec.size())
+    throw UsageError("--entry " + spec + ": expected FILE.py:NAME (a function NAME(micro_batch, device) in FILE.py) or hf:MODEL");
+  return std::filesystem::absolute(spec.substr(0, colon)).lexically_normal().string() + spec.substr(colon);
 }
 
 step::Workload entry_workload(const EntryProbe& p, int64_t global_batch) {
@@ -93,50 +49,72 @@ TrialEstimate entry_shortest_trial(const EntryProbe& p, const Candidate& c, int6
   // The probe's step at its micro-batch, scaled to the candidate's global batch.
   e.step_seconds = p.step_seconds * static_cast<double>(c.global_batch) / static_cast<double>(std::max<int64_t>(p.micro_batch, 1));
   e.rate_source = "one step of the entry as the probe measured it";
-  // Start-up, the checked first step (the reference and the candidate), two untimed steps, min_steps.
+  // Opening a candidate in the worker (building it as the probe did), the checked first step (the reference and
+  // the candidate), two untimed steps, min_steps.
   e.seconds = p.probe_seconds + static_cast<double>(4 + std::max<int64_t>(min_steps, 1)) * e.step_seconds;
   return e;
 }
 
-LargestBatch find_largest_batch(const EntryProbe& p, bool cuda, int device, int64_t global_batch,
-                                int64_t memory_limit_bytes, double timeout_s, const std::atomic<bool>* stop) {
-  const json request{{"entry", p.spec}, {"backend", cuda ? "cuda" : "cpu"}, {"device", device},
-                     {"global_batch", global_batch}, {"memory_limit_bytes", memory_limit_bytes}};
-  const ChildOutcome o =
-      run_child({p.torch.python, p.torch.script, "--entry-largest-batch", request.dump()}, timeout_s, stop);
-  if (o.interrupted) throw std::runtime_error("interrupted during the largest-batch search");
-  if (o.timed_out)
-    throw std::runtime_error("the largest-batch search did not finish within " + std::to_string(std::lround(timeout_s)) +
-                             " s of the budget (give a larger --budget)");
-  if (o.exit_code == 2) throw UsageError(last_line(o.err_tail));
-  LargestBatch found;
+EntryExecutor::EntryExecutor(const std::string& spec, bool cuda, int device, int64_t global_batch,
+                             const std::atomic<bool>* stop, int64_t memory_limit, double timeout_s)
+    : cuda_(cuda), capacity_(trial_memory_capacity(cuda, device)) {
+  probe_.spec = entry_spec(spec);
+  if (probe_.spec.rfind("hf:", 0) != 0) probe_.file = probe_.spec.substr(0, probe_.spec.rfind(':'));
+  probe_.torch = torch_interpreter();
+  const int64_t host_limit = memory_limit > 0 ? std::min(memory_limit, capacity_) : capacity_;
+  const json start{{"kind", "entry"}, {"entry", probe_.spec}, {"backend", cuda ? "cuda" : "cpu"}, {"device", device},
+                   {"memory_limit_bytes", cuda ? int64_t{0} : host_limit}};
+  worker_ = std::make_unique<WorkerExecutor>(
+      std::vector<std::string>{probe_.torch.python, probe_.torch.script, "--serve", start.dump()},
+      [](const Candidate& candidate) { return json{{"candidate", to_json(candidate)}}; }, capacity_, stop);
+  start_torch_worker(*worker_, probe_.torch, "--executor torch --entry");
+  probe_.torch.cuda = cuda;
+  const auto started = std::chrono::steady_clock::now();
+  json j;
   try {
-    if (o.exit_code != 0)
-      throw std::runtime_error(o.signal ? "killed by signal " + std::to_string(o.signal)
-                                        : "exit " + std::to_string(o.exit_code) + ": " + last_line(o.err_tail));
-    const json j = json::parse(last_line(o.out));
-    found.micro_batch = j.at("micro_batch").get<int64_t>();
-    found.steps_per_size = j.at("steps_per_size").get<int64_t>();
-    found.seconds = j.at("seconds").get<double>();
-    found.tried = j.at("tried");
-  } catch (const std::exception& e) {
-    throw std::runtime_error("--entry " + p.label + ": the largest-batch search (" + p.torch.script +
-                             " --entry-largest-batch) failed: " + e.what());
+    j = worker_->request({{"op", "probe"}, {"micro_batch", std::min<int64_t>(global_batch, 8)}}, timeout_s);
+  } catch (const WorkerLost& e) {
+    throw UsageError("--entry " + spec + ": the worker " + (e.why == WorkerLost::Why::hung ? "did not finish validating it: " : "failed validating it: ") + e.what());
   }
-  return found;
+  probe_.probe_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (j.contains("error")) {
+    if (j.value("usage", false)) throw UsageError(j.at("error").get<std::string>());
+    throw std::runtime_error("--entry " + spec + ": " + j.at("error").get<std::string>());
+  }
+  try {
+    probe_.label = j.at("label").get<std::string>();
+    probe_.parameters = j.at("parameters").get<int64_t>();
+    probe_.max_grad_norm = j.at("max_grad_norm").get<double>();
+    probe_.micro_batch = j.at("micro_batch").get<int64_t>();
+    probe_.step_seconds = j.at("step_seconds").get<double>();
+    probe_.switches = j.at("switches").get<std::map<std::string, std::vector<std::string>>>();
+  } catch (const std::exception& e) {
+    throw UsageError("--entry " + spec + ": the worker's probe is not what autotune expects (" + e.what() + ")");
+  }
 }
 
-EntryExecutor::EntryExecutor(EntryProbe probe, bool cuda, int device, const std::atomic<bool>* stop)
-    : probe_(std::move(probe)), cuda_(cuda), device_(device), stop_(stop), capacity_(trial_memory_capacity(cuda, device)) {}
-
-TrialResult EntryExecutor::run(const Candidate& candidate, const MeasurePolicy& policy) {
-  json request{{"entry", probe_.spec},
-               {"backend", cuda_ ? "cuda" : "cpu"},
-               {"device", device_},
-               {"candidate", to_json(candidate)},
-               {"policy", to_json(policy)}};
-  if (!cuda_) request["memory_limit_bytes"] = capacity_;
-  return run_watched({probe_.torch.python, probe_.torch.script, "--entry-trial", request.dump()}, policy, stop_);
+LargestBatch EntryExecutor::largest_batch(int64_t global_batch, int64_t memory_limit_bytes, double timeout_s) {
+  json j;
+  try {
+    j = worker_->request({{"op", "largest_batch"}, {"global_batch", global_batch}, {"memory_limit_bytes", memory_limit_bytes}},
+                         timeout_s);
+  } catch (const WorkerLost& e) {
+    if (e.why == WorkerLost::Why::interrupted) throw std::runtime_error("interrupted during the largest-batch search");
+    if (e.why == WorkerLost::Why::hung)
+      throw std::runtime_error("the largest-batch search did not finish within " + std::to_string(std::lround(timeout_s)) +
+                               " s of the budget (give a larger --budget)");
+    throw std::runtime_error("--entry " + probe_.label + ": the largest-batch search failed: " + e.what());
+  }
+  if (j.contains("error")) {
+    if (j.value("usage", false)) throw UsageError(j.at("error").get<std::string>());
+    throw std::runtime_error("--entry " + probe_.label + ": the largest-batch search failed: " + j.at("error").get<std::string>());
+  }
+  LargestBatch found;
+  found.micro_batch = j.at("micro_batch").get<int64_t>();
+  found.steps_per_size = j.at("steps_per_size").get<int64_t>();
+  found.seconds = j.at("seconds").get<double>();
+  found.tried = j.at("tried");
+  return found;
 }
 
 }  // namespace tb::tune

@@ -1,8 +1,9 @@
 // The user's own PyTorch model as what autotune tunes (`autotune --executor torch --entry FILE.py:NAME`,
-// `--entry hf:MODEL?key=value`): the entry is validated once in a child (`torch-step --entry-probe`, a
-// bad one is a UsageError naming the file, the function and what was expected, before any trial), and
-// every trial is `torch-step --entry-trial REQUEST` under the same watchdog, with the same TrialResult
-// line back as the twin's (scripts/trainbench_tracking/torch_entry.py).
+// `--entry hf:MODEL?key=value`), all of it in the tune's one PyTorch worker (`torch-step --serve`,
+// worker.h), where torch and the entry are imported once: the entry is validated first (a bad one is a
+// UsageError naming the file, the function and what was expected, before any trial), --versus's largest
+// batch is found there, and every trial runs there, measured here by the same rules as the twin's
+// (scripts/trainbench_tracking/torch_entry.py, torch_worker.py).
 #pragma once
 
 #include <atomic>
@@ -15,6 +16,7 @@
 #include "step/workload.h"
 #include "tuner/search.h"
 #include "tuner/trial.h"
+#include "tuner/worker.h"
 
 namespace tb::tune {
 
@@ -26,7 +28,7 @@ struct EntryProbe {
   double max_grad_norm = 0;
   int64_t micro_batch = 0;     // the probe's
   double step_seconds = 0;     // one step at that micro-batch, as the probe measured it
-  double probe_seconds = 0;    // the whole probe: a trial's start-up, at least
+  double probe_seconds = 0;    // the probe in the worker: building the entry, a forward, backward and step
   std::map<std::string, std::vector<std::string>> switches;  // the entry's own value first
   TorchProbe torch;
 };
@@ -34,8 +36,8 @@ struct EntryProbe {
 // Default global batch of an entry when --batch does not say.
 inline constexpr int64_t kEntryDefaultBatch = 32;
 
-// Validates `spec` in a child; UsageError (one line) when the entry is bad or PyTorch is missing.
-EntryProbe probe_entry(const std::string& spec, bool cuda, int device, int64_t global_batch, const std::atomic<bool>* stop);
+// The spec as the worker gets it: FILE.py made absolute; UsageError for one that is neither FILE.py:NAME nor hf:MODEL.
+std::string entry_spec(const std::string& spec);
 
 // What the rest of autotune reads of a workload, for an entry: its name, path, batch (micro = global:
 // the entry's own configuration is one micro-batch) and clipping.
@@ -45,33 +47,38 @@ std::string entry_digest_text(const EntryProbe& p);
 // The shortest trial of `c`: the probe's start-up and steps at its measured rate.
 TrialEstimate entry_shortest_trial(const EntryProbe& p, const Candidate& c, int64_t min_steps);
 
-// `--versus largest-batch`: what Lightning's BatchSizeFinder (mode "power") gives on this device, found in
-// one child (`torch-step --entry-largest-batch`): the micro-batch doubled from 1 while a few steps at it fit
-// in `memory_limit_bytes`, at most the global batch and dividing it; its accumulation makes up the rest.
+// `--versus largest-batch`: what Lightning's BatchSizeFinder (mode "power") gives on this device, found in the
+// worker: the micro-batch doubled from 1 while a few steps at it fit in the memory limit, at most the global
+// batch and dividing it; its accumulation makes up the rest.
 struct LargestBatch {
   int64_t micro_batch = 0;  // 0: not even one sample fits
   int64_t steps_per_size = 0;
   double seconds = 0;
   nlohmann::json tried;     // [{micro_batch, outcome, peak_bytes}], in the order tried
 };
-// UsageError (one line) for a bad entry; a runtime error naming what happened when it fails otherwise, runs
-// past `timeout_s` or is stopped by `stop`.
-LargestBatch find_largest_batch(const EntryProbe& p, bool cuda, int device, int64_t global_batch,
-                                int64_t memory_limit_bytes, double timeout_s, const std::atomic<bool>* stop);
 
+// The user's model in the tune's worker (worker.h): the entry's module imported once, each candidate rebuilt
+// from the entry function (same seed, fresh parameters, optimizer and loader), its first step checked against
+// the reference of its global batch (computed once in the worker and kept), then stepped as measure_steps asks.
 class EntryExecutor final : public Executor {
  public:
-  EntryExecutor(EntryProbe probe, bool cuda, int device, const std::atomic<bool>* stop);
-  TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override;
+  // Starts the worker on `spec` and validates the entry there within `timeout_s`: UsageError (one line) when the
+  // entry is bad or PyTorch is missing. `memory_limit`: bytes a CPU worker may map (0: what the host has).
+  EntryExecutor(const std::string& spec, bool cuda, int device, int64_t global_batch, const std::atomic<bool>* stop,
+                int64_t memory_limit, double timeout_s);
+  TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override { return worker_->run(candidate, policy); }
   int64_t memory_capacity() const override { return capacity_; }
   const EntryProbe& probe() const { return probe_; }
+  const WorkerStats& worker_stats() const { return worker_->stats(); }
+  // `--versus largest-batch`, within `memory_limit_bytes` (a GPU's; on the CPU the worker's limit holds) and
+  // `timeout_s`. UsageError for a bad entry; a runtime error naming what happened when it fails otherwise.
+  LargestBatch largest_batch(int64_t global_batch, int64_t memory_limit_bytes, double timeout_s);
 
  private:
   EntryProbe probe_;
   bool cuda_;
-  int device_;
-  const std::atomic<bool>* stop_;
   int64_t capacity_ = 0;
+  std::unique_ptr<WorkerExecutor> worker_;
 };
 
 }  // namespace tb::tune

@@ -15,8 +15,10 @@
 // interval is the paired t test's: such a round widens it, so it makes the race more cautious, never
 // bolder.
 //
-// The choice: of the eligible finalists still in that tie with the leader, the one with the least
-// peak memory (the search's tie-break), else the fastest eligible; with too few rounds for a verdict,
+// The choice: of the eligible finalists still in that tie with the leader, the simplest: the fewest
+// switches with a cost of their own (compile=on), then the fewest changes from the workload's own
+// configuration, then the least peak memory, then the leader; else the fastest eligible. A switch with
+// a cost is never chosen on a difference the rounds cannot tell from noise; with too few rounds for a verdict,
 // the first entrant (the incumbent) while it is in. A tie, as in the search: a ratio to the leader within the
 // noise margin, or not shown below 1 (the interval reaches it) and within kMaxTieGap x the margin,
 // so that a finalist the race cannot tell from the leader is not passed over on a point estimate.
@@ -183,6 +185,8 @@ RaceReport race(Executor& executor, const std::vector<RaceEntrant>& entrants, co
     Finalist f;
     f.candidate = e.candidate;
     f.eligible = e.eligible;
+    f.costly = e.costly;
+    f.changed = e.changed;
     f.why = e.why;
     rep.finalists.push_back(f);
     const double setup = e.searched.setup_seconds > 0 ? e.searched.setup_seconds : o.min_trial_seconds;
@@ -319,12 +323,37 @@ RaceReport race(Executor& executor, const std::vector<RaceEntrant>& entrants, co
       auto ties = [&](const PairedRounds& p) {
         return p.ratio >= 1 - o.noise_margin || (p.ci_high >= 1 && p.ratio >= 1 - kMaxTieGap * o.noise_margin);
       };
+      // Simpler first: fewer costly switches, fewer changes, less memory; then the faster.
+      auto simpler = [&](const Finalist& a, const Finalist& b) {
+        if (a.costly != b.costly) return a.costly < b.costly;
+        if (a.changed != b.changed) return a.changed < b.changed;
+        if (a.peak_bytes() != b.peak_bytes()) return a.peak_bytes() < b.peak_bytes();
+        return a.vs_leader.ratio > b.vs_leader.ratio;
+      };
+      // A finalist with fewer costly switches or closer to the workload's own than the leader ties with it
+      // wherever its interval against the leader holds 1 (the rounds cannot separate them): the leader's extra
+      // switches are not bought on noise.
+      const Finalist& lead = rep.finalists[leader];
+      auto closer = [&](const Finalist& f) {
+        return f.costly < lead.costly || (f.costly == lead.costly && f.changed < lead.changed);
+      };
       for (std::size_t i : in) {
         const Finalist& f = rep.finalists[i];
-        if (!f.eligible || !ties(f.vs_leader)) continue;
-        if (choice < 0 || f.peak_bytes() < rep.finalists[choice].peak_bytes() ||
-            (f.peak_bytes() == rep.finalists[choice].peak_bytes() && f.vs_leader.ratio > rep.finalists[choice].vs_leader.ratio))
-          choice = static_cast<int>(i);
+        const bool tie = i == leader || ties(f.vs_leader) || (closer(f) && f.vs_leader.decides() && f.vs_leader.ci_high >= 1);
+        if (!f.eligible || !tie) continue;
+        if (choice < 0 || simpler(f, rep.finalists[choice])) choice = static_cast<int>(i);
+      }
+      if (choice >= 0 && choice != static_cast<int>(leader)) {
+        const Finalist& c = rep.finalists[choice];
+        const Finalist& l = rep.finalists[leader];
+        std::ostringstream why;
+        why << "the race cannot tell it from the fastest, " << l.candidate.key() << " (" << ratio_text(c.vs_leader)
+            << "), and it is the simpler: ";
+        if (c.costly != l.costly) why << c.costly << " switch" << (c.costly == 1 ? "" : "es") << " with a cost (compilation) against " << l.costly;
+        else if (c.changed != l.changed) why << c.changed << " change" << (c.changed == 1 ? "" : "s") << " from the workload's own configuration against " << l.changed;
+        else if (c.peak_bytes() != l.peak_bytes()) why << "less peak memory";
+        else why << "a tie";
+        rep.choice_why = why.str();
       }
     }
     // No eligible tie: the fastest eligible finalist, still in, else by its ratio when dropped.

@@ -55,6 +55,11 @@ struct RaceEntrant {
   TrialResult searched;   // what the search measured of it, when it did: set-up time and peak memory
   bool eligible = true;   // may be chosen (the workload's own configuration without the headroom may not)
   std::string why;        // why it races: "choice", "tie", "next fastest", "best optimizer=fused", "own"
+  // How far it is from the workload's own configuration, for ties (the simpler one wins): the switches set
+  // to a value with a cost of its own (compile=on: compilation time and memory), and the switches and
+  // micro-batch changed.
+  int costly = 0;
+  int changed = 0;
 };
 
 struct RaceOptions {
@@ -77,6 +82,7 @@ struct RaceOptions {
 struct Finalist {
   Candidate candidate;
   bool eligible = true;
+  int costly = 0, changed = 0;      // RaceEntrant's
   std::string why;                  // RaceEntrant::why
   std::vector<TrialResult> slices;  // one per complete round it ran in, in round order
   int dropped_after = 0;            // the round after which it was dropped; 0: still in at the end
@@ -96,7 +102,8 @@ struct RaceReport {
   int rounds = 0;                   // complete rounds
   int max_rounds = 0;
   int leader = -1;  // the fastest still in, the machine's level each round taken out; -1: no round ran
-  int choice = -1;  // of the eligible finalists still in that tie with the leader, the least memory
+  int choice = -1;  // of the eligible finalists still in that tie with the leader, the simplest (below)
+  std::string choice_why;  // why the choice is not the leader, when it is not
   bool budget_exhausted = false;
   std::string ended;  // why the race stopped, in words
   double seconds = 0;

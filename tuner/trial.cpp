@@ -194,6 +194,41 @@ TrialResult trial_result_from_json(const json& j) {
   return r;
 }
 
+void measure_steps(const StepSampler& sampler, double sizing_step_seconds, const MeasurePolicy& policy,
+                   double samples_per_step, TrialResult& r) {
+  // Samples of whole steps, each at least ~20 ms so that timer noise does not dominate.
+  const int64_t batch = batch_for(sizing_step_seconds, 0.02, 1 << 12);
+  std::vector<double> step_seconds;
+  int64_t steps = 0;
+  const double measuring = sampler.elapsed();
+  if (r.setup_seconds <= 0) r.setup_seconds = measuring;
+  while (true) {
+    step_seconds.push_back(sampler.time_steps(batch) / static_cast<double>(batch));
+    steps += batch;
+    // The budget's end: no sample that would finish after it (the parent stops the trial there),
+    // however few there are; the interval says how little they tell. The slowest sample so far is
+    // the forecast: on a busy machine the next one can take longer than the last.
+    const double sample_s = *std::max_element(step_seconds.begin(), step_seconds.end()) * static_cast<double>(batch);
+    if (policy.wall_seconds > 0 && sampler.agree_max(sampler.elapsed()) + 1.5 * sample_s > policy.wall_seconds) {
+      r.message = "stopped at the budget's end";
+      break;
+    }
+    if (step_seconds.size() < 3 || steps < policy.min_steps) continue;
+    const Summary s = summarize(step_seconds, policy.target_rel_ci);
+    if (!s.noisy || sampler.agree_max(sampler.elapsed() - measuring) >= policy.max_seconds) break;
+    // Clearly behind the best so far: even the fast end of the interval is slower.
+    if (policy.stop_below > 0 && samples_per_step / s.ci_low < policy.stop_below) {
+      r.message = "stopped early: clearly behind the best so far";
+      break;
+    }
+  }
+  const Summary s = summarize(step_seconds, policy.target_rel_ci);
+  r.samples_per_s = samples_per_step / s.median;
+  r.ci_low = samples_per_step / s.ci_high;
+  r.ci_high = samples_per_step / s.ci_low;
+  r.steps = steps;
+}
+
 // ---- the child ---------------------------------------------------------------------------------
 
 TrialResult run_trial_here(const json& request) {
@@ -234,7 +269,6 @@ TrialResult run_trial_here(const json& request) {
     // Every rank decides alike: the slowest rank's sample times, the latest rank's clock.
     comm::AgreedTimer agreed(session->timer());
     SampleTimer& timer = ranks > 1 ? static_cast<SampleTimer&>(agreed) : session->timer();
-    auto elapsed = [&] { return comm::agree_max(seconds_since(started)); };  // the value itself on one rank
     // The first step: the forward every configuration is checked with (on every rank, its own sample).
     instance->run();
     const Verdict verdict = instance->check();
@@ -242,39 +276,12 @@ TrialResult run_trial_here(const json& request) {
       return fail(TrialClass::incorrect, verdict.passed ? "another rank's first forward differs from the reference" : verdict.detail);
     double last_warmup = 0;
     for (int64_t k = 0; k < warmup_steps(w); ++k) last_warmup = time_sample(timer, [&] { instance->run(); }, 1);
-    // Samples of whole steps, each at least ~20 ms so that timer noise does not dominate.
-    const int64_t batch = batch_for(last_warmup, 0.02, 1 << 12);
-    std::vector<double> step_seconds;
-    int64_t steps = 0;
-    const auto measuring = std::chrono::steady_clock::now();
     r.setup_seconds = seconds_since(started);
-    while (true) {
-      step_seconds.push_back(time_sample(timer, [&] { instance->run(); }, batch) / static_cast<double>(batch));
-      steps += batch;
-      // The budget's end: no sample that would finish after it (the parent stops the trial there),
-      // however few there are; the interval says how little they tell. The slowest sample so far is
-      // the forecast: on a busy machine the next one can take longer than the last.
-      const double sample_s = *std::max_element(step_seconds.begin(), step_seconds.end()) * static_cast<double>(batch);
-      if (policy.wall_seconds > 0 && elapsed() + 1.5 * sample_s > policy.wall_seconds) {
-        r.message = "stopped at the budget's end";
-        break;
-      }
-      if (step_seconds.size() < 3 || steps < policy.min_steps) continue;
-      const Summary s = summarize(step_seconds, policy.target_rel_ci);
-      if (!s.noisy || comm::agree_max(seconds_since(measuring)) >= policy.max_seconds) break;
-      // Clearly behind the best so far: even the fast end of the interval is slower.
-      const double fast_end = static_cast<double>(w.batch.global * w.distributed.ranks) / s.ci_low;
-      if (policy.stop_below > 0 && fast_end < policy.stop_below) {
-        r.message = "stopped early: clearly behind the best so far";
-        break;
-      }
-    }
-    const Summary s = summarize(step_seconds, policy.target_rel_ci);
-    const double samples = static_cast<double>(w.batch.global * w.distributed.ranks);  // every rank's share
-    r.samples_per_s = samples / s.median;
-    r.ci_low = samples / s.ci_high;
-    r.ci_high = samples / s.ci_low;
-    r.steps = steps;
+    StepSampler sampler;
+    sampler.time_steps = [&](int64_t steps) { return time_sample(timer, [&] { instance->run(); }, steps); };
+    sampler.elapsed = [&] { return seconds_since(started); };
+    sampler.agree_max = [](double x) { return comm::agree_max(x); };
+    measure_steps(sampler, last_warmup, policy, static_cast<double>(w.batch.global * w.distributed.ranks), r);  // every rank's share
     r.peak_bytes = instance->peak_bytes();
     r.seconds = seconds_since(started);
     return r;
@@ -477,51 +484,53 @@ std::string find_on_path(const std::string& program) {
 
 // ---- the PyTorch executor ---------------------------------------------------------------------------
 
-TorchProbe probe_torch(const std::atomic<bool>* stop) {
+TorchProbe torch_interpreter() {
   TorchProbe p;
   p.python = torch_python();
   p.script = torch_step_script();
-  // The interpreter found by its name on PATH, as execv wants a path.
+  // The interpreter found by its name on PATH, as posix_spawn wants a path.
   if (const std::string found = find_on_path(p.python); !found.empty()) p.python = found;
-  const ChildOutcome o = run_child({p.python, p.script, "--probe"}, 120, stop);
-  // A failed probe is explained by require_torch when PyTorch or the script is missing (how to install
-  // it); only then is torch imported a second time.
-  if (o.exit_code != 0) require_torch("--executor torch", p.script);
-  try {
-    if (o.exit_code != 0) throw std::runtime_error("exit " + std::to_string(o.exit_code) + ": " + o.err_tail);
-    const json j = json::parse(o.out);
-    p.torch_version = j.at("torch").get<std::string>();
-    p.python_version = j.at("python").get<std::string>();
-    p.cuda = j.at("cuda").get<bool>();
-    p.import_seconds = j.at("import_seconds").get<double>();
-  } catch (const std::exception& e) {
-    throw UsageError("--executor torch: " + p.script + " --probe failed under " + p.python + " (" + e.what() + ")");
-  }
   return p;
 }
 
-TorchExecutor::TorchExecutor(const step::Workload& workload, bool cuda, int device, const std::atomic<bool>* stop)
-    : workload_(workload), cuda_(cuda), device_(device), stop_(stop), capacity_(trial_memory_capacity(cuda, device)),
-      probe_(probe_torch(stop)) {
-  if (cuda && !probe_.cuda)
-    throw UsageError("--executor torch on the GPU: PyTorch " + probe_.torch_version + " in " + probe_.python +
-                     " sees no usable GPU (a CPU-only build of torch?); use --gpu cpu, or install a CUDA build");
-  first_sample_ = step::first_sample_of(workload.data.samples);
-  reference_ = step::reference_losses(workload, first_sample_);
+void start_torch_worker(WorkerExecutor& worker, TorchProbe& probe, const std::string& who) {
+  json hello;
+  try {
+    hello = worker.start(180);
+  } catch (const UsageError& e) {
+    // The worker's own words (a GPU it cannot see), unless PyTorch or the script is missing: how to install it.
+    require_torch(who, probe.script);
+    throw;
+  } catch (const std::exception& e) {
+    require_torch(who, probe.script);
+    throw UsageError(who + ": " + probe.script + " --serve failed under " + probe.python + " (" + e.what() + ")");
+  }
+  probe.torch_version = hello.value("torch", std::string());
+  probe.python_version = hello.value("python", std::string());
+  probe.cuda = hello.value("cuda", false);
+  probe.import_seconds = hello.value("start_seconds", 0.0);
 }
 
-TrialResult TorchExecutor::run(const Candidate& candidate, const MeasurePolicy& policy) {
-  const step::Workload w = apply(workload_, candidate);
-  const Tolerance tol = w.switches.bf16_matmuls ? tolerance::step_bf16 : tolerance::step_fp32;
-  json request{{"resolved", step::resolved_workload(w)},
-               {"backend", cuda_ ? "cuda" : "cpu"},
-               {"device", device_},
-               {"candidate", to_json(candidate)},
-               {"policy", to_json(policy)},
-               {"warmup_steps", warmup_steps(w)},
-               {"reference", {{"sample", first_sample_}, {"losses", reference_}, {"rtol", tol.rtol}, {"atol", tol.atol}}}};
-  if (!cuda_) request["memory_limit_bytes"] = capacity_;
-  return run_watched({probe_.python, probe_.script, "--trial", request.dump()}, policy, stop_);
+TorchExecutor::TorchExecutor(const step::Workload& workload, bool cuda, int device, const std::atomic<bool>* stop,
+                             int64_t memory_limit)
+    : workload_(workload), cuda_(cuda), capacity_(trial_memory_capacity(cuda, device)), probe_(torch_interpreter()) {
+  const int64_t host_limit = memory_limit > 0 ? std::min(memory_limit, capacity_) : capacity_;
+  const json start{{"kind", "twin"}, {"backend", cuda ? "cuda" : "cpu"}, {"device", device},
+                   {"memory_limit_bytes", cuda ? int64_t{0} : host_limit}};
+  worker_ = std::make_unique<WorkerExecutor>(
+      std::vector<std::string>{probe_.python, probe_.script, "--serve", start.dump()},
+      [this](const Candidate& candidate) {
+        const step::Workload w = apply(workload_, candidate);
+        const Tolerance tol = w.switches.bf16_matmuls ? tolerance::step_bf16 : tolerance::step_fp32;
+        return json{{"candidate", to_json(candidate)},
+                    {"resolved", step::resolved_workload(w)},
+                    {"warmup_steps", warmup_steps(w)},
+                    {"reference", {{"sample", first_sample_}, {"losses", reference_}, {"rtol", tol.rtol}, {"atol", tol.atol}}}};
+      },
+      capacity_, stop);
+  first_sample_ = step::first_sample_of(workload.data.samples);
+  reference_ = step::reference_losses(workload, first_sample_);
+  start_torch_worker(*worker_, probe_, "--executor torch");
 }
 
 }  // namespace tb::tune

@@ -1,9 +1,12 @@
-// Trials in child processes. A crash, a sticky CUDA error or a hang costs one trial, never the
-// sweep: the parent starts `autotune --trial JSON` with a watchdog, reads one JSON line back, and
-// classifies anything else (a signal, an exit without a result, the watchdog) itself.
+// Trials: the measuring rule every trial follows (measure_steps), the C++ step's trials in child
+// processes, and the PyTorch twin's executor. A crash, a sticky CUDA error or a hang costs one trial,
+// never the sweep: the parent starts `autotune --trial JSON` with a watchdog, reads one JSON line back,
+// and classifies anything else (a signal, an exit without a result, the watchdog) itself; PyTorch runs
+// in the tune's worker (worker.h), restarted after such a failure.
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -11,6 +14,7 @@
 
 #include "step/workload.h"
 #include "tuner/search.h"
+#include "tuner/worker.h"
 
 namespace tb::tune {
 
@@ -44,6 +48,20 @@ nlohmann::json to_json(const Candidate& c);
 Candidate candidate_from_json(const nlohmann::json& j);
 nlohmann::json to_json(const TrialResult& r);
 TrialResult trial_result_from_json(const nlohmann::json& j);
+
+// The measuring rule of every trial, whoever runs the steps (this process, the ranks of a data-parallel
+// step, the PyTorch worker): samples of whole steps, each at least ~20 ms (sized from one step's
+// `sizing_step_seconds`), taken until the median's interval is within the policy's target, its
+// max_seconds pass, the candidate is clearly behind the best so far (stop_below), or the budget's end
+// (wall_seconds) would come before the next sample. Fills `r`'s samples_per_s and interval (of
+// `samples_per_step`), steps, setup_seconds (when unset: the time before the first sample) and message.
+struct StepSampler {
+  std::function<double(int64_t steps)> time_steps;  // seconds for that many whole steps
+  std::function<double()> elapsed;                  // seconds since the trial started
+  std::function<double(double)> agree_max = [](double x) { return x; };  // over the ranks, on several
+};
+void measure_steps(const StepSampler& sampler, double sizing_step_seconds, const MeasurePolicy& policy,
+                   double samples_per_step, TrialResult& r);
 
 // ---- the child ---------------------------------------------------------------------------------
 // Runs one trial described by `request` (workload path, backend, device, candidate, policy) and
@@ -107,44 +125,47 @@ std::vector<std::string> under_launcher(const std::vector<std::string>& launcher
 // that name on PATH; "" when there is none.
 std::string find_on_path(const std::string& program);
 
-// What `torch-step --probe` says of the interpreter the twin runs in.
+// What the PyTorch worker said of its interpreter when it started.
 struct TorchProbe {
-  std::string python, script;          // what runs a trial: python script --trial REQUEST
+  std::string python, script;          // what runs the worker: python script --serve START
   std::string torch_version, python_version;
-  bool cuda = false;                   // torch.cuda.is_available()
-  double import_seconds = 0;           // importing torch and the twin, a first AdamW: every trial's start-up
+  bool cuda = false;                   // the worker drives a GPU
+  double import_seconds = 0;           // the worker's start: importing torch and the twin (paid once a tune)
 };
 
-// The PyTorch executor (`autotune --executor torch`): each trial is the PyTorch twin of the step
-// (scripts/torch-step --trial REQUEST, scripts/trainbench_tracking/torch_trial.py) in a child process
-// under the same watchdog, with the same request (the workload resolved here with the candidate
-// applied, the policy), the same measuring rules and the same TrialResult line back. Its first step is
-// checked against the C++ step's double-precision reference (step::reference_losses), computed here
-// once: it depends on neither the batch nor the switches. Peak memory is PyTorch's
-// (max_memory_allocated on a GPU, the process's peak resident set on the CPU); on the CPU the child
-// is held to memory_capacity() by an address-space limit, so that too large a configuration is an
-// out-of-memory result rather than the kernel's killer.
+// The interpreter and scripts/torch-step as autotune finds them (torch_python(), torch_step_script()).
+TorchProbe torch_interpreter();
+// Starts `worker` and fills `probe` from its hello; UsageError saying how to install PyTorch (or what the worker
+// said) when it cannot start. `who` names the option in the message.
+void start_torch_worker(WorkerExecutor& worker, TorchProbe& probe, const std::string& who);
+
+// The PyTorch executor (`autotune --executor torch`): the PyTorch twin of the step in the tune's worker
+// (worker.h; scripts/trainbench_tracking/torch_worker.py), each candidate opened with the workload resolved
+// here with the candidate applied, measured by the same rules as the C++ step (measure_steps). Its first
+// step is checked against the C++ step's double-precision reference (step::reference_losses), computed here
+// once: it depends on neither the batch nor the switches. Peak memory is PyTorch's (max_memory_allocated on
+// a GPU, the worker's peak resident set on the CPU, reset at each candidate); on the CPU the worker is held
+// to memory_capacity() (or --memory-limit) by an address-space limit, so that too large a configuration is
+// an out-of-memory result rather than the kernel's killer.
 class TorchExecutor final : public Executor {
  public:
-  // Throws UsageError when the interpreter cannot import torch, the script is missing, or `cuda` is
-  // asked of a PyTorch that sees no GPU.
-  TorchExecutor(const step::Workload& workload, bool cuda, int device, const std::atomic<bool>* stop);
-  TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override;
+  // Starts the worker; throws UsageError when the interpreter cannot import torch, the script is missing, or
+  // `cuda` is asked of a PyTorch that sees no GPU.
+  TorchExecutor(const step::Workload& workload, bool cuda, int device, const std::atomic<bool>* stop,
+                int64_t memory_limit = 0);
+  TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override { return worker_->run(candidate, policy); }
   int64_t memory_capacity() const override { return capacity_; }
   const TorchProbe& probe() const { return probe_; }
+  const WorkerStats& worker_stats() const { return worker_->stats(); }
 
  private:
   step::Workload workload_;
   bool cuda_;
-  int device_;
-  const std::atomic<bool>* stop_;
   int64_t capacity_ = 0;
   TorchProbe probe_;
   int32_t first_sample_ = 0;
   std::vector<double> reference_;
+  std::unique_ptr<WorkerExecutor> worker_;
 };
-
-// The probe alone (TorchExecutor's first act): UsageError with the way to install PyTorch when it fails.
-TorchProbe probe_torch(const std::atomic<bool>* stop);
 
 }  // namespace tb::tune

@@ -20,23 +20,21 @@ difference of the parameter updates must be within the switch's tolerance. When 
 fp32 tells a loss that depends on the micro-batch split (batch norm, a per-micro-batch mean) from a switch
 that changes the numbers; both are `incorrect` trials that say which, with the difference.
 
-`torch-step --entry-probe REQUEST` validates an entry (exit 2 and one line naming the file, the function and
-what was expected) and says what autotune needs of it; `torch-step --entry-trial REQUEST` runs one trial and
-prints one TrialResult line, as torch_trial.py does for the twin of the step.
-`torch-step --entry-largest-batch REQUEST` is Lightning's BatchSizeFinder on the entry (`autotune --versus
-largest-batch`): the largest power-of-two micro-batch that fits.
+The whole tune runs in one long-lived worker (torch_worker.py): its `probe` validates the entry (probe_entry:
+one line naming the file, the function and what was expected, and autotune exits 2) and says what autotune needs
+of it; `largest_batch` is Lightning's BatchSizeFinder on the entry (`autotune --versus largest-batch`: the
+largest power-of-two micro-batch that fits); then it builds each candidate from the entry function, checks it
+and steps it as autotune asks.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import inspect
-import json
 import math
 import os
 import sys
 import time
-import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .entry_graphs import GraphedMicroBatch, GraphRefused, refusal as graphs_refusal, zero_grads
@@ -95,15 +93,21 @@ def _typed(text: str) -> Any:
     return text
 
 
+_MODULES: Dict[str, Any] = {}   # path -> the entry's module: imported once per process (a tune's worker)
+
+
 def load_function(path: str, name: str) -> Callable:
     where = f"--entry {path}:{name}"
     if not os.path.isfile(path):
         raise EntryError(f"{where}: no such file")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     try:
-        spec = importlib.util.spec_from_file_location(f"trainbench_entry_{abs(hash(path))}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = _MODULES.get(path)
+        if module is None:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+            spec = importlib.util.spec_from_file_location(f"trainbench_entry_{abs(hash(path))}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            _MODULES[path] = module
     except BaseException as e:  # noqa: B902 - any failure to import is the user's to fix
         if isinstance(e, KeyboardInterrupt):
             raise
@@ -552,7 +556,7 @@ def update_difference(model, initial, reference) -> float:
     import torch
     num = den = 0.0
     for name, p in model.named_parameters():
-        p0, pr = initial[name].double(), reference[name].double()
+        p0, pr = initial[name].double(), reference[name].to(p.device).double()
         d, dr = p.detach().double() - p0, pr - p0
         num += float(torch.sum((d - dr) ** 2))
         den += float(torch.sum(dr ** 2))
@@ -598,15 +602,24 @@ def reference_step(entry: Entry, device, micro_batches, own: str, initial) -> Tu
 
 
 def check_first_step(entry: Entry, device, switches: Dict[str, str], micro_batches, own: str,
-                     timing: Optional[dict] = None) -> Optional[str]:
+                     timing: Optional[dict] = None, references: Optional[dict] = None,
+                     reference_key: str = "") -> Optional[str]:
     """None when the candidate's first step matches the reference (the global batch in one micro-batch, fp32,
     the optimizer as given), else why not. Leaves the model at its initial parameters; `timing` gets the
-    candidate's first step's seconds (with torch.compile, its compilation) as "first_step_seconds"."""
+    candidate's first step's seconds (with torch.compile, its compilation) as "first_step_seconds". With
+    `references` (a long-lived worker's), the reference step of `reference_key` (the initial parameters and the
+    first global batch) is computed once and kept there."""
     initial = _state(entry.model)
     off = _dropout_off(entry.model)
     plain = {"sync": "every_step"}
     try:
-        reference, parts = reference_step(entry, device, micro_batches, own, initial)
+        if references is not None and reference_key in references:
+            reference, parts = references[reference_key]
+        else:
+            reference, parts = reference_step(entry, device, micro_batches, own, initial)
+            reference.pop("seconds", None)
+            if references is not None:  # kept in host memory: not in a GPU candidate's peak
+                references[reference_key] = ({k: v.to("cpu") for k, v in reference.items()}, parts)
         whole = "the whole batch" if parts == 1 else f"the batch in {parts} micro-batches (the whole did not fit)"
         candidate = first_step(entry, device, switches, micro_batches, switches.get("optimizer", own), initial)
         if timing is not None:
@@ -733,76 +746,7 @@ def probe_entry(request: dict) -> dict:
             "step_seconds": step_seconds, "torch": torch.__version__, "python": sys.version.split()[0]}
 
 
-def run_entry_trial(request: dict) -> dict:
-    """One trial of an entry: build at the candidate's micro-batch, check the first step, time whole steps."""
-    from .torch_trial import Clock, batch_for, limit_host_memory, measure, peak_host_bytes, warm_lazy_imports
-    started = time.perf_counter()
-    result: Dict[str, object] = {"class": "ok", "samples_per_s": 0.0, "ci_low": 0.0, "ci_high": 0.0,
-                                 "peak_bytes": 0, "steps": 0, "seconds": 0.0, "setup_seconds": 0.0, "message": ""}
-
-    def fail(cls: str, why: str) -> dict:
-        result.update({"class": cls, "message": why, "seconds": time.perf_counter() - started})
-        return result
-
-    try:
-        import torch
-        policy = request["policy"]
-        device = _device(request)
-        on_gpu = device.type == "cuda"
-        if on_gpu:
-            torch.cuda.reset_peak_memory_stats(device)
-        cand = request["candidate"]
-        switches = dict(cand.get("switches", {}))
-        global_batch, micro = int(cand["global_batch"]), int(cand["micro_batch"])
-        accumulation = global_batch // micro
-        refused = graphs_refusal(on_gpu, switches)
-        if refused:
-            return fail("error", f"cuda_graphs refused: {refused}")
-        if not on_gpu:
-            warm_lazy_imports(switches.get("optimizer", "per_tensor"))
-        torch.manual_seed(0)
-        entry = build_entry(request["entry"], micro, device, switches)
-        if not on_gpu:
-            limit_host_memory(int(request.get("memory_limit_bytes", 0)))
-        if "pin_memory" in switches and isinstance(entry.batches, torch.utils.data.DataLoader):
-            entry.batches.pin_memory = switches["pin_memory"] == "on"
-        own = own_variant(entry.make_optimizer(entry.model.parameters()), on_gpu)
-        variant = switches.get("optimizer", own)
-        stream = cycle(entry.batches)
-        first = [next(stream) for _ in range(accumulation)]
-        timing: Dict[str, float] = {}
-        why = check_first_step(entry, device, switches, first, own, timing)
-        if why:
-            return fail("incorrect", why)
-        loop = Loop(entry, device, switches, accumulation)
-        opt = with_variant(entry.make_optimizer(entry.model.parameters()), variant)
-
-        def step():
-            loop.step(opt, [next(stream) for _ in range(accumulation)])
-        clock = Clock(on_gpu)
-        clock.time(step, 1)  # warm-up
-        last = clock.time(step, 1)
-        if switches.get("compile") == "on":
-            compiled = max(timing.get("first_step_seconds", 0.0) - last, 0.0)
-            result["message"] = f"torch.compile: {compiled:.1f} s of compilation in the first step (not in the step time)"
-        batch = batch_for(last)
-        return measure(step, batch, clock, policy, started, global_batch, result,
-                       lambda: int(torch.cuda.max_memory_allocated(device)) if on_gpu else peak_host_bytes())
-    except EntryError as e:
-        return fail("error", str(e))
-    except GraphRefused as e:
-        return fail("error", f"cuda_graphs refused: {e}")
-    except BaseException as e:  # noqa: B902 - any failure of the user's code is this trial's result
-        if isinstance(e, KeyboardInterrupt):
-            raise
-        if _looks_like_oom(e):
-            return fail("oom", f"out of memory ({type(e).__name__}: {_one_line(e)})")
-        frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-        where = f" at {os.path.basename(frame.filename)}:{frame.lineno}" if frame else ""
-        return fail("error", f"{type(e).__name__}: {_one_line(e)}{where}")
-
-
-def largest_batch(request: dict) -> dict:
+def largest_batch(request: dict, warm: bool = True) -> dict:
     """Lightning's BatchSizeFinder (mode "power") on an entry, the configuration `autotune --versus
     largest-batch` races the choice against: the micro-batch doubled from 1 while LARGEST_BATCH_STEPS training
     steps at it fit in memory, in the entry's own configuration (its optimizer as given, fp32), at most the
@@ -819,7 +763,7 @@ def largest_batch(request: dict) -> dict:
     if on_gpu and limit > 0:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
-    if not on_gpu:
+    if not on_gpu and warm:  # in a worker: done once, when it started
         warm_lazy_imports("per_tensor")
         limit_host_memory(limit)
     tried: List[Dict[str, Any]] = []
@@ -854,29 +798,3 @@ def largest_batch(request: dict) -> dict:
         largest, micro = micro, micro * 2
     return {"micro_batch": largest, "tried": tried, "steps_per_size": LARGEST_BATCH_STEPS,
             "seconds": time.perf_counter() - started}
-
-
-def main(mode: str, request_text: str) -> int:
-    try:
-        request = json.loads(request_text)
-    except json.JSONDecodeError as e:
-        print(f"torch-step: the request is not JSON: {e}", file=sys.stderr)
-        return 2
-    answers = {"--entry-probe": probe_entry, "--entry-largest-batch": largest_batch}
-    if mode in answers:
-        try:
-            out = answers[mode](request)
-        except (EntryError, UsageError) as e:
-            print(str(e), file=sys.stderr)
-            return 2
-        except Exception as e:  # noqa: BLE001 - whatever else the entry did wrong when probed: one line, exit 2
-            if mode != "--entry-probe":
-                raise  # past the probe, a failure is the run's (exit 1, its traceback), not a bad entry
-            print(f"--entry {request.get('entry')}: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
-            return 2
-        print(json.dumps(out), flush=True)
-        return 0
-    result = run_entry_trial(request)
-    sys.stdout.flush()
-    print(json.dumps(result), flush=True)
-    return 0

@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, TextIO
 
+from .conversation import answer, converse
 from .errors import UsageError
 from .torch_inputs import use_constants
 
@@ -86,10 +87,6 @@ def serve(benches: List[Bench], requests: TextIO, answers: TextIO) -> int:
     by_name = {b.name: b for b in benches}
     opened: Dict[str, object] = {}
 
-    def answer(message: dict) -> None:
-        answers.write(json.dumps(message) + "\n")
-        answers.flush()
-
     def handle(request: dict) -> dict:
         op, name = request.get("op"), request.get("row")
         if op not in ("open", "time", "counters", "close"):
@@ -116,16 +113,8 @@ def serve(benches: List[Bench], requests: TextIO, answers: TextIO) -> int:
         torch_case.close_case(opened.pop(name))
         return {}
 
-    answer({"protocol": SERVE_PROTOCOL, "torch": torch_case.torch_context()})
-    for line in requests:
-        try:
-            request = json.loads(line)
-            answer(handle(request) if isinstance(request, dict) else {"error": "a request is a JSON object"})
-        except json.JSONDecodeError as e:
-            answer({"error": f"not JSON: {e.msg}"})
-        except Exception as e:   # noqa: BLE001 - the row fails, not the run
-            answer({"error": torch_case.describe_failure(e)})
-    return 0
+    answer(answers, {"protocol": SERVE_PROTOCOL, "torch": torch_case.torch_context()})
+    return converse(requests, answers, handle, torch_case.describe_failure)
 
 
 # ---- command line ----------------------------------------------------------------------------------------

@@ -82,3 +82,40 @@ def write_json(path, doc):
 def by_name(json_text):
     """benchmark -> its comparison, from `--format json` output."""
     return {c["benchmark"]: c for c in json.loads(json_text)["comparisons"]}
+
+
+TORCH_STEP = os.path.join(SCRIPTS, "torch-step")
+
+
+class TorchWorker:
+    """scripts/torch-step --serve as autotune starts it (tuner/worker.cpp), over pipes: its hello, then one answer
+    per request (ops open, time, counters, close)."""
+
+    def __init__(self, start, timeout=300):
+        self.proc = subprocess.Popen([sys.executable, TORCH_STEP, "--serve", json.dumps(start)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.hello = self._answer(timeout)
+
+    def _answer(self, timeout):
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(timeout)
+            raise AssertionError(f"the worker ended (exit {self.proc.returncode}): {self.proc.stderr.read()}")
+        return json.loads(line)
+
+    def request(self, op, timeout=300, **fields):
+        self.proc.stdin.write(json.dumps(dict(fields, op=op)) + "\n")
+        self.proc.stdin.flush()
+        return self._answer(timeout)
+
+    def close(self):
+        self.proc.stdin.close()
+        return self.proc.wait(60)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

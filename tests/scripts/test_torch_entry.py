@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, TorchWorker, built_tool
 
 torch = pytest.importorskip("torch")
 from trainbench_tracking import torch_entry as te  # noqa: E402 - after the skip
@@ -137,33 +137,73 @@ def test_a_lightning_module_is_driven_through_its_hooks():
     assert te.check_first_step(entry, CPU, {"optimizer": "foreach"}, first_micro_batches(entry, 2), "per_tensor") is None
 
 
-def test_a_trial_measures_and_a_split_dependent_one_is_incorrect():
-    policy = {"target_rel_ci": 0.5, "max_seconds": 0.2, "min_steps": 2}
-    request = {"entry": f"{CNN}:build", "backend": "cpu", "policy": policy,
-               "candidate": {"global_batch": 16, "micro_batch": 8, "switches": {"optimizer": "foreach"}}}
-    r = te.run_entry_trial(request)
-    assert r["class"] == "ok", r["message"]
-    assert r["samples_per_s"] > 0 and r["steps"] >= 2
-    bad = dict(request, entry=f"{CNN}:build_batchnorm")
-    r = te.run_entry_trial(bad)
-    assert r["class"] == "incorrect" and "micro-batch split" in r["message"]
+def entry_worker(spec, limit=0):
+    return TorchWorker({"kind": "entry", "entry": spec, "backend": "cpu", "device": 0, "memory_limit_bytes": limit})
 
 
-def test_an_allocation_refused_under_the_memory_limit_is_an_oom_trial():
-    """The child as autotune starts it, held to 64 MiB more than it has after building the entry."""
-    import json
-    import subprocess
-    import sys
+def test_the_worker_opens_checks_and_steps_candidates_and_a_split_dependent_one_is_incorrect():
+    with entry_worker(f"{CNN}:build") as w:
+        for switches in ({"optimizer": "foreach"}, {"optimizer": "per_tensor", "sync": "async"}):
+            said = w.request("open", candidate={"global_batch": 16, "micro_batch": 8, "switches": switches})
+            assert said["disposition"] == "passed" and said["checked"], said
+            assert w.request("time", calls=2)["seconds"] > 0
+            assert w.request("close")["restart"] is False
+    with entry_worker(f"{CNN}:build_batchnorm") as w:
+        said = w.request("open", candidate={"global_batch": 16, "micro_batch": 8, "switches": {}})
+        assert said["disposition"] == "incorrect" and "micro-batch split" in said["reason"], said
+
+
+def test_the_reference_of_a_global_batch_is_computed_once_and_kept(monkeypatch):
+    """A long-lived worker keeps the reference step of each (initial parameters, first global batch): the second
+    candidate of that batch is checked against it without running it again; other samples get their own."""
+    calls = []
+    real = te.reference_step
+    monkeypatch.setattr(te, "reference_step", lambda *a: calls.append(1) or real(*a))
+    from trainbench_tracking.torch_worker import Worker
+    w = Worker({"kind": "entry", "entry": f"{CNN}:build", "backend": "cpu"})
+    for micro, switches in ((8, {}), (4, {"optimizer": "foreach"}), (16, {})):
+        said = w.open({"candidate": {"global_batch": 16, "micro_batch": micro, "switches": switches}})
+        assert said["disposition"] == "passed", said
+    assert len(calls) == 1, "one reference for the three splits of one global batch"
+    assert w.open({"candidate": {"global_batch": 32, "micro_batch": 16, "switches": {}}})["disposition"] == "passed"
+    assert len(calls) == 2, "another global batch: its own reference"
+
+
+def test_an_allocation_refused_under_the_memory_limit_is_an_oom_candidate():
+    """The worker as autotune starts it, held to 64 MiB more than it has after importing PyTorch."""
     pytest.importorskip("transformers")
     # 512 MiB of logits (256 x 64 tokens x 8192)
-    request = {"entry": "hf:gpt2?n_layer=1&n_embd=32&n_head=2&vocab_size=8192&seq_len=64", "backend": "cpu",
-               "memory_limit_bytes": 64 << 20, "policy": {"target_rel_ci": 0.5, "max_seconds": 0.2, "min_steps": 2},
-               "candidate": {"global_batch": 256, "micro_batch": 256, "switches": {}}}
-    out = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "torch-step"), "--entry-trial",
-                          json.dumps(request)], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr
-    r = json.loads(out.stdout.strip().splitlines()[-1])
-    assert r["class"] == "oom", r
+    with entry_worker("hf:gpt2?n_layer=1&n_embd=32&n_head=2&vocab_size=8192&seq_len=64", 64 << 20) as w:
+        said = w.request("open", candidate={"global_batch": 256, "micro_batch": 256, "switches": {}})
+        assert said["disposition"] == "oom", said
+
+
+def test_a_crash_a_hang_and_an_out_of_memory_each_cost_their_candidate_and_the_tune_finishes(tmp_path):
+    """autotune over the stand-in entry that aborts (optimizer=foreach), hangs (sync=async) and allocates 8 GiB
+    (optimizer=fused, under --memory-limit 2G): each is a failed trial of its own class, the worker is started
+    again after the crash and the hang (the out-of-memory left nothing held), and a configuration is chosen."""
+    import json
+    import subprocess
+    autotune = built_tool("TRAINBENCH_AUTOTUNE", "tuner", "autotune")
+    if autotune is None:
+        pytest.skip("autotune is not built")
+    out = tmp_path / "faulty.json"
+    done = subprocess.run([autotune, "--gpu", "cpu", "--entry", f"{os.path.join(ENTRIES, 'faulty.py')}:build", "--batch", "32",
+                           "--switches", "optimizer,sync", "--memory-limit", "2G", "--budget", "100", "--trial-seconds", "1",
+                           "--race-rounds", "3", "--format", "json", "--journal", str(tmp_path / "j.jsonl"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    t = json.loads(out.read_text())["trainbench_autotune"]
+    assert t["chosen"] is not None
+    failed = {(f["config"].split("optimizer=")[1], f["class"]) for f in t["failed_trials"]}
+    assert ("foreach sync=every_step", "error") in failed, t["failed_trials"]
+    assert ("per_tensor sync=async", "timeout") in failed, t["failed_trials"]
+    assert any(opt.startswith("fused") and cls == "oom" for opt, cls in failed), t["failed_trials"]
+    crash = next(f for f in t["failed_trials"] if "foreach" in f["config"])
+    assert "killed by signal 6" in crash["message"], crash
+    worker = t["executor"]["worker"]
+    assert worker["restarts"] == 2 and worker["starts"] == 3, worker
+    assert "2 restarts" in done.stderr
 
 
 def test_a_reference_that_does_not_fit_whole_runs_in_the_fewest_parts_that_do(monkeypatch):
@@ -198,22 +238,31 @@ def test_the_largest_batch_stops_at_the_largest_power_of_two_dividing_the_global
     assert found["micro_batch"] == 8 and [t["micro_batch"] for t in found["tried"]] == [1, 2, 4, 8]
 
 
-QUICK_POLICY = {"target_rel_ci": 0.5, "max_seconds": 0.2, "min_steps": 2}
+def worker_trial(spec, backend, candidate):
+    """A candidate opened in the worker (in-process) and, when it passes, stepped twice: the open's answer."""
+    from trainbench_tracking.torch_worker import Worker
+    w = Worker({"kind": "entry", "entry": spec, "backend": backend, "device": 0})
+    said = w.open({"candidate": candidate})
+    if said["disposition"] == "passed":
+        said["step_seconds"] = w.time_steps(2) / 2
+    w.close()
+    return said
+
+
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA graph path is checked "
                                "on a GPU (scripts/gpu-node torch)")
 UNFRIENDLY = os.path.join(ENTRIES, "graph_unfriendly.py")
 
 
 def graphs_trial(spec, backend, micro_batch=4, global_batch=16, **switches):
-    return te.run_entry_trial({"entry": spec, "backend": backend, "device": 0, "policy": QUICK_POLICY,
-                               "candidate": {"global_batch": global_batch, "micro_batch": micro_batch,
-                                             "switches": dict(switches, cuda_graphs="on")}})
+    return worker_trial(spec, backend, {"global_batch": global_batch, "micro_batch": micro_batch,
+                                        "switches": dict(switches, cuda_graphs="on")})
 
 
 def test_cuda_graphs_on_a_cpu_are_refused_with_the_reason():
     r = graphs_trial(f"{EXAMPLE}:build", "cpu")
-    assert r["class"] == "error"
-    assert r["message"].startswith("cuda_graphs refused: no CUDA device here"), r["message"]
+    assert r["disposition"] == "error"
+    assert r["reason"].startswith("cuda_graphs refused: no CUDA device here"), r["reason"]
     assert "cuda_graphs" in probe(f"{EXAMPLE}:build")["switches"]
 
 
@@ -224,29 +273,28 @@ def test_gpu_cuda_graphs_pass_the_first_step_check_and_measure(spec):
     # tuples, a dict of tokens), with accumulation 4, and with bf16 autocast
     for bf16 in ("off", "on"):
         r = graphs_trial(spec, "cuda", bf16_matmuls=bf16, optimizer="foreach")
-        assert r["class"] == "ok", (bf16, r["message"])
-        assert r["samples_per_s"] > 0
+        assert r["disposition"] == "passed", (bf16, r["reason"])
+        assert r["step_seconds"] > 0
 
 
 @needs_gpu
 def test_gpu_a_host_sync_in_the_loss_refuses_capture():
     r = graphs_trial(f"{UNFRIENDLY}:host_sync", "cuda")
-    assert r["class"] == "error" and r["message"].startswith("cuda_graphs refused: capture failed"), r["message"]
-    assert graphs_trial(f"{UNFRIENDLY}:host_sync", "cuda", micro_batch=16, global_batch=16)["class"] == "error"
+    assert r["disposition"] == "error" and r["reason"].startswith("cuda_graphs refused: capture failed"), r["reason"]
+    assert graphs_trial(f"{UNFRIENDLY}:host_sync", "cuda", micro_batch=16, global_batch=16)["disposition"] == "error"
 
 
 @needs_gpu
 def test_gpu_micro_batches_that_change_shape_are_refused():
     r = graphs_trial(f"{UNFRIENDLY}:changing_shapes", "cuda")
-    assert r["class"] == "error" and "the micro-batches change shape" in r["message"], r["message"]
+    assert r["disposition"] == "error" and "the micro-batches change shape" in r["reason"], r["reason"]
 
 
 def test_the_unfriendly_entries_run_eagerly():
     # what the GPU tests refuse is the graph's limit, not a broken entry: eager, both run on the CPU
     for name in ("host_sync", "changing_shapes"):
-        r = te.run_entry_trial({"entry": f"{UNFRIENDLY}:{name}", "backend": "cpu", "policy": QUICK_POLICY,
-                                "candidate": {"global_batch": 16, "micro_batch": 4, "switches": {}}})
-        assert r["class"] == "ok", (name, r["message"])
+        r = worker_trial(f"{UNFRIENDLY}:{name}", "cpu", {"global_batch": 16, "micro_batch": 4, "switches": {}})
+        assert r["disposition"] == "passed", (name, r["reason"])
 
 
 SCHEDULED = os.path.join(ENTRIES, "lightning_scheduled.py")

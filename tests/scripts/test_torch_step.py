@@ -21,7 +21,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, built_tool
+from conftest import REPO, TORCH_STEP, TorchWorker, built_tool
 
 TINY_YAML = os.path.join(REPO, "tuner", "workloads", "tiny.yaml")
 
@@ -316,23 +316,21 @@ def test_loss_log_reads_as_the_logging_policy_says(ts):
         ts.LossLog({"sync": "sometimes", "interval": 1})
 
 
-# ---- the trial child (torch_trial.py, what autotune --executor torch runs) -------------------------------------
+# ---- the worker (torch_worker.py, what autotune --executor torch runs) -------------------------------------------
 FP32_TOL = {"atol": 2e-4, "rtol": 1e-4}   # runtime/tolerance.h's step_fp32
 BF16_TOL = {"atol": 5e-2, "rtol": 2e-2}   # step_bf16
 
 
-def trial_request(doc, policy=None, **extra):
-    """A request as TorchExecutor::run builds it: the resolved workload, the policy, and the first sequence's
+def open_request(doc, **extra):
+    """An open request as TorchExecutor builds it: the candidate, its resolved workload, and the first sequence's
     double-precision losses as the reference (here the dump's first micro-batch: the C++ step in double)."""
     T = doc["workload"]["model"]["seq_len"]
     mb = doc["micro_batch"]
     request = {
         "resolved": {key: doc[key] for key in ("schema", "workload", "constants")},
-        "backend": "cpu", "device": 0,
         "candidate": {"global_batch": doc["workload"]["batch"]["global"], "micro_batch": doc["workload"]["batch"]["micro"],
                       "switches": {}},
-        "policy": {"target_rel_ci": 0.05, "max_seconds": 0.5, "min_steps": 3, "stop_below": 0.0, "wall_seconds": 0.0,
-                   **(policy or {})},
+        "warmup_steps": 1,
         "reference": {"sample": mb["samples"][0], "losses": mb["losses"][:T], **FP32_TOL},
     }
     request.update(extra)
@@ -346,38 +344,39 @@ def trial():
     return torch_trial
 
 
-TORCH_STEP = os.path.join(REPO, "scripts", "torch-step")
+def twin_worker(limit=0):
+    return TorchWorker({"kind": "twin", "backend": "cpu", "device": 0, "memory_limit_bytes": limit})
 
 
-def run_child(request, timeout=120):
-    """scripts/torch-step --trial as autotune starts it: exit 0 and one TrialResult line last."""
-    import sys
-    done = subprocess.run([sys.executable, TORCH_STEP, "--trial", json.dumps(request)], capture_output=True, text=True,
-                          timeout=timeout)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def test_the_worker_checks_tiny_then_steps_it_as_asked(trial, tiny):
+    with twin_worker() as w:
+        import torch
+        assert w.hello["protocol"] == "trainbench-torch-worker/1" and w.hello["torch"] == torch.__version__
+        said = w.request("open", **open_request(tiny))
+        assert said["disposition"] == "passed" and said["checked"], said
+        assert said["step_seconds"] > 0 and said["setup_seconds"] > 0
+        assert w.request("time", calls=3)["seconds"] > 0
+        assert w.request("counters")["peak_bytes"] > 1 << 20   # the worker's peak resident set, PyTorch included
+        assert w.request("close")["restart"] is False
+        # Opened again (a race slice): built afresh, not checked again
+        said = w.request("open", **open_request(tiny))
+        assert said["disposition"] == "passed" and not said["checked"], said
+        assert w.request("time", calls=1)["seconds"] > 0
+        assert w.close() == 0
 
 
-def test_a_trial_of_tiny_is_checked_then_timed(trial, tiny):
-    r = trial.run_trial(trial_request(tiny))
-    assert r["class"] == "ok", r["message"]
-    assert 0 < r["ci_low"] <= r["samples_per_s"] <= r["ci_high"]
-    assert r["steps"] >= 3 and 0 < r["setup_seconds"] < r["seconds"]
-    assert r["peak_bytes"] > 1 << 20   # the process's peak resident set, PyTorch included
-    assert set(r) == {"class", "samples_per_s", "ci_low", "ci_high", "peak_bytes", "steps", "seconds", "setup_seconds",
-                      "message"}   # trial_result_from_json's fields
-
-
-def test_a_trial_whose_first_step_is_wrong_is_incorrect_and_not_timed(trial, tiny):
-    request = trial_request(tiny)
-    request["reference"]["losses"][3] += 0.01
-    r = trial.run_trial(request)
-    assert r["class"] == "incorrect" and r["samples_per_s"] == 0 and r["steps"] == 0
-    assert re.match(r"loss of token 3 of sample \d+ = [\d.]+, double reference [\d.]+", r["message"]), r["message"]
-    request = trial_request(tiny)
-    request["reference"]["sample"] += 1
-    r = trial.run_trial(request)
-    assert r["class"] == "incorrect" and "the twin's data order differs" in r["message"]
+def test_a_candidate_whose_first_step_is_wrong_is_incorrect_and_not_opened(trial, tiny):
+    with twin_worker() as w:
+        request = open_request(tiny)
+        request["reference"]["losses"][3] += 0.01
+        said = w.request("open", **request)
+        assert said["disposition"] == "incorrect"
+        assert re.match(r"loss of token 3 of sample \d+ = [\d.]+, double reference [\d.]+", said["reason"]), said
+        assert "error" in w.request("time", calls=1), "nothing is open to step"
+        request = open_request(tiny)
+        request["reference"]["sample"] += 1
+        said = w.request("open", **request)
+        assert said["disposition"] == "incorrect" and "the twin's data order differs" in said["reason"]
 
 
 def test_bf16_autocast_passes_the_bf16_tolerance_and_changes_the_losses(ts, trial, tiny):
@@ -385,7 +384,7 @@ def test_bf16_autocast_passes_the_bf16_tolerance_and_changes_the_losses(ts, tria
     import torch
     doc = copy.deepcopy(tiny)
     doc["workload"]["switches"]["bf16_matmuls"] = True
-    reference = trial_request(tiny)["reference"]
+    reference = open_request(tiny)["reference"]
     bf16 = ts.TrainingStep(doc, dtype=torch.float32).step(record_first=True)
     fp32 = ts.TrainingStep(tiny, dtype=torch.float32).step(record_first=True)
     assert trial.check_first({**reference, **BF16_TOL}, bf16.micro_batches[0][0], bf16.first_losses.tolist()) is None
@@ -393,38 +392,27 @@ def test_bf16_autocast_passes_the_bf16_tolerance_and_changes_the_losses(ts, tria
     assert (bf16.first_losses - fp32.first_losses).abs().max().item() > 1e-5   # the products did run in bf16
 
 
-def test_a_trial_stops_at_the_budgets_end(trial, tiny):
-    """It stops itself before wall_seconds by forecasting its next sample (1.5 x the slowest so far), long
-    before max_seconds. A sample slower than forecast ends a little after it: under ctest -j2, with PyTorch's
-    two threads and another test on two cores, one sample stalled 0.85 s. The parent's watchdog holds the
-    hard limit there (wall_seconds + kill_grace_seconds, then OutOfBudget)."""
-    r = trial.run_trial(trial_request(tiny, {"target_rel_ci": 0.0, "max_seconds": 60.0, "wall_seconds": 3.0}))
-    assert r["class"] == "ok" and r["message"] == "stopped at the budget's end"
-    # Far below max_seconds: the forecast stopped it. How far past wall_seconds one stalled sample ends is
-    # the machine's load (5.2 s and 6.8 s seen under ctest -j2 beside builds): not this test's verdict.
-    assert r["steps"] > 0 and r["seconds"] <= 3.0 + 12.0
-
-
-def test_the_trial_child_reports_out_of_memory_as_a_result(trial, tiny):
-    """A dataset of 2M sequences (about 0.5 GiB as the twin builds it) under a limit of 64 MiB beyond what
-    the interpreter and PyTorch hold: an oom result, and the child exits normally. tiny itself runs under the
-    same limit: PyTorch's lazy imports and its threads are set up before the limit is set."""
+def test_the_worker_reports_out_of_memory_as_a_result_and_goes_on(trial, tiny):
+    """A dataset of 2M sequences (about 0.5 GiB as the twin builds it) in a worker held to 64 MiB beyond what the
+    interpreter and PyTorch hold: an oom candidate, and the worker goes on. tiny itself runs under the same limit:
+    PyTorch's lazy imports and its threads are set up before the limit is set."""
     import copy
     big = copy.deepcopy(tiny)
     big["workload"]["data"]["samples"] = 2_000_000
-    r = run_child(trial_request(big, memory_limit_bytes=64 << 20))
-    assert r["class"] == "oom", r
-    assert r["message"].startswith("out of memory (") and "held to 64 MiB more" in r["message"], r["message"]
-    r = run_child(trial_request(tiny, memory_limit_bytes=64 << 20))
-    assert r["class"] == "ok", r
+    with twin_worker(64 << 20) as w:
+        said = w.request("open", **open_request(big))
+        assert said["disposition"] == "oom", said
+        assert said["reason"].startswith("out of memory (") and "held to 64 MiB more" in said["reason"], said
+        assert w.request("close")["restart"] in (False, True)
+        assert w.request("open", **open_request(tiny))["disposition"] == "passed"
 
 
-def test_the_trial_child_refuses_bad_arguments_and_probes(trial):
+def test_torch_step_refuses_bad_arguments_and_probes(trial):
     import sys
-    done = subprocess.run([sys.executable, TORCH_STEP, "--trial"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, TORCH_STEP, "--trial", "{}"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "usage: torch-step" in done.stderr
-    done = subprocess.run([sys.executable, TORCH_STEP, "--trial", "{not json"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "the request is not JSON" in done.stderr
+    done = subprocess.run([sys.executable, TORCH_STEP, "--serve", "{not json"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "the start request is not JSON" in done.stderr
     done = subprocess.run([sys.executable, TORCH_STEP, "--probe"], capture_output=True, text=True, timeout=120)
     probe = json.loads(done.stdout)
     import torch

@@ -1,0 +1,38 @@
+"""Stand-in entries that fail on purpose, for the PyTorch worker's isolation: each fault costs its candidate only,
+the worker is started again, and the tune goes on (tests/scripts/test_torch_entry.py). The small MLP of the
+README's example, built per the switches it names:
+- optimizer=foreach: the process aborts (a crash in native code: SIGABRT);
+- sync=async: the build hangs (a deadlock);
+- optimizer=fused: it allocates 8 GiB (out of memory under autotune --memory-limit).
+`same`: a switch-insensitive model for the tie rule: nothing fails, and sync changes nothing measurable."""
+import os
+import time
+
+import torch
+from torch import nn
+
+
+def _mlp(micro_batch, device):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 10)).to(device)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(512, 32, generator=g)
+    y = torch.randint(0, 10, (512,), generator=g)
+    batches = [(x[i:i + micro_batch], y[i:i + micro_batch]) for i in range(0, 512 - micro_batch + 1, micro_batch)]
+    return {"model": model, "optimizer": lambda p: torch.optim.AdamW(p, lr=1e-3), "batches": batches,
+            "loss": lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1])}
+
+
+def build(micro_batch, device, optimizer="per_tensor", sync="every_step"):
+    if optimizer == "foreach":
+        os.abort()
+    if sync == "async":
+        time.sleep(3600)
+    entry = _mlp(micro_batch, device)
+    if optimizer == "fused":
+        entry["ballast"] = torch.ones(8 << 28)  # 8 GiB of float32
+    return entry
+
+
+def same(micro_batch, device):
+    return _mlp(micro_batch, device)

@@ -1,0 +1,362 @@
+#include "tuner/worker.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "runtime/error.h"
+#include "tuner/trial.h"
+
+extern char** environ;
+
+namespace tb::tune {
+
+using json = nlohmann::json;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::string last_nonempty_line(const std::string& text) {
+  std::stringstream in(text);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
+  return last;
+}
+
+// What ended a process, in the words a trial's message uses (trial.cpp classify()).
+std::string ending_text(int status) {
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    if (sig == SIGKILL) return "killed by SIGKILL (the kernel's out-of-memory killer, most likely)";
+    return std::string("crashed: killed by signal ") + std::to_string(sig) + " (" + strsignal(sig) + ")";
+  }
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  return "ended";
+}
+
+TrialClass class_of_disposition(const std::string& d) {
+  if (d == "incorrect") return TrialClass::incorrect;
+  if (d == "oom") return TrialClass::oom;
+  return TrialClass::error;
+}
+
+std::string describe_switches(const Candidate& c) {
+  std::string s = "micro-batch " + std::to_string(c.micro_batch);
+  for (const auto& [k, v] : c.switches) s += " " + k + "=" + v;
+  return s;
+}
+
+}  // namespace
+
+// ---- the process ------------------------------------------------------------------------------------------------
+
+WorkerProcess::WorkerProcess(const std::vector<std::string>& argv, double timeout_s, const std::atomic<bool>* stop)
+    : stop_(stop) {
+  int ends[2], err[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0)
+    throw CallError(__FILE__, __LINE__, "socketpair", std::strerror(errno));
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    ::close(ends[0]);
+    ::close(ends[1]);
+    throw CallError(__FILE__, __LINE__, "pipe2", std::strerror(errno));
+  }
+  socket_ = ends[0];
+  stderr_ = err[0];
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, ends[1], STDIN_FILENO);  // dup2 clears close-on-exec
+  posix_spawn_file_actions_adddup2(&actions, ends[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);  // its own group: killed whole, with what it started
+  posix_spawnattr_setpgroup(&attributes, 0);
+  pid_t pid = 0;
+  const int spawned = posix_spawnp(&pid, args[0], &actions, &attributes, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+  ::close(ends[1]);
+  ::close(err[1]);
+  if (spawned != 0) {
+    ::close(socket_);
+    ::close(stderr_);
+    throw std::runtime_error("cannot start " + argv.at(0) + ": " + std::strerror(spawned));
+  }
+  pid_ = pid;
+  try {
+    hello_ = read_line(timeout_s);
+  } catch (const WorkerLost& e) {
+    if (e.why == WorkerLost::Why::died && err_.find("torch-step --serve: ") != std::string::npos)
+      throw UsageError(last_nonempty_line(err_));
+    throw;
+  }
+  if (hello_.value("protocol", std::string()) != torch_worker_protocol)
+    throw std::runtime_error(argv.size() > 1 ? argv[1] + " does not speak " + torch_worker_protocol + " (it is not the script this autotune was built with)"
+                                             : "the worker does not speak " + std::string(torch_worker_protocol));
+}
+
+WorkerProcess::~WorkerProcess() {
+  if (socket_ >= 0) ::close(socket_);  // the end of the conversation: the worker's loop ends
+  if (pid_ > 0) {
+    // A worker between requests exits at once; one in a call (a hang) is killed.
+    for (int waited_ms = 0; waited_ms < 2000; waited_ms += 20) {
+      int status = 0;
+      const pid_t done = waitpid(pid_, &status, WNOHANG);
+      if (done == pid_ || (done < 0 && errno != EINTR)) {
+        pid_ = 0;
+        break;
+      }
+      usleep(20000);
+    }
+    if (pid_ > 0) kill_group();
+  }
+  if (stderr_ >= 0) ::close(stderr_);
+}
+
+void WorkerProcess::kill_group() {
+  if (pid_ <= 0) return;
+  ::kill(-pid_, SIGKILL);
+  int status = 0;
+  while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  }
+  pid_ = 0;
+}
+
+std::string WorkerProcess::stderr_tail() const { return last_nonempty_line(err_); }
+
+void WorkerProcess::pump(int wait_ms) {
+  pollfd fds[2] = {{socket_closed_ ? -1 : socket_, POLLIN, 0}, {stderr_, POLLIN, 0}};
+  if (::poll(fds, 2, wait_ms) <= 0) return;
+  char chunk[8192];
+  if (fds[0].fd >= 0 && (fds[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+    const ssize_t n = ::recv(socket_, chunk, sizeof chunk, 0);
+    if (n > 0) in_.append(chunk, static_cast<std::size_t>(n));
+    else if (n == 0 || errno != EINTR) socket_closed_ = true;
+  }
+  if (stderr_ >= 0 && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+    const ssize_t n = ::read(stderr_, chunk, sizeof chunk);
+    if (n > 0) {
+      err_.append(chunk, static_cast<std::size_t>(n));
+      if (err_.size() > 16384) err_.erase(0, err_.size() - 8192);
+    } else if (n == 0) {
+      ::close(stderr_);
+      stderr_ = -1;
+    }
+  }
+}
+
+void WorkerProcess::lost(WorkerLost::Why why, const std::string& what) {
+  int signal = 0;
+  std::string text = what;
+  if (why == WorkerLost::Why::died && pid_ > 0) {
+    int status = 0;
+    // The socket closed: the process is ending; its status says how.
+    for (int waited_ms = 0; waited_ms < 5000; waited_ms += 10) {
+      const pid_t done = waitpid(pid_, &status, WNOHANG);
+      if (done == pid_) {
+        pid_ = 0;
+        if (WIFSIGNALED(status)) signal = WTERMSIG(status);
+        text = ending_text(status);
+        break;
+      }
+      if (done < 0 && errno != EINTR) break;
+      usleep(10000);
+    }
+    while (stderr_ >= 0) pump(50);  // what it said last
+    const std::string tail = stderr_tail();
+    if (!tail.empty() && signal != SIGKILL) text += ": " + tail;
+  }
+  kill_group();
+  if (socket_ >= 0) ::close(socket_);
+  socket_ = -1;
+  throw WorkerLost(why, text, signal);
+}
+
+json WorkerProcess::read_line(double timeout_s) {
+  const auto started = std::chrono::steady_clock::now();
+  for (;;) {
+    if (const auto end = in_.find('\n'); end != std::string::npos) {
+      const std::string line = in_.substr(0, end);
+      in_.erase(0, end + 1);
+      try {
+        return json::parse(line);
+      } catch (const json::exception& e) {
+        lost(WorkerLost::Why::died, std::string("the worker answered something that is not JSON (") + e.what() + ")");
+      }
+    }
+    if (socket_closed_) lost(WorkerLost::Why::died, "the worker ended");
+    if (stop_ && stop_->load()) lost(WorkerLost::Why::interrupted, "interrupted");
+    if (seconds_since(started) > timeout_s) {
+      std::ostringstream why;
+      why << "no answer within " << std::lround(timeout_s) << " s: the worker hung or is far too slow (killed)";
+      lost(WorkerLost::Why::hung, why.str());
+    }
+    pump(50);
+  }
+}
+
+json WorkerProcess::request(const json& message, double timeout_s) {
+  if (socket_ < 0) throw WorkerLost(WorkerLost::Why::died, "the worker has ended");
+  const std::string line = message.dump() + "\n";
+  for (std::size_t sent = 0; sent < line.size();) {
+    const ssize_t n = ::send(socket_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) lost(WorkerLost::Why::died, "the worker ended");
+    sent += static_cast<std::size_t>(n);
+  }
+  return read_line(timeout_s);
+}
+
+json WorkerStats::to_json() const {
+  return json{{"starts", starts}, {"restarts", restarts}, {"restart_reasons", reasons}, {"start_seconds", start_seconds}};
+}
+
+// ---- the executor -----------------------------------------------------------------------------------------------
+
+WorkerExecutor::WorkerExecutor(std::vector<std::string> argv, OpenRequest open_request, int64_t capacity,
+                               const std::atomic<bool>* stop)
+    : argv_(std::move(argv)), open_request_(std::move(open_request)), capacity_(capacity), stop_(stop),
+      hang_floor_(kHangFloorSeconds) {}
+
+WorkerExecutor::~WorkerExecutor() = default;
+
+const json& WorkerExecutor::start(double timeout_s) {
+  if (!process_) {
+    const auto started = std::chrono::steady_clock::now();
+    process_ = std::make_unique<WorkerProcess>(argv_, timeout_s, stop_);
+    stats_.start_seconds += seconds_since(started);
+    if (stats_.starts++ > 0) {
+      ++stats_.restarts;
+      stats_.reasons.push_back(pending_reason_);
+    }
+    pending_reason_.clear();
+  }
+  return process_->hello();
+}
+
+json WorkerExecutor::request(const json& message, double timeout_s) {
+  start(timeout_s);
+  try {
+    return process_->request(message, timeout_s);
+  } catch (const WorkerLost& e) {
+    process_.reset();
+    pending_reason_ = std::string(message.value("op", "a request")) + ": " + e.what();
+    throw;
+  }
+}
+
+TrialResult WorkerExecutor::run(const Candidate& candidate, const MeasurePolicy& policy) {
+  const auto started = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return seconds_since(started); };
+  // A request's limit: a hang is told from slow work by what the work is expected to take; with a budget, the
+  // request also ends by the budget's end (and that is the budget's, not the candidate's).
+  const double hang_limit = 3 * policy.max_seconds + 120;
+  bool budget_cut = false;
+  auto limit = [&](double expected) {
+    double l = expected > 0 ? std::max(hang_floor_, kHangFactor * expected) : hang_limit;
+    budget_cut = false;
+    if (policy.wall_seconds > 0) {
+      const double left = policy.wall_seconds + kill_grace_seconds - elapsed();
+      if (left < l) l = std::max(left, 0.1), budget_cut = true;
+    }
+    return l;
+  };
+  TrialResult r;
+  auto finish = [&](TrialClass cls, const std::string& why) {
+    r.cls = cls;
+    r.message = why;
+    r.seconds = elapsed();
+    return r;
+  };
+  try {
+    // The worker's start (importing torch and the entry) is the tune's, not this candidate's: not in its set-up.
+    if (!process_) start(limit(0));
+    const auto opening = std::chrono::steady_clock::now();
+    const bool compiles = candidate.switches.count("compile") && candidate.switches.at("compile") == "on";
+    json open = open_request_(candidate);
+    open["op"] = "open";
+    // A candidate that compiles, or the first one (the reference step, PyTorch's first use): no history to go by.
+    const json said = process_->request(open, limit(compiles || slowest_open_ <= 0 ? 0 : slowest_open_));
+    const double open_seconds = seconds_since(opening);
+    r.setup_seconds = open_seconds;
+    const std::string disposition = said.value("disposition", std::string("error"));
+    if (disposition != "passed") {
+      const json closed = process_->request({{"op", "close"}, {"failed", true}}, limit(slowest_open_ > 0 ? slowest_open_ : 0));
+      if (closed.value("restart", false)) {
+        pending_reason_ = describe_switches(candidate) + ": " + disposition + ", memory held after it";
+        process_.reset();
+      }
+      return finish(class_of_disposition(disposition), said.value("reason", std::string("the worker gave no reason")));
+    }
+    if (!compiles) slowest_open_ = std::max(slowest_open_, open_seconds);
+    double step_seconds = std::max(said.value("step_seconds", 0.0), 1e-6);
+    std::string failed_class, failed_why;
+    StepSampler sampler;
+    sampler.elapsed = elapsed;
+    sampler.time_steps = [&](int64_t steps) {
+      const json t = process_->request({{"op", "time"}, {"calls", steps}}, limit(step_seconds * static_cast<double>(steps)));
+      if (t.contains("error")) {
+        failed_class = t.value("class", std::string("error"));
+        failed_why = t.at("error").get<std::string>();
+        throw std::runtime_error(failed_why);
+      }
+      const double s = t.at("seconds").get<double>();
+      step_seconds = std::max(step_seconds, s / static_cast<double>(std::max<int64_t>(steps, 1)));
+      return s;
+    };
+    try {
+      measure_steps(sampler, said.value("step_seconds", 0.0), policy, static_cast<double>(candidate.global_batch), r);
+    } catch (const std::runtime_error& e) {
+      if (failed_why.empty()) throw;
+      const json closed = process_->request({{"op", "close"}, {"failed", true}}, limit(slowest_open_));
+      if (closed.value("restart", false)) {
+        pending_reason_ = describe_switches(candidate) + ": " + failed_class + " while stepping";
+        process_.reset();
+      }
+      return finish(failed_class == "oom" ? TrialClass::oom : TrialClass::error, failed_why);
+    }
+    r.peak_bytes = process_->request({{"op", "counters"}}, limit(1)).value("peak_bytes", int64_t{0});
+    const json closed = process_->request({{"op", "close"}}, limit(slowest_open_));
+    if (closed.value("restart", false)) {
+      pending_reason_ = describe_switches(candidate) + ": memory held after it";
+      process_.reset();
+    }
+    if (const double compiled = said.value("compile_seconds", 0.0); compiled > 0) {
+      std::ostringstream note;
+      note.precision(1);
+      note << std::fixed << "torch.compile: " << compiled << " s of compilation in its first step (not in the step time)";
+      r.message = r.message.empty() ? note.str() : r.message + "; " + note.str();
+    }
+    r.seconds = elapsed();
+    return r;
+  } catch (const WorkerLost& e) {
+    process_.reset();
+    if (e.why == WorkerLost::Why::hung && budget_cut) {
+      pending_reason_ = describe_switches(candidate) + ": stopped at the budget's end";
+      throw OutOfBudget("the budget ended before the trial had a result (the worker was stopped)");
+    }
+    pending_reason_ = describe_switches(candidate) + ": " + e.what();
+    if (e.why == WorkerLost::Why::interrupted) return finish(TrialClass::error, "interrupted");
+    if (e.why == WorkerLost::Why::hung) return finish(TrialClass::timeout, e.what());
+    return finish(e.signal == SIGKILL ? TrialClass::oom : TrialClass::error, e.what());
+  }
+}
+
+}  // namespace tb::tune

@@ -1,0 +1,110 @@
+// The tune's PyTorch worker (`autotune --executor torch`, the twin of the step or the user's own model with
+// --entry): one `scripts/torch-step --serve` process for the whole tune, which imports torch and the entry once
+// and then builds, checks and steps each candidate as asked (scripts/trainbench_tracking/torch_worker.py). This
+// side measures, as benchsuite measures its PyTorch rows: it sizes the samples, applies the stopping rule and
+// computes the interval (measure_steps, trial.h), and the race's rounds are its own. Isolation comes from
+// restarting: a crash, a hang, a sticky CUDA error or an out-of-memory that leaves memory held costs that
+// candidate, the worker is started again for the next one, and the restarts are counted.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tuner/search.h"
+
+namespace tb::tune {
+
+// What autotune and scripts/torch-step --serve say to each other: a JSON object a line each way, with the ops of
+// benchsuite's PyTorch rows (open, time, counters, close), a candidate where those have a row.
+inline constexpr const char* torch_worker_protocol = "trainbench-torch-worker/1";
+
+// The conversation ended without an answer: the process died (a crash, the kernel's out-of-memory killer), did not
+// answer in time (hung), or autotune was asked to stop.
+struct WorkerLost : std::runtime_error {
+  enum class Why { died, hung, interrupted };
+  WorkerLost(Why why_in, const std::string& what, int signal_in = 0) : std::runtime_error(what), why(why_in), signal(signal_in) {}
+  Why why;
+  int signal = 0;  // the signal that ended it, when one did
+};
+
+// One worker process: its own process group, one socket as its stdin and stdout, its stderr kept (the tail, for
+// the message of a death). Killed with its group when this object goes.
+class WorkerProcess {
+ public:
+  // Starts argv and waits up to `timeout_s` for its first line (the protocol's hello). UsageError with the
+  // worker's last line of stderr when it exits 2 (bad start: no PyTorch, a GPU it cannot see).
+  WorkerProcess(const std::vector<std::string>& argv, double timeout_s, const std::atomic<bool>* stop);
+  ~WorkerProcess();
+  WorkerProcess(const WorkerProcess&) = delete;
+  WorkerProcess& operator=(const WorkerProcess&) = delete;
+
+  // The answer to `message` within `timeout_s`; WorkerLost when none comes.
+  nlohmann::json request(const nlohmann::json& message, double timeout_s);
+  const nlohmann::json& hello() const { return hello_; }
+  std::string stderr_tail() const;  // the last non-empty line of its standard error
+
+ private:
+  nlohmann::json read_line(double timeout_s);
+  void pump(int wait_ms);  // reads what the socket and the stderr pipe have
+  [[noreturn]] void lost(WorkerLost::Why why, const std::string& what);
+  void kill_group();
+  int pid_ = 0;
+  int socket_ = -1, stderr_ = -1;
+  std::string in_, err_;
+  bool socket_closed_ = false;
+  const std::atomic<bool>* stop_;
+  nlohmann::json hello_;
+};
+
+// What the worker's restarts were, for the output.
+struct WorkerStats {
+  int starts = 0;
+  int restarts = 0;                  // starts after the first: each after a candidate lost the worker
+  std::vector<std::string> reasons;  // why each restart was needed: "optimizer=foreach: crashed (signal 6)"
+  double start_seconds = 0;          // every start together (importing torch and the entry)
+  nlohmann::json to_json() const;
+};
+
+// How long a request may go unanswered before the worker is taken for hung: kHangFactor x what it is expected to
+// take, at least kHangFloorSeconds (a busy machine stalls a process for seconds at a time).
+inline constexpr double kHangFloorSeconds = 30;
+inline constexpr double kHangFactor = 10;
+
+// The executor over a worker. `open_request(candidate)` is the open request's body (the candidate; for the twin
+// also its resolved workload and reference); `samples_per_step(candidate)` the samples one step takes.
+class WorkerExecutor final : public Executor {
+ public:
+  using OpenRequest = std::function<nlohmann::json(const Candidate&)>;
+  WorkerExecutor(std::vector<std::string> argv, OpenRequest open_request, int64_t capacity, const std::atomic<bool>* stop);
+  ~WorkerExecutor() override;
+  TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override;
+  int64_t memory_capacity() const override { return capacity_; }
+  const WorkerStats& stats() const { return stats_; }
+  // Starts the worker now (the tune's first act, so that a broken interpreter is a clear error before any trial);
+  // its hello.
+  const nlohmann::json& start(double timeout_s);
+  // A request outside a trial (an entry's probe): the worker started when it is not; WorkerLost as the process's.
+  nlohmann::json request(const nlohmann::json& message, double timeout_s);
+  // The least time a request may go unanswered before the worker is taken for hung (kHangFloorSeconds).
+  void set_hang_floor(double seconds) { hang_floor_ = seconds; }
+
+ private:
+  std::vector<std::string> argv_;
+  OpenRequest open_request_;
+  int64_t capacity_ = 0;
+  const std::atomic<bool>* stop_;
+  std::unique_ptr<WorkerProcess> process_;
+  WorkerStats stats_;
+  std::string pending_reason_;   // why the next start is a restart
+  double slowest_open_ = 0;      // of the candidates opened without compilation: what a hang is told from
+  double hang_floor_ = 0;
+};
+
+
+}  // namespace tb::tune
