@@ -181,8 +181,9 @@ constexpr int kMinRoundsToDrop = PairedRounds::kMinRoundsForVerdict;
 // the rounds' ratios, so more rounds of short slices tell more than few long ones.
 constexpr double kSliceShare = 0.1;
 // The race decides the claim: the time of kMinRoundsToDrop rounds of kExpectedFinalists is kept for it from the
-// start of the search, at most this share of what is left after the workload's own trial.
-constexpr double kRaceShare = 0.5;
+// start of the search, at most this share of what is left after the workload's own trial (measured: small_gpt's
+// slices of 0.2-0.75 s steps take about 4 s, and 3 rounds of 6 finalists then 75 s of a 120 s budget).
+constexpr double kRaceShare = 0.7;
 // The search's, the workload's own, a switch value none of those has, the choice's neighbouring micro-batches.
 constexpr double kExpectedFinalists = kMaxSearchFinalists + 4;
 // Without a race verdict, a search's choice other than the workload's own must beat it by more than the drift
@@ -1068,9 +1069,23 @@ MeasurePolicy Tune::within_budget(MeasurePolicy policy) const {
 // share cannot buy one round of the choice against the workload's own configuration.
 double Tune::race_reserve() const {
   if (race_share <= 0 || setups.empty()) return 0.0;
-  // A slice: a candidate's set-up as the trials so far measured it (in the PyTorch worker, opening a candidate;
-  // natively, a process), then its measuring, with the race's safety margin.
-  const double slice = 1.1 * std::max(shortest.seconds, median_of(setups) + slice_seconds_for(options.trial_seconds));
+  // A slice as the trials so far measured their candidates: the set-up (in the PyTorch worker, opening a
+  // candidate; natively, a process), then its measuring, at least a slice and at least the three samples of
+  // whole steps the measuring rule takes, with the race's safety margin. The longest: finalists gather at the
+  // global batch and micro-batch that run fastest, which are often the largest and the slowest to step (the
+  // median of small_gpt's twin's trials, at global batches 4 to 16, kept 49 s for 3 rounds that took 75 s).
+  // A compiling candidate's set-up is its compilation, which its slices do not pay again.
+  double slowest = 0;
+  for (const auto& t : seen)
+    if (t.result.ok() && t.result.samples_per_s > 0) {
+      const auto compiles = t.candidate.switches.find("compile");
+      const bool compiled = compiles != t.candidate.switches.end() && compiles->second == "on";
+      const double step = static_cast<double>(t.candidate.global_batch) / t.result.samples_per_s;
+      slowest = std::max(slowest, (compiled ? 0.0 : t.result.setup_seconds) +
+                                      std::max(slice_seconds_for(options.trial_seconds), 3 * std::max(step, 0.02)));
+    }
+  if (slowest <= 0) return 0.0;
+  const double slice = 1.1 * std::max(shortest.seconds, slowest);
   const double rounds = std::min(options.race_rounds, kMinRoundsToDrop);
   return race_share < 2 * slice ? 0.0 : std::min(race_share, rounds * kExpectedFinalists * slice);
 }
