@@ -181,7 +181,7 @@ def test_an_allocation_refused_under_the_memory_limit_is_an_oom_candidate():
 def test_a_crash_a_hang_and_an_out_of_memory_each_cost_their_candidate_and_the_tune_finishes(tmp_path):
     """autotune over the stand-in entry that aborts (optimizer=foreach), hangs (sync=async) and allocates 8 GiB
     (optimizer=fused, under --memory-limit 2G): each is a failed trial of its own class, the worker is started
-    again after the crash and the hang (the out-of-memory left nothing held), and a configuration is chosen."""
+    again after each crash and hang (the out-of-memory left nothing held), and a configuration is chosen."""
     import json
     import subprocess
     autotune = built_tool("TRAINBENCH_AUTOTUNE", "tuner", "autotune")
@@ -201,9 +201,12 @@ def test_a_crash_a_hang_and_an_out_of_memory_each_cost_their_candidate_and_the_t
     assert any(opt.startswith("fused") and cls == "oom" for opt, cls in failed), t["failed_trials"]
     crash = next(f for f in t["failed_trials"] if "foreach" in f["config"])
     assert "killed by signal 6" in crash["message"], crash
+    # Each crash and each hang (the search may try a failing switch value with other switches too) restarted the
+    # worker, and nothing else did: the out-of-memory left nothing held, and no other candidate failed.
+    lost = [f for f in t["failed_trials"] if f["class"] == "timeout" or "killed by signal 6" in f["message"]]
     worker = t["executor"]["worker"]
-    assert worker["restarts"] == 2 and worker["starts"] == 3, worker
-    assert "2 restarts" in done.stderr
+    assert worker["restarts"] == len(lost) >= 2 and worker["starts"] == worker["restarts"] + 1, (worker, t["failed_trials"])
+    assert f"{len(lost)} restarts" in done.stderr
 
 
 def test_a_reference_that_does_not_fit_whole_runs_in_the_fewest_parts_that_do(monkeypatch):
