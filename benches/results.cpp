@@ -1,9 +1,5 @@
 #include "results.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -524,30 +520,6 @@ std::string render(const Results& results, Format format) {
     case Format::console: return render_console(results);
   }
   return "";
-}
-
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw UsageError("cannot write " + path + ": " + std::strerror(errno));
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw UsageError("cannot write " + path + ": " + std::strerror(err));
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  const bool synced = ::fsync(fd) == 0;
-  ::close(fd);
-  if (!synced || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw UsageError("cannot write " + path + ": " + std::strerror(err));
-  }
 }
 
 }  // namespace tb

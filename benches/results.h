@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/files.h"  // write_file_atomically
 #include "runtime/stats.h"
 
 namespace tb {
@@ -152,8 +153,5 @@ std::string render(const Results& results, Format format);
 // A counter's value as the console and progress lines show it.
 std::string counter_text(double value);
 
-// Writes to a temporary file beside `path`, flushes it, then renames it over `path`, so a reader
-// never sees half a file and an interrupted run never destroys the previous one.
-void write_file_atomically(const std::string& path, const std::string& text);
 
 }  // namespace tb
