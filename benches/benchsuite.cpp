@@ -7,15 +7,14 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <algorithm>
+#include <cmath>
 #include <csignal>
-#include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "cache_threshold.h"
 #include "harness.h"
@@ -24,6 +23,7 @@
 #include "runtime/defaults.h"
 #include "runtime/device_info.h"
 #include "runtime/error.h"
+#include "runtime/files.h"
 #include "trainbench/build_info.h"
 
 namespace {
@@ -157,6 +157,21 @@ tb::Format format_for_path(const std::string& path) {
   return tb::Format::json;
 }
 
+// A check for a numeric option that says what is wrong with the value typed, in the words of what it
+// counts ("--repetitions: 'abc' is not a whole number of samples (1 to 100000)"), where CLI11's own
+// says "Value abc not in range" whatever the fault. A whole number is passed on in plain digits.
+CLI::Validator number_check(const std::string& what, const std::string& allowed, double least, double most, bool whole) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double value = 0;
+        if (!tb::parse_number(text, value) || (whole && value != std::floor(value)) || value < least || value > most)
+          return "'" + text + "' is not " + what + " (" + allowed + ")";
+        if (whole) text = std::to_string(static_cast<long long>(value));
+        return "";
+      },
+      allowed);
+}
+
 // Google Benchmark's own flags go to it; everything else is ours.
 void split_arguments(int argc, char** argv, std::vector<std::string>& ours, std::vector<std::string>& theirs) {
   for (int i = 1; i < argc; ++i) {
@@ -202,16 +217,17 @@ int run(int argc, char** argv) {
         }
         return "";
       });
-  app.add_option("--device", device, "CUDA device index")->check(CLI::NonNegativeNumber);
+  app.add_option("--device", device, "CUDA device index")
+      ->transform(number_check("a CUDA device index", "0 or more", 0, 1e6, true));
   app.add_flag("--quick", settings.quick, "Small sizes, 3 repetitions, short samples");
   app.add_option("--repetitions", repetitions, "Samples per benchmark (default 10, 3 with --quick)")
-      ->check(CLI::Range(1, 100000));
+      ->transform(number_check("a whole number of samples", "1 to 100000", 1, 100000, true));
   app.add_option("--min-time", min_time, "Seconds per repetition (default 0.2, 0.05 with --quick)")
-      ->check(CLI::Range(1e-6, 3600.0));
+      ->transform(number_check("a number of seconds", "above 0, at most 3600", 1e-6, 3600, false));
   app.add_flag("--cold", settings.cold, "Flush the L2 (GPU) or last-level cache (CPU) before every timed call");
   app.add_option("--noise-target", settings.noise_target,
                  "Flag a result as noisy when its CI half-width exceeds this fraction of the median")
-      ->check(CLI::Range(0.0, 1.0));
+      ->transform(number_check("a fraction of the median", "0 to 1", 0, 1, false));
   app.add_option("--axis", axis_texts, "Problem sizes: STAGE.AXIS=V1[,V2...], repeatable (see --list)");
   app.add_flag("--list", list,
                "List stages, axes, variants and pairs, and why a variant cannot run here (--format json: also the benchmarks "
@@ -226,7 +242,7 @@ int run(int argc, char** argv) {
   app.add_option("--max-time", settings.max_time_s,
                  "Seconds a row may measure before it stops with the samples it has, after its first (as nvbench's "
                  "--timeout); the rows it cut short are listed under the table (default: no limit)")
-      ->check(CLI::Range(1e-3, 1e7));
+      ->transform(number_check("a number of seconds", "0.001 to 1e7", 1e-3, 1e7, false));
   app.add_option("--torch-inputs", torch_inputs_dir,
                  "Read a listing with PyTorch rows (--backend ...,torch --list --format json) on stdin, write the "
                  "inputs its rows read under DIR, drawn by the stages' own generators, print the listing with each "
@@ -257,7 +273,17 @@ int run(int argc, char** argv) {
     return 0;
   }
 
+  // The axes are checked before anything else uses them: a console --list refuses what a run would.
   const tb::Registry& registry = tb::builtin_registry();
+  for (const auto& text : axis_texts) {
+    settings.overrides.push_back(tb::parse_axis_override(registry, text));
+    if (const auto& repeated = settings.overrides.back().repeated; !repeated.empty()) {
+      std::string dropped;
+      for (const auto& value : repeated) dropped += (dropped.empty() ? "" : ", ") + value;
+      std::cerr << "benchsuite: --axis '" << text << "': a value given more than once runs once (dropped: " << dropped
+                << ")" << std::endl;
+    }
+  }
   const bool list_json_wanted =
       format_name == "json" || (format_name.empty() && !out_path.empty() && format_for_path(out_path) == tb::Format::json);
   if (list && !list_json_wanted) {
@@ -266,6 +292,8 @@ int run(int argc, char** argv) {
     list_registry(registry, std::cout);
     return 0;
   }
+  // A file that cannot be written is said now, not after the run has measured everything it would hold.
+  if (!out_path.empty()) tb::check_output_path(out_path, "--out");
 
   // Google Benchmark parses its flags; --benchmark_repetitions / _min_time feed our settings, since
   // per-benchmark settings would otherwise override them.
@@ -288,7 +316,6 @@ int run(int argc, char** argv) {
   settings.repetitions = repetitions ? repetitions : (settings.quick ? tb::defaults::quick_repetitions : tb::defaults::repetitions);
   settings.min_time_s = min_time > 0 ? min_time : (settings.quick ? tb::defaults::quick_min_time_s : tb::defaults::min_time_s);
   settings.peak_prepass = !no_prepass;
-  for (const auto& text : axis_texts) settings.overrides.push_back(tb::parse_axis_override(registry, text));
 
   // ",torch": the PyTorch rows too, on the native backend's device (torch alone: auto's).
   bool with_torch = false;
@@ -352,24 +379,19 @@ int run(int argc, char** argv) {
   // listing, with the PyTorch rows that stand beside exactly those, at their problems, and what those
   // read, drawn by the stages' own generators. They run with the native rows, each in the rounds of the
   // row it mirrors. A script that cannot start costs no measurement.
-  namespace fs = std::filesystem;
-  const fs::path torch_listing = fs::temp_directory_path() / ("trainbench-torch-list-" + std::to_string(::getpid()) + ".json");
-  const fs::path torch_inputs = fs::temp_directory_path() / ("trainbench-torch-inputs-" + std::to_string(::getpid()));
-  struct RemoveTorchFiles {
-    fs::path listing, inputs;
-    ~RemoveTorchFiles() {
-      std::error_code ec;
-      fs::remove(listing, ec);
-      fs::remove_all(inputs, ec);
-    }
-  } remove_torch_files{torch_listing, torch_inputs};
+  // The script's listing and inputs live in a folder of this run's own (mode 0700, a name nobody can
+  // guess), gone with it on every way out: a stop request returns through here, an error unwinds.
+  // Declared before `torch`, so the script has ended before its files go.
+  std::optional<tb::PrivateTempDir> torch_files;
   std::unique_ptr<tb::TorchRows> torch;
   if (with_torch) {
     std::cerr << "benchsuite: the PyTorch rows (" << tb::torch_peers_script() << " --device " << torch_device << ")"
               << std::endl;
+    torch_files.emplace("trainbench-torch-");
+    const std::string torch_listing = torch_files->path() + "/listing.json";
     nlohmann::json listing = list_json(registry, settings, torch_device);
-    tb::attach_torch_inputs(listing, torch_inputs.string());
-    torch = std::make_unique<tb::TorchRows>(tb::TorchRun{torch_device, torch_listing.string()}, listing, entries);
+    tb::attach_torch_inputs(listing, torch_files->path() + "/inputs");
+    torch = std::make_unique<tb::TorchRows>(tb::TorchRun{torch_device, torch_listing}, listing, entries);
     entries.insert(entries.end(), torch->entries().begin(), torch->entries().end());
   }
   // Ctrl-C, or a job's time limit (SIGTERM): the row in hand stops after the call it is in, and what

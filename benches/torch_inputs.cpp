@@ -1,11 +1,7 @@
 // The inputs of the torch rows, drawn by the stages' own generators: scripts/torch-peers reads them
 // instead of keeping a Python copy of each generator (and tests to keep the copies equal).
-#include <cctype>
-#include <cstdio>
 #include <filesystem>
 #include <map>
-#include <memory>
-#include <stdexcept>
 
 #include "adamw/param_set.h"
 #include "cg/cg.h"
@@ -14,6 +10,7 @@
 #include "launch/launch.h"
 #include "runtime/defaults.h"
 #include "runtime/error.h"
+#include "runtime/files.h"
 #include "runtime/registry.h"
 #include "runtime/tolerance.h"
 #include "spmv/laplacian.h"
@@ -58,18 +55,11 @@ class InputWriter {
   }
 
  private:
-  // `bytes` into the file named after `key`, whole or not at all; its name.
+  // `bytes` into the file named after `key`, whole or not at all, never through a symlink planted in
+  // the folder (a --torch-inputs DIR anyone could write in); its name.
   std::string write(const std::string& key, const char* extension, const void* bytes, std::size_t size) {
-    std::string file;
-    for (const char c : key) file += std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ? c : '_';
-    file += extension;
-    const fs::path path = dir_ / file, partial = dir_ / (file + ".partial");
-    {
-      std::unique_ptr<FILE, int (*)(FILE*)> out(std::fopen(partial.c_str(), "wb"), &std::fclose);
-      if (!out || std::fwrite(bytes, 1, size, out.get()) != size || std::fflush(out.get()) != 0)
-        throw std::runtime_error("cannot write the torch rows' input " + path.string());
-    }
-    fs::rename(partial, path);
+    const std::string file = safe_file_name(key) + extension;
+    write_file_atomically((dir_ / file).string(), std::string(static_cast<const char*>(bytes), size));
     return file;
   }
 

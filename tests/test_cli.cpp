@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cerrno>
@@ -93,6 +94,76 @@ TEST(Cli, BadInputExitsTwoWithAMessage) {
   expect_usage_error("--axis peak.n=abc", "is not a number");
   expect_usage_error("--axis n=5", "expected STAGE.AXIS=");
   expect_usage_error("--benchmark_no_such_flag=1", "benchmark_no_such_flag");
+}
+
+// --out is checked before anything is measured (before the cache sweep, before the PyTorch script
+// starts): a path no file can be written at is one line naming it and exit 2 at once, not an error
+// after the run that loses every measurement.
+TEST(Cli, AnOutputPathThatCannotBeWrittenIsRefusedBeforeAnythingIsMeasured) {
+  const auto folder = std::filesystem::temp_directory_path() / ("tb_out_folder_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(folder);
+  for (const std::string& path : {std::string("/nonexistent-dir/r.json"), std::string("/proc/r.json"), folder.string()}) {
+    for (const std::string& args : {"--backend cpu --filter peak --quick --out " + path,
+                                    "--list --format json --out " + path}) {
+      const auto start = std::chrono::steady_clock::now();
+      const Outcome o = benchsuite(args);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      EXPECT_EQ(o.code, 2) << args << "\n" << o.output;
+      EXPECT_NE(o.output.find("benchsuite: --out " + path + ": "), std::string::npos) << args << "\n" << o.output;
+      EXPECT_EQ(o.output.find("[  1/"), std::string::npos) << "measured before saying so:\n" << o.output;
+      EXPECT_LT(seconds, 2.0) << args << "\n" << o.output;
+    }
+  }
+  // Before PyTorch is looked for: the path is what is wrong, and said first.
+  const Outcome torch = benchsuite_with("TRAINBENCH_PYTHON=/bin/false",
+                                        "--backend cpu,torch --quick --filter peak/cpu/triad --out /nonexistent-dir/r.json");
+  EXPECT_EQ(torch.code, 2) << torch.output;
+  EXPECT_NE(torch.output.find("--out /nonexistent-dir/r.json: "), std::string::npos) << torch.output;
+  EXPECT_EQ(torch.output.find("needs PyTorch"), std::string::npos) << torch.output;
+  std::filesystem::remove_all(folder);
+}
+
+// A number option says what is wrong with the value typed, not CLI11's "Value abc not in range".
+TEST(Cli, ANumberOptionSaysWhatIsWrongWithTheValueTyped) {
+  for (const char* value : {"abc", "0", "-3", "2.5"})
+    expect_usage_error(std::string("--repetitions ") + value,
+                       std::string("--repetitions: '") + value + "' is not a whole number of samples (1 to 100000)");
+  expect_usage_error("--min-time abc", "--min-time: 'abc' is not a number of seconds");
+  expect_usage_error("--device x", "--device: 'x' is not a CUDA device index (0 or more)");
+  expect_usage_error("--noise-target 2", "--noise-target: '2' is not a fraction of the median (0 to 1)");
+  const Outcome spelled = benchsuite("--list --format json --repetitions 1e1 --filter peak/cpu/copy");
+  EXPECT_EQ(spelled.code, 0) << "a whole number written as 1e1 is one:\n" << spelled.output;
+}
+
+// The console --list checks --axis as a run does: what a run refuses, it refuses, in the same line.
+TEST(Cli, AConsoleListRefusesTheAxesARunRefuses) {
+  for (const char* axis : {"peak.nope=3", "nostage.n=3", "peak.n=abc", "peak.n=0"}) {
+    const Outcome list = benchsuite(std::string("--list --axis ") + axis);
+    const Outcome run = benchsuite(std::string("--backend cpu --quick --filter peak/cpu/copy --axis ") + axis);
+    EXPECT_EQ(list.code, 2) << axis << "\n" << list.output;
+    EXPECT_EQ(run.code, 2) << axis << "\n" << run.output;
+    // (A listing printed instead is long: its start is enough to see.)
+    EXPECT_TRUE(list.output == run.output) << axis << ": --list said\n" << list.output.substr(0, 300) << "\na run said\n"
+                                           << run.output;
+    EXPECT_EQ(std::count(list.output.begin(), list.output.end(), '\n'), 1) << "one line:\n" << list.output.substr(0, 300);
+  }
+}
+
+// A value given twice in one --axis (5,5, or 1000 and 1e3) is one problem: its rows run once, with a
+// note on stderr of what was dropped.
+TEST(Cli, AValueRepeatedInOneAxisRunsOnce) {
+  const auto path = std::filesystem::temp_directory_path() / ("tb_axis_once_" + std::to_string(::getpid()) + ".json");
+  const Outcome o = benchsuite("--backend cpu --filter '^peak/cpu/copy/' --no-peak-prepass --repetitions 3 "
+                               "--min-time 0.001 --axis peak.n=1000,1000,1e3,2000 --out " + path.string());
+  ASSERT_EQ(o.code, 0) << o.output;
+  EXPECT_NE(o.output.find("benchsuite: --axis 'peak.n=1000,1000,1e3,2000': a value given more than once runs once "
+                          "(dropped: 1000, 1e3)"),
+            std::string::npos) << o.output;
+  const tb::Results r = tb::results_from_json(nlohmann::json::parse(std::ifstream(path)));
+  std::filesystem::remove(path);
+  std::vector<std::string> names;
+  for (const auto& row : r.rows) names.push_back(row.name);
+  EXPECT_EQ(names, std::vector<std::string>({"peak/cpu/copy/n=1000", "peak/cpu/copy/n=2000"})) << o.output;
 }
 
 TEST(Cli, HelpAndListSucceed) {
@@ -365,11 +436,15 @@ struct TorchPeersStandIn {
 // A stand-in for scripts/torch-peers --serve that speaks its protocol without torch: it opens every row
 // as passed, answers a time request with NS_<variant> nanoseconds a call (1 ms by default), logs every
 // request to $REQUESTS, says "stand-in: timing" at its first request for a batch of calls (a sample's),
-// and on request: SLOW_TIME seconds of sleep per batch, DIE_AFTER time requests before it exits
+// SEEN: where its listing and inputs were (and the folder's mode) to that file, and on request: SLOW_TIME seconds of sleep per batch, DIE_AFTER time requests before it exits
 // 3, REJECT: exit 2 before it answers.
 constexpr const char* kServeStandIn = R"PY(import json, os, sys, time
 args = sys.argv[1:]
 opt = lambda k: args[args.index(k) + 1]
+if os.environ.get("SEEN"):
+    with open(os.environ["SEEN"], "w") as seen, open(opt("--listing")) as given:
+        json.dump({"listing": opt("--listing"), "mode": os.stat(os.path.dirname(opt("--listing"))).st_mode & 0o777,
+                   "inputs_dir": json.load(given)["torch"]["inputs_dir"]}, seen)
 if os.environ.get("REJECT"):
     print("torch-peers: error: the stand-in rejects this run", file=sys.stderr)
     sys.exit(2)
@@ -462,6 +537,43 @@ TEST(Cli, APyTorchScriptThatEndsOrRejectsTheRunIsSaidOnce) {
   EXPECT_NE(rejected.output.find("benchsuite: scripts/torch-peers rejected the run (its message is above)"),
             std::string::npos) << rejected.output;
   EXPECT_EQ(rejected.output.find("[  1/"), std::string::npos) << "measured before saying so:\n" << rejected.output;
+}
+
+// The PyTorch rows' listing and inputs are in one folder of the run's own under $TMPDIR (mode 0700, a
+// name nobody could have planted a symlink at), and nothing named trainbench-torch-* is left there
+// after a run that ends, one the script rejects, or one a stop request ends.
+TEST(Cli, ThePyTorchRowsFilesAreInAPrivateFolderThatGoesWithTheRun) {
+  const TorchPeersStandIn stand_in("tb_torch_files", kServeStandIn);
+  const std::filesystem::path tmpdir = stand_in.dir / "tmp", seen = stand_in.dir / "seen.json";
+  std::filesystem::create_directories(tmpdir);
+  const auto left_behind = [&] {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(tmpdir)) names.push_back(entry.path().filename());
+    return names;
+  };
+  const std::string env = "TMPDIR=" + tmpdir.string() + " SEEN=" + seen.string() + " " + stand_in.env();
+  const Outcome ran = benchsuite_with(env, kTorchSelection);
+  ASSERT_EQ(ran.code, 0) << ran.output;
+  const auto where = nlohmann::json::parse(std::ifstream(seen));
+  const std::filesystem::path listing = where.at("listing").get<std::string>();
+  EXPECT_EQ(listing.parent_path().parent_path(), tmpdir) << listing;
+  EXPECT_EQ(listing.parent_path().filename().string().rfind("trainbench-torch-", 0), 0u) << listing;
+  EXPECT_EQ(where.at("mode").get<int>(), 0700) << listing;
+  EXPECT_EQ(std::filesystem::path(where.at("inputs_dir").get<std::string>()), listing.parent_path() / "inputs");
+  EXPECT_EQ(left_behind(), std::vector<std::string>()) << "after a run";
+
+  const Outcome rejected = benchsuite_with("REJECT=1 " + env, kTorchSelection);
+  EXPECT_EQ(rejected.code, 2) << rejected.output;
+  EXPECT_EQ(left_behind(), std::vector<std::string>()) << "after a run the script rejected";
+
+  const Outcome stopped = stop_benchsuite({"--backend", "cpu,torch", "--quick", "--filter", "adamw/cpu/fused/", "--axis",
+                                           "adamw.params=1000", "--axis", "adamw.dtype=fp32", "--no-peak-prepass",
+                                           "--repetitions", "100000", "--min-time", "0.001"},
+                                          {"TMPDIR=" + tmpdir.string(), "TRAINBENCH_PYTHON=" + stand_in.python.string(),
+                                           "TRAINBENCH_TORCH_PEERS=" + stand_in.peers.string(), "SLOW_TIME=0.05", "NS_fused=1e4"},
+                                          "stand-in: timing", SIGTERM);
+  EXPECT_EQ(stopped.code, 143) << stopped.output;
+  EXPECT_EQ(left_behind(), std::vector<std::string>()) << "after a stop request";
 }
 
 // --torch-inputs reads a listing with PyTorch rows on stdin; anything else is one message and exit 2.

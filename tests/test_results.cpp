@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -10,6 +13,7 @@
 #include "results.h"
 #include "torch_rows.h"
 #include "runtime/error.h"
+#include "runtime/files.h"
 #include "runtime/registry.h"
 
 namespace tb {
@@ -189,6 +193,60 @@ TEST(Results, WritesAtomically) {
   EXPECT_EQ(files, 1u) << "no temporary file is left behind";
   EXPECT_THROW(write_file_atomically((dir / "missing" / "r.json").string(), "x"), UsageError);
   std::filesystem::remove_all(dir);
+}
+
+// The atomic write never writes through a symlink someone planted at a name they could predict (the
+// old `<out>.tmp.<pid>`, and the like) and gives the file a plain create's mode (0644 under umask 022).
+TEST(Results, AnAtomicWriteFollowsNoPlantedSymlinkAndHasAPlainCreatesMode) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("tb_symlinks_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path victim = dir / "victim", out = dir / "r.json";
+  std::ofstream(victim) << "the victim's own bytes";
+  const std::string name = out.filename().string(), pid = std::to_string(::getpid());
+  for (const std::string& planted : {name + ".tmp." + pid, name + ".tmp", name + ".partial", "." + name + ".tmp", "." + name})
+    fs::create_symlink(victim, dir / planted);
+  const mode_t old_mask = ::umask(022);
+  write_file_atomically(out.string(), "results");
+  ::umask(old_mask);
+  std::stringstream victim_text, out_text;
+  victim_text << std::ifstream(victim).rdbuf();
+  out_text << std::ifstream(out).rdbuf();
+  EXPECT_EQ(victim_text.str(), "the victim's own bytes");
+  EXPECT_EQ(out_text.str(), "results");
+  EXPECT_FALSE(fs::is_symlink(out));
+  EXPECT_EQ(fs::status(out).permissions(), fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                                               fs::perms::others_read);
+  fs::remove_all(dir);
+}
+
+// A private folder: under $TMPDIR with the prefix asked for, mode 0700, a new name each time, and
+// gone with what is in it when its owner goes.
+TEST(Results, APrivateTempDirIsOwnUniqueAndRemoved) {
+  namespace fs = std::filesystem;
+  const fs::path tmpdir = fs::temp_directory_path() / ("tb_private_" + std::to_string(::getpid()));
+  fs::create_directories(tmpdir);
+  const char* old_tmpdir = std::getenv("TMPDIR");
+  const std::string saved = old_tmpdir ? old_tmpdir : "";
+  ::setenv("TMPDIR", tmpdir.c_str(), 1);
+  fs::path first, second;
+  {
+    const PrivateTempDir a("trainbench-test-"), b("trainbench-test-");
+    first = a.path();
+    second = b.path();
+    EXPECT_NE(first, second);
+    EXPECT_EQ(first.parent_path(), tmpdir);
+    EXPECT_EQ(first.filename().string().rfind("trainbench-test-", 0), 0u) << first;
+    EXPECT_TRUE(fs::is_directory(first));
+    EXPECT_EQ(fs::status(first).permissions(), fs::perms::owner_all);
+    fs::create_directories(first / "inputs");
+    std::ofstream(first / "inputs" / "x.bin") << "x";
+  }
+  EXPECT_FALSE(fs::exists(first));
+  EXPECT_FALSE(fs::exists(second));
+  if (old_tmpdir) ::setenv("TMPDIR", saved.c_str(), 1);
+  else ::unsetenv("TMPDIR");
+  fs::remove_all(tmpdir);
 }
 
 // A pre-batched view against per-sample copies, and the lazy gate against the warm start alone with

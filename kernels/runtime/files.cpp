@@ -78,7 +78,8 @@ void check_output_path(const std::string& path, const std::string& flag) {
   // Writable where it counts: a file can be created beside it (what the atomic write will do).
   std::string tmp;
   const int fd = create_beside(path, &tmp);
-  if (fd < 0) throw UsageError(flag + " " + path + ": cannot write in " + folder.string() + ": " + std::strerror(errno));
+  if (fd < 0)
+    throw UsageError(flag + " " + path + ": no file can be created in " + folder.string() + " (" + std::strerror(errno) + ")");
   ::close(fd);
   ::unlink(tmp.c_str());
 }

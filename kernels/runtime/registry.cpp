@@ -1,5 +1,6 @@
 #include "registry.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <set>
@@ -149,6 +150,14 @@ static std::vector<std::string> split(const std::string& text, char sep) {
   return parts;
 }
 
+// Two spellings of one problem: the same text, or for a numeric axis the same number ("5", "5e0").
+static bool same_value(const Axis& axis, const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  if (axis.kind != AxisKind::number && axis.kind != AxisKind::positive_int) return false;
+  double x = 0, y = 0;
+  return parse_number(a, x) && parse_number(b, y) && x == y;
+}
+
 AxisOverride parse_axis_override(const Registry& registry, const std::string& text) {
   const auto eq = text.find('=');
   const auto dot = text.find('.');
@@ -172,6 +181,12 @@ AxisOverride parse_axis_override(const Registry& registry, const std::string& te
   for (const auto& v : o.values)
     if (const auto why = axis->invalid_reason(v); !why.empty())
       throw UsageError("--axis '" + text + "': " + o.axis + "=" + v + " " + why);
+  std::vector<std::string> once;
+  for (const auto& v : o.values) {
+    const bool seen = std::any_of(once.begin(), once.end(), [&](const std::string& kept) { return same_value(*axis, kept, v); });
+    (seen ? o.repeated : once).push_back(v);
+  }
+  o.values = std::move(once);
   return o;
 }
 

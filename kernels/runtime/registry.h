@@ -212,10 +212,12 @@ const Registry& builtin_registry();
 struct AxisOverride {
   std::string stage;
   std::string axis;
-  std::vector<std::string> values;
+  std::vector<std::string> values;    // each once, in the order typed
+  std::vector<std::string> repeated;  // values typed again (the same text, or number: 5 and 5e0), dropped
 };
 
 // Parses "stage.axis=v1,v2" and checks it against the registry; throws UsageError with what exists.
+// A value given twice is kept once (a row runs once per problem); the repeats are in `repeated`.
 AxisOverride parse_axis_override(const Registry& registry, const std::string& text);
 
 // The problems one variant is run at: the product of its axes' values (overridden, or quick).
