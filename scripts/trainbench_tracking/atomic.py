@@ -1,16 +1,35 @@
 """Files written whole or not at all: a reader (a nightly comparing with history, benchsuite reading the
-PyTorch rows' samples) never sees half of one."""
+PyTorch rows' samples) never sees half of one. And copies kept in the temporary folder for the user to look
+at, under names no other user can have planted a symlink at."""
 
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
 import tempfile
+
+# Exclusive create: fails on any existing name, a planted symlink included (O_EXCL never follows one).
+_CREATE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+_NAME_TRIES = 100
+
+
+def _create_beside(folder: str, prefix: str):
+    """A new file `folder/<prefix><random>.tmp` with the mode a plain create gets (0o666 less the umask, or
+    the folder's default ACL), unlike tempfile.mkstemp's 0600: a stored result must be readable by the
+    group as the other results are. Returns (fd, path)."""
+    for _ in range(_NAME_TRIES):
+        path = os.path.join(folder, f"{prefix}{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(path, _CREATE_NEW, 0o666), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {folder} after {_NAME_TRIES} tries")
 
 
 def write_atomically(path: str, data: bytes) -> None:
     """A temporary file beside `path`, flushed to disk, then renamed over it; removed if anything fails."""
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                               dir=os.path.dirname(os.path.abspath(path)))
+    fd, tmp = _create_beside(os.path.dirname(os.path.abspath(path)), "." + os.path.basename(path) + ".")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -21,3 +40,16 @@ def write_atomically(path: str, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def keep_copy(source: str, prefix: str) -> str:
+    """Copies `source` to a new file of the temporary folder, `<prefix><random>.json` (created exclusively,
+    private to the user), which outlives the caller's clean-up; returns its path."""
+    fd, kept = tempfile.mkstemp(prefix=prefix, suffix=".json")
+    try:
+        with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
+            shutil.copyfileobj(src, out)
+    except BaseException:
+        os.unlink(kept)
+        raise
+    return kept

@@ -17,6 +17,7 @@ from typing import List, Optional
 from .constants import (DEFAULT_ALPHA, DEFAULT_CP_ALPHA, DEFAULT_MAX_HISTORY, DEFAULT_MIN_SAMPLES, DEFAULT_PERSIST,
                         DEFAULT_REPETITIONS, DEFAULT_ROUNDS, DEFAULT_SETTLE_RUNS, DEFAULT_THRESHOLD)
 from .argtypes import positive_int
+from .atomic import keep_copy
 from .errors import ResultFileError, UsageError
 from .history import load_history, machine_keys_in, store_run
 from .resultfile import load_run
@@ -369,14 +370,16 @@ def nightly_main(argv: Optional[List[str]] = None) -> int:
             run = load_run(source)
         except ResultFileError as e:
             if tmpdir:   # keep the bad file for a look
-                kept = os.path.join(tempfile.gettempdir(), f"trainbench-bad-result-{os.getpid()}.json")
-                shutil.copyfile(source, kept)
+                kept = keep_copy(source, "trainbench-bad-result-")
                 raise ResultFileError(f"{e} (kept at {kept})") from None
             raise
-        stored = store_run(source, run, args.results_dir)
+        stored, stored_now = store_run(source, run, args.results_dir)
         run = dataclasses.replace(run, path=stored)
         folder = os.path.dirname(stored)
-        print(f"nightly: stored {stored}", file=sys.stderr)
+        if stored_now:
+            print(f"nightly: stored {stored}", file=sys.stderr)
+        else:
+            print(f"nightly: already stored as {stored}; not stored again", file=sys.stderr)
         history, warnings = load_history(folder, machine_key=run.machine_key, exclude=run)
         if not history:
             print(f"nightly: first run on machine {run.machine_key}: a new history starts here", file=sys.stderr)

@@ -63,13 +63,32 @@ def machine_keys_in(directory: str) -> List[str]:
     return sorted(keys)
 
 
-def store_run(source_path: str, run: Run, results_dir: str) -> str:
+def stored_copy(folder: str, content: bytes) -> Optional[str]:
+    """The file of `folder` that holds exactly `content` (the same result given to nightly again), or None."""
+    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+        try:
+            if os.path.getsize(path) != len(content):
+                continue
+            with open(path, "rb") as f:
+                if f.read() == content:
+                    return path
+        except OSError:   # removed meanwhile or unreadable: not a copy this run can count on
+            continue
+    return None
+
+
+def store_run(source_path: str, run: Run, results_dir: str) -> Tuple[str, bool]:
     """Copy a validated result file to results_dir/<machine-key>/<UTC timestamp>_<commit>.json, atomically
-    (temporary file in the same folder, then rename); never overwrites. Returns the stored path."""
+    (temporary file in the same folder, then rename); never overwrites. A result already stored there (the
+    same bytes) is not stored twice: a history that counted it twice would take one night for two.
+    Returns the stored path and whether it was stored now (False: the path of the earlier copy)."""
     folder = os.path.join(results_dir, run.machine_key)
     os.makedirs(folder, exist_ok=True)
     with open(source_path, "rb") as f:
         content = f.read()
+    earlier = stored_copy(folder, content)
+    if earlier is not None:
+        return earlier, False
     name = stored_name(run)
     stem = name[:-len(".json")]
     ts, commit = stem.split("_", 1)
@@ -79,4 +98,4 @@ def store_run(source_path: str, run: Run, results_dir: str) -> str:
         target = os.path.join(folder, f"{ts}-{n}_{commit}.json")
         n += 1
     write_atomically(target, content)
-    return target
+    return target, True

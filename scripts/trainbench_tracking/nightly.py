@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from typing import List, Optional
 
+from .atomic import keep_copy
 from .errors import UsageError
 
 BENCHSUITE_INCORRECT = 1     # benchsuite: a variant was incorrect or a benchmark failed (the file is written)
@@ -27,10 +26,9 @@ def _keep_partial(out_path: str) -> str:
     Returns '; the rows it measured before are kept at PATH ...' or ''."""
     if not os.path.isfile(out_path):
         return ""
-    kept = os.path.join(tempfile.gettempdir(), f"trainbench-partial-result-{os.getpid()}.json")
-    shutil.copyfile(out_path, kept)
+    kept = keep_copy(out_path, "trainbench-partial-result-")
     return (f"; the rows it measured before are kept at {kept} (not stored in the history; "
-            f"`nightly --input {kept}` stores them)")
+            f"`nightly --input {shlex.quote(kept)}` stores them)")
 
 
 def _stop_and_keep(proc: subprocess.Popen, out_path: str) -> str:

@@ -4,7 +4,9 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -139,6 +141,7 @@ def test_a_broken_benchsuite_run_is_bad_input_and_stores_nothing(nightly, env, m
     assert stored(nightly.results) == []
     if "garbage" in env:
         assert "result.json: not valid JSON" in err
+        os.remove(re.search(r"kept at (\S+\.json)", err).group(1))   # kept for a look; not this test's to leave
 
 
 def test_bad_benchsuite_arguments_and_missing_binary(nightly, tmp_path):
@@ -290,3 +293,61 @@ def test_sigterm_to_nightly_keeps_what_benchsuite_measured(tmp_path):
     assert kept and os.path.isfile(kept), errors[0]
     os.remove(kept)
     assert stored(tmp_path / "results") == []
+
+
+def test_the_same_result_given_twice_is_stored_once(cli, tmp_path):
+    results = tmp_path / "results"
+    first = write_json(tmp_path / "r0.json", synth.make_run(0, 0))
+    assert cli("nightly", "--input", first, "--results-dir", results, "--no-report")[0] == 0
+    again = tmp_path / "copy_of_r0.json"                       # the same bytes under another name
+    again.write_bytes(open(first, "rb").read())
+    rc, _, err = cli("nightly", "--input", again, "--results-dir", results, "--no-report")
+    assert rc == 0, err
+    kept = results / synth.CPU_KEY / "20261001T030000Z_c000000.json"
+    assert f"nightly: already stored as {kept}; not stored again" in err
+    assert stored(results) == ["20261001T030000Z_c000000.json"]
+    later = write_json(tmp_path / "r1.json", synth.make_run(1, 1))
+    rc, out, err = cli("nightly", "--input", later, "--results-dir", results, "--no-report", "--format", "json")
+    assert rc == 0, err
+    assert json.loads(out)["baseline_runs"] == [str(kept)]     # counted once in the comparisons that follow
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664)], ids=["umask022", "umask002"])
+def test_a_stored_result_gets_the_mode_a_plain_create_gets(cli, tmp_path, umask, mode):
+    src = write_json(tmp_path / "r0.json", synth.make_run(0, 0))
+    before = os.umask(umask)
+    try:
+        rc, _, err = cli("nightly", "--input", src, "--results-dir", tmp_path / "results", "--no-report")
+    finally:
+        os.umask(before)
+    assert rc == 0, err
+    path = tmp_path / "results" / synth.CPU_KEY / "20261001T030000Z_c000000.json"
+    assert stat.S_IMODE(os.stat(path).st_mode) == mode
+
+
+@pytest.mark.parametrize("knob, old_name", [("hang", "trainbench-partial-result-{pid}.json"),
+                                            ("garbage", "trainbench-bad-result-{pid}.json")])
+def test_a_kept_file_never_follows_a_symlink_planted_at_its_name(nightly, tmp_path, monkeypatch, knob, old_name):
+    """The copy kept for the user once had a name anyone could predict from nightly's pid, in a folder anyone
+    can write to: a symlink planted there had nightly overwrite the file it points to. nightly runs in this
+    process here, so its pid is known: links are planted at the old names for it and its neighbours."""
+    shared_tmp = tmp_path / "tmp"
+    shared_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(shared_tmp))
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"a file of the user running nightly\n")
+    planted = set()
+    for pid in range(os.getpid() - 5, os.getpid() + 6):
+        link = shared_tmp / old_name.format(pid=pid)
+        link.symlink_to(victim)
+        planted.add(link.name)
+    rc, _, err = nightly(0, "--no-report", **{knob: "sigterm" if knob == "hang" else 1})
+    assert rc == 2
+    assert victim.read_bytes() == b"a file of the user running nightly\n"
+    m = re.search(r"kept at (\S+\.json)", err)
+    assert m, err
+    kept = m.group(1)
+    assert os.path.dirname(kept) == str(shared_tmp) and os.path.basename(kept) not in planted
+    assert not os.path.islink(kept) and os.path.getsize(kept) > 0
+    assert stat.S_IMODE(os.stat(kept).st_mode) == 0o600            # the user's own, in a shared folder
+    assert set(os.listdir(shared_tmp)) == planted | {os.path.basename(kept)}   # nightly's own folder removed
