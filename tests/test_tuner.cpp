@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <vector>
 
 #include "runtime/cpu_load.h"
@@ -70,6 +71,12 @@ TEST(Child, ExitWithoutAResultIsAnError) {
   const TrialResult r = classify(run_child({"/bin/sh", "-c", "echo bad news >&2; exit 3"}, 10, nullptr));
   EXPECT_EQ(r.cls, TrialClass::error);
   EXPECT_EQ(r.message, "exited with code 3 and no result: bad news");
+}
+
+// The all-reduce probe's failure names how its child ended: a signal by its name, never "exit -1".
+TEST(Child, AChildEndedByASignalIsNamedBySignal) {
+  const ChildOutcome o = run_child({"/bin/sh", "-c", "kill -TERM $$"}, 10, nullptr);
+  EXPECT_EQ(ending_text(o), "crashed: killed by signal 15 (Terminated)");
 }
 
 TEST(Child, StopsWhenInterrupted) {
@@ -176,26 +183,102 @@ TEST(Worker, AScriptThatDoesNotSpeakTheProtocolIsRefused) {
   EXPECT_THROW(wrong.start(30), std::runtime_error);
 }
 
-TEST(Journal, AppendsAndLoadsItsOwnContextOnly) {
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(Journal, AppendsAndResumesItsOwnTrials) {
   const auto path = (std::filesystem::temp_directory_path() / ("tb_journal_" + std::to_string(getpid()))).string();
   std::filesystem::remove(path);
   Candidate c{64, 8, {{"optimizer", "fused"}}};
   TrialResult r;
   r.samples_per_s = 100;
   r.peak_bytes = 1234;
-  Journal(path, "ctx").append(c, r);
-  Journal(path, "other").append(Candidate{64, 16, {}}, r);
-  std::ofstream(path, std::ios::app) << "{\"context\": \"ctx\", \"key\": \"cut sh";  // a crash mid-write
-  int skipped = 0;
-  const auto known = Journal(path, "ctx").load(&skipped);
+  Journal(path, "ctx", false).append(c, r);
+  const auto known = Journal(path, "ctx", true).load();
   ASSERT_EQ(known.size(), 1u);
   EXPECT_EQ(known.begin()->first, c.key());
   ASSERT_EQ(known.begin()->second.size(), 1u);
   EXPECT_EQ(known.begin()->second.front().peak_bytes, 1234);
-  EXPECT_EQ(skipped, 2);
+  // Without --resume, a fresh tune starts a fresh journal, and says how many trials it dropped.
+  const Journal fresh(path, "ctx", false);
+  EXPECT_EQ(fresh.dropped_lines(), 1u);
+  EXPECT_TRUE(fresh.load().empty());
+  EXPECT_EQ(file_bytes(path), "");
   std::filesystem::remove(path);
   EXPECT_NE(digest("a"), digest("b"));
   EXPECT_EQ(digest("same"), digest("same"));
+}
+
+// A crash mid-append leaves a last line without its newline: the next tune cuts it off before its first append,
+// so that a trial appended after it is not glued to it and lost with it on the next --resume.
+TEST(Journal, ATornLastLineIsCutOffAndTheTrialsAfterItAreKept) {
+  const auto path = (std::filesystem::temp_directory_path() / ("tb_journal_torn_" + std::to_string(getpid()))).string();
+  std::filesystem::remove(path);
+  TrialResult r;
+  r.samples_per_s = 100;
+  Journal(path, "ctx", false).append(Candidate{64, 8, {}}, r);
+  std::ofstream(path, std::ios::app) << "{\"context\": \"ctx\", \"key\": \"cut sh";  // a crash mid-write
+  {
+    const Journal resumed(path, "ctx", true);
+    EXPECT_GT(resumed.torn_bytes(), 0u);
+    EXPECT_EQ(resumed.load().size(), 1u);
+    resumed.append(Candidate{64, 16, {}}, r);
+  }
+  const auto known = Journal(path, "ctx", true).load();
+  EXPECT_EQ(known.size(), 2u) << file_bytes(path);
+  EXPECT_EQ(known.count(Candidate{64, 16, {}}.key()), 1u) << "the trial after the torn line was lost";
+  std::filesystem::remove(path);
+}
+
+// A file at --journal that is not a journal of this tune (a results file, another workload's journal) is refused
+// and left byte-identical; so is a symlink, and a journal another tune holds.
+TEST(Journal, RefusesWhatIsNotItsOwnAndLeavesItAsItWas) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tb_journal_refuse_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string results = (dir / "results.json").string();
+  const std::string results_text = "{\n  \"benchmarks\": []\n}\n";
+  std::ofstream(results) << results_text;
+  for (const bool resume : {false, true}) {
+    try {
+      Journal(results, "ctx", resume);
+      ADD_FAILURE() << "a results file was taken for a journal";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("is not an autotune journal (line 1"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(file_bytes(results), results_text);
+  }
+  const std::string other = (dir / "other.jsonl").string();
+  TrialResult r;
+  Journal(other, "another-workload", false).append(Candidate{64, 8, {}}, r);
+  const std::string other_text = file_bytes(other);
+  try {
+    Journal(other, "ctx", false);
+    ADD_FAILURE() << "another tune's journal was taken";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds the trials of another tune"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(file_bytes(other), other_text);
+  const auto link = dir / "link.jsonl";
+  std::filesystem::create_symlink(results, link);
+  EXPECT_THROW(Journal(link.string(), "ctx", false), UsageError);
+  EXPECT_EQ(file_bytes(results), results_text);
+  // Two tunes of one journal at once: the second is refused, the first's trials stay.
+  const std::string shared = (dir / "shared.jsonl").string();
+  const Journal first(shared, "ctx", false);
+  first.append(Candidate{64, 8, {}}, r);
+  try {
+    Journal(shared, "ctx", false);
+    ADD_FAILURE() << "a second tune took a journal in use";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("in use by another autotune"), std::string::npos) << e.what();
+  }
+  EXPECT_NE(file_bytes(shared), "");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Switches, OnlyThoseTheWorkloadAndBackendHaveWithItsOwnFirst) {
@@ -600,7 +683,7 @@ TEST(AutotuneCli, BadInputExitsTwoAndRunsNothing) {
   for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
            {"--no-such-flag", "--no-such-flag"},
            {"--workload no_such_preset", "presets:"},
-           {"--workload tiny --gpu 7", "--device 7"},
+           {"--workload tiny --gpu 7", "--gpu 7: "},  // as typed: autotune has no --device
            {"--workload tiny --gpu fast", "--gpu 'fast'"},
            {"--workload tiny --batch-range 9:3", "--batch-range '9:3'"},
            {"--workload tiny --batch 8 --batch-range 8:16", "excludes"},

@@ -5,11 +5,14 @@
 // races the choices of tuned files against each other. `--executor torch` measures every trial in the
 // PyTorch twin of the step (trial.h's TorchExecutor) instead of the C++ step; with `--entry`, the user's
 // own PyTorch model (entry.h's EntryExecutor).
-// Exit codes: 0 a configuration was chosen (or compared), 1 none ran successfully, 2 bad usage, 130
-// interrupted (the best so far and the journal are still written). The steps are in autotune.h.
+// Exit codes: 0 a configuration was chosen (or compared), 1 none ran successfully, 2 bad usage, 128 + the
+// signal when stopped by SIGINT, SIGTERM or SIGHUP (130, 143, 129: the best so far and the journal are still
+// written). The steps are in autotune.h.
 #include "tuner/autotune.h"
 
 #include <CLI/CLI.hpp>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
@@ -50,8 +53,34 @@ namespace tb::tune {
 namespace {
 
 std::atomic<bool> stop_requested{false};
+volatile std::sig_atomic_t stop_signal = 0;  // the first signal that asked, 0: none
 
 struct Interrupted {};
+
+// SIGINT (Ctrl-C), SIGTERM (a job scheduler's stop, `timeout`, CI's limit) and SIGHUP (the terminal gone) stop a
+// tune alike, in every phase: the trial or slice in flight is stopped (its process group killed and waited for,
+// the worker's too), and the best so far and the journal are written before autotune exits 128 + the signal.
+// Without SA_RESTART, a blocking wait returns at once and its loop sees the stop; a second signal changes nothing.
+void install_stop_handlers() {
+  struct sigaction action {};
+  action.sa_handler = [](int signal) {
+    if (!stop_signal) stop_signal = signal;
+    stop_requested = true;
+  };
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = 0;
+  for (const int signal : {SIGINT, SIGTERM, SIGHUP}) sigaction(signal, &action, nullptr);
+}
+
+int interrupted_exit_code() { return 128 + (stop_signal ? static_cast<int>(stop_signal) : SIGINT); }
+
+std::string stop_signal_name() {
+  switch (stop_signal) {
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    default: return "SIGINT";
+  }
+}
 
 constexpr const char* examples = R"(
 Examples:
@@ -155,7 +184,8 @@ std::string default_journal_path(const std::string& out_path, const std::string&
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw UsageError("cannot create the journal folder " + dir.string() + ": " + ec.message() + " (give --journal FILE)");
-  return (dir / (workload_name + "." + backend + "." + key.substr(0, 12) + ".autotune.jsonl")).string();
+  // The workload's name is the user's (a YAML's `name:`): one safe file name, so that it stays in the folder.
+  return (dir / (safe_file_name(workload_name) + "." + backend + "." + key.substr(0, 12) + ".autotune.jsonl")).string();
 }
 
 // --batch, --batch-range, or the workload's global_range: the global batches searched (search.h).
@@ -578,7 +608,6 @@ void race_compared(const AutotuneOptions& options, const step::Workload& workloa
   TrialEstimate shortest = shortest_trial(apply(workload, first), search.measure.min_steps, machine.use_cuda, machine.device);
   refuse_budget_below_one_trial(workload, first, shortest, search.measure, options.budget, clock.elapsed());
   const double deadline = options.budget - output_reserve(options.budget);
-  std::signal(SIGINT, [](int) { stop_requested = true; });
   if (const std::string notice = take_blas_kernel_notice(); !notice.empty()) std::cerr << notice << std::endl;
   std::cerr << "autotune: comparing " << entrants.size() << " configurations of " << workload.name << " on " << machine.name
             << (both_executors ? " in the C++ step and in its PyTorch twin" : runner.torch ? " in the PyTorch twin" : "")
@@ -594,7 +623,7 @@ void race_compared(const AutotuneOptions& options, const step::Workload& workloa
               << ": " << out.race->ended << std::endl;
   } catch (const Interrupted&) {
     out.interrupted = true;
-    std::cerr << "autotune: interrupted; nothing was compared" << std::endl;
+    std::cerr << "autotune: interrupted by " << stop_signal_name() << "; nothing was compared" << std::endl;
   }
 }
 
@@ -843,7 +872,13 @@ Machine pick_machine(const std::string& gpu) {
     double n = 0;
     if (!parse_number(gpu, n) || n < 0 || n != std::floor(n)) throw UsageError("--gpu '" + gpu + "': expected auto, cpu or a device index");
     m.device = static_cast<int>(n);
-    select_cuda_device(m.device);  // UsageError when it does not exist
+    try {
+      select_cuda_device(m.device);  // UsageError when it does not exist
+    } catch (const UsageError& e) {  // said of benchsuite's --device: named as the user typed it here
+      const std::string what = e.what();
+      const auto colon = what.find(": ");
+      throw UsageError("--gpu " + gpu + ": " + (what.rfind("--device", 0) == 0 && colon != std::string::npos ? what.substr(colon + 2) : what));
+    }
     m.use_cuda = true;
   }
   m.backend = m.use_cuda ? "cuda" : "cpu";
@@ -935,7 +970,7 @@ SearchSpace search_space(const std::string& switch_list, const std::map<std::str
   return space;
 }
 
-TunePlan plan_tune(const AutotuneOptions& options) {
+TunePlan plan_tune(const AutotuneOptions& options, const BudgetClock& clock) {
   TunePlan plan;
   if (options.entry.empty()) plan.workload = step::load_workload(options.workload);  // a bad file: UsageError
   plan.machine = pick_machine(options.gpu);
@@ -943,8 +978,9 @@ TunePlan plan_tune(const AutotuneOptions& options) {
   std::unique_ptr<EntryExecutor> entry;
   if (!options.entry.empty()) {  // validated in the tune's worker before anything runs (a bad one: UsageError)
     const int64_t g = options.batch > 0 ? options.batch : kEntryDefaultBatch;
+    // Under the budget, as a trial is: a probe that hangs (a build that never returns) is stopped at its end.
     entry = std::make_unique<EntryExecutor>(options.entry, machine.use_cuda, machine.device, g, &stop_requested,
-                                            options.memory_limit, std::max(options.budget, 30.0));
+                                            options.memory_limit, std::max(options.budget - clock.elapsed(), 1.0));
     plan.entry = entry->probe();
     plan.workload = entry_workload(*plan.entry, g);
   }
@@ -999,7 +1035,6 @@ Tune::Tune(const AutotuneOptions& options_in, TunePlan& plan_in, const BudgetClo
   search_options.seconds_left = [this] { return seconds_left() - race_reserve(); };
   search_options.min_trial_seconds = shortest.seconds;
   open_journal();
-  std::signal(SIGINT, [](int) { stop_requested = true; });
   search_options.on_trial = [this](const Candidate& c, const TrialResult& r) { note_trial(c, r); };
   announce();
   out.global_batches = plan.batches;
@@ -1024,18 +1059,19 @@ void Tune::open_journal() {
                      ? default_journal_path(options.out_path, plan.workload.name,
                                             plan.machine.backend + (plan.runner.torch ? ".torch" : ""), key)
                      : options.journal_path;
-  journal_ = std::make_unique<Journal>(journal_path, key);
+  journal_ = std::make_unique<Journal>(journal_path, key, options.resume);
   if (const std::string notice = take_blas_kernel_notice(); !notice.empty()) std::cerr << notice << std::endl;
   std::cerr << "autotune: journal " << journal_path << std::endl;
+  if (journal_->torn_bytes() > 0)
+    std::cerr << "autotune: the journal's last line was cut short (" << journal_->torn_bytes()
+              << " bytes: a crash mid-write, no whole trial); cut off before this tune's first trial" << std::endl;
   if (options.resume) {
-    int skipped = 0;
-    search_options.known = journal_->load(&skipped);
-    std::size_t finished = 0;
-    for (const auto& kv : search_options.known) finished += kv.second.size();
-    std::cerr << "autotune: resuming with " << finished << " trials from " << journal_path
-              << (skipped ? " (" + std::to_string(skipped) + " lines of another workload or device skipped)" : "") << std::endl;
-  } else if (std::filesystem::exists(journal_path)) {
-    std::filesystem::remove(journal_path);  // a fresh tune starts a fresh journal
+    search_options.known = journal_->load();
+    for (const auto& kv : search_options.known) resumed += kv.second.size();
+    std::cerr << "autotune: resuming with " << resumed << " trials from " << journal_path << std::endl;
+  } else if (journal_->dropped_lines() > 0) {
+    std::cerr << "autotune: a fresh tune starts a fresh journal: the " << journal_->dropped_lines()
+              << " trials of the last tune in it were dropped (--resume goes on from them instead)" << std::endl;
   }
 }
 
@@ -1256,7 +1292,8 @@ void search_and_race(Tune& tune) {
     tune.out.race.reset();
     tune.out.speedup.reset();
     settle_on_best_so_far(tune);
-    std::cerr << "autotune: interrupted after " << tune.seen.size() << " trials; writing the best so far" << std::endl;
+    std::cerr << "autotune: interrupted by " << stop_signal_name() << " after " << tune.seen.size()
+              << " trials; the trial in flight was stopped; writing the best so far" << std::endl;
   }
   account_budget(tune);
 }
@@ -1300,12 +1337,18 @@ int output_step(const Tune& tune) {
   const std::string& out_path = tune.options.out_path;
   if (out.report.found) std::cerr << "autotune: " << global_batch_note(out) << std::endl;
   write_output(emit(out, tune.options.format), out_path);
+  if (out.interrupted || stop_requested) {  // a stop during the output: the output is whole, the exit says so
+    std::cerr << "autotune: stopped by " << stop_signal_name() << " after " << human_seconds(tune.clock.elapsed()) << ": "
+              << (out.report.found ? "the best so far (" + describe(out.report.best.candidate) + ")" : "no configuration (none ran)")
+              << " written to " << (out_path.empty() ? "stdout" : out_path) << "; the journal " << tune.journal_path << " keeps "
+              << tune.seen.size() + tune.resumed << " finished trials (--resume goes on from them)" << std::endl;
+    return interrupted_exit_code();
+  }
   std::cerr << "autotune: " << (out.report.found ? "chose " + describe(out.report.best.candidate) : "no configuration ran")
             << " after " << tune.seen.size() << " trials"
             << (out.race ? " and " + std::to_string(out.race->rounds) + " race rounds" : "") << " in "
             << human_seconds(tune.clock.elapsed()) << "; journal " << tune.journal_path
             << (out_path.empty() ? "" : ", config " + out_path) << std::endl;
-  if (out.interrupted) return 130;
   return out.report.found ? 0 : 1;
 }
 
@@ -1345,12 +1388,16 @@ int compare_tuned(const AutotuneOptions& options) {
   if (entrants.size() >= 2) race_compared(options, workload, machine, runner, tuned, entrants, clock, out);
   write_output(emit(out, options.format), options.out_path);
   print_comparisons(out);
-  if (out.interrupted) return 130;
+  if (out.interrupted || stop_requested) return interrupted_exit_code();
   if (out.race && out.race->rounds == 0) return 1;
   return 0;
 }
 
 int run(int argc, char** argv) {
+  // The child sides (a trial, the all-reduce probe; under mpirun, every rank): they end when their parent (autotune,
+  // or the launcher) ends, however it ends, and never hold a GPU for a tune that is gone.
+  const bool child_side = argc == 3 && (std::string(argv[1]) == "--trial" || std::string(argv[1]) == "--allreduce-probe");
+  if (child_side) prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (argc == 3 && std::string(argv[1]) == "--trial") {  // the child side of a trial
     const TrialResult r = run_trial_here(nlohmann::json::parse(argv[2]));
     if (comm::launched_rank() == 0) std::cout << to_json(r).dump() << std::endl;  // one line, rank 0's
@@ -1362,14 +1409,43 @@ int run(int argc, char** argv) {
     std::cout << options.help;
     return 0;
   }
-  if (!options.compare_files.empty()) return compare_tuned(options);
+  install_stop_handlers();
+  // Where the results go is checked before anything is measured: a tune is not lost to a typo in a folder.
+  if (!options.out_path.empty()) check_output_path(options.out_path, "--out");
+  if (!options.journal_path.empty()) check_output_path(options.journal_path, "--journal");
+  if (!options.compare_files.empty()) {
+    try {
+      return compare_tuned(options);
+    } catch (...) {  // stopped while the executors started: nothing was raced
+      if (!stop_requested) throw;
+      std::cerr << "autotune: stopped by " << stop_signal_name() << " before the race; nothing was compared" << std::endl;
+      return interrupted_exit_code();
+    }
+  }
   const BudgetClock clock;  // the budget bounds the whole run from here: the plan, probes, trials, the race, output
-  TunePlan plan = plan_tune(options);
-  described_ranks = options.predict ? 1 : options.ranks;  // --predict: the trials run one rank's share
-  Tune tune(options, plan, clock);
-  search_and_race(tune);
-  predict_step(tune);
-  return output_step(tune);
+  std::optional<TunePlan> plan;
+  std::optional<Tune> tune;
+  try {
+    // A stop before the first trial (the worker starting, the entry's probe) ends the run: nothing was measured.
+    plan.emplace(plan_tune(options, clock));
+    described_ranks = options.predict ? 1 : options.ranks;  // --predict: the trials run one rank's share
+    tune.emplace(options, *plan, clock);
+    if (stop_requested) throw Interrupted{};
+  } catch (...) {
+    if (!stop_requested) throw;
+    std::cerr << "autotune: stopped by " << stop_signal_name() << " before the first trial ("
+              << (options.entry.empty() ? "planning" : "starting the PyTorch worker and validating the entry")
+              << "); its processes were stopped; nothing was measured, nothing written" << std::endl;
+    return interrupted_exit_code();
+  }
+  search_and_race(*tune);
+  try {
+    predict_step(*tune);
+  } catch (...) {
+    if (!stop_requested) throw;
+    tune->out.interrupted = true;  // the prediction's probe was stopped: the search's choice stands, unpredicted
+  }
+  return output_step(*tune);
 }
 
 }  // namespace tb::tune

@@ -105,11 +105,6 @@ void share_batches_over_ranks(const AutotuneOptions& options, step::Workload& wo
 SearchSpace search_space(const std::string& switch_list, const std::map<std::string, std::vector<std::string>>& available,
                          const std::string& backend);
 
-// The machine, the workload (its batch shared over the ranks), the executor and the search space.
-// Throws UsageError for what cannot run: a bad workload or entry, a batch that does not split, an
-// unknown switch, a workload that does not fit at micro-batch 1.
-TunePlan plan_tune(const AutotuneOptions& options);
-
 // The budget's clock: started before the plan, so that --budget bounds the whole run.
 class BudgetClock {
  public:
@@ -118,6 +113,12 @@ class BudgetClock {
  private:
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 };
+
+// The machine, the workload (its batch shared over the ranks), the executor and the search space.
+// Throws UsageError for what cannot run: a bad workload or entry, a batch that does not split, an
+// unknown switch, a workload that does not fit at micro-batch 1. An entry's probe runs within what is
+// left of the budget on `clock`.
+TunePlan plan_tune(const AutotuneOptions& options, const BudgetClock& clock = BudgetClock());
 
 // A tune under way: its deadlines, the journal, the trials so far and the output being filled in.
 // Holds callbacks into itself: it stays where it was made.
@@ -135,6 +136,7 @@ class Tune {
   TrialEstimate shortest;        // the shortest trial this machine can run
   std::vector<Ranked> seen;      // every finished trial, in order
   std::optional<Ranked> resumed_own_trial;  // the workload's own configuration, when --resume took it from the journal
+  std::size_t resumed = 0;       // trials --resume took from the journal
   std::vector<double> setups;    // of the ok trials so far, seconds
   double race_share = 0;         // of the time left, kept for the race while the search runs (0: none)
   std::string journal_path;

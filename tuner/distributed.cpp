@@ -100,7 +100,7 @@ AllreduceProbe probe_allreduce(const std::vector<std::string>& launcher, const s
   const auto last = child.out.find_last_of('{');
   if (child.timed_out || child.exit_code != 0 || last == std::string::npos)
     throw CallError(__FILE__, __LINE__, "the all-reduce probe on " + std::to_string(ranks) + " ranks",
-                    child.timed_out ? "timed out" : "exit " + std::to_string(child.exit_code) + ": " + child.err_tail);
+                    child.timed_out ? "timed out" : child.interrupted ? "interrupted" : ending_text(child));
   const auto j = nlohmann::json::parse(child.out.substr(last));
   return AllreduceProbe{j.at("ranks").get<int64_t>(), j.at("seconds").get<double>(), j.value("library", std::string())};
 }

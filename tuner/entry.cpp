@@ -67,16 +67,27 @@ EntryExecutor::EntryExecutor(const std::string& spec, bool cuda, int device, int
   worker_ = std::make_unique<WorkerExecutor>(
       std::vector<std::string>{probe_.torch.python, probe_.torch.script, "--serve", start.dump()},
       [](const Candidate& candidate) { return json{{"candidate", to_json(candidate)}}; }, capacity_, stop);
-  start_torch_worker(*worker_, probe_.torch, "--executor torch --entry");
-  probe_.torch.cuda = cuda;
+  // The worker's start and the probe share `timeout_s` (what is left of the budget): a probe that hangs is stopped
+  // at the budget's end, as a trial would be.
   const auto started = std::chrono::steady_clock::now();
+  const auto left = [&] {
+    return std::max(timeout_s - std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), 1.0);
+  };
+  start_torch_worker(*worker_, probe_.torch, "--executor torch --entry", std::min(left(), kTorchWorkerStartSeconds));
+  probe_.torch.cuda = cuda;
+  const auto probe_started = std::chrono::steady_clock::now();
   json j;
   try {
-    j = worker_->request({{"op", "probe"}, {"micro_batch", std::min<int64_t>(global_batch, 8)}}, timeout_s);
+    j = worker_->request({{"op", "probe"}, {"micro_batch", std::min<int64_t>(global_batch, 8)}}, left());
   } catch (const WorkerLost& e) {
-    throw UsageError("--entry " + spec + ": the worker " + (e.why == WorkerLost::Why::hung ? "did not finish validating it: " : "failed validating it: ") + e.what());
+    if (e.why == WorkerLost::Why::interrupted) throw;  // a stop, not the entry's fault
+    if (e.why == WorkerLost::Why::hung)
+      throw UsageError("--entry " + spec + ": validating it did not finish within the budget (" +
+                       std::to_string(std::lround(timeout_s)) + " s left; its build or first step hung, or give a larger "
+                       "--budget): the worker was stopped");
+    throw UsageError("--entry " + spec + ": the worker failed validating it: " + e.what());
   }
-  probe_.probe_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  probe_.probe_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - probe_started).count();
   if (j.contains("error")) {
     if (j.value("usage", false)) throw UsageError(j.at("error").get<std::string>());
     throw std::runtime_error("--entry " + spec + ": " + j.at("error").get<std::string>());

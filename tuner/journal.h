@@ -1,11 +1,12 @@
 // The journal: one JSON line per finished trial, appended and flushed as it finishes, so that an
 // interrupted or crashed tune loses nothing and `--resume` repeats no trial. Lines carry the
-// context they were measured in (workload file, backend, device): a journal of another context is
-// not reused.
+// context they were measured in (workload file, backend, device, executor): a tune writes only to a
+// journal of its own context, and only one tune at a time does.
 #pragma once
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "tuner/search.h"
 
@@ -13,15 +14,30 @@ namespace tb::tune {
 
 class Journal {
  public:
-  Journal(std::string path, std::string context) : path_(std::move(path)), context_(std::move(context)) {}
-  void append(const Candidate& c, const TrialResult& r) const;  // throws UsageError when it cannot write
-  // The trials of this context; lines of another context, or cut short, are skipped.
-  // Every measurement of a candidate, in the order they were appended.
-  std::map<std::string, std::vector<TrialResult>> load(int* skipped = nullptr) const;
+  // Opens (or creates) the journal at `path` for a tune of `context`, locked for this process (flock) until it
+  // goes. Refuses (UsageError, the file left as it was) a path that is not a regular file, a file that is not a
+  // journal (a line that is not one of a journal's), a journal of another context, and a journal another tune
+  // holds. A last line cut short by a crash mid-write is cut off before the first append. Without `resume`, the
+  // trials of an earlier tune of this context are dropped: a fresh tune starts a fresh journal.
+  Journal(std::string path, std::string context, bool resume);
+  ~Journal();
+  Journal(const Journal&) = delete;
+  Journal& operator=(const Journal&) = delete;
+
+  // One write of the whole line, then fsync. Throws UsageError when it cannot write.
+  void append(const Candidate& c, const TrialResult& r) const;
+  // The trials of this context, every measurement of a candidate in the order they were appended.
+  std::map<std::string, std::vector<TrialResult>> load() const;
   const std::string& path() const { return path_; }
+  // What opening it found: lines of an earlier tune dropped (no --resume), bytes of a torn last line cut off.
+  std::size_t dropped_lines() const { return dropped_; }
+  std::size_t torn_bytes() const { return torn_; }
 
  private:
   std::string path_, context_;
+  int fd_ = -1;
+  std::vector<std::string> lines_;  // the journal's finished lines when it was opened
+  std::size_t dropped_ = 0, torn_ = 0;
 };
 
 // A short stable digest (FNV-1a, hex) of a text: the workload file's content in the context.

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -300,10 +301,15 @@ ChildOutcome run_child(const std::vector<std::string>& argv, double timeout_s, c
   ChildOutcome outcome;
   int out_pipe[2], err_pipe[2];
   if (pipe(out_pipe) != 0 || pipe(err_pipe) != 0) throw CallError(__FILE__, __LINE__, "pipe", std::strerror(errno));
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) throw CallError(__FILE__, __LINE__, "fork", std::strerror(errno));
   if (pid == 0) {
     setpgid(0, 0);  // its own group: the watchdog kills everything it started
+    // Ends with autotune however autotune ends (kill -9 included): SIGTERM, which a launcher (mpirun) takes as
+    // the word to stop its ranks; a trial sets SIGKILL for itself (die_with_parent).
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);  // autotune ended before the line above
     dup2(out_pipe[1], STDOUT_FILENO);
     dup2(err_pipe[1], STDERR_FILENO);
     close(out_pipe[0]);
@@ -386,19 +392,18 @@ TrialResult classify(const ChildOutcome& o) {
       return r;
     }
   }
-  r.cls = TrialClass::error;
+  r.cls = o.signal == SIGKILL ? TrialClass::oom : TrialClass::error;  // nothing else here sends SIGKILL: the kernel's
+  r.message = ending_text(o);                                           // out-of-memory killer
+  return r;
+}
+
+std::string ending_text(const ChildOutcome& o) {
   std::string tail = o.err_tail;
   while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
   if (!tail.empty()) tail = ": " + tail;
-  if (o.signal == SIGKILL) {
-    r.cls = TrialClass::oom;  // nothing else here sends SIGKILL: the kernel's out-of-memory killer
-    r.message = "killed by SIGKILL (the kernel's out-of-memory killer, most likely)";
-  } else if (o.signal) {
-    r.message = std::string("crashed: killed by signal ") + std::to_string(o.signal) + " (" + strsignal(o.signal) + ")" + tail;
-  } else {
-    r.message = "exited with code " + std::to_string(o.exit_code) + " and no result" + tail;
-  }
-  return r;
+  if (o.signal == SIGKILL) return "killed by SIGKILL (the kernel's out-of-memory killer, most likely)";
+  if (o.signal) return std::string("crashed: killed by signal ") + std::to_string(o.signal) + " (" + strsignal(o.signal) + ")" + tail;
+  return "exited with code " + std::to_string(o.exit_code) + " and no result" + tail;
 }
 
 int64_t trial_memory_capacity(bool cuda, int device) {
@@ -493,10 +498,14 @@ TorchProbe torch_interpreter() {
   return p;
 }
 
-void start_torch_worker(WorkerExecutor& worker, TorchProbe& probe, const std::string& who) {
+void start_torch_worker(WorkerExecutor& worker, TorchProbe& probe, const std::string& who, double timeout_s) {
   json hello;
   try {
-    hello = worker.start(180);
+    hello = worker.start(timeout_s);
+  } catch (const WorkerLost& e) {
+    if (e.why == WorkerLost::Why::interrupted) throw;  // a stop while it started: nothing to explain
+    require_torch(who, probe.script);
+    throw UsageError(who + ": " + probe.script + " --serve failed under " + probe.python + " (" + e.what() + ")");
   } catch (const UsageError& e) {
     // The worker's own words (a GPU it cannot see), unless PyTorch or the script is missing: how to install it.
     require_torch(who, probe.script);

@@ -81,6 +81,9 @@ struct ChildOutcome {
 ChildOutcome run_child(const std::vector<std::string>& argv, double timeout_s, const std::atomic<bool>* stop);
 // What a child's outcome means as a trial.
 TrialResult classify(const ChildOutcome& outcome);
+// How a child that gave no result ended, in words: "killed by signal 9 (Killed)", "exited with code 3", with the
+// last of its standard error after a colon when it said anything.
+std::string ending_text(const ChildOutcome& outcome);
 
 // Bytes a trial may use: the GPU's memory less what the context, cuBLAS's workspace and an
 // allocator's slack take (1 GiB), or 90% of the host memory available now.
@@ -137,7 +140,10 @@ struct TorchProbe {
 TorchProbe torch_interpreter();
 // Starts `worker` and fills `probe` from its hello; UsageError saying how to install PyTorch (or what the worker
 // said) when it cannot start. `who` names the option in the message.
-void start_torch_worker(WorkerExecutor& worker, TorchProbe& probe, const std::string& who);
+// How long importing PyTorch (and the script) may take before the worker is taken for hung.
+inline constexpr double kTorchWorkerStartSeconds = 180;
+void start_torch_worker(WorkerExecutor& worker, TorchProbe& probe, const std::string& who,
+                        double timeout_s = kTorchWorkerStartSeconds);
 
 // The PyTorch executor (`autotune --executor torch`): the PyTorch twin of the step in the tune's worker
 // (worker.h; scripts/trainbench_tracking/torch_worker.py), each candidate opened with the workload resolved

@@ -3,7 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,8 +16,6 @@
 
 #include "runtime/error.h"
 #include "tuner/trial.h"
-
-extern char** environ;
 
 namespace tb::tune {
 
@@ -79,19 +77,44 @@ WorkerProcess::WorkerProcess(const std::vector<std::string>& argv, double timeou
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, ends[1], STDIN_FILENO);  // dup2 clears close-on-exec
-  posix_spawn_file_actions_adddup2(&actions, ends[1], STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);  // its own group: killed whole, with what it started
-  posix_spawnattr_setpgroup(&attributes, 0);
-  pid_t pid = 0;
-  const int spawned = posix_spawnp(&pid, args[0], &actions, &attributes, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attributes);
+  // fork and exec rather than posix_spawn: the child asks the kernel, before it runs the worker, to end it when
+  // autotune ends (PR_SET_PDEATHSIG), kill -9 included, so that no worker outlives its tune holding a GPU's memory.
+  // Between fork and exec only async-signal-safe calls.
+  int exec_failed[2];  // close-on-exec: closes unread when exec succeeds, carries errno when it does not
+  if (::pipe2(exec_failed, O_CLOEXEC) != 0) {
+    for (const int fd : {ends[0], ends[1], err[0], err[1]}) ::close(fd);
+    throw CallError(__FILE__, __LINE__, "pipe2", std::strerror(errno));
+  }
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(exec_failed[0]);
+    ::setpgid(0, 0);  // its own group: killed whole, with what it started
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // autotune ended before the line above
+    ::dup2(ends[1], STDIN_FILENO);  // dup2 clears close-on-exec
+    ::dup2(ends[1], STDOUT_FILENO);
+    ::dup2(err[1], STDERR_FILENO);
+    ::execvp(args[0], args.data());
+    const int why = errno;
+    [[maybe_unused]] const ssize_t said = ::write(exec_failed[1], &why, sizeof why);
+    ::_exit(127);
+  }
+  int spawned = pid < 0 ? errno : 0;
+  ::close(exec_failed[1]);
+  if (pid > 0) {
+    ::setpgid(pid, pid);  // as the child does: whichever runs first
+    int why = 0;
+    ssize_t n = 0;
+    while ((n = ::read(exec_failed[0], &why, sizeof why)) < 0 && errno == EINTR) {
+    }
+    if (n == static_cast<ssize_t>(sizeof why)) {
+      spawned = why;
+      while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+  }
+  ::close(exec_failed[0]);
   ::close(ends[1]);
   ::close(err[1]);
   if (spawned != 0) {
@@ -330,7 +353,7 @@ TrialResult WorkerExecutor::run(const Candidate& candidate, const MeasurePolicy&
         pending_reason_ = describe_switches(candidate) + ": " + failed_class + " while stepping";
         process_.reset();
       }
-      return finish(failed_class == "oom" ? TrialClass::oom : TrialClass::error, failed_why);
+      return finish(class_of_disposition(failed_class), failed_why);  // oom, incorrect (a NaN loss), or an error
     }
     r.peak_bytes = process_->request({{"op", "counters"}}, limit(1)).value("peak_bytes", int64_t{0});
     const json closed = process_->request({{"op", "close"}}, limit(slowest_open_));

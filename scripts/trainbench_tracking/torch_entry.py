@@ -111,7 +111,7 @@ def load_function(path: str, name: str) -> Callable:
     except BaseException as e:  # noqa: B902 - any failure to import is the user's to fix
         if isinstance(e, KeyboardInterrupt):
             raise
-        raise EntryError(f"{where}: cannot import {path}: {type(e).__name__}: {_one_line(e)}") from None
+        raise EntryError(f"{where}: cannot import {path}: {type(e).__name__}: {one_line(e)}") from None
     if not hasattr(module, name):
         raise EntryError(f"{where}: {path} has no '{name}'; expected {EXPECTED}")
     fn = getattr(module, name)
@@ -120,9 +120,19 @@ def load_function(path: str, name: str) -> Callable:
     return fn
 
 
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else "(no message)"
+def one_line(e: BaseException) -> str:
+    """The exception's message on one line: all of it (transformers' validation errors say what is wrong on their
+    second line), its lines joined, at most 500 characters."""
+    text = " ".join(line.strip() for line in str(e).strip().splitlines() if line.strip())
+    return (text[:497] + "...") if len(text) > 500 else (text or "(no message)")
+
+
+def nonfinite_loss(loss: float, step: int, what: str = "") -> Optional[str]:
+    """Why a step whose loss is NaN or infinite cannot be measured, or None: a model that diverges (or data with
+    NaN in it) is incorrect whatever the switches, not a question of how the batch is split."""
+    if math.isfinite(loss):
+        return None
+    return f"the loss is {'NaN' if math.isnan(loss) else 'inf' if loss > 0 else '-inf'} at step {step}{what}"
 
 
 class Entry:
@@ -300,7 +310,7 @@ def build_file_entry(path: str, name: str, micro_batch: int, device, switches: D
             raise
         if _looks_like_oom(e):
             raise
-        raise EntryError(f"{where}: {name}({micro_batch}, {device}) raised {type(e).__name__}: {_one_line(e)}") from None
+        raise EntryError(f"{where}: {name}({micro_batch}, {device}) raised {type(e).__name__}: {one_line(e)}") from None
     lightning = _from_lightning(got, where)
     if lightning is not None:
         lightning.model.to(device)
@@ -336,7 +346,7 @@ def build_hf_entry(name: str, overrides: Dict[str, str], micro_batch: int, devic
         from transformers import AutoModelForCausalLM
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     except ImportError as e:
-        raise EntryError(f"{where}: transformers is not installed in {sys.executable} ({_one_line(e)}); "
+        raise EntryError(f"{where}: transformers is not installed in {sys.executable} ({one_line(e)}); "
                          "scripts/install-deps --torch installs it") from None
     if name not in CONFIG_MAPPING:
         raise EntryError(f"{where}: '{name}' is not a model type of transformers {transformers.__version__} "
@@ -348,7 +358,11 @@ def build_hf_entry(name: str, overrides: Dict[str, str], micro_batch: int, devic
     for key, value in opts.items():
         if not hasattr(config, key):
             raise EntryError(f"{where}: {type(config).__name__} has no '{key}'")
-        setattr(config, key, value)
+        try:
+            setattr(config, key, value)
+        except Exception as e:  # noqa: BLE001 - transformers validates its fields: its words, whole
+            raise EntryError(f"{where}: {key}={overrides[key]} is refused by {type(config).__name__}: "
+                             f"{type(e).__name__}: {one_line(e)}") from None
     for key in list(vars(config)):
         if (key.endswith("pdrop") or key.endswith("dropout") or key.endswith("dropout_prob")) and key not in opts \
                 and isinstance(getattr(config, key), float):
@@ -358,7 +372,7 @@ def build_hf_entry(name: str, overrides: Dict[str, str], micro_batch: int, devic
             model = AutoModelForCausalLM.from_config(config)
         model.to(device)
     except ValueError as e:
-        raise EntryError(f"{where}: no causal language model for {type(config).__name__} ({_one_line(e)})") from None
+        raise EntryError(f"{where}: no causal language model for {type(config).__name__} ({one_line(e)})") from None
     vocab = int(config.vocab_size)
     g = torch.Generator().manual_seed(HF_SEED)
     n_rows = max(HF_SAMPLES, micro_batch)
@@ -457,6 +471,8 @@ class Loop:
         self.steps = 0
         self.pending = None
         self.last_loss = float("nan")
+        self.step_loss = None        # the last step's mean loss, a tensor on the device (read without a sync)
+        self.diverged: Optional[str] = None  # why, from the first NaN or infinite loss read
         self.schedulers: Optional[List[Scheduled]] = None  # the entry's, bound to the optimizer of the first step
         self.samples = 0  # seen, for the epochs of epoch-interval schedulers
 
@@ -499,7 +515,8 @@ class Loop:
             optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         self.step_schedulers(optimizer, sum(leading_size(b) or 0 for b in micro_batches))
-        self.read_loss(torch.stack(losses).float().mean())
+        self.step_loss = torch.stack(losses).float().mean()
+        self.read_loss(self.step_loss)
 
     def step_schedulers(self, optimizer, samples: int) -> None:
         """After each optimizer step, as Lightning does: interval "step" schedulers every `frequency` steps;
@@ -532,10 +549,18 @@ class Loop:
         """The loss to the host per the sync switch: every step, every SYNC_EVERY_N, or one step late."""
         if self.sync == "every_step" or (self.sync.startswith("every_n") and self.steps % SYNC_EVERY_N == 0):
             self.last_loss = loss.item()
+            read_at = self.steps
         elif self.sync == "async":
-            if self.pending is not None:
+            if self.pending is None:
+                read_at = 0
+            else:
                 self.last_loss = float(self.pending)
+                read_at = self.steps - 1
             self.pending = loss.to("cpu", non_blocking=True) if self.on_gpu else loss
+        else:
+            read_at = 0
+        if read_at and self.diverged is None:
+            self.diverged = nonfinite_loss(self.last_loss, read_at)
 
 
 # ---- the check ---------------------------------------------------------------------------------------------
@@ -578,6 +603,7 @@ def first_step(entry: Entry, device, switches, micro_batches, variant: str, init
     seconds = time.perf_counter() - started
     out = {k: v.detach().clone() for k, v in entry.model.named_parameters()}
     out["seconds"] = seconds
+    out["loss"] = float(loop.step_loss)
     return out
 
 
@@ -614,16 +640,24 @@ def check_first_step(entry: Entry, device, switches: Dict[str, str], micro_batch
     plain = {"sync": "every_step"}
     try:
         if references is not None and reference_key in references:
-            reference, parts = references[reference_key]
+            reference, parts, reference_loss = references[reference_key]
         else:
             reference, parts = reference_step(entry, device, micro_batches, own, initial)
             reference.pop("seconds", None)
+            reference_loss = reference.pop("loss")
             if references is not None:  # kept in host memory: not in a GPU candidate's peak
-                references[reference_key] = ({k: v.to("cpu") for k, v in reference.items()}, parts)
+                references[reference_key] = ({k: v.to("cpu") for k, v in reference.items()}, parts, reference_loss)
         whole = "the whole batch" if parts == 1 else f"the batch in {parts} micro-batches (the whole did not fit)"
+        diverged = nonfinite_loss(reference_loss, 1, f" of the reference ({whole} in fp32, the entry's own optimizer): "
+                                                     "the model or its data, whatever the switches")
+        if diverged:
+            return diverged
         candidate = first_step(entry, device, switches, micro_batches, switches.get("optimizer", own), initial)
         if timing is not None:
             timing["first_step_seconds"] = candidate["seconds"]
+        diverged = nonfinite_loss(candidate.pop("loss"), 1, f" with these switches (the reference's: {reference_loss:.4g})")
+        if diverged:
+            return diverged
         diff = update_difference(entry.model, initial, reference)
         tol = TOLERANCE_BF16 if switches.get("bf16_matmuls") == "on" else TOLERANCE_FP32
         why = None
@@ -701,13 +735,13 @@ def probe_entry(request: dict) -> dict:
     except EntryError:
         raise
     except Exception as e:  # noqa: BLE001
-        raise EntryError(f"{where}: making the optimizer raised {type(e).__name__}: {_one_line(e)}") from None
+        raise EntryError(f"{where}: making the optimizer raised {type(e).__name__}: {one_line(e)}") from None
     try:
         batch = next(iter(entry.batches))
     except StopIteration:
         raise EntryError(f"{where}: 'batches' yielded no micro-batch") from None
     except Exception as e:  # noqa: BLE001
-        raise EntryError(f"{where}: iterating 'batches' raised {type(e).__name__}: {_one_line(e)}") from None
+        raise EntryError(f"{where}: iterating 'batches' raised {type(e).__name__}: {one_line(e)}") from None
     size = leading_size(batch)
     if size is None:
         raise EntryError(f"{where}: a micro-batch is a {type(batch).__name__} with no tensor in it; expected tensors, "
@@ -718,10 +752,14 @@ def probe_entry(request: dict) -> dict:
     try:
         loss = entry.loss(entry.model, to_device(batch, device))
     except Exception as e:  # noqa: BLE001
-        raise EntryError(f"{where}: loss(model, micro_batch) raised {type(e).__name__}: {_one_line(e)}") from None
+        raise EntryError(f"{where}: loss(model, micro_batch) raised {type(e).__name__}: {one_line(e)}") from None
     if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad):
         what = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}"
         raise EntryError(f"{where}: loss(model, micro_batch) returned {what}; expected a scalar tensor that requires grad")
+    diverged = nonfinite_loss(float(loss.detach()), 1, " (the probe's first micro-batch, before any update): the model or "
+                                                        "its data gives no finite loss to train on")
+    if diverged:
+        raise EntryError(f"{where}: {diverged}")
     loss.backward()
     opt.zero_grad(set_to_none=True)
     build_seconds = time.perf_counter() - started

@@ -52,8 +52,8 @@ COMPILED_KEPT = 4                        # compile=on candidates whose compiled 
 
 
 def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else '(no message)'}"
+    from .torch_entry import one_line
+    return f"{type(e).__name__}: {one_line(e)}"
 
 
 def _where(e: BaseException) -> str:
@@ -118,9 +118,10 @@ def fingerprint(value: Any) -> str:
 class Opened:
     """One open candidate: its step function and what close must drop."""
 
-    def __init__(self, step, keep=None):
+    def __init__(self, step, keep=None, diverged=None):
         self.step = step
         self.keep = keep  # a compiled candidate's parts, kept for its next opening
+        self.diverged = diverged or (lambda: None)  # why its steps cannot be measured (a NaN loss), else None
 
 
 class Worker:
@@ -255,7 +256,7 @@ class Worker:
         if kept is not None:  # its compiled model again, from the same initial parameters
             entry, loop, initial = kept
             entry.model.load_state_dict(initial)
-            loop.steps, loop.pending, loop.schedulers, loop.samples = 0, None, None, 0
+            loop.steps, loop.pending, loop.schedulers, loop.samples, loop.diverged = 0, None, None, 0, None
         else:
             torch.manual_seed(0)
             entry = build_entry(self.spec, micro, self.device, switches)
@@ -282,10 +283,13 @@ class Worker:
 
         def step():
             loop.step(opt, [next(stream) for _ in range(accumulation)])
-        self.opened = Opened(step, keep=(key, (entry, loop, initial)) if compiled else None)
+        self.opened = Opened(step, keep=(key, (entry, loop, initial)) if compiled else None, diverged=lambda: loop.diverged)
         # One warm-up step, timed: it sizes the samples (the check's steps warmed PyTorch up already, and a slice's
         # first step is at most slower than the next: its samples are then smaller, not fewer)
         said["step_seconds"] = self.time_steps(1)
+        if loop.diverged:
+            said.update(disposition="incorrect", reason=loop.diverged)
+            return
         if compiled and kept is None:  # compiled in its first step: the checked one
             said["compile_seconds"] = max(timing.get("first_step_seconds", 0.0) - said["step_seconds"], 0.0)
 
@@ -372,7 +376,12 @@ def serve(worker: Worker, requests: TextIO, answers: TextIO) -> int:
         if not isinstance(calls, int) or calls < 0:
             return {"error": f"'calls' must be a count, not {calls!r}"}
         try:
-            return {"seconds": worker.time_steps(calls)}
+            seconds = worker.time_steps(calls)
+            diverged = worker.opened.diverged()
+            if diverged:  # a NaN loss is an incorrect model, never a time
+                worker.close_quietly()
+                return {"error": diverged, "class": "incorrect"}
+            return {"seconds": seconds}
         except BaseException as e:  # noqa: B902
             if isinstance(e, KeyboardInterrupt):
                 raise

@@ -119,3 +119,38 @@ class TorchWorker:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def live_processes():
+    """pid -> (parent pid, process group) of every live process (zombies are gone for this purpose)."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            fields = text[text.rindex(")") + 2:].split()   # after the command's name, which may hold spaces
+            if fields[0] != "Z":
+                found[int(name)] = (int(fields[1]), int(fields[2]))
+    return found
+
+
+def assert_gone_within(seconds, matches, what):
+    """Waits up to `seconds` until no live process matches (pid, (ppid, pgrp)) -> bool; kills what is left and
+    fails, naming it."""
+    import signal
+    import time
+    deadline = time.monotonic() + seconds
+    while True:
+        left = [pid for pid, st in live_processes().items() if matches(pid, st)]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, f"{len(left)} processes outlived it ({what})"

@@ -11,6 +11,8 @@ import subprocess
 
 import pytest
 
+from conftest import assert_gone_within, live_processes
+
 BENCHSUITE = os.environ.get("TRAINBENCH_BENCHSUITE")
 AUTOTUNE = os.environ.get("TRAINBENCH_AUTOTUNE")
 MPIRUN = shutil.which("mpirun")
@@ -97,3 +99,60 @@ def test_predict_two_ranks_from_one_rank_is_consistent_and_reports_its_error(tmp
     # The figure itself, for the log (ctest --output-on-failure, pytest -s): never a verdict.
     print(f"--predict on 2 ranks: predicted {p['samples_per_s']:.0f} samples/s, measured "
           f"{v['measured_samples_per_s']:.0f}, error {v['error']:+.1%}")
+
+
+def _descendants(pid):
+    """Every live process under pid (mpirun, its ranks, what they started)."""
+    children = {}
+    for child, (parent, _) in live_processes().items():
+        children.setdefault(parent, []).append(child)
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+@pytest.mark.parametrize("how", ["sigterm", "kill-9"])
+def test_no_rank_outlives_a_stopped_or_killed_tune(tmp_path, how):
+    """autotune --ranks 2, stopped by SIGTERM (exit 143, the best so far written) or killed with -9, while a trial
+    runs on its two ranks: within 2 s no process of the tune is left, mpirun and both ranks included (each rank
+    ends with its parent, mpirun ends with autotune: PR_SET_PDEATHSIG)."""
+    import signal
+    import time
+    journal = tmp_path / "tune.jsonl"
+    err = open(tmp_path / "err.txt", "w")
+    proc = subprocess.Popen([AUTOTUNE, "--workload", "tiny", "--gpu", "cpu", "--batch", "16", "--ranks", "2",
+                             "--switches", "optimizer", "--trial-seconds", "2", "--budget", "900", "--journal",
+                             str(journal), "--out", str(tmp_path / "tuned.yaml")],
+                            env=env(), stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 300
+        ranks = []
+        while len(ranks) < 2:   # a trial on both ranks, after one finished (so the tune holds a best so far)
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "err.txt").read_text()
+            tree = _descendants(proc.pid)
+            ranks = [p for p in tree if _cmdline(p)[:2] == [os.path.realpath(AUTOTUNE), "--trial"]]  # not mpirun
+            if not (journal.exists() and journal.read_text()):
+                ranks = []
+            time.sleep(0.05)
+        tree = _descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+        code = proc.wait(timeout=60)
+        assert_gone_within(2, lambda pid, st: pid in tree, f"{how} of a tune over 2 ranks")
+        if how == "sigterm":
+            assert code == 143, (tmp_path / "err.txt").read_text()
+            assert (tmp_path / "tuned.yaml").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        err.close()
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return []

@@ -40,6 +40,7 @@ def probe(spec):
     (f"{os.path.join(ENTRIES, 'missing.py')}:build", "no such file"),
     ("build_without_a_file", "expected FILE.py:NAME"),
     ("hf:no_such_model_type", "is not a model type of transformers"),
+    ("hf:gpt2?n_layer=abc", "n_layer=abc is refused by GPT2Config"),  # the reason, past transformers' colon too
 ])
 def test_a_bad_entry_is_one_line_naming_it(spec, expected):
     if spec.startswith("hf:"):
@@ -49,7 +50,7 @@ def test_a_bad_entry_is_one_line_naming_it(spec, expected):
     text = str(e.value)
     assert expected in text
     assert "\n" not in text
-    assert text.startswith(f"--entry {spec}")
+    assert text.startswith(f"--entry {spec.split('?')[0]}")
 
 
 def test_the_example_and_the_cnn_probe_with_their_switches():
@@ -151,6 +152,25 @@ def test_the_worker_opens_checks_and_steps_candidates_and_a_split_dependent_one_
     with entry_worker(f"{CNN}:build_batchnorm") as w:
         said = w.request("open", candidate={"global_batch": 16, "micro_batch": 8, "switches": {}})
         assert said["disposition"] == "incorrect" and "micro-batch split" in said["reason"], said
+
+
+def test_a_nan_loss_is_named_as_such_never_as_a_split_dependent_model():
+    """A model whose loss is NaN is incorrect whatever the switches: the probe refuses one that is NaN from the start
+    (before any trial is spent on it), and a step that turns NaN while measured ends its trial as incorrect, with
+    the step. Neither is ever diagnosed as a loss that depends on the micro-batch split."""
+    faulty = os.path.join(ENTRIES, "faulty.py")
+    with entry_worker(f"{faulty}:nan_at_once") as w:
+        said = w.request("probe", micro_batch=8)
+        assert said.get("usage") and "the loss is NaN at step 1" in said["error"], said
+    entry = te.build_entry(f"{faulty}:nan_at_once", 8, CPU)
+    why = te.check_first_step(entry, CPU, {}, first_micro_batches(entry, 2), "per_tensor")
+    assert why and why.startswith("the loss is NaN at step 1 of the reference") and "split" not in why, why
+    with entry_worker(f"{faulty}:diverges") as w:
+        said = w.request("open", candidate={"global_batch": 16, "micro_batch": 8, "switches": {}})
+        assert said["disposition"] == "passed", said   # five finite losses: the check's and the warm-up step's
+        timed = w.request("time", calls=2)
+        assert timed.get("class") == "incorrect" and timed["error"].startswith("the loss is NaN at step "), timed
+        assert "split" not in timed["error"]
 
 
 def test_the_reference_of_a_global_batch_is_computed_once_and_kept(monkeypatch):

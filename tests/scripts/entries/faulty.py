@@ -4,7 +4,10 @@ README's example, built per the switches it names:
 - optimizer=foreach: the process aborts (a crash in native code: SIGABRT);
 - sync=async: the build hangs (a deadlock);
 - optimizer=fused: it allocates 8 GiB (out of memory under autotune --memory-limit).
-`same`: a switch-insensitive model for the tie rule: nothing fails, and sync changes nothing measurable."""
+`same`: a switch-insensitive model for the tie rule: nothing fails, and sync changes nothing measurable.
+`nan_at_once`: its data holds a NaN, so the loss is NaN from the first micro-batch (refused by the probe);
+`diverges`: finite for its first five losses, NaN from the sixth on, per build (the checked first step passes,
+a measured step does not)."""
 import os
 import time
 
@@ -36,3 +39,21 @@ def build(micro_batch, device, optimizer="per_tensor", sync="every_step"):
 
 def same(micro_batch, device):
     return _mlp(micro_batch, device)
+
+
+def nan_at_once(micro_batch, device):
+    entry = _mlp(micro_batch, device)
+    entry["batches"] = [(x.clone().fill_(float("nan")), y) for x, y in entry["batches"]]
+    return entry
+
+
+def diverges(micro_batch, device):
+    entry = _mlp(micro_batch, device)
+    calls = [0]
+
+    def loss(m, b):
+        calls[0] += 1
+        value = nn.functional.cross_entropy(m(b[0]), b[1])
+        return value if calls[0] <= 5 else value * float("nan")
+    entry["loss"] = loss
+    return entry
