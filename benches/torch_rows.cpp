@@ -46,66 +46,7 @@ std::vector<char*> spawn_arguments(const std::vector<std::string>& argv) {
   return args;
 }
 
-// Runs argv quietly (its stdout and stderr to /dev/null) and waits for it: its exit code, 127 when it
-// could not be started at all.
-int run_quietly(const std::vector<std::string>& argv) {
-  std::vector<char*> args = spawn_arguments(argv);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
-  pid_t pid = 0;
-  const int spawned = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (spawned != 0) return 127;
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) return 127;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-}
-
 }  // namespace
-
-std::string torch_python() {
-  if (const char* env = std::getenv("TRAINBENCH_PYTHON"); env && *env) return env;
-  // Where scripts/install-deps --torch puts it.
-  fs::path venv;
-  if (const char* env = std::getenv("TRAINBENCH_TORCH_VENV"); env && *env) venv = env;
-  else if (const char* home = std::getenv("HOME"); home && *home) venv = fs::path(home) / ".local/share/trainbench/torch-venv";
-  std::error_code ec;
-  if (!venv.empty() && fs::exists(venv / "bin" / "python", ec)) return (venv / "bin" / "python").string();
-  return "python3";
-}
-
-namespace {
-
-// A script of scripts/: $<env> when set, else installed beside the binary, else the source tree's.
-std::string script_path(const char* env_name, const std::string& name) {
-  if (const char* env = std::getenv(env_name); env && *env) return env;
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    const fs::path installed = exe.parent_path() / ".." / "share" / "trainbench" / "scripts" / name;
-    if (fs::is_regular_file(installed)) return installed.lexically_normal().string();
-  }
-  return TRAINBENCH_SOURCE_SCRIPTS "/" + name;
-}
-
-}  // namespace
-
-std::string torch_peers_script() { return script_path("TRAINBENCH_TORCH_PEERS", "torch-peers"); }
-std::string torch_step_script() { return script_path("TRAINBENCH_TORCH_STEP", "torch-step"); }
-
-void require_torch(const std::string& who, const std::string& script) {
-  const std::string python = torch_python();
-  if (run_quietly({python, "-c", "import torch, numpy"}) != 0)
-    throw UsageError(who + " needs PyTorch and numpy in " + python +
-                     ": install them with scripts/install-deps --torch (or " + python +
-                     " -m pip install torch numpy), or name another interpreter in TRAINBENCH_PYTHON");
-  if (!fs::is_regular_file(script))
-    throw UsageError(who + ": no " + script +
-                     " (trainbench's scripts folder is missing: set TRAINBENCH_TORCH_PEERS or TRAINBENCH_TORCH_STEP to the script)");
-}
 
 nlohmann::json generator_constants() {
   namespace d = defaults;

@@ -16,6 +16,7 @@
 
 #include "harness.h"
 #include "results.h"
+#include "runtime/python.h"  // torch_python, the scripts, require_torch
 
 namespace tb {
 
@@ -59,20 +60,6 @@ struct TorchRun {
   std::string device = "cpu";  // cpu (rows `torch`) or cuda (rows `torch_cuda`)
   std::string listing_path;    // this run's `--list --format json` document, with its rows' inputs
 };
-
-// The interpreter that runs the script: $TRAINBENCH_PYTHON, else the virtual environment that
-// scripts/install-deps --torch makes ($TRAINBENCH_TORCH_VENV or ~/.local/share/trainbench/torch-venv)
-// when it is there, else python3.
-std::string torch_python();
-// scripts/torch-peers: $TRAINBENCH_TORCH_PEERS, else ../share/trainbench/scripts/torch-peers beside the
-// binary (an install), else the source tree's.
-std::string torch_peers_script();
-// scripts/torch-step (autotune --executor torch's trials): $TRAINBENCH_TORCH_STEP, else found as above.
-std::string torch_step_script();
-// Throws UsageError, saying how to install it, when the interpreter cannot import torch or `script` is
-// missing: checked before anything is measured, so a missing PyTorch costs no run. `who` names the
-// option in the message ("--backend torch").
-void require_torch(const std::string& who = "--backend torch", const std::string& script = torch_peers_script());
 
 class TorchServer;
 

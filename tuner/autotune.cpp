@@ -34,7 +34,7 @@
 #include <set>
 #include <sstream>
 
-#include "results.h"
+#include "runtime/files.h"
 #include "runtime/stats.h"
 #include "runtime/device_info.h"
 #include "runtime/error.h"

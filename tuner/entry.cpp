@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
-#include "torch_rows.h"
+#include "runtime/python.h"
 
 namespace tb::tune {
 

@@ -26,7 +26,7 @@
 #include "step/resolved.h"
 #include "step/step.h"
 #include "step/trainer.h"
-#include "torch_rows.h"
+#include "runtime/python.h"
 
 namespace tb::tune {
 

@@ -150,7 +150,6 @@ class HostDataset {
  public:
   explicit HostDataset(const Shape& shape);  // generated in parallel (first touch by the team)
   const unsigned char* field(std::size_t f) const { return fields_[f].data(); }
-  std::size_t field_count() const { return fields_.size(); }
   // token_rows: the one array of rows, samples x (seq_len + 1).
   const int32_t* token_rows() const { return reinterpret_cast<const int32_t*>(fields_.front().data()); }
 

@@ -103,7 +103,6 @@ class Trainer {
 
   Model<Ops>& model() { return model_; }
   int64_t steps() const { return step_; }
-  int64_t samples_per_step() const { return w_.batch.global; }
   const Workload& workload() const { return w_; }
   // The first forward's per-token losses of its first sequence, and which dataset sample that was:
   // what check() compares with the double-precision reference.

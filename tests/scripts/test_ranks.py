@@ -76,7 +76,7 @@ def test_predict_two_ranks_from_one_rank_is_consistent_and_reports_its_error(tmp
     times, and on a shared machine they are not measured at the same moment: under `ctest -j2` a test
     running beside the 2-rank step once put the prediction 55% off. A verdict that depends on the
     machine's load is a benchmark, not a test. The accuracy is a reported figure: autotune prints it and
-    writes it to `prediction.validation.error`, and the README's `--predict` table gives the values
+    writes it to `prediction.validation.error`, and the `--predict` table of docs/measured/cpu-vm-allreduce-and-ranks.md gives the values
     measured on an idle machine. What holds under any load is checked: the model's parts add up to its
     prediction, the all-reduce term is the probe's measurement scaled by the ring's traffic, the
     configuration divides the global batch, and the check run was made and its error computed from it."""

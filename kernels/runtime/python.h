@@ -1,0 +1,23 @@
+// The Python side of trainbench: which interpreter runs PyTorch, and where its scripts are. benchsuite's
+// PyTorch rows (scripts/torch-peers) and autotune's PyTorch worker (scripts/torch-step) find them here.
+#pragma once
+
+#include <string>
+
+namespace tb {
+
+// The interpreter that runs the scripts: $TRAINBENCH_PYTHON, else the virtual environment that
+// scripts/install-deps --torch makes ($TRAINBENCH_TORCH_VENV or ~/.local/share/trainbench/torch-venv)
+// when it is there, else python3.
+std::string torch_python();
+// scripts/torch-peers: $TRAINBENCH_TORCH_PEERS, else ../share/trainbench/scripts/torch-peers beside the
+// binary (an install), else the source tree's.
+std::string torch_peers_script();
+// scripts/torch-step (autotune --executor torch's worker): $TRAINBENCH_TORCH_STEP, else found as above.
+std::string torch_step_script();
+// Throws UsageError, saying how to install it, when the interpreter cannot import torch or `script` is
+// missing: checked before anything is measured, so a missing PyTorch costs no run. `who` names the
+// option in the message ("--backend torch").
+void require_torch(const std::string& who = "--backend torch", const std::string& script = torch_peers_script());
+
+}  // namespace tb
