@@ -150,6 +150,25 @@ class Worker:
         self.opened: Optional[Opened] = None
         self.before_open = 0   # memory held before the last candidate was opened
 
+    def import_entry(self) -> None:
+        """The entry's imports, before the memory limit: the limit is for what a candidate allocates, and a library
+        imported under it (transformers' losses pull in scipy, whose shared objects need address space) fails in
+        ways that read as a broken install, not as out of memory. A failure here is left for the probe to say."""
+        if self.kind != "entry":
+            return
+        from .torch_entry import load_function, parse_spec
+        try:
+            kind, path, extra = parse_spec(self.spec)
+            if kind == "file":
+                load_function(path, extra["name"])
+            else:  # the model's class and what it imports (its loss: scipy), resolved without building it
+                import transformers.loss.loss_utils  # noqa: F401
+                from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+                from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+                MODEL_FOR_CAUSAL_LM_MAPPING[type(CONFIG_MAPPING[path]())]
+        except Exception:  # noqa: BLE001 - the probe reports a bad entry in its own words
+            pass
+
     def limit_memory(self) -> None:
         if not self.on_gpu:
             from .torch_trial import limit_host_memory
@@ -413,6 +432,7 @@ def main(start_text: str) -> int:
         if worker.kind == "entry":
             from .torch_entry import parse_spec
             parse_spec(worker.spec)
+            worker.import_entry()
         worker.limit_memory()
     except UsageError as e:
         print(f"torch-step --serve: {e}", file=sys.stderr)
