@@ -1,8 +1,8 @@
 // attention_tiles [SHAPE ...] [--rounds R] [--calls N]: the bf16 tensor-core attention's tile
 // configurations (attention.h's cuda_bf16_*_tilings) held against each other on this GPU. Each one is
 // checked against the double reference first (a wrong one is reported as incorrect and not timed),
-// then all are timed in rounds that rotate their order (N calls between two CUDA events per
-// measurement), so that the GPU's clocks and a shared host drift alike for all of them. Prints per
+// then all are timed in interleaved rounds in runtime/schedule.h's order (N calls between two CUDA
+// events per measurement), so that the GPU's clocks and a shared host drift alike for all of them. Prints per
 // shape, pass and tiling the median time and TFLOP/s (the stage's counting: the forward's 4 B H S^2 D
 // halved when causal, the backward twice that) and the ratio to the default with its range over the
 // rounds. The default is what benchsuite's rows and the training step run; this answers "would
@@ -19,6 +19,8 @@
 #include "runtime/cuda_raii.h"
 #include "runtime/error.h"
 #include "runtime/random.h"
+#include "runtime/schedule.h"
+#include "runtime/stats.h"
 
 namespace {
 
@@ -56,11 +58,6 @@ std::vector<float> download_bf16(const bf16_bits* d, int64_t n) {
   return out;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
 struct Entry {
   std::string pass, tiling;
   bool correct = false;
@@ -79,7 +76,7 @@ void report(const Shape& s, bool causal, std::vector<Entry>& entries, double flo
       continue;
     }
     const double work = e.pass == "forward" ? flops_forward : 2 * flops_forward;
-    const double t = median(e.seconds);
+    const double t = median_of(e.seconds);
     const Entry* base = nullptr;  // the pass's default: the first of its pass
     for (const Entry& b : entries)
       if (b.pass == e.pass) {
@@ -91,7 +88,7 @@ void report(const Shape& s, bool causal, std::vector<Entry>& entries, double flo
       std::vector<double> r;
       for (std::size_t i = 0; i < e.seconds.size(); ++i) r.push_back(e.seconds[i] / base->seconds[i]);
       char text[96];
-      std::snprintf(text, sizeof text, "%.3fx the default's time (rounds %.3f-%.3f)", median(r),
+      std::snprintf(text, sizeof text, "%.3fx the default's time (rounds %.3f-%.3f)", median_of(r),
                     *std::min_element(r.begin(), r.end()), *std::max_element(r.begin(), r.end()));
       ratio = text;
     }
@@ -152,20 +149,18 @@ int run(const std::vector<std::string>& shapes, int rounds, int calls) {
         e.why = verdict.detail;
         entries.push_back(e);
       }
-      for (int r = 0; r < rounds; ++r)
-        for (std::size_t i = 0; i < entries.size(); ++i) {
-          const std::size_t at = (i + static_cast<std::size_t>(r)) % entries.size();  // rotating order
-          Entry& e = entries[at];
-          if (!e.correct) continue;
-          const std::size_t index = at < forward_names.size() ? at : at - forward_names.size();
-          if (e.pass == "forward")
-            e.seconds.push_back(time_calls([&] {
-              cuda_bf16_forward_tiled(index, s, causal, q.data(), k.data(), v.data(), o.data(), lse.data(), stream);
-            }));
-          else
-            e.seconds.push_back(time_calls(
-                [&] { cuda_bf16_backward_tiled(index, s, causal, x, lse.data(), g, bhsd(s), scratch.data(), stream); }));
-        }
+      for (const std::size_t at : schedule(entries.size(), static_cast<std::size_t>(rounds))) {
+        Entry& e = entries[at];
+        if (!e.correct) continue;
+        const std::size_t index = at < forward_names.size() ? at : at - forward_names.size();
+        if (e.pass == "forward")
+          e.seconds.push_back(time_calls([&] {
+            cuda_bf16_forward_tiled(index, s, causal, q.data(), k.data(), v.data(), o.data(), lse.data(), stream);
+          }));
+        else
+          e.seconds.push_back(time_calls(
+              [&] { cuda_bf16_backward_tiled(index, s, causal, x, lse.data(), g, bhsd(s), scratch.data(), stream); }));
+      }
       report(s, causal, entries, attention_flops(s, causal));
     }
   }

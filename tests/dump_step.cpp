@@ -1,6 +1,6 @@
 // dump_step WORKLOAD [--micro N] [--steps K] [--out FILE]: the CPU training step of a workload in
-// double, written as JSON for a twin of the step in another framework (scripts/trainbench_tracking/
-// torch_step.py) to be checked against: the workload as the C++ resolved it, the constants the step
+// double, written as JSON for a twin of the step in another framework (scripts/trainbench/pytorch/
+// step.py) to be checked against: the workload as the C++ resolved it, the constants the step
 // is built from, every parameter tensor's name, shape and initial values, the first micro-batch
 // (samples, tokens, targets, per-token losses) with the gradients one forward and backward of it
 // leaves, and with --steps K the K optimizer steps' losses, gradient norms, solver counts and the

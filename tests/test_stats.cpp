@@ -1,9 +1,13 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <deque>
+#include <limits>
+#include <numeric>
 
 #include "runtime/gpu_monitor.h"
+#include "runtime/schedule.h"
 #include "runtime/stats.h"
 #include "runtime/timing.h"
 
@@ -91,6 +95,108 @@ TEST(Stats, PairedRatioIsTheMedianOfTheRoundsWithTheSignedRankInterval) {
   EXPECT_DOUBLE_EQ(drifted.ci_low, 2.0);
   EXPECT_DOUBLE_EQ(drifted.ci_high, 2.0);
   EXPECT_THROW(paired_ratio_estimate({1}, {0}), std::invalid_argument);
+}
+
+TEST(Stats, HodgesLehmannIsTheMedianOfTheWalshAverages) {
+  // {1, 2, 3}: Walsh averages 1, 1.5, 2, 2, 2.5, 3.
+  EXPECT_DOUBLE_EQ(hodges_lehmann({3, 1, 2}), 2.0);
+  // {1, 2, 3, 100}: 1, 1.5, 2, 2, 2.5, 3, 50.5, 51, 51.5, 100: one wild value hardly moves it (the mean is 26.5).
+  EXPECT_DOUBLE_EQ(hodges_lehmann({1, 2, 3, 100}), 2.75);
+  EXPECT_DOUBLE_EQ(hodges_lehmann({7}), 7.0);
+  EXPECT_THROW(hodges_lehmann({}), std::invalid_argument);
+}
+
+TEST(Stats, StudentTMatchesClosedFormsAndTables) {
+  EXPECT_DOUBLE_EQ(student_t_cdf(0, 3), 0.5);
+  EXPECT_NEAR(student_t_cdf(1, 1), 0.75, 1e-12);                                  // Cauchy: 1/2 + atan(t) / pi
+  EXPECT_NEAR(student_t_cdf(2, 2), 0.5 + 2 / (2 * std::sqrt(6.0)), 1e-12);        // 1/2 + t / (2 sqrt(2 + t^2))
+  EXPECT_NEAR(student_t_cdf(-2, 2), 0.5 - 2 / (2 * std::sqrt(6.0)), 1e-12);
+  EXPECT_NEAR(student_t_quantile(0.975, 1), 12.7062, 1e-4);
+  EXPECT_NEAR(student_t_quantile(0.975, 4), 2.776445, 1e-6);
+  EXPECT_NEAR(student_t_quantile(0.995, 10), 3.169273, 1e-6);
+  EXPECT_NEAR(student_t_quantile(0.025, 4), -2.776445, 1e-6);
+  EXPECT_NEAR(student_t_cdf(student_t_quantile(0.9, 2.5), 2.5), 0.9, 1e-10);  // fractional degrees of freedom
+  EXPECT_THROW(student_t_quantile(0, 4), std::invalid_argument);
+  EXPECT_THROW(student_t_cdf(1, 0), std::invalid_argument);
+}
+
+TEST(Stats, PairedTRatioIsTheHodgesLehmannRatioWithTheTInterval) {
+  // Log ratios 0.1, -0.1, 0.05, -0.05, 0: estimate 0, mean 0, sd sqrt(0.025 / 4), t(0.975, 4) = 2.776445,
+  // half-width 2.776445 * sqrt(0.025 / 4 / 5) = 0.0981614.
+  const std::vector<double> b{100, 200, 50, 80, 120};
+  const std::vector<double> d{0.1, -0.1, 0.05, -0.05, 0};
+  std::vector<double> a;
+  for (std::size_t r = 0; r < b.size(); ++r) a.push_back(b[r] * std::exp(d[r]));
+  const RatioEstimate r = paired_t_ratio_estimate(a, b);
+  EXPECT_NEAR(r.ratio, 1.0, 1e-12);
+  EXPECT_NEAR(std::log(r.ci_low), -0.0981614, 1e-6);
+  EXPECT_NEAR(std::log(r.ci_high), 0.0981614, 1e-6);
+  EXPECT_DOUBLE_EQ(r.ci_level, 0.95);
+  // The same ratio every round, whatever the level of the round: that ratio, no spread.
+  const RatioEstimate same = paired_t_ratio_estimate({110, 220, 55}, {100, 200, 50});
+  EXPECT_NEAR(same.ratio, 1.1, 1e-12);
+  EXPECT_NEAR(same.ci_low, 1.1, 1e-9);
+  EXPECT_NEAR(same.ci_high, 1.1, 1e-9);
+  // One round (the rounds pair as far as both go): a ratio, nothing known of the spread.
+  const RatioEstimate one = paired_t_ratio_estimate({120}, {100, 90});
+  EXPECT_NEAR(one.ratio, 1.2, 1e-12);
+  EXPECT_EQ(one.ci_low, 0.0);
+  EXPECT_EQ(one.ci_high, std::numeric_limits<double>::infinity());
+  EXPECT_EQ(one.ci_level, 1.0);
+  EXPECT_THROW(paired_t_ratio_estimate({}, {1}), std::invalid_argument);
+  EXPECT_THROW(paired_t_ratio_estimate({0, 1}, {1, 1}), std::invalid_argument);
+}
+
+// Round r of a schedule.
+std::vector<std::size_t> round_of(const std::vector<std::size_t>& order, std::size_t entries, std::size_t r) {
+  const auto begin = order.begin() + static_cast<std::ptrdiff_t>(r * entries);
+  return std::vector<std::size_t>(begin, begin + static_cast<std::ptrdiff_t>(entries));
+}
+
+TEST(Schedule, EveryRoundIsAPermutationAndPairsOfRoundsAreMirrored) {
+  for (std::size_t entries = 1; entries <= 7; ++entries) {
+    const std::size_t rounds = 13;
+    const std::vector<std::size_t> order = schedule(entries, rounds);
+    ASSERT_EQ(order.size(), entries * rounds);
+    std::vector<std::size_t> identity(entries);
+    std::iota(identity.begin(), identity.end(), std::size_t{0});
+    for (std::size_t r = 0; r < rounds; ++r) {
+      std::vector<std::size_t> round = round_of(order, entries, r);
+      if (r % 2) {  // a drift linear across the pair: every entry's two positions add up to entries - 1
+        std::vector<std::size_t> before = round_of(order, entries, r - 1);
+        EXPECT_EQ(std::vector<std::size_t>(round.rbegin(), round.rend()), before) << entries << " entries, round " << r;
+      }
+      std::sort(round.begin(), round.end());
+      EXPECT_EQ(round, identity) << entries << " entries, round " << r;
+    }
+  }
+}
+
+TEST(Schedule, TwoEntriesAlternateABBA) {
+  EXPECT_EQ(schedule(2, 6), (std::vector<std::size_t>{0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0}));
+}
+
+TEST(Schedule, EveryEntryRunsInEveryPositionAlikeOverACycle) {
+  EXPECT_EQ(schedule(3, 6), (std::vector<std::size_t>{0, 1, 2, 2, 1, 0, 2, 0, 1, 1, 0, 2, 1, 2, 0, 0, 2, 1}));
+  // A cycle is lcm(2, entries) rounds: entries when even, 2 x entries when odd.
+  for (std::size_t entries = 1; entries <= 8; ++entries) {
+    const std::size_t cycle = entries % 2 ? 2 * entries : entries;
+    const std::vector<std::size_t> order = schedule(entries, cycle);
+    std::vector<std::vector<int>> count(entries, std::vector<int>(entries, 0));  // [entry][position]
+    for (std::size_t r = 0; r < cycle; ++r)
+      for (std::size_t p = 0; p < entries; ++p) ++count[order[r * entries + p]][p];
+    for (std::size_t e = 0; e < entries; ++e)
+      for (std::size_t p = 0; p < entries; ++p)
+        EXPECT_EQ(count[e][p], static_cast<int>(cycle / entries))
+            << entries << " entries: entry " << e << ", position " << p;
+  }
+}
+
+TEST(Schedule, NothingToScheduleGivesNoIndices) {
+  EXPECT_TRUE(schedule(0, 5).empty());
+  EXPECT_TRUE(schedule(4, 0).empty());
+  EXPECT_TRUE(schedule(0, 0).empty());
+  EXPECT_EQ(schedule(1, 3), (std::vector<std::size_t>{0, 0, 0}));
 }
 
 // A timer that returns scripted durations: the sampling loop and the statistics without a clock.
@@ -195,3 +301,19 @@ TEST(GpuMonitor, WithoutNvmlItSaysWhyAndReadsNothing) {
 
 }  // namespace
 }  // namespace tb
+
+// Two measurements of one quantity pooled: the inverse-variance weighted mean and a narrower interval.
+TEST(Stats, PooledEstimateWeighsByInverseVariance) {
+  // Half-widths 1 and 2: weights 1 and 1/4, so the mean is (10 + 20 / 4) / 1.25 = 12.
+  const tb::Estimate pooled = tb::pooled_estimate({10, 1}, {20, 2});
+  EXPECT_NEAR(pooled.value, 12.0, 1e-12);
+  EXPECT_NEAR(pooled.half_width, 1 / std::sqrt(1.25), 1e-12);
+  // Two equal measurements: the same value, the half-width shrunk by sqrt(2).
+  const tb::Estimate same = tb::pooled_estimate({5, 0.5}, {5, 0.5});
+  EXPECT_NEAR(same.value, 5.0, 1e-12);
+  EXPECT_NEAR(same.half_width, 0.5 / std::sqrt(2.0), 1e-12);
+  // An exact-looking measurement (half-width 0) dominates but stays finite.
+  const tb::Estimate exact = tb::pooled_estimate({100, 0}, {200, 10});
+  EXPECT_NEAR(exact.value, 100.0, 1e-3);
+  EXPECT_GT(exact.half_width, 0.0);
+}

@@ -553,7 +553,7 @@ TEST(StepTiming, CudaEventPoolDoesNotGrowOverUnprofiledSteps) {
 }
 
 // The row's time by part (observed(): profiled steps after the timed ones), named as the PyTorch twin's
-// row names its own (torch_cases/step.py): every part of the step is there, and the parts that always
+// row names its own (trainbench/pytorch/cases/step.py): every part of the step is there, and the parts that always
 // run took time. Their sum is a median step's, at most what the profiled steps took together (each
 // part's median is at most its sum over those steps): a bound the machine's load cannot break. (That
 // the marks leave none of the step out is test_torch_step.py's, on the marks themselves.)

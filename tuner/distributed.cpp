@@ -13,6 +13,7 @@
 #include "runtime/comm.h"
 #include "runtime/device_info.h"
 #include "runtime/error.h"
+#include "runtime/stats.h"
 #include "tuner/trial.h"
 
 namespace tb::tune {
@@ -86,9 +87,8 @@ int run_allreduce_probe_here(const nlohmann::json& request) {
     all_reduce();
     times.push_back(comm::agree_max(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()));
   }
-  std::sort(times.begin(), times.end());
   if (world.rank() == 0)
-    std::cout << nlohmann::json{{"seconds", times[times.size() / 2]}, {"ranks", world.size()}, {"library", world.library()}}.dump()
+    std::cout << nlohmann::json{{"seconds", median_of(times)}, {"ranks", world.size()}, {"library", world.library()}}.dump()
               << std::endl;
   return 0;
 }

@@ -187,17 +187,9 @@ static json chosen_json(const Candidate& c, int64_t ranks) {
 
 nlohmann::json to_json(const TuneOutput& o) { return nlohmann::json::parse(ordered(o).dump()); }
 
-// In the order a reader wants: the choice and its numbers first, provenance after.
-static json ordered(const TuneOutput& o) {
+// The choice with its measured numbers, or the note that nothing ran.
+static void add_choice(json& t, const TuneOutput& o) {
   const SearchReport& rep = o.report;
-  json failed = json::array();
-  for (const auto& t : rep.trials)
-    if (!t.result.ok())
-      failed.push_back({{"config", t.candidate.key()}, {"class", to_string(t.result.cls)}, {"message", t.result.message}});
-  json runners = json::array();
-  for (const auto& r : rep.runners_up) runners.push_back({{"config", chosen_json(r.candidate, o.ranks)}, {"measured", measured(r.result)}});
-  json doc{{"trainbench_autotune", json::object()}};
-  json& t = doc["trainbench_autotune"];
   if (rep.found) {
     t["chosen"] = chosen_json(rep.best.candidate, o.ranks);
     t["measured"] = measured(rep.best.result);
@@ -211,65 +203,109 @@ static json ordered(const TuneOutput& o) {
     t["chosen"] = nullptr;
     t["note"] = "no configuration ran successfully; see failed_trials";
   }
-  if (o.baseline) {
-    const bool versus = !o.versus.is_null();
-    json& base = versus ? (t["versus"] = o.versus) : (t["workload_config"] = json::object());
-    base["config"] = chosen_json(o.baseline->candidate, o.ranks);
-    base["measured"] = o.baseline->result.ok() ? measured(o.baseline->result) : json(nullptr);
-    if (!o.baseline->result.ok())
-      base["failed"] = {{"class", to_string(o.baseline->result.cls)}, {"message", o.baseline->result.message}};
-    std::optional<Speedup> speedup = o.speedup;
-    if (!speedup && rep.found && o.baseline->result.ok() && o.baseline->result.samples_per_s > 0)
-      speedup = speedup_from_separate_trials(rep.best.result.samples_per_s / o.baseline->result.samples_per_s,
-                                             "no race was run");
-    if (rep.found && speedup) {
-      json& into = versus ? base : t;
-      const std::string prefix = versus ? "" : "speedup_";
-      into[versus ? "speedup" : "speedup_over_workload_config"] = speedup->ratio;
-      into["speedup_significant"] = speedup->significant;
-      if (speedup->rounds >= 2)
-        into["speedup_interval"] = {{"ci_low", speedup->ci_low}, {"ci_high", speedup->ci_high}, {"level", speedup->level},
-                                    {"interleaved_rounds", speedup->rounds}};
-      into[prefix + "note"] = speedup->note;
-    }
+}
+
+// The choice's speedup: inside the `versus` object (speedup, note), or beside the workload's own configuration
+// as the document's speedup_* keys.
+static void add_speedup(json& into, bool versus, const Speedup& speedup) {
+  const std::string prefix = versus ? "" : "speedup_";
+  into[versus ? "speedup" : "speedup_over_workload_config"] = speedup.ratio;
+  into["speedup_significant"] = speedup.significant;
+  if (speedup.rounds >= 2)
+    into["speedup_interval"] = {{"ci_low", speedup.ci_low}, {"ci_high", speedup.ci_high}, {"level", speedup.level},
+                                {"interleaved_rounds", speedup.rounds}};
+  into[prefix + "note"] = speedup.note;
+}
+
+// The baseline (the workload's own configuration, or --versus's) as measured, and the choice's speedup over it:
+// from the race's rounds, else from the two trials measured apart.
+static void add_baseline(json& t, const TuneOutput& o) {
+  const SearchReport& rep = o.report;
+  const bool versus = !o.versus.is_null();
+  json& base = versus ? (t["versus"] = o.versus) : (t["workload_config"] = json::object());
+  base["config"] = chosen_json(o.baseline->candidate, o.ranks);
+  base["measured"] = o.baseline->result.ok() ? measured(o.baseline->result) : json(nullptr);
+  if (!o.baseline->result.ok())
+    base["failed"] = {{"class", to_string(o.baseline->result.cls)}, {"message", o.baseline->result.message}};
+  std::optional<Speedup> speedup = o.speedup;
+  if (!speedup && rep.found && o.baseline->result.ok() && o.baseline->result.samples_per_s > 0)
+    speedup = speedup_from_separate_trials(rep.best.result.samples_per_s / o.baseline->result.samples_per_s,
+                                           "no race was run");
+  if (rep.found && speedup) add_speedup(versus ? base : t, versus, *speedup);
+}
+
+// The global batches searched (every rank's together), the best samples/s the search measured at each, and why
+// the choice has the one it has.
+static json global_batches_json(const TuneOutput& o) {
+  const SearchReport& rep = o.report;
+  json per = json::array();
+  for (const auto& r : per_global_batch(rep.trials, o.global_batches.batches)) {
+    json j{{"global_batch", r.global_batch * o.ranks}, {"ok_trials", r.ok_trials}};
+    j["best_samples_per_s"] = r.ok_trials ? json(r.best_samples_per_s) : json(nullptr);
+    per.push_back(j);
   }
-  if (!o.prediction.is_null()) t["prediction"] = json::parse(o.prediction.dump());
-  if (!o.global_batches.batches.empty()) {
-    json per = json::array();
-    for (const auto& r : per_global_batch(rep.trials, o.global_batches.batches)) {
-      json j{{"global_batch", r.global_batch * o.ranks}, {"ok_trials", r.ok_trials}};
-      j["best_samples_per_s"] = r.ok_trials ? json(r.best_samples_per_s) : json(nullptr);
-      per.push_back(j);
-    }
-    std::vector<int64_t> searched;
-    for (int64_t g : o.global_batches.batches) searched.push_back(g * o.ranks);
-    t["global_batches"] = {{"searched", searched},
-                           {"source", o.global_batches.source},
-                           {"workload_global_batch", o.workload_global_batch * o.ranks},
-                           {"chosen", rep.found ? json(rep.best.candidate.global_batch * o.ranks) : json(nullptr)},
-                           {"per_global_batch", per},
-                           {"note", global_batch_note(o)}};
-  }
+  std::vector<int64_t> searched;
+  for (int64_t g : o.global_batches.batches) searched.push_back(g * o.ranks);
+  return json{{"searched", searched},
+              {"source", o.global_batches.source},
+              {"workload_global_batch", o.workload_global_batch * o.ranks},
+              {"chosen", rep.found ? json(rep.best.candidate.global_batch * o.ranks) : json(nullptr)},
+              {"per_global_batch", per},
+              {"note", global_batch_note(o)}};
+}
+
+// How the search went: its strategy, its trials, its time against the budget.
+static json search_json(const TuneOutput& o) {
+  const SearchReport& rep = o.report;
   // trials_total: every trial in the tune's log; trials_run: the ones the search itself ran now. The
   // difference is the workload's own configuration's trial (run before the search, which reuses it)
   // and, with --resume, the trials replayed from the journal. Race slices are counted in race.rounds.
   const int64_t from_journal_or_own = static_cast<int64_t>(rep.trials.size()) - rep.trials_run;
-  t["search"] = {{"strategy", o.strategy},       {"trials_run", rep.trials_run}, {"trials_total", rep.trials.size()},
-                 {"trials_note", "trials_total: every trial in the journal of this tune (" + std::to_string(rep.trials.size()) +
-                                     "); trials_run: those the search ran in this invocation (" +
-                                     std::to_string(rep.trials_run) + "); the other " + std::to_string(from_journal_or_own) +
-                                     ": the workload's own configuration, measured before the search, and trials "
-                                     "replayed from the journal by --resume; race slices are not trials (race.rounds)"},
-                 {"seconds", rep.seconds},       {"budget_seconds", o.budget_seconds},
-                 {"budget_exhausted", rep.budget_exhausted}, {"max_micro_batch", rep.max_micro_batch},
-                 {"interrupted", o.interrupted}};
-  if (!o.budget_spent.is_null()) t["search"]["budget_spent"] = json::parse(o.budget_spent.dump());
+  json search{{"strategy", o.strategy},       {"trials_run", rep.trials_run}, {"trials_total", rep.trials.size()},
+              {"trials_note", "trials_total: every trial in the journal of this tune (" + std::to_string(rep.trials.size()) +
+                                  "); trials_run: those the search ran in this invocation (" +
+                                  std::to_string(rep.trials_run) + "); the other " + std::to_string(from_journal_or_own) +
+                                  ": the workload's own configuration, measured before the search, and trials "
+                                  "replayed from the journal by --resume; race slices are not trials (race.rounds)"},
+              {"seconds", rep.seconds},       {"budget_seconds", o.budget_seconds},
+              {"budget_exhausted", rep.budget_exhausted}, {"max_micro_batch", rep.max_micro_batch},
+              {"interrupted", o.interrupted}};
+  if (!o.budget_spent.is_null()) search["budget_spent"] = json::parse(o.budget_spent.dump());
+  return search;
+}
+
+// The configurations within noise of the choice, each with what it measured.
+static json runners_up_json(const TuneOutput& o) {
+  json runners = json::array();
+  for (const auto& r : o.report.runners_up)
+    runners.push_back({{"config", chosen_json(r.candidate, o.ranks)}, {"measured", measured(r.result)}});
+  return runners;
+}
+
+static json failed_trials_json(const SearchReport& rep) {
+  json failed = json::array();
+  for (const auto& t : rep.trials)
+    if (!t.result.ok())
+      failed.push_back(
+          {{"config", t.candidate.key()}, {"class", to_string(t.result.cls)}, {"message", t.result.message}});
+  return failed;
+}
+
+// In the order a reader wants: the choice and its numbers first, provenance after.
+static json ordered(const TuneOutput& o) {
+  json doc{{"trainbench_autotune", json::object()}};
+  json& t = doc["trainbench_autotune"];
+  add_choice(t, o);
+  if (o.baseline) add_baseline(t, o);
+  if (!o.prediction.is_null()) t["prediction"] = json::parse(o.prediction.dump());
+  if (!o.global_batches.batches.empty()) t["global_batches"] = global_batches_json(o);
+  t["search"] = search_json(o);
   if (o.ranks > 1) t["ranks"] = o.ranks;  // the race's and failed trials' config keys are one rank's share (g=)
   if (o.race)
     t["race"] = race_json(*o.race, o.baseline ? o.baseline->candidate.key() : "", o.noise_margin,
                           o.versus.is_null() ? "workload_config" : "versus");
-  t["runners_up_within_noise"] = runners;
-  t["failed_trials"] = failed;
+  t["runners_up_within_noise"] = runners_up_json(o);
+  t["failed_trials"] = failed_trials_json(o.report);
   t["executor"] = json::parse(o.executor.dump());
   t["device"] = json::parse(o.device.dump());
   t["workload"] = {{"name", o.workload_name}, {"path", o.workload_path}, {"digest", o.workload_digest},

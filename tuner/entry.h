@@ -3,7 +3,7 @@
 // worker.h), where torch and the entry are imported once: the entry is validated first (a bad one is a
 // UsageError naming the file, the function and what was expected, before any trial), --versus's largest
 // batch is found there, and every trial runs there, measured here by the same rules as the twin's
-// (scripts/trainbench_tracking/torch_entry.py, torch_worker.py).
+// (scripts/trainbench/pytorch/entry.py, worker.py).
 #pragma once
 
 #include <atomic>

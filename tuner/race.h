@@ -18,10 +18,10 @@
 
 namespace tb::tune {
 
-// A against B over rounds both ran: d_r = log(a_r / b_r); the ratio is exp of their Hodges-Lehmann
-// estimate (robust to one wild round), the interval the Student t interval of their mean at `level`
-// (a paired t test on the per-round log ratios), both as ratios. Below two rounds nothing is known
-// about the spread: the interval is (0, inf).
+// A against B over rounds both ran, as runtime/stats.h's paired_t_ratio_estimate gives it: the ratio is
+// exp of the Hodges-Lehmann estimate of the per-round log ratios (robust to one wild round), the interval
+// the paired t test's at `level`. Below two rounds nothing is known about the spread: the interval is
+// (0, inf).
 struct PairedRounds {
   // Verdicts need this many rounds: two give an interval, but its spread rests on one difference,
   // and two rounds that happen to agree would claim a speedup the third does not hold.
@@ -42,12 +42,9 @@ struct PairedRounds {
 // Pairs a[r] with b[r] for r < min(a.size(), b.size()); values are throughputs (> 0).
 PairedRounds paired_rounds(const std::vector<double>& a, const std::vector<double>& b, double level = 0.95);
 
-// The p-quantile of Student's t distribution with `dof` degrees of freedom (p in (0, 1), dof > 0).
-double student_t_quantile(double p, double dof);
-
-// The slice order of round `round` (0-based) over `n` finalists: the finalists' order rotated by
-// round / 2 and reversed in odd rounds, so that over each pair of rounds every finalist's positions
-// add up to n - 1 (a drift linear in time within the pair hits them all alike).
+// The slice order of round `round` (0-based) over `n` finalists: that round of runtime/schedule.h's
+// schedule (mirrored pairs of rounds, rotated pair to pair), asked one round at a time because
+// finalists drop out between rounds.
 std::vector<std::size_t> round_order(std::size_t n, int round);
 
 struct RaceEntrant {

@@ -66,6 +66,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "runtime/stats.h"
+
 namespace tb::tune {
 
 namespace {
@@ -99,21 +101,17 @@ double rel_half_width(const TrialResult& r) {
   return r.samples_per_s > 0 ? (r.ci_high - r.ci_low) / (2 * r.samples_per_s) : 0;
 }
 
-// Two measurements of one candidate as one: inverse-variance weighted median estimates, the
+// Two measurements of one candidate as one: their median estimates pooled (runtime/stats.h), the
 // narrower pooled interval, the larger peak.
 TrialResult pool(const TrialResult& a, const TrialResult& b) {
   if (!a.ok()) return a;
   if (!b.ok()) return b;
-  auto weight = [](const TrialResult& r) {
-    const double hw = std::max((r.ci_high - r.ci_low) / 2, 1e-6 * std::abs(r.samples_per_s) + 1e-12);
-    return 1 / (hw * hw);
-  };
-  const double wa = weight(a), wb = weight(b);
+  auto estimate = [](const TrialResult& r) { return Estimate{r.samples_per_s, (r.ci_high - r.ci_low) / 2}; };
+  const Estimate pooled = pooled_estimate(estimate(a), estimate(b));
   TrialResult out = a;
-  out.samples_per_s = (wa * a.samples_per_s + wb * b.samples_per_s) / (wa + wb);
-  const double hw = 1 / std::sqrt(wa + wb);
-  out.ci_low = out.samples_per_s - hw;
-  out.ci_high = out.samples_per_s + hw;
+  out.samples_per_s = pooled.value;
+  out.ci_low = pooled.value - pooled.half_width;
+  out.ci_high = pooled.value + pooled.half_width;
   out.peak_bytes = std::max(a.peak_bytes, b.peak_bytes);
   out.steps = a.steps + b.steps;
   out.seconds = a.seconds + b.seconds;

@@ -397,13 +397,22 @@ TrialResult classify(const ChildOutcome& o) {
   return r;
 }
 
+std::string ending_text(int signal, int exit_code, const std::string& said, const std::string& after_exit) {
+  if (signal == SIGKILL) return "killed by SIGKILL (the kernel's out-of-memory killer, most likely)";
+  std::string text;
+  if (signal)
+    text = std::string("crashed: killed by signal ") + std::to_string(signal) + " (" + strsignal(signal) + ")";
+  else if (exit_code >= 0)
+    text = "exited with code " + std::to_string(exit_code) + after_exit;
+  else
+    text = "ended";
+  return said.empty() ? text : text + ": " + said;
+}
+
 std::string ending_text(const ChildOutcome& o) {
-  std::string tail = o.err_tail;
-  while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
-  if (!tail.empty()) tail = ": " + tail;
-  if (o.signal == SIGKILL) return "killed by SIGKILL (the kernel's out-of-memory killer, most likely)";
-  if (o.signal) return std::string("crashed: killed by signal ") + std::to_string(o.signal) + " (" + strsignal(o.signal) + ")" + tail;
-  return "exited with code " + std::to_string(o.exit_code) + " and no result" + tail;
+  std::string said = o.err_tail;
+  while (!said.empty() && (said.back() == '\n' || said.back() == ' ')) said.pop_back();
+  return ending_text(o.signal, o.exit_code, said, " and no result");
 }
 
 int64_t trial_memory_capacity(bool cuda, int device) {

@@ -81,8 +81,13 @@ struct ChildOutcome {
 ChildOutcome run_child(const std::vector<std::string>& argv, double timeout_s, const std::atomic<bool>* stop);
 // What a child's outcome means as a trial.
 TrialResult classify(const ChildOutcome& outcome);
-// How a child that gave no result ended, in words: "killed by signal 9 (Killed)", "exited with code 3", with the
-// last of its standard error after a colon when it said anything.
+// How a process ended, in words, for a trial's child and the PyTorch worker alike: "killed by SIGKILL (the
+// kernel's out-of-memory killer, most likely)", "crashed: killed by signal 15 (Terminated)", "exited with code 3"
+// followed by `after_exit`, or "ended" when it neither exited nor was signalled (exit_code < 0); then, but for
+// SIGKILL, what it said last on its standard error (`said`) after a colon when it said anything.
+std::string ending_text(int signal, int exit_code, const std::string& said, const std::string& after_exit = "");
+// How a child that gave no result ended: "crashed: killed by signal 15 (Terminated)", "exited with code 3 and no
+// result", with the end of its standard error after a colon when it said anything.
 std::string ending_text(const ChildOutcome& outcome);
 
 // Bytes a trial may use: the GPU's memory less what the context, cuBLAS's workspace and an
@@ -146,7 +151,7 @@ void start_torch_worker(WorkerExecutor& worker, TorchProbe& probe, const std::st
                         double timeout_s = kTorchWorkerStartSeconds);
 
 // The PyTorch executor (`autotune --executor torch`): the PyTorch twin of the step in the tune's worker
-// (worker.h; scripts/trainbench_tracking/torch_worker.py), each candidate opened with the workload resolved
+// (worker.h; scripts/trainbench/pytorch/worker.py), each candidate opened with the workload resolved
 // here with the candidate applied, measured by the same rules as the C++ step (measure_steps). Its first
 // step is checked against the C++ step's double-precision reference (step::reference_losses), computed here
 // once: it depends on neither the batch nor the switches. Peak memory is PyTorch's (max_memory_allocated on

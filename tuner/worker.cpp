@@ -35,17 +35,6 @@ std::string last_nonempty_line(const std::string& text) {
   return last;
 }
 
-// What ended a process, in the words a trial's message uses (trial.cpp classify()).
-std::string ending_text(int status) {
-  if (WIFSIGNALED(status)) {
-    const int sig = WTERMSIG(status);
-    if (sig == SIGKILL) return "killed by SIGKILL (the kernel's out-of-memory killer, most likely)";
-    return std::string("crashed: killed by signal ") + std::to_string(sig) + " (" + strsignal(sig) + ")";
-  }
-  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
-  return "ended";
-}
-
 TrialClass class_of_disposition(const std::string& d) {
   if (d == "incorrect") return TrialClass::incorrect;
   if (d == "oom") return TrialClass::oom;
@@ -190,13 +179,14 @@ void WorkerProcess::lost(WorkerLost::Why why, const std::string& what) {
   std::string text = what;
   if (why == WorkerLost::Why::died && pid_ > 0) {
     int status = 0;
+    bool ended = false;
     // The socket closed: the process is ending; its status says how.
     for (int waited_ms = 0; waited_ms < 5000; waited_ms += 10) {
       const pid_t done = waitpid(pid_, &status, WNOHANG);
       if (done == pid_) {
         pid_ = 0;
+        ended = true;
         if (WIFSIGNALED(status)) signal = WTERMSIG(status);
-        text = ending_text(status);
         break;
       }
       if (done < 0 && errno != EINTR) break;
@@ -204,7 +194,8 @@ void WorkerProcess::lost(WorkerLost::Why why, const std::string& what) {
     }
     while (stderr_ >= 0) pump(50);  // what it said last
     const std::string tail = stderr_tail();
-    if (!tail.empty() && signal != SIGKILL) text += ": " + tail;
+    if (ended) text = ending_text(signal, WIFEXITED(status) ? WEXITSTATUS(status) : -1, tail);
+    else if (!tail.empty()) text += ": " + tail;
   }
   kill_group();
   if (socket_ >= 0) ::close(socket_);
@@ -285,101 +276,141 @@ json WorkerExecutor::request(const json& message, double timeout_s) {
   }
 }
 
-TrialResult WorkerExecutor::run(const Candidate& candidate, const MeasurePolicy& policy) {
-  const auto started = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return seconds_since(started); };
-  // A request's limit: a hang is told from slow work by what the work is expected to take; with a budget, the
-  // request also ends by the budget's end (and that is the budget's, not the candidate's).
-  const double hang_limit = 3 * policy.max_seconds + 120;
-  bool budget_cut = false;
-  auto limit = [&](double expected) {
-    double l = expected > 0 ? std::max(hang_floor_, kHangFactor * expected) : hang_limit;
-    budget_cut = false;
-    if (policy.wall_seconds > 0) {
-      const double left = policy.wall_seconds + kill_grace_seconds - elapsed();
-      if (left < l) l = std::max(left, 0.1), budget_cut = true;
+// A trial's clock, and how long each of its requests may go unanswered: a hang is told from slow work by what the
+// work is expected to take; with a budget, the request also ends by the budget's end (and that is the budget's,
+// not the candidate's: budget_cut()).
+class WorkerExecutor::TrialClock {
+ public:
+  TrialClock(const MeasurePolicy& policy, double hang_floor)
+      : started_(std::chrono::steady_clock::now()), policy_(policy), hang_floor_(hang_floor),
+        hang_limit_(3 * policy.max_seconds + 120) {}
+  double elapsed() const { return seconds_since(started_); }
+  // The limit of a request expected to take `expected` seconds (0: nothing to go by).
+  double limit(double expected) {
+    double l = expected > 0 ? std::max(hang_floor_, kHangFactor * expected) : hang_limit_;
+    budget_cut_ = false;
+    if (policy_.wall_seconds > 0) {
+      const double left = policy_.wall_seconds + kill_grace_seconds - elapsed();
+      if (left < l) l = std::max(left, 0.1), budget_cut_ = true;
     }
     return l;
-  };
+  }
+  bool budget_cut() const { return budget_cut_; }  // the last limit given was the budget's end
+
+ private:
+  std::chrono::steady_clock::time_point started_;
+  const MeasurePolicy& policy_;
+  double hang_floor_, hang_limit_;
+  bool budget_cut_ = false;
+};
+
+TrialResult WorkerExecutor::run(const Candidate& candidate, const MeasurePolicy& policy) {
+  TrialClock clock(policy, hang_floor_);
   TrialResult r;
-  auto finish = [&](TrialClass cls, const std::string& why) {
-    r.cls = cls;
-    r.message = why;
-    r.seconds = elapsed();
-    return r;
-  };
   try {
     // The worker's start (importing torch and the entry) is the tune's, not this candidate's: not in its set-up.
-    if (!process_) start(limit(0));
-    const auto opening = std::chrono::steady_clock::now();
-    const bool compiles = candidate.switches.count("compile") && candidate.switches.at("compile") == "on";
-    json open = open_request_(candidate);
-    open["op"] = "open";
-    // A candidate that compiles, or the first one (the reference step, PyTorch's first use): no history to go by.
-    const json said = process_->request(open, limit(compiles || slowest_open_ <= 0 ? 0 : slowest_open_));
-    const double open_seconds = seconds_since(opening);
-    r.setup_seconds = open_seconds;
-    const std::string disposition = said.value("disposition", std::string("error"));
-    if (disposition != "passed") {
-      const json closed = process_->request({{"op", "close"}, {"failed", true}}, limit(slowest_open_ > 0 ? slowest_open_ : 0));
-      if (closed.value("restart", false)) {
-        pending_reason_ = describe_switches(candidate) + ": " + disposition + ", memory held after it";
-        process_.reset();
-      }
-      return finish(class_of_disposition(disposition), said.value("reason", std::string("the worker gave no reason")));
-    }
-    if (!compiles) slowest_open_ = std::max(slowest_open_, open_seconds);
-    double step_seconds = std::max(said.value("step_seconds", 0.0), 1e-6);
-    std::string failed_class, failed_why;
-    StepSampler sampler;
-    sampler.elapsed = elapsed;
-    sampler.time_steps = [&](int64_t steps) {
-      const json t = process_->request({{"op", "time"}, {"calls", steps}}, limit(step_seconds * static_cast<double>(steps)));
-      if (t.contains("error")) {
-        failed_class = t.value("class", std::string("error"));
-        failed_why = t.at("error").get<std::string>();
-        throw std::runtime_error(failed_why);
-      }
-      const double s = t.at("seconds").get<double>();
-      step_seconds = std::max(step_seconds, s / static_cast<double>(std::max<int64_t>(steps, 1)));
-      return s;
-    };
-    try {
-      measure_steps(sampler, said.value("step_seconds", 0.0), policy, static_cast<double>(candidate.global_batch), r);
-    } catch (const std::runtime_error& e) {
-      if (failed_why.empty()) throw;
-      const json closed = process_->request({{"op", "close"}, {"failed", true}}, limit(slowest_open_));
-      if (closed.value("restart", false)) {
-        pending_reason_ = describe_switches(candidate) + ": " + failed_class + " while stepping";
-        process_.reset();
-      }
-      return finish(class_of_disposition(failed_class), failed_why);  // oom, incorrect (a NaN loss), or an error
-    }
-    r.peak_bytes = process_->request({{"op", "counters"}}, limit(1)).value("peak_bytes", int64_t{0});
-    const json closed = process_->request({{"op", "close"}}, limit(slowest_open_));
-    if (closed.value("restart", false)) {
-      pending_reason_ = describe_switches(candidate) + ": memory held after it";
-      process_.reset();
-    }
-    if (const double compiled = said.value("compile_seconds", 0.0); compiled > 0) {
-      std::ostringstream note;
-      note.precision(1);
-      note << std::fixed << "torch.compile: " << compiled << " s of compilation in its first step (not in the step time)";
-      r.message = r.message.empty() ? note.str() : r.message + "; " + note.str();
-    }
-    r.seconds = elapsed();
+    if (!process_) start(clock.limit(0));
+    const json said = open_candidate(candidate, clock, r);
+    if (r.ok() && measure_candidate(candidate, said, policy, clock, r)) close_measured(candidate, said, clock, r);
+    r.seconds = clock.elapsed();
     return r;
   } catch (const WorkerLost& e) {
-    process_.reset();
-    if (e.why == WorkerLost::Why::hung && budget_cut) {
-      pending_reason_ = describe_switches(candidate) + ": stopped at the budget's end";
-      throw OutOfBudget("the budget ended before the trial had a result (the worker was stopped)");
-    }
-    pending_reason_ = describe_switches(candidate) + ": " + e.what();
-    if (e.why == WorkerLost::Why::interrupted) return finish(TrialClass::error, "interrupted");
-    if (e.why == WorkerLost::Why::hung) return finish(TrialClass::timeout, e.what());
-    return finish(e.signal == SIGKILL ? TrialClass::oom : TrialClass::error, e.what());
+    return lost_candidate(candidate, e, clock, r);
   }
+}
+
+json WorkerExecutor::open_candidate(const Candidate& candidate, TrialClock& clock, TrialResult& r) {
+  const auto opening = std::chrono::steady_clock::now();
+  const bool compiles = candidate.switches.count("compile") && candidate.switches.at("compile") == "on";
+  json open = open_request_(candidate);
+  open["op"] = "open";
+  // A candidate that compiles, or the first one (the reference step, PyTorch's first use): no history to go by.
+  const json said = process_->request(open, clock.limit(compiles || slowest_open_ <= 0 ? 0 : slowest_open_));
+  const double open_seconds = seconds_since(opening);
+  r.setup_seconds = open_seconds;
+  const std::string disposition = said.value("disposition", std::string("error"));
+  if (disposition != "passed") {
+    close_candidate(candidate, true, clock.limit(slowest_open_ > 0 ? slowest_open_ : 0),
+                    disposition + ", memory held after it");
+    r.cls = class_of_disposition(disposition);
+    r.message = said.value("reason", std::string("the worker gave no reason"));
+    return said;
+  }
+  if (!compiles) slowest_open_ = std::max(slowest_open_, open_seconds);
+  return said;
+}
+
+bool WorkerExecutor::measure_candidate(const Candidate& candidate, const json& said, const MeasurePolicy& policy,
+                                       TrialClock& clock, TrialResult& r) {
+  double step_seconds = std::max(said.value("step_seconds", 0.0), 1e-6);
+  std::string failed_class, failed_why;
+  StepSampler sampler;
+  sampler.elapsed = [&] { return clock.elapsed(); };
+  sampler.time_steps = [&](int64_t steps) {
+    const json t =
+        process_->request({{"op", "time"}, {"calls", steps}}, clock.limit(step_seconds * static_cast<double>(steps)));
+    if (t.contains("error")) {
+      failed_class = t.value("class", std::string("error"));
+      failed_why = t.at("error").get<std::string>();
+      throw std::runtime_error(failed_why);
+    }
+    const double s = t.at("seconds").get<double>();
+    step_seconds = std::max(step_seconds, s / static_cast<double>(std::max<int64_t>(steps, 1)));
+    return s;
+  };
+  try {
+    measure_steps(sampler, said.value("step_seconds", 0.0), policy, static_cast<double>(candidate.global_batch), r);
+    return true;
+  } catch (const std::runtime_error& e) {
+    if (failed_why.empty()) throw;
+    close_candidate(candidate, true, clock.limit(slowest_open_), failed_class + " while stepping");
+    r.cls = class_of_disposition(failed_class);  // oom, incorrect (a NaN loss), or an error
+    r.message = failed_why;
+    return false;
+  }
+}
+
+void WorkerExecutor::close_measured(const Candidate& candidate, const json& said, TrialClock& clock, TrialResult& r) {
+  r.peak_bytes = process_->request({{"op", "counters"}}, clock.limit(1)).value("peak_bytes", int64_t{0});
+  close_candidate(candidate, false, clock.limit(slowest_open_), "memory held after it");
+  if (const double compiled = said.value("compile_seconds", 0.0); compiled > 0) {
+    std::ostringstream note;
+    note.precision(1);
+    note << std::fixed << "torch.compile: " << compiled << " s of compilation in its first step (not in the step time)";
+    r.message = r.message.empty() ? note.str() : r.message + "; " + note.str();
+  }
+}
+
+void WorkerExecutor::close_candidate(const Candidate& candidate, bool failed, double timeout_s,
+                                     const std::string& held_after) {
+  json close{{"op", "close"}};
+  if (failed) close["failed"] = true;
+  if (process_->request(close, timeout_s).value("restart", false)) {
+    pending_reason_ = describe_switches(candidate) + ": " + held_after;
+    process_.reset();
+  }
+}
+
+TrialResult WorkerExecutor::lost_candidate(const Candidate& candidate, const WorkerLost& e, const TrialClock& clock,
+                                           TrialResult r) {
+  process_.reset();
+  if (e.why == WorkerLost::Why::hung && clock.budget_cut()) {
+    pending_reason_ = describe_switches(candidate) + ": stopped at the budget's end";
+    throw OutOfBudget("the budget ended before the trial had a result (the worker was stopped)");
+  }
+  pending_reason_ = describe_switches(candidate) + ": " + e.what();
+  if (e.why == WorkerLost::Why::interrupted) {
+    r.cls = TrialClass::error;
+    r.message = "interrupted";
+  } else if (e.why == WorkerLost::Why::hung) {
+    r.cls = TrialClass::timeout;
+    r.message = e.what();
+  } else {
+    r.cls = e.signal == SIGKILL ? TrialClass::oom : TrialClass::error;
+    r.message = e.what();
+  }
+  r.seconds = clock.elapsed();
+  return r;
 }
 
 }  // namespace tb::tune

@@ -1,6 +1,6 @@
 // The tune's PyTorch worker (`autotune --executor torch`, the twin of the step or the user's own model with
 // --entry): one `scripts/torch-step --serve` process for the whole tune, which imports torch and the entry once
-// and then builds, checks and steps each candidate as asked (scripts/trainbench_tracking/torch_worker.py). This
+// and then builds, checks and steps each candidate as asked (scripts/trainbench/pytorch/worker.py). This
 // side measures, as benchsuite measures its PyTorch rows: it sizes the samples, applies the stopping rule and
 // computes the interval (measure_steps, trial.h), and the race's rounds are its own. Isolation comes from
 // restarting: a crash, a hang, a sticky CUDA error or an out-of-memory that leaves memory held costs that
@@ -95,6 +95,20 @@ class WorkerExecutor final : public Executor {
   void set_hang_floor(double seconds) { hang_floor_ = seconds; }
 
  private:
+  // A trial's steps, each a function: open the candidate (set-up and the checked first step), measure its steps,
+  // read its peak memory and close it. `r` holds the failure where one ends the trial.
+  class TrialClock;  // the trial's clock and each request's time limit (worker.cpp)
+  nlohmann::json open_candidate(const Candidate& candidate, TrialClock& clock, TrialResult& r);
+  bool measure_candidate(const Candidate& candidate, const nlohmann::json& said, const MeasurePolicy& policy,
+                         TrialClock& clock, TrialResult& r);  // false: a step failed
+  void close_measured(const Candidate& candidate, const nlohmann::json& said, TrialClock& clock, TrialResult& r);
+  // Closes the candidate; a worker that still holds memory after it is restarted for the next one, the restart's
+  // reason the candidate and `held_after`.
+  void close_candidate(const Candidate& candidate, bool failed, double timeout_s, const std::string& held_after);
+  // The worker was lost during the candidate (a crash, a hang, an interrupt): the trial's result says how, except
+  // a hang cut at the budget's end, which is the budget's (OutOfBudget).
+  TrialResult lost_candidate(const Candidate& candidate, const WorkerLost& e, const TrialClock& clock, TrialResult r);
+
   std::vector<std::string> argv_;
   OpenRequest open_request_;
   int64_t capacity_ = 0;

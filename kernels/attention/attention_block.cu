@@ -1,13 +1,13 @@
 // The transformer block on the GPU (layernorm, QKV, attention, out-projection, layernorm, GELU MLP,
 // cuBLAS fp32 GEMMs) with the time of each part: attention's share of a block, naive or fused. Its
-// layernorm and GELU are the training step's kernels (step/cuda_layers.cuh).
+// layernorm and GELU are the kernels the training step runs too (layers/layers_cuda.cuh).
 #include <algorithm>
 #include <climits>
 #include <cmath>
 #include <vector>
 
 #include "attention_cuda.cuh"
-#include "step/cuda_layers.cuh"
+#include "layers/layers_cuda.cuh"
 
 namespace tb::attention {
 
@@ -112,9 +112,9 @@ class Block final : public Instance {
                               static_cast<int>(in), &one, y, CUDA_R_32F, static_cast<int>(out), CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));
   }
-  // h = layernorm(x) with gain g and bias b: the training step's kernel (step/cuda_layers.cuh).
+  // h = layernorm(x) with gain g and bias b: the kernel the training step runs too (layers/layers_cuda.cuh).
   void layernorm(const float* x, const float* g, const float* b) {
-    step::cuda_layernorm_forward(h_.data(), nullptr, nullptr, x, g, b, tokens_, d_, stream_);
+    layers::cuda_layernorm_forward(h_.data(), nullptr, nullptr, x, g, b, tokens_, d_, stream_);
   }
   void run_part(int part) {
     const int grid = cuda::grid_for(tokens_ * d_, 256, device_);
@@ -136,7 +136,7 @@ class Block final : public Instance {
       case 4: layernorm(r1_.data(), ln2_g_.data(), ln2_b_.data()); break;
       case 5:
         linear(h_.data(), w_fc1_.data(), b_fc1_.data(), f_.data(), d_, w_.hidden, nullptr);
-        step::cuda_gelu_forward(f_.data(), f_.data(), tokens_ * w_.hidden, stream_, device_);
+        layers::cuda_gelu_forward(f_.data(), f_.data(), tokens_ * w_.hidden, stream_, device_);
         linear(f_.data(), w_fc2_.data(), b_fc2_.data(), y_.data(), w_.hidden, d_, r1_.data());
         break;
     }

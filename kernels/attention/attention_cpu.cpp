@@ -12,12 +12,12 @@
 #include <limits>
 
 #include "attention.h"
+#include "layers/layers.h"
 #include "runtime/cpu_blas.h"
 #include "runtime/defaults.h"
 #include "runtime/host_buffer.h"
 #include "runtime/simd_math.h"
 #include "runtime/stats.h"
-#include "step/layers.h"
 
 namespace tb::attention {
 
@@ -343,10 +343,10 @@ class Backward final : public Instance {
 
 // ---- the block -----------------------------------------------------------------------------------
 
-// The block's layernorms and GELU are the training step's (step/layers.h): one of each on the CPU.
+// The block's layernorms and GELU are the ones the training step runs (layers/layers.h): one of each on the CPU.
 void layernorm_rows(const float* x, const std::vector<float>& g, const std::vector<float>& b, float* y, int64_t rows,
                     int64_t d) {
-  step::cpu_layernorm_forward<float>(y, nullptr, nullptr, x, g.data(), b.data(), rows, d);
+  layers::cpu_layernorm_forward<float>(y, nullptr, nullptr, x, g.data(), b.data(), rows, d);
 }
 
 // y = x W + bias (+ residual), W [in][out] row-major; the bias is broadcast into y first.
@@ -427,7 +427,7 @@ class Block final : public Instance {
       case 4: layernorm_rows(r1_.data(), w_.ln2_g, w_.ln2_b, h_.data(), tokens_, d_); break;
       case 5:
         linear(h_.data(), w_.w_fc1, w_.b_fc1, f_.data(), tokens_, d_, w_.hidden, nullptr);
-        step::cpu_gelu_forward(f_.data(), f_.data(), tokens_ * w_.hidden);
+        layers::cpu_gelu_forward(f_.data(), f_.data(), tokens_ * w_.hidden);
         linear(f_.data(), w_.w_fc2, w_.b_fc2, y_.data(), tokens_, w_.hidden, d_, r1_.data());
         break;
     }

@@ -2,7 +2,12 @@
 // elements, and the one rule for when a loop is worth a parallel region.
 #pragma once
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cstdint>
+
+#include "runtime/simd_math.h"
 
 namespace tb::cpu {
 
@@ -35,6 +40,18 @@ template <class T>
 void subtract(T* out, const T* a, const T* b, int64_t n) {
 #pragma omp parallel for schedule(static) if (parallel_worth(n))
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] - b[i];
+}
+
+// piece(begin, end) on one contiguous piece per thread of a team (a parallel region only where
+// parallel_worth(n)), each piece whole vectors of simd::lanes, so that only the last has a scalar tail.
+template <class F>
+void over_pieces(int64_t n, F&& piece) {
+#pragma omp parallel if (parallel_worth(n))
+  {
+    const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t vectors = (n + simd::lanes - 1) / simd::lanes;
+    piece(std::min(n, vectors * me / team * simd::lanes), std::min(n, vectors * (me + 1) / team * simd::lanes));
+  }
 }
 
 }  // namespace tb::cpu

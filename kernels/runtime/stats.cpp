@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <numeric>
 #include <stdexcept>
 
 namespace tb {
@@ -11,6 +13,64 @@ double median_of(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const std::size_t n = values.size();
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// The Walsh averages (x_i + x_j) / 2, i <= j, sorted.
+static std::vector<double> sorted_walsh_averages(const std::vector<double>& x) {
+  std::vector<double> walsh;
+  walsh.reserve(x.size() * (x.size() + 1) / 2);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    for (std::size_t j = i; j < x.size(); ++j) walsh.push_back(0.5 * (x[i] + x[j]));
+  std::sort(walsh.begin(), walsh.end());
+  return walsh;
+}
+
+double hodges_lehmann(const std::vector<double>& values) {
+  if (values.empty()) throw std::invalid_argument("Hodges-Lehmann estimate of no values");
+  return median_of(sorted_walsh_averages(values));
+}
+
+// The regularised incomplete beta function I_x(a, b), by its continued fraction (modified Lentz).
+static double incomplete_beta(double a, double b, double x) {
+  if (x <= 0) return 0;
+  if (x >= 1) return 1;
+  if (x > (a + 1) / (a + b + 2)) return 1 - incomplete_beta(b, a, 1 - x);  // where the fraction converges fast
+  const double front =
+      std::exp(std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) + a * std::log(x) + b * std::log1p(-x)) / a;
+  constexpr double tiny = 1e-300;
+  double f = 1, c = 1, d = 0;
+  for (int i = 0; i <= 400; ++i) {
+    const auto m = static_cast<double>(i / 2);
+    double numerator = 1;
+    if (i > 0 && i % 2 == 0) numerator = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m));
+    else if (i > 0) numerator = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1));
+    d = 1 + numerator * d;
+    d = 1 / (std::abs(d) < tiny ? tiny : d);
+    c = 1 + numerator / c;
+    if (std::abs(c) < tiny) c = tiny;
+    f *= c * d;
+    if (std::abs(1 - c * d) < 1e-15) break;
+  }
+  return front * (f - 1);
+}
+
+double student_t_cdf(double t, double dof) {
+  if (!(dof > 0)) throw std::invalid_argument("student_t_cdf: dof > 0");
+  const double tail = 0.5 * incomplete_beta(dof / 2, 0.5, dof / (dof + t * t));
+  return t >= 0 ? 1 - tail : tail;
+}
+
+double student_t_quantile(double p, double dof) {
+  if (!(p > 0 && p < 1) || !(dof > 0)) throw std::invalid_argument("student_t_quantile: p in (0, 1) and dof > 0");
+  if (p < 0.5) return -student_t_quantile(1 - p, dof);
+  if (p == 0.5) return 0;
+  double low = 0, high = 1;
+  while (student_t_cdf(high, dof) < p) high *= 2;
+  for (int i = 0; i < 200 && high - low > 1e-12 * high; ++i) {
+    const double mid = (low + high) / 2;
+    (student_t_cdf(mid, dof) < p ? low : high) = mid;
+  }
+  return (low + high) / 2;
 }
 
 // P(X <= k) for X ~ Binomial(n, 1/2).
@@ -117,11 +177,7 @@ RatioEstimate paired_ratio_estimate(const std::vector<double>& baseline, const s
     if (!(baseline[r] > 0) || !(improved[r] > 0)) throw std::invalid_argument("ratio of non-positive times");
     d[r] = std::log(baseline[r]) - std::log(improved[r]);
   }
-  std::vector<double> walsh;
-  walsh.reserve(rounds * (rounds + 1) / 2);
-  for (std::size_t i = 0; i < rounds; ++i)
-    for (std::size_t j = i; j < rounds; ++j) walsh.push_back(0.5 * (d[i] + d[j]));
-  std::sort(walsh.begin(), walsh.end());
+  const std::vector<double> walsh = sorted_walsh_averages(d);
   // The signed-rank statistic's exact null distribution: counts over the 2^rounds sign patterns.
   std::vector<double> counts(walsh.size() + 1, 0.0);
   counts[0] = 1.0;
@@ -142,6 +198,41 @@ RatioEstimate paired_ratio_estimate(const std::vector<double>& baseline, const s
   r.ci_high = std::exp(walsh[walsh.size() - k]);
   r.ci_level = 1.0 - 2.0 * below;
   return r;
+}
+
+RatioEstimate paired_t_ratio_estimate(const std::vector<double>& a, const std::vector<double>& b, double level) {
+  const std::size_t rounds = std::min(a.size(), b.size());
+  if (rounds == 0) throw std::invalid_argument("ratio of no rounds");
+  std::vector<double> d(rounds);
+  for (std::size_t r = 0; r < rounds; ++r) {
+    if (!(a[r] > 0) || !(b[r] > 0)) throw std::invalid_argument("ratio of non-positive values");
+    d[r] = std::log(a[r] / b[r]);
+  }
+  RatioEstimate out;
+  out.ratio = std::exp(hodges_lehmann(d));
+  if (rounds == 1) {
+    out.ci_high = std::numeric_limits<double>::infinity();
+    out.ci_level = 1;
+    return out;
+  }
+  const auto k = static_cast<double>(rounds);
+  const double mean = std::accumulate(d.begin(), d.end(), 0.0) / k;
+  double squares = 0;
+  for (double x : d) squares += (x - mean) * (x - mean);
+  const double half = student_t_quantile(0.5 + level / 2, k - 1) * std::sqrt(squares / (k - 1) / k);
+  out.ci_low = std::exp(mean - half);
+  out.ci_high = std::exp(mean + half);
+  out.ci_level = level;
+  return out;
+}
+
+Estimate pooled_estimate(const Estimate& a, const Estimate& b) {
+  auto weight = [](const Estimate& e) {
+    const double hw = std::max(e.half_width, 1e-6 * std::abs(e.value) + 1e-12);
+    return 1 / (hw * hw);
+  };
+  const double wa = weight(a), wb = weight(b);
+  return {(wa * a.value + wb * b.value) / (wa + wb), 1 / std::sqrt(wa + wb)};
 }
 
 }  // namespace tb

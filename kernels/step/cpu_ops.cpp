@@ -1,7 +1,6 @@
 // The CPU backend's ops, in the formulas of llm.c's train_gpt2.c (layernorm, GELU, attention and
 // cross-entropy backward), with the matrix products on the CPU BLAS.
 #include "step/cpu_ops.h"
-#include "step/layers.h"
 
 #include <omp.h>
 
@@ -12,6 +11,7 @@
 
 #include "collate/collate.h"
 #include "gradnorm/gradnorm.h"
+#include "layers/layers.h"
 #include "runtime/comm.h"
 #include "runtime/cpu_blas.h"
 #include "runtime/error.h"
@@ -79,29 +79,10 @@ void CpuOps<T>::encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t*
 }
 
 template <class T>
-void cpu_layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int64_t N, int64_t C) {
-  const T eps = static_cast<T>(defaults::layernorm_eps);
-#pragma omp parallel for schedule(static) if (parallel_worth(N * C))
-  for (int64_t n = 0; n < N; ++n) {
-    const T* x = inp + n * C;
-    T m = 0;
-    for (int64_t c = 0; c < C; ++c) m += x[c];
-    m /= static_cast<T>(C);
-    T v = 0;
-    for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
-    v /= static_cast<T>(C);
-    const T s = T(1) / std::sqrt(v + eps);
-    for (int64_t c = 0; c < C; ++c) out[n * C + c] = (x[c] - m) * s * w[c] + b[c];
-    if (mean) mean[n] = m;
-    if (rstd) rstd[n] = s;
-  }
-}
-
-template <class T>
 void CpuOps<T>::layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int64_t N, int64_t C,
                                   bool bf16_only) {
   (void)bf16_only;  // the CPU's products read fp32: the output is written as always
-  cpu_layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  layers::cpu_layernorm_forward(out, mean, rstd, inp, w, b, N, C);
 }
 
 template <class T>
@@ -233,36 +214,16 @@ void CpuOps<T>::attention_backward(T* dqkv, T* scratch, const T* dout, const T* 
 }
 
 // GELU with the tanh approximation (GPT-2's), and its derivative. In float, 16 lanes at a time with a
-// vector tanh, as PyTorch's CPU kernel does; the double backend (the oracle) calls std::tanh.
-template <class T>
-T gelu_inner(T x) {
-  return static_cast<T>(gelu::scale) * (x + static_cast<T>(gelu::cubic) * x * x * x);
-}
-
-template <class T>
-void gelu_forward_scalar(T* out, const T* inp, int64_t begin, int64_t end) {
-  for (int64_t i = begin; i < end; ++i) out[i] = T(0.5) * inp[i] * (T(1) + std::tanh(gelu_inner(inp[i])));
-}
-
+// GELU backward; the forward is layers::cpu_gelu_forward. float: a vector tanh, as PyTorch's CPU kernel
+// does; the double backend (the oracle) calls std::tanh.
 template <class T>
 void gelu_backward_scalar(T* dinp, const T* inp, const T* dout, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
-    const T x = inp[i], th = std::tanh(gelu_inner(x));
+    const T x = inp[i], th = std::tanh(gelu::inner(x));
     const T local = T(0.5) * (T(1) + th) +
                     T(0.5) * x * (T(1) - th * th) * static_cast<T>(gelu::scale) * (T(1) + T(3) * static_cast<T>(gelu::cubic) * x * x);
     dinp[i] = local * dout[i];
   }
-}
-
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end) {
-  int64_t i = begin;
-  for (; i + simd::lanes <= end; i += simd::lanes) {
-    const simd::vf8 x = simd::load8(inp + i);
-    const simd::vf8 u = static_cast<float>(gelu::scale) * (x + static_cast<float>(gelu::cubic) * x * x * x);
-    simd::store8(out + i, 0.5f * x * (1.0f + simd::tanh8(u)));
-  }
-  gelu_forward_scalar(out, inp, i, end);
 }
 
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -278,38 +239,19 @@ void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64
   gelu_backward_scalar(dinp, inp, dout, i, end);
 }
 
-// Contiguous pieces per thread (whole vectors each, so only the last has a scalar tail).
-template <class F>
-void over_pieces(int64_t n, F&& piece) {
-#pragma omp parallel if (parallel_worth(n))
-  {
-    const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
-    const int64_t vectors = (n + simd::lanes - 1) / simd::lanes;
-    piece(std::min(n, vectors * me / team * simd::lanes), std::min(n, vectors * (me + 1) / team * simd::lanes));
-  }
-}
-
-template <class T>
-void cpu_gelu_forward(T* out, const T* inp, int64_t n) {
-  if constexpr (std::is_same_v<T, float>)
-    over_pieces(n, [&](int64_t begin, int64_t end) { gelu_forward_range(out, inp, begin, end); });
-  else
-    over_pieces(n, [&](int64_t begin, int64_t end) { gelu_forward_scalar(out, inp, begin, end); });
-}
-
 template <class T>
 void CpuOps<T>::gelu_forward(T* out, const T* inp, int64_t n, bool bf16_only) {
   (void)bf16_only;  // the CPU's products read fp32: the output is written as always
-  cpu_gelu_forward(out, inp, n);
+  layers::cpu_gelu_forward(out, inp, n);
 }
 
 template <class T>
 void CpuOps<T>::gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, bool bf16_only) {
   (void)bf16_only;  // the CPU's products read fp32: the output is written as always
   if constexpr (std::is_same_v<T, float>)
-    over_pieces(n, [&](int64_t begin, int64_t end) { gelu_backward_range(dinp, inp, dout, begin, end); });
+    cpu::over_pieces(n, [&](int64_t begin, int64_t end) { gelu_backward_range(dinp, inp, dout, begin, end); });
   else
-    over_pieces(n, [&](int64_t begin, int64_t end) { gelu_backward_scalar(dinp, inp, dout, begin, end); });
+    cpu::over_pieces(n, [&](int64_t begin, int64_t end) { gelu_backward_scalar(dinp, inp, dout, begin, end); });
 }
 
 template <class T>
@@ -391,9 +333,5 @@ void CpuOps<T>::allreduce_sum(T* data, int64_t n, int64_t bucket) {
 
 template class CpuOps<float>;
 template class CpuOps<double>;
-template void cpu_layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int64_t, int64_t);
-template void cpu_layernorm_forward(double*, double*, double*, const double*, const double*, const double*, int64_t, int64_t);
-template void cpu_gelu_forward(float*, const float*, int64_t);
-template void cpu_gelu_forward(double*, const double*, int64_t);
 
 }  // namespace tb::step

@@ -1,5 +1,5 @@
 // The workload as the step resolved it, with the constants the step is built from: what a twin of
-// the step in another framework is built from (scripts/trainbench_tracking/torch_step.py), never
+// the step in another framework is built from (scripts/trainbench/pytorch/step.py), never
 // the YAML. Written by dump_step, sent in autotune's PyTorch trials and read by the step's PyTorch row.
 #pragma once
 

@@ -23,14 +23,15 @@
 #include "attention/attention.h"
 #include "cg/rows.h"
 #include "gradnorm/gradnorm.h"
+#include "layers/layers_cuda.cuh"
 #include "runtime/comm.h"
+#include "runtime/cuda_bf16.cuh"
 #include "runtime/cuda_fill.cuh"
 #include "runtime/cuda_lt.h"
 #include "runtime/cuda_raii.h"
 #include "runtime/cuda_reduce.cuh"
 #include "runtime/defaults.h"
 #include "step/cpu_ops.h"
-#include "step/cuda_layers.cuh"
 #include "step/step.h"
 #include "step/trainer.h"
 #include "runtime/gelu.h"
@@ -50,13 +51,8 @@ constexpr int threads = 256;
 
 // A kernel's output or input as fp32 or as bf16 (the bf16 copy a matrix product reads).
 using bf16_bits = attention::bf16_bits;
-__device__ inline void store(float* p, float v) { *p = v; }
-__device__ inline void store(bf16_bits* p, float v) {
-  const __nv_bfloat16 b = __float2bfloat16_rn(v);
-  *p = *reinterpret_cast<const bf16_bits*>(&b);
-}
-__device__ inline float load(const float* p) { return *p; }
-__device__ inline float load(const bf16_bits* p) { return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p)); }
+using cuda::load;
+using cuda::store;
 
 __global__ void copy_kernel(float* d, const float* s, int64_t n) { TB_GRID_STRIDE(i, n) d[i] = s[i]; }
 __global__ void add_kernel(float* o, const float* a, const float* b, int64_t n) { TB_GRID_STRIDE(i, n) o[i] = a[i] + b[i]; }
@@ -76,25 +72,6 @@ __global__ void encoder_backward_kernel(float* dwte, float* dwpe, const float* d
     atomicAdd(&dwte[static_cast<int64_t>(tokens[bt]) * C + c], dout[e]);
     atomicAdd(&dwpe[t * C + c], dout[e]);
   }
-}
-
-// One warp per row.
-template <class Out>
-__global__ void layernorm_forward_kernel(Out* out, float* mean, float* rstd, const float* inp, const float* w,
-                                         const float* b, int64_t N, int64_t C, float eps) {
-  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= N) return;
-  const float* x = inp + row * C;
-  float s = 0;
-  for (int64_t c = lane; c < C; c += 32) s += x[c];
-  const float m = cuda::warp_sum(s) / static_cast<float>(C);
-  float v = 0;
-  for (int64_t c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
-  const float r = rsqrtf(cuda::warp_sum(v) / static_cast<float>(C) + eps);
-  for (int64_t c = lane; c < C; c += 32) store(out + row * C + c, (x[c] - m) * r * w[c] + b[c]);
-  if (lane == 0 && mean) mean[row] = m;
-  if (lane == 0 && rstd) rstd[row] = r;
 }
 
 // A warp per row for dinp. dw and db: each warp sums its rows into its own slice of shared memory,
@@ -166,13 +143,6 @@ __global__ void bias_backward_kernel(float* dbias, const In* dout, int64_t N, in
 constexpr float gelu_scale = static_cast<float>(gelu::scale), gelu_cubic = static_cast<float>(gelu::cubic);
 
 template <class Out>
-__global__ void gelu_forward_kernel(Out* out, const float* inp, int64_t n) {
-  TB_GRID_STRIDE(i, n) {
-    const float x = inp[i];
-    store(out + i, 0.5f * x * (1.0f + tanhf(gelu_scale * (x + gelu_cubic * x * x * x))));
-  }
-}
-template <class Out>
 __global__ void gelu_backward_kernel(Out* dinp, const float* inp, const float* dout, int64_t n) {
   TB_GRID_STRIDE(i, n) {
     const float x = inp[i], u = gelu_scale * (x + gelu_cubic * x * x * x), th = tanhf(u);
@@ -230,33 +200,6 @@ __global__ void sum_losses_kernel(float* acc, const float* losses, int64_t n, fl
 }
 
 }  // namespace
-
-namespace {
-// Out: float, or bf16_bits for the copy a bf16 product reads.
-template <class Out>
-void launch_layernorm_forward(Out* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
-                              int64_t N, int64_t C, cudaStream_t stream) {
-  if (N == 0) return;
-  const int64_t blocks = (N * 32 + threads - 1) / threads;
-  layernorm_forward_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-      out, mean, rstd, inp, w, b, N, C, static_cast<float>(defaults::layernorm_eps));
-  CUDA_CHECK(cudaGetLastError());
-}
-template <class Out>
-void launch_gelu_forward(Out* out, const float* inp, int64_t n, cudaStream_t stream, int device) {
-  if (n == 0) return;
-  gelu_forward_kernel<<<cuda::grid_for(n, threads, device), threads, 0, stream>>>(out, inp, n);
-  CUDA_CHECK(cudaGetLastError());
-}
-}  // namespace
-
-void cuda_layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
-                            int64_t N, int64_t C, cudaStream_t stream) {
-  launch_layernorm_forward(out, mean, rstd, inp, w, b, N, C, stream);
-}
-void cuda_gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream, int device) {
-  launch_gelu_forward(out, inp, n, stream, device);
-}
 
 // The CUDA backend of Model and Trainer (float). Counts device bytes for the peak-memory figure.
 class CudaOps {
@@ -377,8 +320,8 @@ class CudaOps {
   // bf16_only: the output feeds only bf16 matrix products; only their bf16 copy of it is written.
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int64_t N,
                          int64_t C, bool bf16_only) {
-    if (bf16_only) launch_layernorm_forward(written_bf16(kept_bf16_, out, N * C), mean, rstd, inp, w, b, N, C, stream_);
-    else launch_layernorm_forward(out, mean, rstd, inp, w, b, N, C, stream_);
+    if (bf16_only) layers::cuda_layernorm_forward(written_bf16(kept_bf16_, out, N * C), mean, rstd, inp, w, b, N, C, stream_);
+    else layers::cuda_layernorm_forward(out, mean, rstd, inp, w, b, N, C, stream_);
   }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                           const float* mean, const float* rstd, int64_t N, int64_t C) {
@@ -470,8 +413,8 @@ class CudaOps {
   }
   // bf16_only: as layernorm_forward's (GELU's output and its input's gradient feed only products).
   void gelu_forward(float* out, const float* inp, int64_t n, bool bf16_only) {
-    if (bf16_only) launch_gelu_forward(written_bf16(kept_bf16_, out, n), inp, n, stream_, device_);
-    else launch_gelu_forward(out, inp, n, stream_, device_);
+    if (bf16_only) layers::cuda_gelu_forward(written_bf16(kept_bf16_, out, n), inp, n, stream_, device_);
+    else layers::cuda_gelu_forward(out, inp, n, stream_, device_);
   }
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, bool bf16_only) {
     if (bf16_only) launch(gelu_backward_kernel<bf16_bits>, n, written_bf16(gradients_bf16_, dinp, n), inp, dout, n);
