@@ -1,6 +1,6 @@
-// The measuring harness: turns registry entries into Google Benchmark registrations, checks every
-// variant against its reference before it is timed, collects the repetition samples, and derives
-// the summary, % of the measured peak and the declared pairs' ratios.
+// The measuring harness: selects the registry entries a run measures, checks every variant against its
+// reference before it is timed, takes its samples (runner.h: alone, or in rounds with the rows of its
+// pairs), and derives the summary, % of the measured peak and the declared pairs' ratios.
 #pragma once
 
 #include <csignal>
@@ -17,6 +17,8 @@
 #include "runtime/timing.h"
 
 namespace tb {
+
+struct Entry;
 
 struct Settings {
   int repetitions = 10;
@@ -45,7 +47,7 @@ struct Settings {
   double cpu_cache_bytes = 0;
   std::string cpu_cache_how;
   // The rows a stage's declared pairs join at one problem (both sides of each pair) are measured
-  // together, in rounds that take one sample of each, in alternating order (A B, B A, A B, ...), so
+  // together, in rounds that take one sample of each, in tb::schedule's order (A B, B A, A B, ...), so
   // that a drift of the machine hits both sides of a round and the pair's ratio comes from the rounds.
   // false: each row on its own, one after the other (for comparison, or where the sides of a pair do
   // not fit in memory together).
@@ -54,6 +56,10 @@ struct Settings {
   std::function<std::unique_ptr<SampleTimer>()> sample_timer;
   // Tests: told of each sample a row keeps, in the order they were taken (row name, sample index).
   std::function<void(const std::string& row, std::size_t sample)> on_sample;
+  // Told of each row that was set up, when its measurement is over: its wall time setting up (the
+  // instance, the first call, the reference check, the warm-up) and measuring (its share of its group's
+  // rounds, retakes included). The announced time of the next run is made of these (time_estimate.h).
+  std::function<void(const Entry& row, double setup_s, double measure_s)> on_row_done;
 };
 
 // One benchmark to run: a variant at one problem.
@@ -75,13 +81,9 @@ struct Entry {
 // filter is not a valid regex or matches nothing.
 std::vector<Entry> select_entries(const Registry& registry, const Settings& settings);
 
-// What the run will take, said before it starts: its rows x (repetitions + one calibration) samples
-// of at least --min-time, a lower bound (a row whose one call outlasts a sample takes longer), and
-// with --max-time an upper bound apart from each row's set-up and check.
-std::string expected_time_text(const std::vector<Entry>& entries, const Settings& settings);
-
-// Runs the entries under Google Benchmark and returns the results. Progress goes to `progress`,
-// one line per benchmark. Never throws for a failing variant: it becomes a row.
+// Measures the entries (runner.h) and returns the results. Progress goes to `progress`, one line per
+// benchmark. Never throws for a failing variant: it becomes a row. Google Benchmark's --benchmark_filter
+// (benchmark::Initialize) leaves out the rows it does not match.
 Results run_entries(const Registry& registry, const std::vector<Entry>& entries, const Settings& settings,
                     std::ostream& progress);
 

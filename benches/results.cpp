@@ -168,6 +168,107 @@ static T field(const json& j, const char* key, const std::string& where) {
   }
 }
 
+// A passed row's samples, summary and what was noted while it was measured.
+static void read_timed_row(const json& j, const std::string& where, Row& r) {
+  r.iterations = field<int64_t>(j, "iterations", where);
+  r.samples_ns = field<std::vector<double>>(j, "samples_ns", where);
+  if (r.samples_ns.empty()) throw std::runtime_error(where + ": passed but has no samples");
+  r.summary.n = r.samples_ns.size();
+  r.summary.median = field<double>(j, "median_ns", where);
+  r.summary.ci_low = field<double>(j, "ci_low_ns", where);
+  r.summary.ci_high = field<double>(j, "ci_high_ns", where);
+  r.summary.ci_level = field<double>(j, "ci_level", where);
+  r.summary.noisy = field<bool>(j, "noisy", where);
+  r.interrupted = j.value("interrupted", std::string());
+  r.summary.rel_half_width =
+      r.summary.median > 0 ? (r.summary.ci_high - r.summary.ci_low) / (2 * r.summary.median) : 0;
+  if (j.contains("pct_of_peak")) r.pct_of_peak = j["pct_of_peak"].get<double>();
+  r.pct_note = j.value("pct_of_peak_note", std::string());
+  r.configuration = j.value("configuration", std::string());
+  r.interleaved_with = j.value("interleaved_with", std::vector<std::string>{});
+  r.others_share = j.value("others_cpu_share", -1.0);
+  r.disturbed = j.value("disturbed", false);
+  r.retaken = j.value("retaken_samples", 0);
+  r.cut_short = j.value("cut_short", std::string());
+  r.throttled_share = j.value("throttled_share", -1.0);
+  r.sm_clock_min_mhz = j.value("sm_clock_min_mhz", 0);
+  r.sm_clock_max_mhz = j.value("sm_clock_max_mhz", 0);
+  r.clock_reasons = clock_reasons_from_names(j.value("throttle_reasons", std::vector<std::string>{}));
+}
+
+static Row row_from_json(const json& j) {
+  Row r;
+  r.name = field<std::string>(j, "name", "benchmark");
+  const std::string where = "benchmark " + r.name;
+  r.stage = field<std::string>(j, "stage", where);
+  r.variant = field<std::string>(j, "variant", where);
+  r.backend = field<std::string>(j, "backend", where);
+  const json problem = field<json>(j, "problem", where);
+  if (!problem.is_object()) throw std::runtime_error(where + ": \"problem\" is not an object");
+  for (const auto& [k, v] : problem.items()) {
+    if (!v.is_string()) throw std::runtime_error(where + ": problem." + k + " is not a string");
+    r.problem.emplace_back(k, v.get<std::string>());
+  }
+  const std::string disposition = field<std::string>(j, "disposition", where);
+  try {
+    r.disposition = disposition_from_string(disposition);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(where + ": " + e.what());
+  }
+  r.reason = j.value("reason", std::string());
+  r.max_error = j.contains("max_error") && j["max_error"].is_number() ? j["max_error"].get<double>() : INFINITY;
+  r.mode = j.value("mode", std::string("hot"));
+  r.batch = j.value("batch", int64_t{1});
+  r.bytes = j.value("bytes", 0.0);
+  r.flops = j.value("flops", 0.0);
+  r.bound = j.value("bound", std::string("memory"));
+  r.peak_key = j.value("peak_key", std::string());
+  r.footprint = j.value("footprint_bytes", r.bytes);
+  if (j.contains("counters")) {
+    if (!j["counters"].is_object()) throw std::runtime_error(where + ": \"counters\" is not an object");
+    for (const auto& [k, v] : j["counters"].items()) {
+      if (!v.is_number()) throw std::runtime_error(where + ": counters." + k + " is not a number");
+      r.counters.emplace_back(k, v.get<double>());
+    }
+  }
+  if (r.disposition == Disposition::passed) read_timed_row(j, where, r);
+  return r;
+}
+
+static PairRow pair_from_json(const json& j) {
+  PairRow p;
+  p.stage = field<std::string>(j, "stage", "pair");
+  p.label = field<std::string>(j, "label", "pair");
+  p.baseline = field<std::string>(j, "baseline", "pair " + p.label);
+  p.improved = field<std::string>(j, "improved", "pair " + p.label);
+  const std::string where = "pair " + p.label;
+  p.ratio = RatioEstimate{field<double>(j, "ratio", where), field<double>(j, "ci_low", where),
+                          field<double>(j, "ci_high", where), field<double>(j, "ci_level", where)};
+  // Files written before pairs had kinds hold timed ratios only, and no medians.
+  p.kind = j.value("kind", std::string("timed"));
+  if (p.kind != "timed" && p.kind != "amortised")
+    throw std::runtime_error(where + ": kind '" + p.kind + "' (timed, amortised)");
+  p.baseline_ns = j.value("baseline_median_ns", 0.0);
+  p.improved_ns = j.value("improved_median_ns", 0.0);
+  p.rounds = j.value("rounds", 0);
+  if (j.contains("moved_out")) {
+    const json& m = j["moved_out"];
+    const std::string in = where + " moved_out";
+    p.moved_out = MovedOut{field<std::string>(m, "what", in), field<std::string>(m, "counter", in),
+                           field<double>(m, "ns_per_call", in), m.value("ns_each", 0.0),
+                           m.value("paid_per", std::string()), m.value("call", std::string())};
+  }
+  if (p.kind == "amortised" && !p.moved_out)
+    throw std::runtime_error(where + ": an amortised ratio without the cost it amortises (\"moved_out\")");
+  if (j.contains("predicted")) {
+    const json& m = j["predicted"];
+    const std::string in = where + " predicted";
+    p.predicted = Prediction{field<std::string>(m, "counter", in), field<double>(m, "improved_ns", in),
+                             field<double>(m, "ratio", in)};
+  }
+  return p;
+}
+
 Results results_from_json(const json& doc) {
   if (!doc.is_object()) throw std::runtime_error("not a JSON object");
   const auto schema = doc.value("schema", std::string());
@@ -184,103 +285,8 @@ Results results_from_json(const json& doc) {
   }
   const json rows = field<json>(doc, "benchmarks", "document");
   if (!rows.is_array()) throw std::runtime_error("\"benchmarks\" is not an array");
-  for (const auto& j : rows) {
-    Row r;
-    r.name = field<std::string>(j, "name", "benchmark");
-    const std::string where = "benchmark " + r.name;
-    r.stage = field<std::string>(j, "stage", where);
-    r.variant = field<std::string>(j, "variant", where);
-    r.backend = field<std::string>(j, "backend", where);
-    const json problem = field<json>(j, "problem", where);
-    if (!problem.is_object()) throw std::runtime_error(where + ": \"problem\" is not an object");
-    for (const auto& [k, v] : problem.items()) {
-      if (!v.is_string()) throw std::runtime_error(where + ": problem." + k + " is not a string");
-      r.problem.emplace_back(k, v.get<std::string>());
-    }
-    const std::string disposition = field<std::string>(j, "disposition", where);
-    try {
-      r.disposition = disposition_from_string(disposition);
-    } catch (const std::runtime_error& e) {
-      throw std::runtime_error(where + ": " + e.what());
-    }
-    r.reason = j.value("reason", std::string());
-    r.max_error = j.contains("max_error") && j["max_error"].is_number() ? j["max_error"].get<double>() : INFINITY;
-    r.mode = j.value("mode", std::string("hot"));
-    r.batch = j.value("batch", int64_t{1});
-    r.bytes = j.value("bytes", 0.0);
-    r.flops = j.value("flops", 0.0);
-    r.bound = j.value("bound", std::string("memory"));
-    r.peak_key = j.value("peak_key", std::string());
-    r.footprint = j.value("footprint_bytes", r.bytes);
-    if (j.contains("counters")) {
-      if (!j["counters"].is_object()) throw std::runtime_error(where + ": \"counters\" is not an object");
-      for (const auto& [k, v] : j["counters"].items()) {
-        if (!v.is_number()) throw std::runtime_error(where + ": counters." + k + " is not a number");
-        r.counters.emplace_back(k, v.get<double>());
-      }
-    }
-    if (r.disposition == Disposition::passed) {
-      r.iterations = field<int64_t>(j, "iterations", where);
-      r.samples_ns = field<std::vector<double>>(j, "samples_ns", where);
-      if (r.samples_ns.empty()) throw std::runtime_error(where + ": passed but has no samples");
-      r.summary.n = r.samples_ns.size();
-      r.summary.median = field<double>(j, "median_ns", where);
-      r.summary.ci_low = field<double>(j, "ci_low_ns", where);
-      r.summary.ci_high = field<double>(j, "ci_high_ns", where);
-      r.summary.ci_level = field<double>(j, "ci_level", where);
-      r.summary.noisy = field<bool>(j, "noisy", where);
-      r.interrupted = j.value("interrupted", std::string());
-      r.summary.rel_half_width =
-          r.summary.median > 0 ? (r.summary.ci_high - r.summary.ci_low) / (2 * r.summary.median) : 0;
-      if (j.contains("pct_of_peak")) r.pct_of_peak = j["pct_of_peak"].get<double>();
-      r.pct_note = j.value("pct_of_peak_note", std::string());
-      r.configuration = j.value("configuration", std::string());
-      r.interleaved_with = j.value("interleaved_with", std::vector<std::string>{});
-      r.others_share = j.value("others_cpu_share", -1.0);
-      r.disturbed = j.value("disturbed", false);
-      r.retaken = j.value("retaken_samples", 0);
-      r.cut_short = j.value("cut_short", std::string());
-      r.throttled_share = j.value("throttled_share", -1.0);
-      r.sm_clock_min_mhz = j.value("sm_clock_min_mhz", 0);
-      r.sm_clock_max_mhz = j.value("sm_clock_max_mhz", 0);
-      r.clock_reasons = clock_reasons_from_names(j.value("throttle_reasons", std::vector<std::string>{}));
-    }
-    results.rows.push_back(std::move(r));
-  }
-  const json pairs = doc.value("pairs", json::array());
-  for (const auto& j : pairs) {
-    PairRow p;
-    p.stage = field<std::string>(j, "stage", "pair");
-    p.label = field<std::string>(j, "label", "pair");
-    p.baseline = field<std::string>(j, "baseline", "pair " + p.label);
-    p.improved = field<std::string>(j, "improved", "pair " + p.label);
-    const std::string where = "pair " + p.label;
-    p.ratio = RatioEstimate{field<double>(j, "ratio", where), field<double>(j, "ci_low", where),
-                            field<double>(j, "ci_high", where), field<double>(j, "ci_level", where)};
-    // Files written before pairs had kinds hold timed ratios only, and no medians.
-    p.kind = j.value("kind", std::string("timed"));
-    if (p.kind != "timed" && p.kind != "amortised")
-      throw std::runtime_error(where + ": kind '" + p.kind + "' (timed, amortised)");
-    p.baseline_ns = j.value("baseline_median_ns", 0.0);
-    p.improved_ns = j.value("improved_median_ns", 0.0);
-    p.rounds = j.value("rounds", 0);
-    if (j.contains("moved_out")) {
-      const json& m = j["moved_out"];
-      const std::string in = where + " moved_out";
-      p.moved_out = MovedOut{field<std::string>(m, "what", in), field<std::string>(m, "counter", in),
-                             field<double>(m, "ns_per_call", in), m.value("ns_each", 0.0),
-                             m.value("paid_per", std::string()), m.value("call", std::string())};
-    }
-    if (p.kind == "amortised" && !p.moved_out)
-      throw std::runtime_error(where + ": an amortised ratio without the cost it amortises (\"moved_out\")");
-    if (j.contains("predicted")) {
-      const json& m = j["predicted"];
-      const std::string in = where + " predicted";
-      p.predicted = Prediction{field<std::string>(m, "counter", in), field<double>(m, "improved_ns", in),
-                               field<double>(m, "ratio", in)};
-    }
-    results.pairs.push_back(std::move(p));
-  }
+  for (const auto& j : rows) results.rows.push_back(row_from_json(j));
+  for (const auto& j : doc.value("pairs", json::array())) results.pairs.push_back(pair_from_json(j));
   for (const auto& j : doc.value("pairs_withheld", json::array()))
     results.withheld_pairs.push_back(WithheldPair{j.value("stage", std::string()), j.value("label", std::string()),
                                                   j.value("baseline", std::string()), j.value("improved", std::string()),

@@ -218,6 +218,13 @@ TEST(Cli, ARunSaysItsExpectedTimeAndAnEta) {
   ASSERT_NE(expected, std::string::npos) << o.output;  // copy, triad and triad on one thread
   EXPECT_LT(expected, o.output.find("[  1/3]")) << "said before the first row";
   EXPECT_NE(o.output.find("elapsed, ETA "), std::string::npos) << "the first row's line gives the time left:\n" << o.output;
+  EXPECT_NE(o.output.find("(announced about "), std::string::npos) << "the end says what it took beside it:\n" << o.output;
+  // What each row took is kept with the machine's cache: the same run again announces from it.
+  const Outcome again = benchsuite("--backend cpu --filter 'peak/cpu/(copy|triad)' --quick --axis peak.n=100003");
+  ASSERT_EQ(again.code, 0) << again.output;
+  EXPECT_NE(again.output.find("with each row's set-up, check and measuring as this machine took them last"),
+            std::string::npos)
+      << again.output;
 }
 
 // --max-time S (nvbench's --timeout): a row past S stops with the samples it has, and says so.

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <map>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -20,6 +21,7 @@
 #include "runtime/cpu_load.h"
 #include "runtime/device_info.h"
 #include "runtime/error.h"
+#include "time_estimate.h"
 
 namespace tb {
 namespace {
@@ -167,6 +169,29 @@ TEST_F(Harness, ChecksBeforeTimingAndGivesEveryRowADisposition) {
   EXPECT_EQ(results.peaks.count("cpu.toy"), 1u);
   EXPECT_EQ(exit_code_for(results), 1);
   EXPECT_NE(progress.str().find("incorrect"), std::string::npos);
+}
+
+// Every row that was set up tells what it took, once, when its measurement is over: the announced time
+// of the next run is made of these.
+TEST_F(Harness, EachRowSetUpTellsItsSetUpAndMeasuringOnce) {
+  const Registry reg = toy_registry();
+  Settings settings = quick_settings("toy/cpu/(slow|fast|wrong)");
+  std::map<std::string, std::pair<double, double>> told;
+  int calls = 0;
+  settings.on_row_done = [&](const Entry& e, double setup_s, double measure_s) {
+    ++calls;
+    told[e.name] = {setup_s, measure_s};
+  };
+  std::ostringstream progress;
+  const Results results = run_entries(reg, select_entries(reg, settings), settings, progress);
+  for (const char* name : {"toy/cpu/slow/n=20000", "toy/cpu/fast/n=20000"}) {
+    ASSERT_TRUE(told.count(name)) << name;
+    EXPECT_GT(told[name].first, 0.0) << name;
+    EXPECT_GT(told[name].second, 0.0) << name;
+  }
+  // The incorrect row was never measured: nothing of it is kept. The peak row was measured too.
+  EXPECT_FALSE(told.count("toy/cpu/wrong/n=20000"));
+  EXPECT_EQ(calls, static_cast<int>(told.size()));
 }
 
 TEST_F(Harness, MeasuresTheNeededPeakFirstWhenTheFilterLeavesItOut) {
@@ -951,4 +976,62 @@ TEST_F(Harness, ASlowSpellLeavesAnInterleavedPairsRatioAloneWhereMeasuringApartI
 }
 
 }  // namespace
+// A row this machine ran before is announced as it went then (its set-up, its measuring scaled to what
+// the settings ask now); one it did not, from its stage's rows; one of a stage never run, by the
+// settings alone. Another machine's rows and a file of another kind are not read.
+TEST(TimeEstimate, KnownRowsThenTheirStageThenTheSettings) {
+  const Registry reg = toy_registry();
+  Settings settings;
+  settings.repetitions = 3;
+  settings.min_time_s = 0.5;  // 2 s of samples per row, plus the warm-up
+  const double expected = expected_measure_seconds(settings);
+  EXPECT_DOUBLE_EQ(expected, 2.0 + defaults::warmup_s);
+  settings.filter = "toy/cpu/(slow|fast)|peak";
+  const std::vector<Entry> entries = select_entries(reg, settings);
+  ASSERT_EQ(entries.size(), 3u);  // the peak row, slow, fast
+
+  nlohmann::json file = {{"schema", "trainbench-row-costs/1"}};
+  // slow took 10 s to set up and twice what its run's settings asked; nothing of peak or fast is kept.
+  file["machines"]["here"]["toy/cpu/slow/n=20000"] = {
+      {"stage", "toy"}, {"setup_s", 10.0}, {"measure_s", 8.0}, {"expected_measure_s", 4.0}};
+  file["machines"]["elsewhere"]["peak/cpu/ceiling/n=20000"] = {
+      {"stage", "peak"}, {"setup_s", 100.0}, {"measure_s", 1.0}, {"expected_measure_s", 1.0}};
+  const TimeEstimate t = estimate_time(entries, settings, RowCosts::from_json(file, "here"));
+  EXPECT_EQ(t.rows, 3u);
+  EXPECT_EQ(t.known, 1u);
+  EXPECT_EQ(t.by_stage, 1u);  // fast, from slow
+  EXPECT_DOUBLE_EQ(t.lower_bound, 3 * expected);
+  // peak: the settings only; slow: 10 + 2 x expected; fast: as slow, its stage's only row.
+  EXPECT_NEAR(t.seconds, expected + 2 * (10 + 2 * expected), 1e-9);
+  const std::string text = expected_time_text(settings, t);
+  EXPECT_NE(text.find("expect at least"), std::string::npos) << text;
+  EXPECT_NE(text.find("1 of 3 rows known"), std::string::npos) << text;
+
+  file["schema"] = "something-else/1";
+  const TimeEstimate none = estimate_time(entries, settings, RowCosts::from_json(file, "here"));
+  EXPECT_EQ(none.known + none.by_stage, 0u);
+  EXPECT_DOUBLE_EQ(none.seconds, none.lower_bound);
+  EXPECT_NE(expected_time_text(settings, none).find("no row has run on this machine yet"), std::string::npos);
+}
+
+// A run's costs are blended half and half with what was kept, and merged into the file without losing
+// another machine's rows.
+TEST(TimeEstimate, RecordBlendsWithWhatWasKeptAndKeepsOtherMachines) {
+  nlohmann::json file = {{"schema", "trainbench-row-costs/1"}};
+  file["machines"]["elsewhere"]["a"] = {{"stage", "s"}, {"setup_s", 1.0}, {"measure_s", 1.0}, {"expected_measure_s", 1.0}};
+  RowCosts costs = RowCosts::from_json(file, "here");
+  costs.record("a", "s", {4.0, 6.0, 2.0});  // 3x what was asked
+  costs.record("a", "s", {2.0, 2.0, 2.0});  // 1x
+  const std::optional<RowCost> a = costs.row("a");
+  ASSERT_TRUE(a);
+  EXPECT_DOUBLE_EQ(a->setup_s, 3.0);
+  EXPECT_DOUBLE_EQ(a->measure_s / a->expected_measure_s, 2.0);
+  costs.record("b", "s", {1.0, 1.0, 0.0});  // nothing was asked of it: not a figure to scale
+  EXPECT_FALSE(costs.row("b"));
+  const nlohmann::json merged = costs.merged_into(file);
+  EXPECT_TRUE(merged["machines"]["elsewhere"].contains("a"));
+  EXPECT_DOUBLE_EQ(merged["machines"]["here"]["a"]["setup_s"].get<double>(), 3.0);
+  EXPECT_EQ(RowCosts::from_json(merged, "here").row("a")->setup_s, 3.0);
+}
+
 }  // namespace tb
