@@ -1,4 +1,5 @@
-"""Shared helpers for the tests of scripts/ (nightly tracking)."""
+"""Shared helpers for the tests of scripts/ (nightly tracking, the PyTorch side). scripts/ (the trainbench
+package) and fixtures/ (synth) are on the path by pytest.ini's pythonpath."""
 
 import copy
 import glob
@@ -14,13 +15,12 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 SCRIPTS = os.path.join(REPO, "scripts")
 FIXTURES = os.path.join(HERE, "fixtures")
 FAKE_BENCHSUITE = os.path.join(FIXTURES, "fake_benchsuite")
-sys.path[:0] = [SCRIPTS, FIXTURES]
 
 
 @pytest.fixture
 def cli(capsys):
     """Runs scripts/<name>'s main in-process: returns (exit code, stdout, stderr)."""
-    from trainbench_tracking import cli as cli_module
+    from trainbench.tracking import cli as cli_module
 
     def run(name, *args):
         try:

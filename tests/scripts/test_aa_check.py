@@ -81,8 +81,8 @@ def test_aa_check_usage_errors(cli, tmp_path):
 
 
 def test_history_regressions_are_checked_again_as_nightly_confirm_with_would(tmp_path):
-    from trainbench_tracking import aa
-    from trainbench_tracking.tracking import Settings
+    from trainbench.tracking import aa
+    from trainbench.tracking.compare import Settings
     folder = tmp_path / "runs"
     drifting_runs(folder, 8, seed=6, drift=0.0)
     for name in ("007.json", "008.json"):              # an episode of two slow runs of one stage

@@ -7,9 +7,9 @@ import pytest
 
 import synth
 from conftest import by_name, scaled, write_json
-from trainbench_tracking.resultfile import parse_run
-from trainbench_tracking.stats import INCONCLUSIVE, SAME
-from trainbench_tracking.tracking import Settings, compare_history
+from trainbench.tracking.resultfile import parse_run
+from trainbench.tracking.stats import INCONCLUSIVE, SAME
+from trainbench.tracking.compare import Settings, compare_history
 
 PEAK, FUSED, PER_TENSOR, ATTN = synth.names()
 

@@ -10,10 +10,11 @@ import pytest
 
 import synth
 from conftest import FAKE_BENCHSUITE, REPO, SCRIPTS, by_name, slower_benchsuite
-from trainbench_tracking.interleave import compare_interleaved, paired_rounds_test, walsh_interval
-from trainbench_tracking.resultfile import parse_run
-from trainbench_tracking.stats import FASTER, INCONCLUSIVE, SAME, SLOWER
-from trainbench_tracking.tracking import Settings
+from trainbench.tracking.compare import Settings
+from trainbench.tracking.interleave import compare_interleaved
+from trainbench.tracking.resultfile import parse_run
+from trainbench.tracking.stats import (FASTER, INCONCLUSIVE, SAME, SLOWER, paired_rounds_test, signed_rank_cdf,
+                                      walsh_interval)
 
 PEAK, FUSED, PER_TENSOR, ATTN = synth.names()
 # the real benchsuite: $TRAINBENCH_BENCHSUITE, else the build folder ctest's scripts_pytest builds beside
@@ -82,6 +83,21 @@ def test_walsh_interval():
     i, j = np.triu_indices(10)
     w = np.sort((d[i] + d[j]) / 2)
     assert (est, lo, hi) == (pytest.approx(4.5), w[3], w[-4]) and cov == pytest.approx(1 - 10 / 1024)
+
+
+
+@pytest.mark.parametrize("K", [1, 2, 4, 7, 12])
+def test_the_signed_rank_distribution_is_scipys(K):
+    """walsh_interval's quantiles come from the signed-rank null distribution that scipy.stats.wilcoxon's exact
+    p-value uses: P(T+ <= t) is wilcoxon's one-sided p of values whose positive ranks sum to t."""
+    from scipy.stats import wilcoxon
+    cdf = signed_rank_cdf(K)
+    rng = np.random.default_rng(K)
+    for _ in range(30):
+        x = np.arange(1, K + 1) * rng.choice([-1, 1], K)
+        t_plus = int(np.sum(np.arange(1, K + 1)[x > 0]))
+        assert cdf[t_plus] == pytest.approx(wilcoxon(x, method="exact", alternative="less").pvalue, abs=1e-12)
+    assert cdf[-1] == pytest.approx(1.0)
 
 
 def run(seed, **kw):

@@ -104,7 +104,7 @@ def script_flags(tool):
     text = path.read_text()
     if "python" not in text.split("\n", 1)[0]:   # a shell script: its case patterns and [[ == --x ]] tests
         return set(re.findall(r"(--[A-Za-z][\w-]*)\)", text)) | set(re.findall(r"== (--[A-Za-z][\w-]*)", text))
-    sources = [text] + [p.read_text() for p in sorted((ROOT / "scripts" / "trainbench_tracking").rglob("*.py"))]
+    sources = [text] + [p.read_text() for p in sorted((ROOT / "scripts" / "trainbench").rglob("*.py"))]
     flags = set(re.findall(r"""["'](--[A-Za-z][\w-]*)["']""", text))   # the wrapper's own (torch-step --serve)
     for source in sources:
         for names in re.findall(r"add_argument\(((?:\s*[\"']-[^\"']*[\"']\s*,)+)", source):

@@ -8,10 +8,10 @@ import pytest
 
 import synth
 from conftest import by_name, scaled, write_json
-from trainbench_tracking.interleave import compare_interleaved
-from trainbench_tracking.resultfile import parse_run
-from trainbench_tracking.stats import FASTER, INCONCLUSIVE, SAME, SLOWER
-from trainbench_tracking.tracking import Settings, compare_files, compare_history
+from trainbench.tracking.interleave import compare_interleaved
+from trainbench.tracking.resultfile import parse_run
+from trainbench.tracking.stats import FASTER, INCONCLUSIVE, SAME, SLOWER
+from trainbench.tracking.compare import Settings, compare_files, compare_history
 
 PEAK, FUSED, PER_TENSOR, ATTN = synth.names()
 

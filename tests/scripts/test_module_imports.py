@@ -1,12 +1,13 @@
-"""scripts/trainbench_tracking's modules import each other without a cycle, and no module takes a private
-(`_name`) name from another: a module's private names are its own to change."""
+"""scripts/trainbench's modules import each other without a cycle, no module takes a private (`_name`) name
+from another (a module's private names are its own to change), and nightly tracking (trainbench.tracking)
+imports nothing of PyTorch (trainbench.pytorch, torch): it runs where torch is not installed."""
 
 import ast
 import os
 
 import pytest
 
-PACKAGE = "trainbench_tracking"
+PACKAGE = "trainbench"
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", PACKAGE)
 
 
@@ -43,15 +44,21 @@ def imports_of(path: str, module: str):
                 yield f"{source}.{name}", []
 
 
-def scan(root: str):
-    """{module: {module it imports inside the package}} and [(module, source, private name)]."""
-    graph, private = {}, []
+def module_files(root: str):
+    """{module: its file} for every module under root."""
     files = {}
     for folder, _, names in os.walk(root):
         for name in names:
             if name.endswith(".py"):
                 path = os.path.join(folder, name)
                 files[module_name(path, root)] = path
+    return files
+
+
+def scan(root: str):
+    """{module: {module it imports inside the package}} and [(module, source, private name)]."""
+    graph, private = {}, []
+    files = module_files(root)
     for module, path in files.items():
         edges = graph.setdefault(module, set())
         for source, names in imports_of(path, module):
@@ -89,9 +96,20 @@ def find_cycle(graph):
 
 def test_the_package_has_no_import_cycle_and_takes_no_private_name():
     graph, private = scan(ROOT)
-    assert "trainbench_tracking.torch_peers" in graph and "trainbench_tracking.torch_cases.cg" in graph
+    assert "trainbench.pytorch.peers" in graph and "trainbench.pytorch.cases.cg" in graph
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
     assert private == [], private
+
+
+def test_nightly_tracking_imports_nothing_of_pytorch():
+    """trainbench.tracking (and the errors it shares) imports neither trainbench.pytorch nor torch, at module level
+    or in a function: the nightly's machine needs no PyTorch."""
+    files = module_files(ROOT)
+    tracking = [m for m in files if m == f"{PACKAGE}.errors" or m.startswith(f"{PACKAGE}.tracking")]
+    assert f"{PACKAGE}.tracking.stats" in tracking
+    wrong = [(m, source) for m in tracking for source, _ in imports_of(files[m], m)
+             if source.split(".")[0] == "torch" or source.startswith(f"{PACKAGE}.pytorch")]
+    assert wrong == [], wrong
 
 
 @pytest.mark.parametrize("files, cycle, private", [

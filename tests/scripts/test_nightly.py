@@ -197,7 +197,7 @@ def test_report_draws_a_history(cli, tmp_path):
 
 
 def test_report_plot_titles_keep_the_variant_and_fit():
-    from trainbench_tracking.plots import TITLE_WIDTH, plot_title
+    from trainbench.tracking.plots import TITLE_WIDTH, plot_title
     key = "adamw/cpu/per_tensor/params=29900000,tensors=200,dtype=fp32"
     lines = plot_title(key)
     assert lines[0] == "adamw/cpu/per_tensor"          # cut from the left before: "...tensor/params=..."
@@ -213,7 +213,7 @@ def test_report_plot_titles_keep_the_variant_and_fit():
 
 def test_report_ticks_tell_two_runs_of_one_day_apart():
     import datetime as dt
-    from trainbench_tracking.plots import tick_labels
+    from trainbench.tracking.plots import tick_labels
     utc = dt.timezone.utc
     days = [dt.datetime(2026, 11, 25, 3, 0, tzinfo=utc), dt.datetime(2026, 11, 26, 3, 0, tzinfo=utc)]
     assert tick_labels(days) == ["11-25", "11-26"]
@@ -253,7 +253,7 @@ def test_a_timeout_stops_benchsuite_gently_and_keeps_what_it_measured(nightly):
 
 
 def test_a_benchsuite_that_ignores_the_interrupt_is_killed_after_the_grace(nightly, monkeypatch):
-    from trainbench_tracking import nightly as nightly_module
+    from trainbench.tracking import nightly as nightly_module
     monkeypatch.setattr(nightly_module, "STOP_GRACE_S", 0.5)
     rc, _, err = nightly(0, "--no-report", "--timeout", "1", hang="ignore")
     assert rc == 2

@@ -7,7 +7,7 @@ import pytest
 
 import synth
 from conftest import run_script, write_json
-from trainbench_tracking.resultfile import ResultFileError, load_run, parse_run, stored_name
+from trainbench.tracking.resultfile import ResultFileError, load_run, parse_run, stored_name
 
 
 def test_machine_key_gpu_and_cpu():

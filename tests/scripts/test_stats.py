@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from trainbench_tracking.changepoint import detect_change_points, segments
-from trainbench_tracking.stats import FASTER, INCONCLUSIVE, SAME, SLOWER, compare_samples
+from trainbench.tracking.changepoint import detect_change_points, segments
+from trainbench.tracking.stats import FASTER, INCONCLUSIVE, SAME, SLOWER, compare_samples
 
 
 def samples(seed, n=10, level=1e6, sigma=0.01):

@@ -1,4 +1,4 @@
-"""autotune --entry's child side (scripts/trainbench_tracking/torch_entry.py), in-process: a bad entry is one
+"""autotune --entry's child side (scripts/trainbench/pytorch/entry.py), in-process: a bad entry is one
 EntryError line naming the file, the function and what was expected; the ready-made entries (hf:, a
 LightningModule) build; the optimizer is rebuilt per-tensor, foreach and fused; and the first-step check passes
 a correct split and switch, and names a model whose loss depends on the micro-batch split.
@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO, TorchWorker, built_tool
 
 torch = pytest.importorskip("torch")
-from trainbench_tracking import torch_entry as te  # noqa: E402 - after the skip
+from trainbench.pytorch import entry as te  # noqa: E402 - after the skip
 
 ENTRIES = os.path.join(REPO, "tests", "scripts", "entries")
 BAD = os.path.join(ENTRIES, "bad_entries.py")
@@ -179,7 +179,7 @@ def test_the_reference_of_a_global_batch_is_computed_once_and_kept(monkeypatch):
     calls = []
     real = te.reference_step
     monkeypatch.setattr(te, "reference_step", lambda *a: calls.append(1) or real(*a))
-    from trainbench_tracking.torch_worker import Worker
+    from trainbench.pytorch.worker import Worker
     w = Worker({"kind": "entry", "entry": f"{CNN}:build", "backend": "cpu"})
     for micro, switches in ((8, {}), (4, {"optimizer": "foreach"}), (16, {})):
         said = w.open({"candidate": {"global_batch": 16, "micro_batch": micro, "switches": switches}})
@@ -263,7 +263,7 @@ def test_the_largest_batch_stops_at_the_largest_power_of_two_dividing_the_global
 
 def worker_trial(spec, backend, candidate):
     """A candidate opened in the worker (in-process) and, when it passes, stepped twice: the open's answer."""
-    from trainbench_tracking.torch_worker import Worker
+    from trainbench.pytorch.worker import Worker
     w = Worker({"kind": "entry", "entry": spec, "backend": backend, "device": 0})
     said = w.open({"candidate": candidate})
     if said["disposition"] == "passed":

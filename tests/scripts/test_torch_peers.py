@@ -17,8 +17,8 @@ import sys
 import pytest
 
 from conftest import FIXTURES, REPO, SCRIPTS, built_tool, run_script, write_json
-from trainbench_tracking import torch_inputs as tpi
-from trainbench_tracking import torch_peers as tp
+from trainbench.pytorch import inputs as tpi
+from trainbench.pytorch import peers as tp
 
 
 def listing(name="benchsuite_list_cpu_quick.json"):
@@ -98,10 +98,10 @@ def test_a_bad_listing_or_none_is_bad_usage(tmp_path):
 
 def test_without_torch_one_message_and_exit_2(monkeypatch, capsys, tmp_path):
     monkeypatch.setitem(sys.modules, "torch", None)   # import torch raises ImportError
-    for name in [m for m in sys.modules if m.startswith("trainbench_tracking.torch_case")]:
+    for name in [m for m in sys.modules if m.startswith("trainbench.pytorch.case")]:
         monkeypatch.delitem(sys.modules, name)
     p = subprocess.run([sys.executable, "-c", "import sys; sys.modules['torch'] = None; "
-                        "from trainbench_tracking import torch_peers; sys.exit(torch_peers.main(sys.argv[1:]))",
+                        "from trainbench.pytorch import peers; sys.exit(peers.main(sys.argv[1:]))",
                         "--device", "cpu", "--listing", write_json(tmp_path / "list.json", listing()), "--serve"],
                        capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=SCRIPTS))
     assert p.returncode == 2 and p.stdout == ""   # nothing said on the conversation
@@ -190,8 +190,8 @@ def test_each_row_reads_the_inputs_benchsuite_wrote(tmp_path):
 # ---- the cases on the CPU -----------------------------------------------------------------------------------
 def cpu_case(stage, variant, problem, monkeypatch, tmp_path):
     """The case of (stage, variant) on `problem`, on the CPU (GPU patterns included: their logic runs anywhere)."""
-    torch_case = pytest.importorskip("trainbench_tracking.torch_case")
-    from trainbench_tracking.torch_cases import CASES
+    torch_case = pytest.importorskip("trainbench.pytorch.case")
+    from trainbench.pytorch.cases import CASES
     monkeypatch.setattr(torch_case, "DEVICE", torch_case.torch.device("cpu"))
     env = torch_case.Env()
     env.enter(stage)
@@ -211,7 +211,7 @@ def test_naive_attention_on_the_cpu_declines_what_would_not_fit(monkeypatch, tmp
     assert case.q.shape == (1, 8, 1024, 64) and case.q.dtype == torch_case.torch.float32 and case.causal
     verdict = case.check()
     assert verdict.ok, verdict.detail
-    from trainbench_tracking.torch_cases import CASES
+    from trainbench.pytorch.cases import CASES
     big = tp.Bench("", "attention", "naive", "", {"shape": "4x16x4096x128", "causal": "causal", "dtype": "fp32"},
                    "cuda/naive")
     case, said = torch_case.open_case(CASES["attention"], big)
@@ -235,7 +235,7 @@ def test_gradnorm_peers_on_the_cpu_match_the_fp64_reference(monkeypatch, tmp_pat
     wrong.call = lambda: torch.nn.utils.clip_grad_norm_(wrong.params, 2.0, foreach=True)
     verdict = wrong.check()
     assert not verdict.ok and "grad of tensor" in verdict.detail
-    from trainbench_tracking.torch_cases import CASES
+    from trainbench.pytorch.cases import CASES
     _, bf16 = torch_case.open_case(CASES["gradnorm"], tp.Bench("", "gradnorm", "per_tensor", "", dict(small, dtype="bf16"),
                                                                "cpu/per_tensor"))
     assert bf16["disposition"] == "unsupported" and "bf16" in bf16["reason"]
@@ -287,14 +287,14 @@ def test_a_hostsync_loss_off_by_a_little_is_incorrect(monkeypatch, tmp_path):
 
 
 def test_hostsync_async_pinned_is_a_gpu_pattern(monkeypatch, tmp_path):
-    torch_case = pytest.importorskip("trainbench_tracking.torch_case")
+    torch_case = pytest.importorskip("trainbench.pytorch.case")
     with pytest.raises(torch_case.Unsupported, match="a GPU pattern"):
         cpu_case("hostsync", "async_pinned", dict(HOSTSYNC_PROBLEM, steps="5"), monkeypatch, tmp_path)
 
 
 def test_a_wrong_case_is_opened_as_incorrect_and_not_kept(monkeypatch, tmp_path):
     torch_case, _ = cpu_case("spmv", "csr", {"graph": "ring8", "rows": "1000"}, monkeypatch, tmp_path)
-    from trainbench_tracking.torch_cases import CASES
+    from trainbench.pytorch.cases import CASES
 
     class Wrong(CASES["spmv"]):
         def call(self):

@@ -1,4 +1,4 @@
-"""The PyTorch twin of the training step (scripts/trainbench_tracking/torch_step.py) against the C++ step.
+"""The PyTorch twin of the training step (scripts/trainbench/pytorch/step.py) against the C++ step.
 
 dump_step (tests/dump_step.cpp) writes the CPU step of a workload in double: the resolved workload, the
 parameters' names, shapes and initial values, the first micro-batch with its per-token losses and the
@@ -118,7 +118,7 @@ def test_dump_of_tiny_holds_the_resolved_workload_and_one_micro_batch(tool):
 def ts():
     pytest.importorskip("torch")
     pytest.importorskip("numpy")
-    from trainbench_tracking import torch_step
+    from trainbench.pytorch import step as torch_step
     return torch_step
 
 
@@ -339,9 +339,10 @@ def open_request(doc, **extra):
 
 @pytest.fixture(scope="module")
 def trial():
+    """The worker's side of a trial, where torch is: the twin's module, whose check_first the worker applies."""
     pytest.importorskip("torch")
-    from trainbench_tracking import torch_trial
-    return torch_trial
+    from trainbench.pytorch import step as torch_step
+    return torch_step
 
 
 def twin_worker(limit=0):
@@ -467,7 +468,7 @@ def step_row(tmp_path_factory):
     benchsuite = benchsuite_tool()
     if benchsuite is None:
         pytest.skip("no built benchsuite to write the row's input (set TRAINBENCH_BENCHSUITE)")
-    from trainbench_tracking import torch_peers
+    from trainbench.pytorch import peers as torch_peers
     listed = subprocess.run([benchsuite, "--backend", "cpu,torch", "--quick", "--filter", "step/cpu/train/cpu_workload=tiny",
                              "--list", "--format", "json"], capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
@@ -482,7 +483,7 @@ def step_row(tmp_path_factory):
 
 @pytest.fixture
 def on_the_cpu():
-    from trainbench_tracking import torch_case
+    from trainbench.pytorch import case as torch_case
     torch_case.use_device("cpu")
     return torch_case
 
@@ -490,7 +491,7 @@ def on_the_cpu():
 def test_the_step_rows_input_is_the_resolved_workload_and_the_cpp_double_forward(step_row, tiny):
     """What benchsuite writes for the row: dump_step's resolved workload, and as the reference the first
     sequence's per-token losses of the C++ forward in double (the dump's first micro-batch starts with it)."""
-    from trainbench_tracking.torch_inputs import read_document
+    from trainbench.pytorch.inputs import read_document
     doc = read_document(step_row, "step")
     assert doc["resolved"] == {key: tiny[key] for key in ("schema", "workload", "constants")}
     T = tiny["workload"]["model"]["seq_len"]
@@ -508,7 +509,7 @@ def test_the_step_row_is_checked_then_timed_with_its_parts(step_row, on_the_cpu)
     steps after the samples carry the C++ row's names; the parts that always run took time (sync: tiny reads
     the loss every 4th step only). How the parts add up is test_a_profiled_step_is_the_same_step's (the marks
     cover the step) and, on the C++ side, StepTiming.PartsMakeUpTheStep*'s."""
-    from trainbench_tracking.torch_cases import CASES
+    from trainbench.pytorch.cases import CASES
     case, said = on_the_cpu.open_case(CASES["step"], step_row)
     assert said["disposition"] == "passed", said["reason"]
     assert said["max_error"] < FP32_TOL["atol"]
@@ -523,7 +524,7 @@ def test_a_broken_twin_is_incorrect_and_not_timed(step_row, on_the_cpu):
     """A perturbed weight (the final layernorm's bias, which shifts every logit) moves the first losses out
     of the step's tolerance; a twin whose reference names another first sample has another data order."""
     import torch
-    from trainbench_tracking.torch_cases.step import StepCase
+    from trainbench.pytorch.cases.step import StepCase
 
     class PerturbedTwin(StepCase):
         def __init__(self, bench, env):

@@ -1,0 +1,479 @@
+"""The PyTorch worker of one tune: `autotune --executor torch` (the twin of the step, or the user's own model with
+--entry) starts `scripts/torch-step --serve START` once and keeps it for the whole tune, so that torch, the entry's
+module and what PyTorch sets up on first use are paid once, not once a trial.
+
+The worker speaks the request/response protocol of benchsuite's PyTorch rows (peers.py): one JSON object a
+line on its stdin, one answer a line on its stdout, ops open / time / counters / close. autotune measures: it sizes
+the samples, applies the stopping rule, computes the interval and runs the race's rounds (tuner/worker.cpp); the
+worker only builds, checks and runs steps, and reads its clock around them.
+
+  open      {"candidate": {...}, and for the twin "resolved", "reference", "warmup_steps"}: build the candidate from
+            the entry function (same seed, fresh parameters, optimizer and loader: it starts from the state it would
+            have alone), check its first optimizer step against the reference (the entry's: computed once per global
+            batch and kept; the twin's: the C++ step's double forward, in the request), run the warm-up step, and say
+            {"disposition": passed | incorrect | oom | error, "reason", "setup_seconds", "step_seconds",
+            "compile_seconds", "checked"}. A candidate already checked in this worker is not checked again (a race
+            slice); a compile=on candidate keeps its compiled model for its next opening.
+  time      {"calls": N}: N whole optimizer steps of the open candidate between two reads of the clock (the device
+            drained before and after) -> {"seconds": S}; a failure -> {"error", "class": oom | error}.
+  counters  {} -> {"peak_bytes"}: the candidate's own peak memory (the device's allocator on a GPU, reset at open;
+            on the CPU the process's peak resident set, reset at open through /proc/self/clear_refs).
+  close     {"failed": bool} -> {"restart": bool, "held_bytes"}: the candidate dropped, memory returned; "restart"
+            when the device is in an error state, or when a failed candidate (an out-of-memory) left memory held
+            beyond what the worker held before opening it: only a new process clears either.
+
+For an entry, two more ops come before the candidates, so that the entry is imported in this process too:
+  probe          {"micro_batch"}: the entry validated and what autotune needs of it (entry.probe_entry), or
+                 {"error", "usage": true} with the one line that names what is wrong with it;
+  largest_batch  {"global_batch", "memory_limit_bytes"}: Lightning's BatchSizeFinder on it (entry.largest_batch).
+
+Whatever the user's code prints goes to stderr: stdout is the conversation. The worker ignores SIGINT (autotune
+owns the interrupt and ends the worker) and dies with its parent (PR_SET_PDEATHSIG)."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any, Dict, List, Optional, TextIO
+
+from .conversation import converse
+from ..errors import UsageError
+
+PROTOCOL = "trainbench-torch-worker/1"   # tuner/worker.h torch_worker_protocol
+HELD_SLACK_BYTES = 64 << 20              # memory still held after a close beyond this (and 5%): start afresh
+COMPILED_KEPT = 4                        # compile=on candidates whose compiled model is kept for their next opening
+
+
+def _one_line(e: BaseException) -> str:
+    from .entry import one_line
+    return f"{type(e).__name__}: {one_line(e)}"
+
+
+def _where(e: BaseException) -> str:
+    frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    return f" at {os.path.basename(frame.filename)}:{frame.lineno}" if frame else ""
+
+
+def die_with_parent() -> None:
+    """The kernel ends this process when autotune ends, however it ends (kill -9 included): a worker never outlives
+    its tune and never keeps a GPU's memory."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:          # the parent ended before the call
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass
+
+
+def reset_peak_host_bytes() -> bool:
+    """Resets the peak resident set (VmHWM) that peak_host_bytes reads; False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def host_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def fingerprint(value: Any) -> str:
+    """A digest of tensors (nested in tuples, lists, dicts): the reference of a global batch is reused only for the
+    same samples and the same initial parameters."""
+    import torch
+    h = hashlib.sha1()
+
+    def feed(v):
+        if isinstance(v, torch.Tensor):
+            t = v.detach().to("cpu").contiguous()
+            h.update(str((t.dtype, tuple(t.shape))).encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(v, dict):
+            for k in sorted(v):
+                h.update(str(k).encode())
+                feed(v[k])
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                feed(x)
+        else:
+            h.update(repr(v).encode())
+    feed(value)
+    return h.hexdigest()
+
+
+class Opened:
+    """One open candidate: its step function and what close must drop."""
+
+    def __init__(self, step, keep=None, diverged=None):
+        self.step = step
+        self.keep = keep  # a compiled candidate's parts, kept for its next opening
+        self.diverged = diverged or (lambda: None)  # why its steps cannot be measured (a NaN loss), else None
+
+
+class Worker:
+    def __init__(self, start: dict):
+        import torch
+        from .memory import warm_lazy_imports
+        self.torch = torch
+        self.kind = start.get("kind", "entry")
+        self.spec = start.get("entry", "")
+        self.on_gpu = start.get("backend") == "cuda"
+        if self.on_gpu:
+            if not torch.cuda.is_available():
+                raise UsageError("PyTorch sees no usable GPU (torch.cuda.is_available() is False)")
+            self.device = torch.device("cuda", int(start.get("device", 0)))
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+            # What PyTorch imports lazily, imported before the address-space limit (memory.limit_host_memory)
+            for variant in ("per_tensor", "foreach", "fused"):
+                warm_lazy_imports(variant)
+        self.limit = int(start.get("memory_limit_bytes", 0))
+        self.can_reset_peak = reset_peak_host_bytes() if not self.on_gpu else True
+        self.references: Dict[str, Any] = {}   # fingerprint of (initial parameters, first global batch) -> parameters after
+        self.checked = set()                   # candidate keys whose first step passed
+        self.compiled: Dict[str, Any] = {}     # candidate key -> (entry, loop, initial state), compile=on only
+        self.opened: Optional[Opened] = None
+        self.before_open = 0   # memory held before the last candidate was opened
+
+    def import_entry(self) -> None:
+        """The entry's imports, before the memory limit: the limit is for what a candidate allocates, and a library
+        imported under it (transformers' losses pull in scipy, whose shared objects need address space) fails in
+        ways that read as a broken install, not as out of memory. A failure here is left for the probe to say."""
+        if self.kind != "entry":
+            return
+        from .entry import load_function, parse_spec
+        try:
+            kind, path, extra = parse_spec(self.spec)
+            if kind == "file":
+                load_function(path, extra["name"])
+            else:  # the model's class and what it imports (its loss: scipy), resolved without building it
+                import transformers.loss.loss_utils  # noqa: F401
+                from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+                from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+                MODEL_FOR_CAUSAL_LM_MAPPING[type(CONFIG_MAPPING[path]())]
+        except Exception:  # noqa: BLE001 - the probe reports a bad entry in its own words
+            pass
+
+    def limit_memory(self) -> None:
+        if not self.on_gpu:
+            from .memory import limit_host_memory
+            limit_host_memory(self.limit)
+
+    def held_bytes(self) -> int:
+        if self.on_gpu:
+            return int(self.torch.cuda.memory_allocated(self.device))
+        return host_bytes("VmRSS")
+
+    def peak_bytes(self) -> int:
+        if self.on_gpu:
+            return int(self.torch.cuda.max_memory_allocated(self.device))
+        if self.can_reset_peak:
+            return host_bytes("VmHWM")
+        from .memory import peak_host_bytes
+        return peak_host_bytes()
+
+    def sync(self) -> None:
+        if self.on_gpu:
+            self.torch.cuda.synchronize(self.device)
+
+    def time_steps(self, calls: int) -> float:
+        self.sync()
+        started = time.perf_counter()
+        for _ in range(calls):
+            self.opened.step()
+        self.sync()
+        return time.perf_counter() - started
+
+    # ---- open --------------------------------------------------------------------------------------------------
+    def open(self, request: dict) -> dict:
+        self.close_quietly()
+        self.before_open = self.held_bytes()
+        started = time.perf_counter()
+        if self.on_gpu:
+            self.torch.cuda.reset_peak_memory_stats(self.device)
+        elif self.can_reset_peak:
+            reset_peak_host_bytes()
+        said: Dict[str, Any] = {"disposition": "passed", "reason": "", "setup_seconds": 0.0, "step_seconds": 0.0,
+                                "compile_seconds": 0.0, "checked": False}
+        try:
+            if self.kind == "twin":
+                self.open_twin(request, said)
+            else:
+                self.open_entry(request, said)
+        except UsageError as e:
+            said.update(disposition="error", reason=str(e))
+        except BaseException as e:  # noqa: B902 - any failure of the user's code is this candidate's result
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            from .entry import EntryError
+            from .memory import looks_like_oom
+            from .entry_graphs import GraphRefused
+            if isinstance(e, EntryError):
+                said.update(disposition="error", reason=str(e))
+            elif isinstance(e, GraphRefused):
+                said.update(disposition="error", reason=f"cuda_graphs refused: {e}")
+            elif looks_like_oom(e):
+                said.update(disposition="oom", reason=f"out of memory ({_one_line(e)}){self.within()}")
+            else:
+                said.update(disposition="error", reason=f"{_one_line(e)}{_where(e)}")
+        if said["disposition"] != "passed":
+            self.close_quietly()
+        said["setup_seconds"] = time.perf_counter() - started
+        return said
+
+    def within(self) -> str:
+        return f", held to {self.limit / 2**20:.0f} MiB more than the interpreter and PyTorch" if self.limit and not self.on_gpu else ""
+
+    def open_twin(self, request: dict, said: dict) -> None:
+        from .step import TrainingStep, check_first
+        torch = self.torch
+        key = json.dumps(request["candidate"], sort_keys=True)
+        step = TrainingStep(request["resolved"], dtype=torch.float32, attention=request.get("attention"), device=self.device)
+        first = step.step(record_first=True)
+        said["checked"] = key not in self.checked
+        why = check_first(request["reference"], first.micro_batches[0][0], first.first_losses.tolist())
+        if why:
+            said.update(disposition="incorrect", reason=why)
+            return
+        self.checked.add(key)
+        self.opened = Opened(lambda: step.step())
+        # The warm-up steps (with cuda_graphs, through the capturing step), the last one timed alone: it sizes samples
+        for _ in range(max(int(request.get("warmup_steps", 1)), 1)):
+            said["step_seconds"] = self.time_steps(1)
+
+    def open_entry(self, request: dict, said: dict) -> None:
+        from .entry_graphs import refusal as graphs_refusal
+        from .entry import Loop, build_entry, check_first_step, cycle, own_variant, with_variant
+        torch = self.torch
+        cand = request["candidate"]
+        key = json.dumps(cand, sort_keys=True)
+        switches = dict(cand.get("switches", {}))
+        global_batch, micro = int(cand["global_batch"]), int(cand["micro_batch"])
+        accumulation = global_batch // micro
+        refused = graphs_refusal(self.on_gpu, switches)
+        if refused:
+            said.update(disposition="error", reason=f"cuda_graphs refused: {refused}")
+            return
+        compiled = switches.get("compile") == "on"
+        kept = self.compiled.pop(key, None) if compiled else None
+        if kept is not None:  # its compiled model again, from the same initial parameters
+            entry, loop, initial = kept
+            entry.model.load_state_dict(initial)
+            loop.steps, loop.pending, loop.schedulers, loop.samples, loop.diverged = 0, None, None, 0, None
+        else:
+            torch.manual_seed(0)
+            entry = build_entry(self.spec, micro, self.device, switches)
+            initial = {k: v.detach().clone() for k, v in entry.model.state_dict().items()} if compiled else None
+            loop = None
+        if "pin_memory" in switches and isinstance(entry.batches, torch.utils.data.DataLoader):
+            entry.batches.pin_memory = switches["pin_memory"] == "on"
+        own = own_variant(entry.make_optimizer(entry.model.parameters()), self.on_gpu)
+        variant = switches.get("optimizer", own)
+        stream = cycle(entry.batches)
+        first = [next(stream) for _ in range(accumulation)]
+        timing: Dict[str, float] = {}
+        if key not in self.checked:
+            said["checked"] = True
+            why = check_first_step(entry, self.device, switches, first, own, timing, references=self.references,
+                                   reference_key=self.reference_key(entry, first))
+            if why:
+                said.update(disposition="incorrect", reason=why)
+                return
+            self.checked.add(key)
+        if loop is None:
+            loop = Loop(entry, self.device, switches, accumulation)
+        opt = with_variant(entry.make_optimizer(entry.model.parameters()), variant)
+
+        def step():
+            loop.step(opt, [next(stream) for _ in range(accumulation)])
+        self.opened = Opened(step, keep=(key, (entry, loop, initial)) if compiled else None, diverged=lambda: loop.diverged)
+        # One warm-up step, timed: it sizes the samples (the check's steps warmed PyTorch up already, and a slice's
+        # first step is at most slower than the next: its samples are then smaller, not fewer)
+        said["step_seconds"] = self.time_steps(1)
+        if loop.diverged:
+            said.update(disposition="incorrect", reason=loop.diverged)
+            return
+        if compiled and kept is None:  # compiled in its first step: the checked one
+            said["compile_seconds"] = max(timing.get("first_step_seconds", 0.0) - said["step_seconds"], 0.0)
+
+    def reference_key(self, entry, first) -> str:
+        """The initial parameters (by per-tensor sums on the device: one small transfer) and the first global
+        batch's samples (whole)."""
+        from .entry import concat
+        torch = self.torch
+        with torch.no_grad():
+            sums = [torch.stack([v.double().sum(), (v.double() ** 2).sum()]) for v in entry.model.state_dict().values()
+                    if v.is_floating_point() and v.numel()]
+            stats = torch.stack(sums) if sums else torch.zeros(0)
+        return fingerprint([stats, concat(first)])   # the global batch, whatever its split
+
+    # ---- close -------------------------------------------------------------------------------------------------
+    def close_quietly(self) -> None:
+        opened, self.opened = self.opened, None
+        if opened is not None and opened.keep is not None:
+            key, parts = opened.keep
+            self.compiled[key] = parts
+            while len(self.compiled) > COMPILED_KEPT:
+                self.compiled.pop(next(iter(self.compiled)))
+        del opened
+        gc.collect()
+        if self.on_gpu:
+            self.torch.cuda.empty_cache()
+
+    def close(self, failed: bool = False) -> dict:
+        self.close_quietly()
+        if self.on_gpu:
+            try:
+                self.torch.cuda.synchronize(self.device)
+            except Exception:  # noqa: BLE001 - a sticky CUDA error: only a new process clears it
+                return {"restart": True, "held_bytes": 0, "why": "the device is in an error state"}
+        held = self.held_bytes() - self.before_open
+        restart = failed and held > max(HELD_SLACK_BYTES, self.before_open // 20)
+        return {"restart": bool(restart), "held_bytes": held}
+
+
+def entry_request(worker: Worker, op: str, request: dict) -> dict:
+    """probe and largest_batch: a bad entry is one line ("usage": autotune exits 2 with it)."""
+    from .entry import EntryError, largest_batch, probe_entry
+    if worker.kind != "entry":
+        return {"error": f"{op} is for an entry's worker"}
+    asked = dict(request, entry=worker.spec, backend="cuda" if worker.on_gpu else "cpu", device=worker.device.index or 0)
+    try:
+        if op == "probe":
+            return probe_entry(asked)
+        # The host memory limit is the worker's already; on a GPU the search holds itself to the limit it is given
+        asked["memory_limit_bytes"] = int(request.get("memory_limit_bytes", 0)) if worker.on_gpu else 0
+        try:
+            return largest_batch(asked, warm=False)
+        finally:
+            if worker.on_gpu:
+                worker.torch.cuda.set_per_process_memory_fraction(1.0, worker.device)
+    except (EntryError, UsageError) as e:
+        return {"error": str(e), "usage": True}
+    except BaseException as e:  # noqa: B902 - whatever else the entry does wrong: one line, as a bad entry
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        if op != "probe":
+            return {"error": f"{_one_line(e)}{_where(e)}"}
+        return {"error": f"--entry {worker.spec}: {_one_line(e)}", "usage": True}
+    finally:
+        gc.collect()
+
+
+def serve(worker: Worker, requests: TextIO, answers: TextIO) -> int:
+    def handle(request: dict) -> dict:
+        op = request.get("op")
+        if op == "open":
+            return worker.open(request)
+        if op == "close":
+            return worker.close(bool(request.get("failed", False)))
+        if op in ("probe", "largest_batch"):
+            return entry_request(worker, op, request)
+        if op not in ("time", "counters"):
+            return {"error": f"unknown op {op!r}"}
+        if worker.opened is None:
+            return {"error": "no candidate is open"}
+        if op == "counters":
+            return {"peak_bytes": worker.peak_bytes()}
+        calls = request.get("calls")
+        if not isinstance(calls, int) or calls < 0:
+            return {"error": f"'calls' must be a count, not {calls!r}"}
+        try:
+            seconds = worker.time_steps(calls)
+            diverged = worker.opened.diverged()
+            if diverged:  # a NaN loss is an incorrect model, never a time
+                worker.close_quietly()
+                return {"error": diverged, "class": "incorrect"}
+            return {"seconds": seconds}
+        except BaseException as e:  # noqa: B902
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            from .memory import looks_like_oom
+            oom = looks_like_oom(e)
+            worker.close_quietly()
+            return {"error": f"out of memory ({_one_line(e)}){worker.within()}" if oom else f"{_one_line(e)}{_where(e)}",
+                    "class": "oom" if oom else "error"}
+
+    return converse(requests, answers, handle, lambda e: f"{_one_line(e)}{_where(e)}")
+
+
+def serve_main(start_text: str) -> int:
+    """`torch-step --serve START`: START names what the worker runs ({"kind": "entry", "entry": SPEC} or {"kind":
+    "twin"}), on which device ("backend", "device") and within what host memory ("memory_limit_bytes")."""
+    started = time.perf_counter()
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        start = json.loads(start_text)
+    except json.JSONDecodeError as e:
+        print(f"torch-step --serve: the start request is not JSON: {e}", file=sys.stderr)
+        return 2
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())   # what the user's code prints stays out of the conversation
+    try:
+        import torch
+        worker = Worker(start)
+        if worker.kind == "entry":
+            from .entry import parse_spec
+            parse_spec(worker.spec)
+            worker.import_entry()
+        worker.limit_memory()
+    except UsageError as e:
+        print(f"torch-step --serve: {e}", file=sys.stderr)
+        return 2
+    except ImportError as e:
+        print(f"torch-step --serve: PyTorch is not importable ({e})", file=sys.stderr)
+        return 2
+    answers.write(json.dumps({"protocol": PROTOCOL, "torch": torch.__version__, "python": sys.version.split()[0],
+                              "cuda": worker.on_gpu, "start_seconds": time.perf_counter() - started}) + "\n")
+    answers.flush()
+    return serve(worker, sys.stdin, answers)
+
+
+def probe() -> dict:
+    """`torch-step --probe`: the interpreter's versions, whether CUDA is usable, and the start-up a worker pays
+    before its first step: importing torch and the twin, and the optimizer's first construction (which imports
+    torch._dynamo: 1.6 s of 3 on the 2-core CI machine)."""
+    started = time.perf_counter()
+    import torch
+    from .step import TrainingStep  # noqa: F401 - imported for its cost
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
+    import_seconds = time.perf_counter() - started
+    cuda = torch.cuda.is_available()
+    return {"torch": torch.__version__, "python": sys.version.split()[0], "cuda": cuda,
+            "cuda_devices": torch.cuda.device_count() if cuda else 0, "import_seconds": import_seconds}
+
+
+USAGE = ("usage: torch-step --serve START_JSON | --probe\n"
+         "  the PyTorch side of autotune --executor torch: the tune's worker (--serve; the twin of trainbench's step\n"
+         "  or the user's own model) and what the interpreter has (--probe)")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """scripts/torch-step's command line."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "--serve":
+        return serve_main(args[1])
+    if args in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    if args == ["--probe"]:
+        print(json.dumps(probe()))
+        return 0
+    print(USAGE, file=sys.stderr)
+    return 2
