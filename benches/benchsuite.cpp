@@ -105,8 +105,10 @@ nlohmann::json list_json(const tb::Registry& registry, tb::Settings settings, co
   for (const auto& stage : registry.stages()) {
     json axes = json::array(), variants = json::array(), pairs = json::array();
     for (const auto& a : stage.axes)
-      axes.push_back({{"name", a.name}, {"values", a.values},
-                      {"quick_values", a.quick_values.empty() ? a.values : a.quick_values}, {"help", a.help}});
+      axes.push_back({{"name", a.name},
+                      {"values", a.values},
+                      {"quick_values", a.quick_values.empty() ? a.values : a.quick_values},
+                      {"help", a.help}});
     for (const auto& v : stage.variants) {
       json j{{"id", v.id}, {"backend", tb::to_string(v.backend)}, {"rationale", v.rationale}, {"axes", v.axes}};
       const std::string why = unavailable_here(v);
@@ -115,9 +117,14 @@ nlohmann::json list_json(const tb::Registry& registry, tb::Settings settings, co
       if (!v.provides_peak.empty()) j["provides_peak"] = v.provides_peak;
       variants.push_back(j);
     }
-    for (const auto& p : stage.pairs) pairs.push_back({{"label", p.label}, {"baseline", p.baseline}, {"improved", p.improved}});
-    stages.push_back({{"name", stage.name}, {"question", stage.question}, {"source", stage.source}, {"axes", axes},
-                      {"variants", variants}, {"pairs", pairs}});
+    for (const auto& p : stage.pairs)
+      pairs.push_back({{"label", p.label}, {"baseline", p.baseline}, {"improved", p.improved}});
+    stages.push_back({{"name", stage.name},
+                      {"question", stage.question},
+                      {"source", stage.source},
+                      {"axes", axes},
+                      {"variants", variants},
+                      {"pairs", pairs}});
   }
   settings.peak_prepass = false;  // the rows asked for, not the peaks a run would add
   json benchmarks = json::array();
@@ -125,26 +132,35 @@ nlohmann::json list_json(const tb::Registry& registry, tb::Settings settings, co
   for (const auto& e : entries) {
     json problem = json::object();
     for (const auto& [key, value] : e.problem.params()) problem[key] = value;
-    json b{{"name", e.name}, {"stage", e.stage->name}, {"backend", tb::to_string(e.variant->backend)},
-           {"variant", e.variant->id}, {"problem", problem}};
+    json b{{"name", e.name},
+           {"stage", e.stage->name},
+           {"backend", tb::to_string(e.variant->backend)},
+           {"variant", e.variant->id},
+           {"problem", problem}};
     if (!e.unsupported.empty()) {
       b["unsupported"] = e.unsupported;
     } else {
       const tb::Work w = e.variant->work(e.problem);
-      b["work"] = {{"bytes", w.bytes}, {"flops", w.flops}, {"bound", w.bound == tb::Work::Bound::memory ? "memory" : "compute"},
-                   {"peak_key", w.peak_key}, {"footprint_bytes", w.footprint_bytes > 0 ? w.footprint_bytes : w.bytes}};
+      b["work"] = {{"bytes", w.bytes},
+                   {"flops", w.flops},
+                   {"bound", w.bound == tb::Work::Bound::memory ? "memory" : "compute"},
+                   {"peak_key", w.peak_key},
+                   {"footprint_bytes", w.footprint_bytes > 0 ? w.footprint_bytes : w.bytes}};
     }
     benchmarks.push_back(b);
   }
   json constants = tb::generator_constants();
   json doc{{"schema", "trainbench-list/1"},
-          {"version", tb::build::version},
-          {"quick", settings.quick},
-          {"cuda", {{"built", cuda.built}, {"available", cuda.available()}, {"unavailable_reason", cuda.unavailable_reason},
-                    {"devices", devices}}},
-          {"stages", stages},
-          {"constants", constants},
-          {"benchmarks", benchmarks}};
+           {"version", tb::build::version},
+           {"quick", settings.quick},
+           {"cuda",
+            {{"built", cuda.built},
+             {"available", cuda.available()},
+             {"unavailable_reason", cuda.unavailable_reason},
+             {"devices", devices}}},
+           {"stages", stages},
+           {"constants", constants},
+           {"benchmarks", benchmarks}};
   if (!torch_device.empty()) doc["torch"] = tb::torch_benches_json(tb::torch_benches(entries, torch_device), torch_device);
   return doc;
 }
@@ -232,8 +248,7 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--repetitions,--benchmark_repetitions", o.repetitions,
                  "Samples per benchmark (default 10, 3 with --quick)")
       ->transform(number_check("a whole number of samples", "1 to 100000", 1, 100000, true));
-  app.add_option("--min-time,--benchmark_min_time", o.min_time,
-                 "Seconds per repetition (default 0.2, 0.05 with --quick)")
+  app.add_option("--min-time,--benchmark_min_time", o.min_time, "Seconds per repetition (default 0.2, 0.05 with --quick)")
       ->transform(number_check("a number of seconds", "above 0, at most 3600", 1e-6, 3600, false));
   app.add_flag("--cold", o.settings.cold, "Flush the L2 (GPU) or last-level cache (CPU) before every timed call");
   app.add_option("--noise-target", o.settings.noise_target,
@@ -325,8 +340,8 @@ void parse_axes(const tb::Registry& registry, Options& o) {
     if (const auto& repeated = o.settings.overrides.back().repeated; !repeated.empty()) {
       std::string dropped;
       for (const auto& value : repeated) dropped += (dropped.empty() ? "" : ", ") + value;
-      std::cerr << "benchsuite: --axis '" << text << "': a value given more than once runs once (dropped: " << dropped
-                << ")" << std::endl;
+      std::cerr << "benchsuite: --axis '" << text << "': a value given more than once runs once (dropped: " << dropped << ")"
+                << std::endl;
     }
   }
 }
@@ -343,8 +358,7 @@ struct Plan {
 std::vector<tb::Backend> native_backends(const std::string& native) {
   const auto& cuda = tb::cuda_status();
   if (native == "auto") {
-    if (!cuda.available())
-      std::cerr << "benchsuite: " << cuda.unavailable_reason << "; using the CPU backend" << std::endl;
+    if (!cuda.available()) std::cerr << "benchsuite: " << cuda.unavailable_reason << "; using the CPU backend" << std::endl;
     return {cuda.available() ? tb::Backend::cuda : tb::Backend::cpu};
   }
   if (native == "all") return {tb::Backend::cpu, tb::Backend::cuda};
@@ -374,24 +388,23 @@ Plan plan_run(const Options& o) {
     settings.cuda_device = device;
     tb::select_cuda_device(device);  // a device that does not exist is bad usage
   }
-  const bool cuda_wanted =
-      std::find(settings.backends.begin(), settings.backends.end(), tb::Backend::cuda) != settings.backends.end();
+  const bool cuda_wanted = std::find(settings.backends.begin(), settings.backends.end(), tb::Backend::cuda) !=
+                           settings.backends.end();
   plan.torch_device = cuda_wanted && cuda.available() ? "cuda" : "cpu";
   plan.file_format = !o.format_name.empty() ? tb::format_from_string(o.format_name) : format_for_path(o.out_path);
-  plan.stdout_format =
-      !o.out_path.empty() || o.format_name.empty() ? tb::Format::console : tb::format_from_string(o.format_name);
+  plan.stdout_format = !o.out_path.empty() || o.format_name.empty() ? tb::Format::console
+                                                                    : tb::format_from_string(o.format_name);
   return plan;
 }
 
 // A hot memory-bound CPU row is cache-resident below where this machine's caches end: swept once per
 // machine and kept (before the stop handlers: a stop during the sweep ends the run).
 void find_cpu_cache_threshold(const std::vector<tb::Entry>& entries, bool sweep_again, tb::Settings& settings) {
-  const bool cpu_rows_may_be_cached =
-      !settings.cold && std::any_of(entries.begin(), entries.end(), [](const tb::Entry& e) {
-        if (!e.unsupported.empty() || e.variant->backend != tb::Backend::cpu) return false;
-        const tb::Work work = e.variant->work(e.problem);
-        return work.bound == tb::Work::Bound::memory && !work.peak_key.empty();
-      });
+  const bool cpu_rows_may_be_cached = !settings.cold && std::any_of(entries.begin(), entries.end(), [](const tb::Entry& e) {
+    if (!e.unsupported.empty() || e.variant->backend != tb::Backend::cpu) return false;
+    const tb::Work work = e.variant->work(e.problem);
+    return work.bound == tb::Work::Bound::memory && !work.peak_key.empty();
+  });
   if (!cpu_rows_may_be_cached || tb::comm::launched_rank() != 0) return;
   const tb::CacheThreshold threshold = tb::cpu_cache_threshold(tb::cache_sweep_path(), sweep_again, std::cerr);
   settings.cpu_cache_bytes = threshold.bytes;
@@ -409,8 +422,7 @@ class PyTorchSide {
   PyTorchSide(const tb::Registry& registry, const tb::Settings& settings, const std::string& device,
               const std::vector<tb::Entry>& native)
       : files_("trainbench-torch-") {
-    std::cerr << "benchsuite: the PyTorch rows (" << tb::torch_peers_script() << " --device " << device << ")"
-              << std::endl;
+    std::cerr << "benchsuite: the PyTorch rows (" << tb::torch_peers_script() << " --device " << device << ")" << std::endl;
     nlohmann::json listing = list_json(registry, settings, device);
     tb::attach_torch_inputs(listing, files_.path() + "/inputs");
     rows_ = std::make_unique<tb::TorchRows>(tb::TorchRun{device, files_.path() + "/listing.json"}, listing, native);
@@ -475,7 +487,8 @@ int write_results(const tb::Results& results, const Plan& plan, const std::strin
 
 // --list: as text on stdout, or, as JSON, after the flags that select benchmarks (a plan).
 bool list_as_json(const Options& o) {
-  return o.format_name == "json" || (o.format_name.empty() && !o.out_path.empty() && format_for_path(o.out_path) == tb::Format::json);
+  return o.format_name == "json" ||
+         (o.format_name.empty() && !o.out_path.empty() && format_for_path(o.out_path) == tb::Format::json);
 }
 
 int list_as_text(const tb::Registry& registry, const Options& o) {
@@ -516,7 +529,8 @@ int run(int argc, char** argv) {
   }
 
   tb::Results results = measure(registry, entries, plan);
-  if (!plan.leader) return tb::stop_requested() ? 128 + tb::stop_signal() : tb::exit_code_for(results);  // verdicts are agreed
+  if (!plan.leader)
+    return tb::stop_requested() ? 128 + tb::stop_signal() : tb::exit_code_for(results);  // verdicts are agreed
   if (torch) torch->finish(results);
   return write_results(results, plan, options.out_path);
 }

@@ -41,7 +41,8 @@ std::string today() {
 
 std::string cache_sweep_path() {
   namespace fs = std::filesystem;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return (fs::path(xdg) / "trainbench" / "cache-sweep.json").string();
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+    return (fs::path(xdg) / "trainbench" / "cache-sweep.json").string();
   if (const char* home = std::getenv("HOME"); home && *home)
     return (fs::path(home) / ".cache" / "trainbench" / "cache-sweep.json").string();
   return "";
@@ -101,7 +102,8 @@ CacheThreshold cpu_cache_threshold(const std::string& path, bool measure_again, 
   t.bytes = peak::cache_threshold_from_sweep(curve);
   std::ostringstream said;
   said << "benchsuite: copy bandwidth by working set:";
-  for (const auto& p : curve) said << " " << mib(p.footprint_bytes) << " " << std::fixed << std::setprecision(1) << p.bytes_per_s * 1e-9 << " GB/s;";
+  for (const auto& p : curve)
+    said << " " << mib(p.footprint_bytes) << " " << std::fixed << std::setprecision(1) << p.bytes_per_s * 1e-9 << " GB/s;";
   if (!curve.empty()) progress << said.str() << std::endl;
   // An OpenMP copy waits for its slowest thread: with the cores taken by others, the curve shows the
   // load, not the caches. Such a sweep is neither used nor kept.
@@ -111,7 +113,8 @@ CacheThreshold cpu_cache_threshold(const std::string& path, bool measure_again, 
     return CacheThreshold{};
   }
   if (t.bytes == 0)
-    progress << "benchsuite: the copy's bandwidth did not fall over the sweep: the cache the CPU reports is used" << std::endl;
+    progress << "benchsuite: the copy's bandwidth did not fall over the sweep: the cache the CPU reports is used"
+             << std::endl;
   else
     t.how = "where a copy's bandwidth fell to DRAM's in this machine's size sweep (" + today() +
             (path.empty() ? ", this run only" : ", kept in " + path) + ")";
@@ -119,7 +122,9 @@ CacheThreshold cpu_cache_threshold(const std::string& path, bool measure_again, 
   nlohmann::json curve_json = nlohmann::json::array();
   for (const auto& p : curve) curve_json.push_back({p.footprint_bytes, p.bytes_per_s});
   file["schema"] = kSchema;
-  file["machines"][key] = {{"threshold_bytes", t.bytes}, {"measured", today()}, {"reported_llc_bytes", reported},
+  file["machines"][key] = {{"threshold_bytes", t.bytes},
+                           {"measured", today()},
+                           {"reported_llc_bytes", reported},
                            {"curve_footprint_bytes_per_s", curve_json}};
   try {
     std::filesystem::create_directories(std::filesystem::path(path).parent_path());

@@ -72,8 +72,7 @@ void DisturbanceWatch::finish(Row& row, RowSampler& sampler, const std::vector<i
   seen = worst_kept;
 }
 
-void DisturbanceWatch::retake(Row& row, RowSampler& sampler, const std::vector<int>& processes,
-                              double& worst_kept) const {
+void DisturbanceWatch::retake(Row& row, RowSampler& sampler, const std::vector<int>& processes, double& worst_kept) const {
   const double seen = gpu_ ? row.throttled_share : row.others_share;
   const int64_t iterations = std::max<int64_t>(sampler.iterations(), 1);
   for (double& sample : row.samples_ns) {

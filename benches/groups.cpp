@@ -10,8 +10,7 @@ namespace tb {
 std::string pair_baseline_name(const Stage& stage, const Pair& pair, const Row& improved,
                                const std::function<bool(const std::string&)>& exists) {
   const std::string prefix = improved.stage + "/" + improved.backend + "/";
-  const std::string same_problem =
-      prefix + pair.baseline + improved.name.substr(prefix.size() + improved.variant.size());
+  const std::string same_problem = prefix + pair.baseline + improved.name.substr(prefix.size() + improved.variant.size());
   const Variant* baseline = stage.find_variant(pair.baseline, backend_from_string(improved.backend));
   if (exists(same_problem) || !baseline) return same_problem;
   std::vector<std::pair<std::string, std::string>> shared;
@@ -47,8 +46,8 @@ void join_pairs(const std::vector<Entry>& entries, const std::vector<Row>& rows,
     if (ranks && e.variant->collective) continue;
     for (const auto& pair : e.stage->pairs) {
       if (pair.improved != e.variant->id) continue;
-      const auto baseline = runnable.find(pair_baseline_name(
-          *e.stage, pair, rows[i], [&](const std::string& other) { return runnable.count(other) > 0; }));
+      const auto baseline = runnable.find(
+          pair_baseline_name(*e.stage, pair, rows[i], [&](const std::string& other) { return runnable.count(other) > 0; }));
       if (baseline == runnable.end() || (ranks && entries[baseline->second].variant->collective)) continue;
       joined.join(baseline->second, i);
     }
@@ -76,9 +75,8 @@ std::vector<std::vector<std::size_t>> measuring_groups(const std::vector<Entry>&
 }
 
 bool RoundObservations::wanted(const Entry& entry) {
-  return std::any_of(entry.stage->pairs.begin(), entry.stage->pairs.end(), [&](const Pair& pair) {
-    return pair.improved == entry.variant->id && !pair.predicted_ns.empty();
-  });
+  return std::any_of(entry.stage->pairs.begin(), entry.stage->pairs.end(),
+                     [&](const Pair& pair) { return pair.improved == entry.variant->id && !pair.predicted_ns.empty(); });
 }
 
 void RoundObservations::after_sample(const Instance& instance) {

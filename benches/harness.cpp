@@ -42,8 +42,8 @@ static bool wants(const Settings& s, Backend b) {
 
 static std::string unavailable_reason(const Variant& v) {
   if (v.backend == Backend::cuda) {
-    if (!v.make || !cuda_status().built) return cuda_status().unavailable_reason.empty() ? "built without CUDA"
-                                                                                         : cuda_status().unavailable_reason;
+    if (!v.make || !cuda_status().built)
+      return cuda_status().unavailable_reason.empty() ? "built without CUDA" : cuda_status().unavailable_reason;
     if (!cuda_status().available()) return cuda_status().unavailable_reason;
   }
   if (!v.make) return "not built";
@@ -181,9 +181,8 @@ nlohmann::json run_context(const Settings& settings) {
                            {"cuda_built", cuda_status().built},
                            {"cuda_architectures", cuda_status().built ? build::cuda_architectures : ""}};
   const HostInfo h = host_info();
-  context["host"] = {{"cpu_model", h.cpu_model}, {"cores", h.cores},       {"threads", h.threads},
-                     {"omp_threads", h.omp_threads}, {"compiler", h.compiler}, {"blas", h.blas},
-                     {"l3_bytes", h.l3_bytes}};
+  context["host"] = {{"cpu_model", h.cpu_model}, {"cores", h.cores}, {"threads", h.threads},  {"omp_threads", h.omp_threads},
+                     {"compiler", h.compiler},   {"blas", h.blas},   {"l3_bytes", h.l3_bytes}};
   json devices = json::array();
   for (const auto& g : cuda_status().devices)
     devices.push_back({{"index", g.index},
@@ -205,14 +204,10 @@ nlohmann::json run_context(const Settings& settings) {
   context["cache_thresholds"] = cache_thresholds_json(settings);
   json backends = json::array();
   for (Backend b : settings.backends) backends.push_back(to_string(b));
-  context["settings"] = {{"mode", settings.cold ? "cold" : "hot"},
-                         {"repetitions", settings.repetitions},
-                         {"min_time_s", settings.min_time_s},
-                         {"quick", settings.quick},
-                         {"noise_target", settings.noise_target},
-                         {"backends", backends},
-                         {"cuda_device", settings.cuda_device},
-                         {"filter", settings.filter},
+  context["settings"] = {{"mode", settings.cold ? "cold" : "hot"}, {"repetitions", settings.repetitions},
+                         {"min_time_s", settings.min_time_s},      {"quick", settings.quick},
+                         {"noise_target", settings.noise_target},  {"backends", backends},
+                         {"cuda_device", settings.cuda_device},    {"filter", settings.filter},
                          {"ranks", comm::launched_ranks()}};
   return context;
 }
@@ -235,7 +230,8 @@ static CacheLimit cache_limit(const std::string& backend, const Settings& settin
   if (backend == "cuda" || backend == "torch_cuda") {  // PyTorch's rows on the GPU too
     for (const auto& g : cuda_status().devices)
       if (g.index == settings.cuda_device)
-        return {2.0 * static_cast<double>(g.l2_bytes), "twice the GPU's " + mib_text(static_cast<double>(g.l2_bytes)) + " L2"};
+        return {2.0 * static_cast<double>(g.l2_bytes),
+                "twice the GPU's " + mib_text(static_cast<double>(g.l2_bytes)) + " L2"};
     return {};
   }
   if (settings.cpu_cache_bytes > 0) return {settings.cpu_cache_bytes, settings.cpu_cache_how};
@@ -309,15 +305,17 @@ std::string table_key(const Results& results, const Settings& settings) {
     out << "  Pairs (above): read them first. Each is baseline time / improved time with its confidence interval"
         << (pair_levels.empty() ? "" : " (level " + level_range_text(pair_levels) + ")")
         << ": what the faster variant buys on this machine.\n";
-  out << "  median: of the " << (settings.max_time_s > 0 ? "up to " : "") << settings.repetitions << " samples per row (each sample " << settings.min_time_s
-      << " s or more; fast calls batched).\n";
+  out << "  median: of the " << (settings.max_time_s > 0 ? "up to " : "") << settings.repetitions
+      << " samples per row (each sample " << settings.min_time_s << " s or more; fast calls batched).\n";
   if (!row_levels.empty())
     out << "  +-CI: half-width of the median's distribution-free confidence interval, in % of the median; its level in "
            "this run: "
-        << level_range_text(row_levels) << " (set by the samples per row: --quick's 3 give 75% for a row and 90% for a pair, "
+        << level_range_text(row_levels)
+        << " (set by the samples per row: --quick's 3 give 75% for a row and 90% for a pair, "
         << "10 give 98% and 95%).\n";
   out << "  (noisy): +-CI above the noise target (" << 100 * settings.noise_target
-      << "%, --noise-target): run it with more --repetitions before trusting it" << (noisy ? "" : " (none in this run)") << ".\n";
+      << "%, --noise-target): run it with more --repetitions before trusting it" << (noisy ? "" : " (none in this run)")
+      << ".\n";
   if (disturbed)
     out << "  (disturbed): other processes held the CPUs (or the GPU throttled) while it ran, and taking its samples "
            "again did not help; its pairs are withheld.\n";
@@ -415,11 +413,12 @@ std::optional<PairRow> compare_pair(const Pair& pair, const Row& baseline, const
     for (double& t : amortised) t += moved_ns;
     out.kind = "amortised";
     out.ratio = ratio_of(baseline.samples_ns, amortised, out.rounds);
-    out.moved_out = MovedOut{declared.what,      declared.ms_per_call, moved_ns, each_ms ? *each_ms * 1e6 : 0.0,
+    out.moved_out = MovedOut{declared.what,     declared.ms_per_call, moved_ns, each_ms ? *each_ms * 1e6 : 0.0,
                              declared.paid_per, declared.call};
   } else if (improved.moves_nothing()) {
-    why = improved.name + nothing + " and the pair names no cost moved out of it: a ratio of its time would "
-                              "divide the baseline's work by no work";
+    why = improved.name + nothing +
+          " and the pair names no cost moved out of it: a ratio of its time would "
+          "divide the baseline's work by no work";
     return std::nullopt;
   } else {
     out.ratio = ratio_of(baseline.samples_ns, improved.samples_ns, out.rounds);
@@ -433,9 +432,9 @@ std::optional<PairRow> compare_pair(const Pair& pair, const Row& baseline, const
 void judge_pair(const Pair& pair, const Row& baseline, const Row& improved, Results& results) {
   if (baseline.disturbed || improved.disturbed) {
     const Row& d = improved.disturbed ? improved : baseline;
-    results.withheld_pairs.push_back(WithheldPair{improved.stage, pair.label, baseline.name, improved.name,
-                                                  d.name + " was disturbed: " + disturbance_text(d) +
-                                                      " during its samples"});
+    results.withheld_pairs.push_back(
+        WithheldPair{improved.stage, pair.label, baseline.name, improved.name,
+                     d.name + " was disturbed: " + disturbance_text(d) + " during its samples"});
     return;
   }
   std::string why;
@@ -471,7 +470,8 @@ static void add_counter_rates(Results& results) {
         rates.emplace_back(key.substr(0, key.size() - suffix.size()) + "_per_s", value / (r.summary.median * 1e-9));
     }
     for (auto& rate : rates) {
-      const auto same = std::find_if(r.counters.begin(), r.counters.end(), [&](const auto& c) { return c.first == rate.first; });
+      const auto same = std::find_if(r.counters.begin(), r.counters.end(),
+                                     [&](const auto& c) { return c.first == rate.first; });
       if (same == r.counters.end()) r.counters.push_back(std::move(rate));
     }
   }
@@ -488,8 +488,8 @@ static bool registry_row(const Row& r) { return r.backend == "cpu" || r.backend 
 // doing the same work another way (the triad on one thread). The peak is the best of them; when that
 // is not the row's own samples by more than kPeakAgreement, the peak says what its samples reached.
 static void set_peaks(const Registry& registry, const Settings& settings, Results& results) {
-  std::map<std::string, double> own_samples;                  // by peak key: its rows' fastest sample
-  std::map<std::string, std::vector<const Row*>> peak_rows;    // by peak key: the rows that provide it
+  std::map<std::string, double> own_samples;                 // by peak key: its rows' fastest sample
+  std::map<std::string, std::vector<const Row*>> peak_rows;  // by peak key: the rows that provide it
   auto rate_at = [](const Row& r, double ns) { return (r.bound == "compute" ? r.flops : r.bytes) / (ns * 1e-9); };
   auto offer = [&](const std::string& key, double rate, const Row& r, const std::string& configuration) {
     PeakValue& peak = results.peaks[key];
@@ -536,8 +536,8 @@ static void judge_pairs(const Registry& registry, Results& results) {
     if (!stage) continue;
     for (const auto& pair : stage->pairs) {
       if (pair.improved != r.variant) continue;
-      const std::string baseline_name =
-          pair_baseline_name(*stage, pair, r, [&](const std::string& name) { return by_name.count(name) > 0; });
+      const std::string baseline_name = pair_baseline_name(*stage, pair, r,
+                                                           [&](const std::string& name) { return by_name.count(name) > 0; });
       const auto it = by_name.find(baseline_name);
       if (it == by_name.end() || !it->second->timed()) continue;
       judge_pair(pair, *it->second, r, results);

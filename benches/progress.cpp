@@ -10,8 +10,10 @@ namespace tb {
 
 std::string human_duration(double s) {
   std::ostringstream out;
-  if (s >= 3600) out << static_cast<int>(s / 3600) << "h" << std::setw(2) << std::setfill('0') << static_cast<int>(s / 60) % 60 << "m";
-  else if (s >= 60) out << static_cast<int>(s / 60) << "m" << std::setw(2) << std::setfill('0') << static_cast<int>(s) % 60 << "s";
+  if (s >= 3600)
+    out << static_cast<int>(s / 3600) << "h" << std::setw(2) << std::setfill('0') << static_cast<int>(s / 60) % 60 << "m";
+  else if (s >= 60)
+    out << static_cast<int>(s / 60) << "m" << std::setw(2) << std::setfill('0') << static_cast<int>(s) % 60 << "s";
   else out << std::fixed << std::setprecision(1) << s << "s";
   return out.str();
 }
@@ -58,8 +60,9 @@ void RunProgress::announce(const Row& r) {
            << (!r.interrupted.empty() && r.retaken == 0 ? ", not taken again: interrupted)"
                                                         : " after " + std::to_string(r.retaken) + " retakes)");
     else if (r.retaken)
-      out_ << "  (" << r.retaken << " samples taken again: "
-           << (r.throttled_share >= 0 ? "the GPU throttled" : "other processes held the CPUs") << ")";
+      out_ << "  (" << r.retaken
+           << " samples taken again: " << (r.throttled_share >= 0 ? "the GPU throttled" : "other processes held the CPUs")
+           << ")";
     if (!r.interrupted.empty()) out_ << "  (interrupted: " << r.interrupted << ")";
     for (const auto& [key, value] : r.counters) out_ << "  " << key << "=" << counter_text(value);
     if (!r.cut_short.empty()) out_ << "  (cut short: " << r.cut_short << ")";

@@ -22,11 +22,16 @@ static constexpr Disposition all_dispositions[] = {Disposition::pending, Disposi
 
 const char* to_string(Disposition disposition) {
   switch (disposition) {
-    case Disposition::pending: return "pending";
-    case Disposition::passed: return "passed";
-    case Disposition::incorrect: return "incorrect";
-    case Disposition::unsupported: return "unsupported";
-    case Disposition::failed: return "failed";
+    case Disposition::pending:
+      return "pending";
+    case Disposition::passed:
+      return "passed";
+    case Disposition::incorrect:
+      return "incorrect";
+    case Disposition::unsupported:
+      return "unsupported";
+    case Disposition::failed:
+      return "failed";
   }
   throw std::logic_error("a Disposition with no name");
 }
@@ -107,7 +112,8 @@ std::string disturbance_text(const Row& r) {
   if (r.throttled_share >= 0) {
     out << "the GPU was throttled " << static_cast<int>(100 * r.throttled_share + 0.5) << "% of the time";
     const auto names = clock_reason_names(r.clock_reasons & kDisturbingClockReasons);
-    for (std::size_t k = 0; k < names.size(); ++k) out << (k ? ", " : " (") << names[k] << (k + 1 == names.size() ? ")" : "");
+    for (std::size_t k = 0; k < names.size(); ++k)
+      out << (k ? ", " : " (") << names[k] << (k + 1 == names.size() ? ")" : "");
     if (r.sm_clock_min_mhz != r.sm_clock_max_mhz)
       out << ", SM clock " << r.sm_clock_min_mhz << "-" << r.sm_clock_max_mhz << " MHz";
     return out.str();
@@ -133,9 +139,9 @@ json to_json(const Results& results) {
                  {"baseline_median_ns", p.baseline_ns},
                  {"improved_median_ns", p.improved_ns}};
     if (p.moved_out)
-      pair["moved_out"] = {{"what", p.moved_out->what},         {"counter", p.moved_out->counter},
-                           {"ns_per_call", p.moved_out->ns_per_call}, {"ns_each", p.moved_out->ns_each},
-                           {"paid_per", p.moved_out->paid_per}, {"call", p.moved_out->call}};
+      pair["moved_out"] = {
+          {"what", p.moved_out->what},       {"counter", p.moved_out->counter},   {"ns_per_call", p.moved_out->ns_per_call},
+          {"ns_each", p.moved_out->ns_each}, {"paid_per", p.moved_out->paid_per}, {"call", p.moved_out->call}};
     if (p.predicted)
       pair["predicted"] = {{"counter", p.predicted->counter},
                            {"improved_ns", p.predicted->improved_ns},
@@ -145,7 +151,8 @@ json to_json(const Results& results) {
   }
   json withheld = json::array();
   for (const auto& w : results.withheld_pairs)
-    withheld.push_back({{"stage", w.stage}, {"label", w.label}, {"baseline", w.baseline}, {"improved", w.improved}, {"why", w.why}});
+    withheld.push_back(
+        {{"stage", w.stage}, {"label", w.label}, {"baseline", w.baseline}, {"improved", w.improved}, {"why", w.why}});
   json context = results.context;
   json peaks = json::object();
   for (const auto& [key, peak] : results.peaks) {
@@ -154,7 +161,10 @@ json to_json(const Results& results) {
     if (peak.own_samples_value > 0) peaks[key]["own_samples_value"] = peak.own_samples_value;
   }
   context["peaks"] = peaks;
-  return json{{"schema", results_schema}, {"context", context}, {"benchmarks", rows}, {"pairs", pairs},
+  return json{{"schema", results_schema},
+              {"context", context},
+              {"benchmarks", rows},
+              {"pairs", pairs},
               {"pairs_withheld", withheld}};
 }
 
@@ -180,8 +190,7 @@ static void read_timed_row(const json& j, const std::string& where, Row& r) {
   r.summary.ci_level = field<double>(j, "ci_level", where);
   r.summary.noisy = field<bool>(j, "noisy", where);
   r.interrupted = j.value("interrupted", std::string());
-  r.summary.rel_half_width =
-      r.summary.median > 0 ? (r.summary.ci_high - r.summary.ci_low) / (2 * r.summary.median) : 0;
+  r.summary.rel_half_width = r.summary.median > 0 ? (r.summary.ci_high - r.summary.ci_low) / (2 * r.summary.median) : 0;
   if (j.contains("pct_of_peak")) r.pct_of_peak = j["pct_of_peak"].get<double>();
   r.pct_note = j.value("pct_of_peak_note", std::string());
   r.configuration = j.value("configuration", std::string());
@@ -254,9 +263,9 @@ static PairRow pair_from_json(const json& j) {
   if (j.contains("moved_out")) {
     const json& m = j["moved_out"];
     const std::string in = where + " moved_out";
-    p.moved_out = MovedOut{field<std::string>(m, "what", in), field<std::string>(m, "counter", in),
+    p.moved_out = MovedOut{field<std::string>(m, "what", in),   field<std::string>(m, "counter", in),
                            field<double>(m, "ns_per_call", in), m.value("ns_each", 0.0),
-                           m.value("paid_per", std::string()), m.value("call", std::string())};
+                           m.value("paid_per", std::string()),  m.value("call", std::string())};
   }
   if (p.kind == "amortised" && !p.moved_out)
     throw std::runtime_error(where + ": an amortised ratio without the cost it amortises (\"moved_out\")");
@@ -272,8 +281,7 @@ static PairRow pair_from_json(const json& j) {
 Results results_from_json(const json& doc) {
   if (!doc.is_object()) throw std::runtime_error("not a JSON object");
   const auto schema = doc.value("schema", std::string());
-  if (schema != results_schema)
-    throw std::runtime_error("schema is '" + schema + "', expected '" + results_schema + "'");
+  if (schema != results_schema) throw std::runtime_error("schema is '" + schema + "', expected '" + results_schema + "'");
   Results results;
   results.context = field<json>(doc, "context", "document");
   if (results.context.contains("peaks")) {
@@ -415,9 +423,10 @@ static std::string render_console(const Results& results) {
   std::size_t width = 9;
   for (const auto& r : results.rows) width = std::max(width, r.name.size());
   std::ostringstream out;
-  out << std::left << std::setw(static_cast<int>(width)) << "benchmark" << "  " << std::setw(15) << "result"
-      << std::right << std::setw(11) << "median" << std::setw(9) << "+-CI" << std::setw(16) << "rate"
-      << std::setw(12) << "% peak" << "\n";
+  out << std::left << std::setw(static_cast<int>(width)) << "benchmark"
+      << "  " << std::setw(15) << "result" << std::right << std::setw(11) << "median" << std::setw(9) << "+-CI"
+      << std::setw(16) << "rate" << std::setw(12) << "% peak"
+      << "\n";
   for (const auto& r : results.rows) {
     out << std::left << std::setw(static_cast<int>(width)) << r.name << "  " << std::setw(15) << result_word(r);
     if (r.timed()) {
@@ -457,8 +466,8 @@ static std::string render_console(const Results& results) {
     if (results.context.contains("cache_thresholds"))
       for (const auto& [backend, threshold] : results.context["cache_thresholds"].items())
         out << "  " << std::left << std::setw(20) << ("cache, " + backend + " rows") << "below "
-            << fixed(threshold.value("bytes", 0.0) / (1 << 20), 1) << " MiB of working set: "
-            << threshold.value("how", std::string()) << "\n";
+            << fixed(threshold.value("bytes", 0.0) / (1 << 20), 1)
+            << " MiB of working set: " << threshold.value("how", std::string()) << "\n";
   }
   return out.str();
 }
@@ -478,13 +487,12 @@ static std::string render_csv(const Results& results) {
   for (const auto& r : results.rows) {
     std::string problem;
     for (const auto& [k, v] : r.problem) problem += (problem.empty() ? "" : ";") + k + "=" + v;
-    out << csv_field(r.name) << "," << r.stage << "," << r.backend << "," << r.variant << "," << csv_field(problem)
-        << "," << r.disposition << "," << csv_field(r.reason) << ",";
+    out << csv_field(r.name) << "," << r.stage << "," << r.backend << "," << r.variant << "," << csv_field(problem) << ","
+        << r.disposition << "," << csv_field(r.reason) << ",";
     if (r.timed())
       out << r.summary.median << "," << r.summary.ci_low << "," << r.summary.ci_high << "," << r.summary.ci_level << ","
           << (r.summary.noisy ? "true" : "false");
-    else
-      out << ",,,,";
+    else out << ",,,,";
     out << "," << r.batch << "," << r.bytes << "," << r.flops << ",";
     if (r.timed()) out << r.gb_per_s() << "," << r.tflop_per_s();
     else out << ",";
@@ -502,28 +510,33 @@ static std::string render_md(const Results& results) {
   std::ostringstream out;
   out << "| benchmark | result | median | ±CI | rate | % peak |\n|---|---|---:|---:|---:|---:|\n";
   for (const auto& r : results.rows) {
-    out << "| `" << r.name << "` | " << md_cell(r.disposition == Disposition::passed ? result_word(r) : to_string(r.disposition) + (": " + r.reason))
+    out << "| `" << r.name << "` | "
+        << md_cell(r.disposition == Disposition::passed ? result_word(r) : to_string(r.disposition) + (": " + r.reason))
         << " | ";
     if (r.timed())
       out << human_time(r.summary.median) << " | " << fixed(100 * r.summary.rel_half_width, 1) << "% | " << human_rate(r)
           << " | " << pct_text(r, 1) << " |\n";
-    else
-      out << " | | | |\n";
+    else out << " | | | |\n";
   }
   if (!results.pairs.empty()) {
     out << "\n| pair | problem | baseline / improved |\n|---|---|---:|\n";
     for (const auto& p : results.pairs)
-      out << "| " << md_cell(pair_title(p.stage, p.label)) << " | `" << problem_of(p.improved) << "` | " << pair_text(p) << " |\n";
+      out << "| " << md_cell(pair_title(p.stage, p.label)) << " | `" << problem_of(p.improved) << "` | " << pair_text(p)
+          << " |\n";
   }
   return out.str();
 }
 
 std::string render(const Results& results, Format format) {
   switch (format) {
-    case Format::json: return to_json(results).dump(2) + "\n";
-    case Format::csv: return render_csv(results);
-    case Format::md: return render_md(results);
-    case Format::console: return render_console(results);
+    case Format::json:
+      return to_json(results).dump(2) + "\n";
+    case Format::csv:
+      return render_csv(results);
+    case Format::md:
+      return render_md(results);
+    case Format::console:
+      return render_console(results);
   }
   return "";
 }

@@ -32,17 +32,17 @@ struct Row {
   std::string stage, variant, backend;
   std::vector<std::pair<std::string, std::string>> problem;
   Disposition disposition = Disposition::pending;
-  std::string reason;                   // why, for anything but passed
+  std::string reason;  // why, for anything but passed
   double max_error = 0;
   std::string mode = "hot";
-  int64_t batch = 1;        // calls per timed sample
-  int64_t iterations = 0;   // samples' iteration count (Google Benchmark's)
+  int64_t batch = 1;               // calls per timed sample
+  int64_t iterations = 0;          // samples' iteration count (Google Benchmark's)
   std::vector<double> samples_ns;  // time per call, one per repetition
-  Summary summary;          // over samples_ns
+  Summary summary;                 // over samples_ns
   double bytes = 0, flops = 0;
   std::string bound = "memory";  // memory | compute: which rate is compared with the peak
   std::string peak_key;
-  double footprint = 0;       // bytes one call touches (Work::footprint_bytes, else bytes)
+  double footprint = 0;  // bytes one call touches (Work::footprint_bytes, else bytes)
   std::optional<double> pct_of_peak;
   // Why a row with a peak key has no % of it: "cache" (hot, and its working set fits in the last-level
   // cache: a DRAM peak is no ceiling for it), "above peak" (faster than the measured ceiling: the
@@ -64,7 +64,7 @@ struct Row {
   uint64_t clock_reasons = 0;
   double throttled_share = -1;
   std::vector<std::pair<std::string, double>> counters;  // from the work model, e.g. launches per call
-  std::string configuration;  // Instance::configuration(): which searched way ran ("" when one)
+  std::string configuration;                             // Instance::configuration(): which searched way ran ("" when one)
   // The rows measured in the same rounds as this one (its pairs' other sides): sample k of each was
   // taken in round k. Empty: measured on its own.
   std::vector<std::string> interleaved_with;
@@ -85,8 +85,8 @@ std::string disturbance_text(const Row& r);
 // The cost an amortised pair's improved variant pays outside its timed region (Pair::moved_out),
 // as its row reported it.
 struct MovedOut {
-  std::string what;      // "slab build"
-  std::string counter;   // the row's counter it came from: "slab_build_ms_per_batch"
+  std::string what;     // "slab build"
+  std::string counter;  // the row's counter it came from: "slab_build_ms_per_batch"
   double ns_per_call = 0;
   double ns_each = 0;    // each time it is paid; 0 when the row does not say
   std::string paid_per;  // "epoch"
@@ -122,8 +122,8 @@ struct WithheldPair {
 
 struct PeakValue {
   double value = 0;
-  std::string unit;       // "B/s" or "FLOP/s"
-  std::string benchmark;  // the row it came from
+  std::string unit;           // "B/s" or "FLOP/s"
+  std::string benchmark;      // the row it came from
   std::string configuration;  // that row's configuration, when it searched
   // The peak rows' own fastest sample, when a figure of the same work measured beside them in the run
   // (their search's fastest call, a row doing it another way) beat it by more than 2% and set the peak
@@ -152,6 +152,5 @@ Format format_from_string(const std::string& name);  // throws UsageError
 std::string render(const Results& results, Format format);
 // A counter's value as the console and progress lines show it.
 std::string counter_text(double value);
-
 
 }  // namespace tb

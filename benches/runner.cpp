@@ -264,8 +264,9 @@ bool Runner::take_sample(Group& group, std::size_t k) {
 
 void Runner::say_how_far(const Group& group) {
   const std::size_t rows = measuring_rows(group);
-  const std::string with = group.size() < 2 ? ""
-                           : " (rounds with " + std::to_string(rows - 1) + " other row" + (rows == 2 ? "" : "s") + ")";
+  const std::string with = group.size() < 2
+                               ? ""
+                               : " (rounds with " + std::to_string(rows - 1) + " other row" + (rows == 2 ? "" : "s") + ")";
   for (std::size_t k = 0; k < group.size(); ++k)
     if (measuring(group, k))
       group.members[k]->progress.say("sample " + std::to_string(rows_[group.rows[k]].samples_ns.size()) + "/" +
@@ -290,8 +291,8 @@ void Runner::cut_short(const Group& group) {
     if (!measuring(group, k)) continue;
     Row& row = rows_[group.rows[k]];
     std::ostringstream text;
-    text << "--max-time " << settings_.max_time_s << " s: " << row.samples_ns.size() << " of "
-         << settings_.repetitions << " samples";
+    text << "--max-time " << settings_.max_time_s << " s: " << row.samples_ns.size() << " of " << settings_.repetitions
+         << " samples";
     row.cut_short = text.str();
     if (row.samples_ns.empty()) {
       row.disposition = Disposition::unsupported;
@@ -310,8 +311,8 @@ void Runner::finish(Group& group) {
       m->watch.finish(row, m->sampler, pids);
       row.configuration = m->sampler.instance().configuration();
       for (const auto& [key, value] : m->observations.counters(m->sampler.instance())) {
-        const auto same =
-            std::find_if(row.counters.begin(), row.counters.end(), [&](const auto& c) { return c.first == key; });
+        const auto same = std::find_if(row.counters.begin(), row.counters.end(),
+                                       [&](const auto& c) { return c.first == key; });
         if (same != row.counters.end()) same->second = value;
         else row.counters.emplace_back(key, value);
       }
@@ -320,8 +321,7 @@ void Runner::finish(Group& group) {
   }
   for (std::size_t i : group.rows)
     for (std::size_t other : group.rows)
-      if (other != i && rows_[i].timed() && rows_[other].timed())
-        rows_[i].interleaved_with.push_back(rows_[other].name);
+      if (other != i && rows_[i].timed() && rows_[other].timed()) rows_[i].interleaved_with.push_back(rows_[other].name);
 }
 
 }  // namespace

@@ -62,7 +62,8 @@ bool RowSampler::prepare(Row& row, const std::function<void(const std::string&)>
   }
   choose_timer_and_flusher();
   if (stopping()) return not_timed(row, "before its first call");
-  const double first_s = time_sample(*timer_, [&] { instance_->run(); }, 1);
+  const double first_s = time_sample(
+      *timer_, [&] { instance_->run(); }, 1);
   if (stopping()) return not_timed(row, "before its check against the reference");
   say("first call done; checking it against the reference");
   const Verdict verdict = instance_->check();
@@ -79,7 +80,8 @@ bool RowSampler::prepare(Row& row, const std::function<void(const std::string&)>
   double spent = first_s;
   for (int k = 0; k < defaults::warmup_calls || spent < defaults::warmup_s; ++k) {
     if (stopping()) return not_timed(row, "during its warm-up (its check passed)");
-    call_s = time_sample(*timer_, [&] { instance_->run(); }, 1);
+    call_s = time_sample(
+        *timer_, [&] { instance_->run(); }, 1);
     spent += call_s;
     if (k > 1000) break;
   }
@@ -101,7 +103,8 @@ Taken RowSampler::take(int64_t iterations) {
   }
   for (int64_t k = 0; k < iterations; ++k) {
     int64_t made = batch_;
-    taken.seconds += time_sample(*timer_, [&] { instance_->run(); }, batch_, flusher_, stop, &made);
+    taken.seconds += time_sample(
+        *timer_, [&] { instance_->run(); }, batch_, flusher_, stop, &made);
     taken.calls += made;
     if (stop && stop() && (made < batch_ || k + 1 < iterations)) {
       taken.stopped = true;

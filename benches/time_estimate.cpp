@@ -31,8 +31,8 @@ bool usable(const nlohmann::json& r) {
 
 double expected_measure_seconds(const Settings& settings) {
   const double all_samples = (settings.repetitions + 1) * settings.min_time_s;
-  const double capped =
-      settings.max_time_s > 0 ? std::min(all_samples, settings.max_time_s + settings.min_time_s) : all_samples;
+  const double capped = settings.max_time_s > 0 ? std::min(all_samples, settings.max_time_s + settings.min_time_s)
+                                                : all_samples;
   return capped + defaults::warmup_s;
 }
 
@@ -153,20 +153,17 @@ std::string expected_time_text(const Settings& settings, const TimeEstimate& t) 
     // The cap is heard between samples: the one in hand when it is reached, and a calibration, go over it.
     const double all_samples = (settings.repetitions + 1) * settings.min_time_s;
     const double at_most = std::min(all_samples, settings.max_time_s + 2 * settings.min_time_s) + defaults::warmup_s;
-    out << ", at most about " << human_duration(static_cast<double>(t.rows) * at_most)
-        << " with --max-time " << settings.max_time_s
-        << " (plus each row's set-up and check, and a call that outlasts a sample)";
+    out << ", at most about " << human_duration(static_cast<double>(t.rows) * at_most) << " with --max-time "
+        << settings.max_time_s << " (plus each row's set-up and check, and a call that outlasts a sample)";
   } else {
     out << " (a row whose one call outlasts a sample takes longer: --max-time S caps each row)";
   }
   out << "; about " << human_duration(t.seconds);
-  if (t.known == t.rows)
-    out << " with each row's set-up, check and measuring as this machine took them last";
+  if (t.known == t.rows) out << " with each row's set-up, check and measuring as this machine took them last";
   else if (t.known + t.by_stage > 0)
     out << " with set-up, checks and measuring as this machine took them last (" << t.known << " of " << t.rows
         << " rows known, " << t.by_stage << " from their stage's other rows)";
-  else
-    out << " (no row has run on this machine yet: set-up and checks not counted)";
+  else out << " (no row has run on this machine yet: set-up and checks not counted)";
   out << "; the progress lines give an ETA";
   return out.str();
 }

@@ -57,10 +57,10 @@ class RowCosts {
 std::string row_costs_path();
 
 struct TimeEstimate {
-  double seconds = 0;      // the announced time
-  double lower_bound = 0;  // the settings' measuring alone
-  std::size_t rows = 0;    // rows to time
-  std::size_t known = 0;   // rows this machine has run before
+  double seconds = 0;        // the announced time
+  double lower_bound = 0;    // the settings' measuring alone
+  std::size_t rows = 0;      // rows to time
+  std::size_t known = 0;     // rows this machine has run before
   std::size_t by_stage = 0;  // rows estimated from their stage's other rows
 };
 

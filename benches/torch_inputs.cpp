@@ -25,11 +25,24 @@ namespace fs = std::filesystem;
 
 namespace {
 
-template <class T> const char* dtype_name();
-template <> const char* dtype_name<int32_t>() { return "int32"; }
-template <> const char* dtype_name<int64_t>() { return "int64"; }
-template <> const char* dtype_name<float>() { return "float32"; }
-template <> const char* dtype_name<double>() { return "float64"; }
+template <class T>
+const char* dtype_name();
+template <>
+const char* dtype_name<int32_t>() {
+  return "int32";
+}
+template <>
+const char* dtype_name<int64_t>() {
+  return "int64";
+}
+template <>
+const char* dtype_name<float>() {
+  return "float32";
+}
+template <>
+const char* dtype_name<double>() {
+  return "float64";
+}
 
 // Writes each array once (rows at the same problem share their inputs) as raw native-endian values,
 // the layout numpy.fromfile reads, and describes it for the listing: {"file", "dtype", "shape"}.
@@ -71,8 +84,9 @@ class InputWriter {
 void add_laplacian(InputWriter& w, const Problem& p, nlohmann::json& inputs) {
   const double alpha = p.has("alpha") ? p.get_double("alpha") : defaults::laplacian_alpha;
   const std::string key = "laplacian-" + p.get("graph") + "-" + p.get("rows") + "-" + std::to_string(alpha);
-  const laplacian::Csr a =
-      laplacian::build_shifted_laplacian(laplacian::Graph(laplacian::parse_graph(p.get("graph")), p.get_int("rows")), alpha);
+  const laplacian::Csr a = laplacian::build_shifted_laplacian(laplacian::Graph(laplacian::parse_graph(p.get("graph")),
+                                                                               p.get_int("rows")),
+                                                              alpha);
   inputs["row_ptr"] = w.add(key + "-row_ptr", {a.n + 1}, a.row_ptr.data());
   inputs["col"] = w.add(key + "-col", {a.nnz}, a.col.data());
   inputs["val"] = w.add(key + "-val", {a.nnz}, a.val.data());
@@ -100,7 +114,8 @@ nlohmann::json stage_inputs(InputWriter& w, const std::string& stage, const Prob
     const int64_t steps = p.get_int("steps"), elements = p.get_int("elements");
     std::vector<float> predictions(static_cast<std::size_t>(steps * elements)), targets(static_cast<std::size_t>(elements));
     for (int64_t s = 0; s < steps; ++s)
-      for (int64_t i = 0; i < elements; ++i) predictions[static_cast<std::size_t>(s * elements + i)] = hostsync::prediction(s, i, elements);
+      for (int64_t i = 0; i < elements; ++i)
+        predictions[static_cast<std::size_t>(s * elements + i)] = hostsync::prediction(s, i, elements);
     for (int64_t i = 0; i < elements; ++i) targets[static_cast<std::size_t>(i)] = hostsync::target(i);
     const hostsync::Sums sums = hostsync::metric_sums(steps, elements);
     const std::string key = "hostsync-" + p.get("steps") + "-" + p.get("elements");
@@ -124,8 +139,8 @@ nlohmann::json stage_inputs(InputWriter& w, const std::string& stage, const Prob
     const Tolerance tol = workload.switches.bf16_matmuls ? tolerance::step_bf16 : tolerance::step_fp32;
     nlohmann::ordered_json doc{
         {"resolved", step::resolved_workload(workload)},
-        {"reference", {{"sample", first}, {"losses", step::reference_losses(workload, first)}, {"rtol", tol.rtol},
-                       {"atol", tol.atol}}}};
+        {"reference",
+         {{"sample", first}, {"losses", step::reference_losses(workload, first)}, {"rtol", tol.rtol}, {"atol", tol.atol}}}};
     inputs["step"] = w.add_document("step-" + name, doc);
   }
   return inputs;
@@ -135,7 +150,8 @@ nlohmann::json stage_inputs(InputWriter& w, const std::string& stage, const Prob
 
 void attach_torch_inputs(nlohmann::json& listing, const std::string& dir) {
   if (!listing.is_object() || !listing.contains("torch") || !listing["torch"].contains("rows"))
-    throw UsageError("--torch-inputs: the listing has no PyTorch rows (make it with --backend cpu,torch --list --format json)");
+    throw UsageError(
+        "--torch-inputs: the listing has no PyTorch rows (make it with --backend cpu,torch --list --format json)");
   InputWriter writer(dir);
   for (auto& row : listing["torch"]["rows"]) {
     std::vector<std::pair<std::string, std::string>> params;

@@ -52,24 +52,41 @@ nlohmann::json generator_constants() {
   namespace d = defaults;
   const auto tolerance = [](const Tolerance& t) { return nlohmann::json{{"atol", t.atol}, {"rtol", t.rtol}}; };
   return {
-      {"adamw.seed_param", adamw::seed_param}, {"adamw.seed_grad", adamw::seed_grad},
-      {"adamw.lr", d::adamw_lr}, {"adamw.beta1", d::adamw_beta1}, {"adamw.beta2", d::adamw_beta2},
-      {"adamw.eps", d::adamw_eps}, {"adamw.weight_decay", d::adamw_weight_decay},
-      {"gradnorm.clip_max_norm", d::clip_max_norm}, {"gradnorm.clip_norm_eps", d::clip_norm_eps},
-      {"attention.seed_q", attention::seed_q}, {"attention.seed_k", attention::seed_k},
-      {"attention.seed_v", attention::seed_v}, {"attention.checked_rows", d::attention_checked_rows},
+      {"adamw.seed_param", adamw::seed_param},
+      {"adamw.seed_grad", adamw::seed_grad},
+      {"adamw.lr", d::adamw_lr},
+      {"adamw.beta1", d::adamw_beta1},
+      {"adamw.beta2", d::adamw_beta2},
+      {"adamw.eps", d::adamw_eps},
+      {"adamw.weight_decay", d::adamw_weight_decay},
+      {"gradnorm.clip_max_norm", d::clip_max_norm},
+      {"gradnorm.clip_norm_eps", d::clip_norm_eps},
+      {"attention.seed_q", attention::seed_q},
+      {"attention.seed_k", attention::seed_k},
+      {"attention.seed_v", attention::seed_v},
+      {"attention.checked_rows", d::attention_checked_rows},
       {"attention.tolerance_fp32", tolerance(tolerance::attention_fp32)},
       {"attention.tolerance_bf16", tolerance(tolerance::attention_bf16)},
-      {"spmv.seed_x", spmv::seed_x}, {"laplacian.graph_seed", laplacian::graph_seed}, {"laplacian.alpha", d::laplacian_alpha},
-      {"cg.seed_rhs", cg::seed_rhs}, {"cg.window", d::cg_window}, {"cg.tol", d::cg_tol},
-      {"cg.lazy_tol", d::lazy_cg_tol}, {"cg.max_iterations", d::cg_max_iterations},
-      {"cg.check_every", d::cg_check_every}, {"cg.residual_atol", tolerance::cg_residual_atol},
-      {"hostsync.seed_prediction", hostsync::seed_prediction}, {"hostsync.seed_target", hostsync::seed_target},
+      {"spmv.seed_x", spmv::seed_x},
+      {"laplacian.graph_seed", laplacian::graph_seed},
+      {"laplacian.alpha", d::laplacian_alpha},
+      {"cg.seed_rhs", cg::seed_rhs},
+      {"cg.window", d::cg_window},
+      {"cg.tol", d::cg_tol},
+      {"cg.lazy_tol", d::lazy_cg_tol},
+      {"cg.max_iterations", d::cg_max_iterations},
+      {"cg.check_every", d::cg_check_every},
+      {"cg.residual_atol", tolerance::cg_residual_atol},
+      {"hostsync.seed_prediction", hostsync::seed_prediction},
+      {"hostsync.seed_target", hostsync::seed_target},
       {"hostsync.async_slots", d::hostsync_async_slots},
-      {"launch.seed_state", launch::seed_state}, {"launch.seed_coefficients", launch::seed_coefficients},
+      {"launch.seed_state", launch::seed_state},
+      {"launch.seed_coefficients", launch::seed_coefficients},
       {"launch.state_buffers", launch::state_buffers},
-      {"collate.seed_input", collate::seed_input}, {"collate.seed_target", collate::seed_target},
-      {"collate.seed_tokens", collate::seed_tokens}, {"collate.vocab", collate::vocab},
+      {"collate.seed_input", collate::seed_input},
+      {"collate.seed_target", collate::seed_target},
+      {"collate.seed_tokens", collate::seed_tokens},
+      {"collate.vocab", collate::vocab},
       {"collate.shuffle_seed", d::collate_shuffle_seed},
       {"tolerance.fp32", tolerance(tolerance::fp32)},
   };
@@ -112,6 +129,8 @@ struct TorchPeer {
 // step: the twin at every workload the step runs, checked as the step checks itself (the first sequence's
 // losses against the C++ double forward), with the same part counters (data_ns ... sync_ns).
 // The kernel stages' peers: the optimizer, clipping, attention, sparse products and CG.
+// A table, a peer a line or two, laid out by hand:
+// clang-format off
 static std::vector<TorchPeer> kernel_stage_peers() {
   return {
     {"adamw", "fused", "fused", "fused",
@@ -167,8 +186,11 @@ static std::vector<TorchPeer> kernel_stage_peers() {
      {}, {}},
   };
 }
+// clang-format on
 
 // The training loop's peers: host reads, launches, allocation, collation and the whole step.
+// A table, a peer a line or two, laid out by hand:
+// clang-format off
 static std::vector<TorchPeer> loop_stage_peers() {
   return {
     {"hostsync", "no_reads", "no_reads", "",
@@ -223,6 +245,7 @@ static std::vector<TorchPeer> loop_stage_peers() {
      {}, {}},
   };
 }
+// clang-format on
 
 const std::vector<TorchPeer>& torch_peers() {
   static const std::vector<TorchPeer> peers = [] {
@@ -256,8 +279,8 @@ const std::vector<TorchPair>& torch_pairs() {
       {"cg", {"host_checked_warm", "host_checked_lazy", "torch CG: gate vs warm start alone (.item() per iteration)"}},
       {"cg", {"device_loop_warm", "device_loop_lazy", "torch CG: gate vs warm start alone (device loop)"}},
       {"cg", {"host_checked", "device_loop", "torch CG: one read per 8 iterations vs .item() per iteration"}},
-      {"cg", {"host_checked_lazy", "device_loop_lazy",
-              "torch CG: one read per 8 iterations vs .item() per iteration, lazy"}},
+      {"cg",
+       {"host_checked_lazy", "device_loop_lazy", "torch CG: one read per 8 iterations vs .item() per iteration, lazy"}},
       {"hostsync", {"item_every_step", "sync_every_n", "torch hostsync: loss.item() every N vs every step"}},
       {"hostsync", {"item_every_step", "async_pinned", "torch hostsync: async pinned copy vs loss.item() every step"}},
       {"hostsync", {"metrics_separate", "metrics_batched", "torch hostsync: metrics in one .tolist() vs three .item()"}},
@@ -267,8 +290,7 @@ const std::vector<TorchPair>& torch_pairs() {
       {"alloc", {"empty_cache", "caching_allocator", "torch alloc: cache kept vs emptied every step"}},
       {"collate", {"per_sample", "pinned", "torch collate: pinned gather + async copy vs per-sample + stack"}},
       {"collate", {"per_sample", "pin_memory", "torch collate: pin_memory vs per-sample + stack"}},
-      {"collate", {"per_sample", "index_select",
-                   "torch collate: index_select into a reused batch vs per-sample + stack"}},
+      {"collate", {"per_sample", "index_select", "torch collate: index_select into a reused batch vs per-sample + stack"}},
   };
   return pairs;
 }
@@ -301,8 +323,13 @@ nlohmann::json torch_benches_json(const std::vector<TorchBench>& benches, const 
   for (const auto& b : benches) {
     nlohmann::json problem = nlohmann::json::object();
     for (const auto& [key, value] : b.problem) problem[key] = value;
-    rows.push_back({{"name", b.name}, {"stage", b.stage}, {"variant", b.variant}, {"label", b.label},
-                    {"mirrors", b.mirrors}, {"rationale", b.rationale}, {"problem", problem}});
+    rows.push_back({{"name", b.name},
+                    {"stage", b.stage},
+                    {"variant", b.variant},
+                    {"label", b.label},
+                    {"mirrors", b.mirrors},
+                    {"rationale", b.rationale},
+                    {"problem", problem}});
   }
   return {{"device", device}, {"rows", rows}};
 }
@@ -342,7 +369,7 @@ class TorchServer {
     ours_ = std::make_unique<Socket>(ends[0]);
     Socket theirs(ends[1]);
     const std::vector<std::string> argv{torch_python(), torch_peers_script(), "--device", device,
-                                        "--listing", listing_path, "--serve"};
+                                        "--listing",    listing_path,         "--serve"};
     std::vector<char*> args = spawn_arguments(argv);
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
@@ -419,7 +446,8 @@ class TorchServer {
         try {
           return nlohmann::ordered_json::parse(line);
         } catch (const nlohmann::json::exception& e) {
-          throw std::runtime_error("scripts/torch-peers answered something that is not JSON (" + std::string(e.what()) + ")");
+          throw std::runtime_error("scripts/torch-peers answered something that is not JSON (" + std::string(e.what()) +
+                                   ")");
         }
       }
       char chunk[4096];
@@ -527,9 +555,7 @@ class TorchRowInstance final : public Instance {
 };
 
 // The row a PyTorch row stands beside: "cpu/fused" at its label -> adamw/cpu/fused/<label>.
-std::string mirrored_name(const TorchBench& b) {
-  return b.stage + "/" + b.mirrors + (b.label.empty() ? "" : "/" + b.label);
-}
+std::string mirrored_name(const TorchBench& b) { return b.stage + "/" + b.mirrors + (b.label.empty() ? "" : "/" + b.label); }
 
 }  // namespace
 

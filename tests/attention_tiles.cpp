@@ -68,8 +68,8 @@ struct Entry {
 void report(const Shape& s, bool causal, std::vector<Entry>& entries, double flops_forward) {
   const char* mask = causal ? "causal" : "full";
   for (const Entry& e : entries) {
-    const std::string shape = std::to_string(s.batch) + "x" + std::to_string(s.heads) + "x" + std::to_string(s.seq) +
-                              "x" + std::to_string(s.head_dim);
+    const std::string shape = std::to_string(s.batch) + "x" + std::to_string(s.heads) + "x" + std::to_string(s.seq) + "x" +
+                              std::to_string(s.head_dim);
     if (!e.correct) {
       std::printf("%-16s %-6s %-8s %-24s incorrect: %s\n", shape.c_str(), mask, e.pass.c_str(), e.tiling.c_str(),
                   e.why.c_str());
@@ -92,8 +92,8 @@ void report(const Shape& s, bool causal, std::vector<Entry>& entries, double flo
                     *std::min_element(r.begin(), r.end()), *std::max_element(r.begin(), r.end()));
       ratio = text;
     }
-    std::printf("%-16s %-6s %-8s %-24s %9.3f ms %7.1f TFLOP/s  %s\n", shape.c_str(), mask, e.pass.c_str(),
-                e.tiling.c_str(), t * 1e3, work / t / 1e12, ratio.c_str());
+    std::printf("%-16s %-6s %-8s %-24s %9.3f ms %7.1f TFLOP/s  %s\n", shape.c_str(), mask, e.pass.c_str(), e.tiling.c_str(),
+                t * 1e3, work / t / 1e12, ratio.c_str());
   }
   std::fflush(stdout);
 }
@@ -182,8 +182,9 @@ int main(int argc, char** argv) {
       }
       (arg == "--rounds" ? rounds : calls) = value;
     } else if (arg == "-h" || arg == "--help") {
-      std::printf("attention_tiles [SHAPE ...] [--rounds R] [--calls N]: the bf16 attention's tilings, checked, "
-                  "then timed interleaved (default 4x16x4096x128 16x16x2048x64, 7 rounds of 10 calls)\n");
+      std::printf(
+          "attention_tiles [SHAPE ...] [--rounds R] [--calls N]: the bf16 attention's tilings, checked, "
+          "then timed interleaved (default 4x16x4096x128 16x16x2048x64, 7 rounds of 10 calls)\n");
       return 0;
     } else if (const std::string why = shape_invalid_reason(arg); !why.empty()) {
       std::fprintf(stderr, "attention_tiles: '%s': %s\n", arg.c_str(), why.c_str());

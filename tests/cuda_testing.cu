@@ -61,10 +61,9 @@ std::vector<int32_t> gather_token_rows_on_device(const std::vector<int32_t>& row
   std::vector<int32_t> out(static_cast<std::size_t>(2 * B * T));
   cuda::DeviceBuffer<int32_t> rows_on_device(rows.size()), picked_on_device(picked.size()), out_on_device(out.size());
   cuda::Stream stream;
+  CUDA_CHECK(cudaMemcpyAsync(rows_on_device.data(), rows.data(), rows_on_device.bytes(), cudaMemcpyHostToDevice, stream));
   CUDA_CHECK(
-      cudaMemcpyAsync(rows_on_device.data(), rows.data(), rows_on_device.bytes(), cudaMemcpyHostToDevice, stream));
-  CUDA_CHECK(cudaMemcpyAsync(picked_on_device.data(), picked.data(), picked_on_device.bytes(), cudaMemcpyHostToDevice,
-                             stream));
+      cudaMemcpyAsync(picked_on_device.data(), picked.data(), picked_on_device.bytes(), cudaMemcpyHostToDevice, stream));
   collate::cuda_gather_token_rows(rows_on_device.data(), T, picked_on_device.data(), B, out_on_device.data(), stream);
   CUDA_CHECK(cudaMemcpyAsync(out.data(), out_on_device.data(), out_on_device.bytes(), cudaMemcpyDeviceToHost, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));

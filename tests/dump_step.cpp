@@ -34,7 +34,10 @@ json per_tensor(const std::vector<ParameterShape>& shapes, const std::vector<Ten
 }
 
 json solve_stats_json(const SolveStats& s) {
-  return json{{"solves", s.solves}, {"skipped", s.skipped}, {"iterations", s.iterations}, {"matvecs", s.matvecs},
+  return json{{"solves", s.solves},
+              {"skipped", s.skipped},
+              {"iterations", s.iterations},
+              {"matvecs", s.matvecs},
               {"worst_residual", s.worst_residual}};
 }
 
@@ -89,14 +92,15 @@ json dump(const Workload& w, int64_t steps) {
       {"precision", "double"},
       {"parameters", parameters},
       {"initial", per_tensor(shapes, model.tensors(), initial.data())},
-      {"micro_batch", {{"samples", samples},
-                       {"tokens", std::vector<int32_t>(batch.begin(), batch.begin() + N)},
-                       {"targets", std::vector<int32_t>(batch.begin() + N, batch.end())},
-                       {"losses", losses},
-                       {"loss_scale", loss_scale},
-                       {"loss", loss},
-                       {"solve_stats", solve_stats_json(model.solve_stats())},
-                       {"gradients", per_tensor(shapes, model.tensors(), model.grads.data())}}},
+      {"micro_batch",
+       {{"samples", samples},
+        {"tokens", std::vector<int32_t>(batch.begin(), batch.begin() + N)},
+        {"targets", std::vector<int32_t>(batch.begin() + N, batch.end())},
+        {"losses", losses},
+        {"loss_scale", loss_scale},
+        {"loss", loss},
+        {"solve_stats", solve_stats_json(model.solve_stats())},
+        {"gradients", per_tensor(shapes, model.tensors(), model.grads.data())}}},
   });
   if (steps > 0) {
     json micro_batches = json::array();

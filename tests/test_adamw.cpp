@@ -73,7 +73,7 @@ constexpr double fp32_ulp = 1.0 / (1 << 23), bf16_ulp = 1.0 / (1 << 7);  // rela
 constexpr Tolerance agree_fp32{steps * 1e-9, steps * 4 * fp32_ulp};
 // bf16 parameters: the for-loop path rounds them twice per step (after mul_ and after addcdiv_), so
 // one bf16 ulp per step; near zero, half a bf16 ulp of a step's update (about lr).
-constexpr Tolerance agree_bf16_param{steps * defaults::adamw_lr * bf16_ulp / 2, steps * bf16_ulp};
+constexpr Tolerance agree_bf16_param{steps * defaults::adamw_lr * bf16_ulp / 2, steps* bf16_ulp};
 
 void expect_variants_agree(Backend backend) {
   const Stage& stage = adamw_stage();
@@ -88,8 +88,7 @@ void expect_variants_agree(Backend backend) {
       for (const Variant* other : {per_tensor, foreach}) {
         const HostState got = state_after(*other, p, steps);
         const std::string where = std::string(to_string(backend)) + "/" + other->id + " vs fused at " + p.label();
-        expect_close(got.param, want.param, std::string(dtype) == "fp32" ? agree_fp32 : agree_bf16_param,
-                     where + ": param");
+        expect_close(got.param, want.param, std::string(dtype) == "fp32" ? agree_fp32 : agree_bf16_param, where + ": param");
         expect_close(got.exp_avg, want.exp_avg, agree_fp32, where + ": exp_avg");
         expect_close(got.exp_avg_sq, want.exp_avg_sq, agree_fp32, where + ": exp_avg_sq");
       }
@@ -211,8 +210,8 @@ TEST(ParamSet, DefaultIsShapedLikeATransformer) {
       matrix_elements += n;
     }
   }
-  EXPECT_GT(vectors, matrices);  // norm scales and biases outnumber the weights ...
-  EXPECT_GT(matrix_elements, set.total * 8 / 10);  // ... which hold most of the parameters
+  EXPECT_GT(vectors, matrices);                                    // norm scales and biases outnumber the weights ...
+  EXPECT_GT(matrix_elements, set.total * 8 / 10);                  // ... which hold most of the parameters
   EXPECT_GE(set.sizes.front() + set.sizes.back(), set.total / 8);  // embedding and head
   EXPECT_EQ(set.largest(), std::max(set.sizes.front(), 4 * set.width * set.width));
   EXPECT_EQ(adamw::make_param_set(defaults::adamw_params, defaults::adamw_tensors).sizes, set.sizes);  // deterministic
@@ -265,7 +264,7 @@ TEST(AdamwWork, CreditsTheFusedTrafficAndCountsLaunches) {
   EXPECT_EQ(counter(stage.find_variant("per_tensor", Backend::cuda)->work(p), "launches"), 8 * 200);
   EXPECT_EQ(counter(stage.find_variant("fused", Backend::cuda)->work(p), "launches"), 1);
   const double foreach_launches = counter(stage.find_variant("foreach", Backend::cuda)->work(p), "launches");
-  EXPECT_GE(foreach_launches, 8 * 2);   // at least two launches per op: 200 tensors exceed every list
+  EXPECT_GE(foreach_launches, 8 * 2);  // at least two launches per op: 200 tensors exceed every list
   EXPECT_LE(foreach_launches, 8 * 10);
   EXPECT_EQ(counter(stage.find_variant("foreach", Backend::cpu)->work(p), "launches"), 8);
 }

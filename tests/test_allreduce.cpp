@@ -71,7 +71,8 @@ TEST(AllreduceReference, AcceptsTheSumAndCatchesOneWrongElement) {
   const int64_t n = 5000;
   for (const auto dtype : {adamw::Dtype::fp32, adamw::Dtype::bf16}) {
     std::vector<float> got(static_cast<std::size_t>(n));
-    for (int64_t i = 0; i < n; ++i) got[static_cast<std::size_t>(i)] = static_cast<float>(allreduce::expected_sum(3, i, dtype));
+    for (int64_t i = 0; i < n; ++i)
+      got[static_cast<std::size_t>(i)] = static_cast<float>(allreduce::expected_sum(3, i, dtype));
     const Verdict ok = allreduce::check_sum(got, 3, dtype);
     EXPECT_TRUE(ok.passed) << ok.detail;
     got[1234] += 0.25f;  // what a rank missing from the sum, or a stale bucket, looks like

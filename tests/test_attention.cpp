@@ -128,7 +128,8 @@ TEST(AttentionReference, CatchesAWrongGradient) {
   attention::reference_backward(s, true, x, attention::Gradients<double>{dq.data(), dk.data(), dv.data(), dout.data()});
   std::vector<float> fq(dq.begin(), dq.end()), fk(dk.begin(), dk.end()), fv(dv.begin(), dv.end());
   EXPECT_TRUE(attention::check_gradients(s, true, attention::DType::fp32, fq, fk, fv).passed);
-  EXPECT_FALSE(attention::check_gradients(s, false, attention::DType::fp32, fq, fk, fv).passed) << "the mask changes every gradient";
+  EXPECT_FALSE(attention::check_gradients(s, false, attention::DType::fp32, fq, fk, fv).passed)
+      << "the mask changes every gradient";
   fk[(1 * s.seq + 3) * s.head_dim + 1] += 1e-3f;
   const Verdict verdict = attention::check_gradients(s, true, attention::DType::fp32, fq, fk, fv);
   EXPECT_FALSE(verdict.passed);
@@ -160,7 +161,8 @@ TEST(AttentionKernels, FusedMatchesNaiveOnThePackedRows) {
     }
   }
   for (std::size_t i = 0; i < dout.size(); ++i) ASSERT_NEAR(o[1][i], o[0][i], 1e-5) << "out " << i;
-  for (std::size_t i = 0; i < qkv.size(); ++i) ASSERT_NEAR(dqkv[1][i], dqkv[0][i], 1e-5) << "dqkv " << i << " (every element written)";
+  for (std::size_t i = 0; i < qkv.size(); ++i)
+    ASSERT_NEAR(dqkv[1][i], dqkv[0][i], 1e-5) << "dqkv " << i << " (every element written)";
 }
 
 TEST(AttentionShape, ParsesAndRejects) {

@@ -169,7 +169,7 @@ class CgVariant : public ::testing::TestWithParam<std::size_t> {};
 TEST_P(CgVariant, EverySolveMeetsTheTolerance) {
   const Variant& v = cg_stage().variants.at(GetParam());
   const std::vector<Problem> problems{
-      problem("ring8", "1", "1e-6"),    problem("ring8", "7", "1e-6"),    problem("ring5", "1000", "5e-7"),
+      problem("ring8", "1", "1e-6"),      problem("ring8", "7", "1e-6"),      problem("ring5", "1000", "5e-7"),
       problem("grid3d", "10007", "1e-6"), problem("random7", "4099", "2e-6"), problem("grid2d", "3001", "0", "2"),
   };
   for (const auto& p : problems) TB_EXPECT_MATCHES_REFERENCE(v, p);
@@ -435,8 +435,8 @@ TEST(CgRows, GateSkipsAnUnchangedBatchAndSolvesAChangedOne) {
   EXPECT_EQ(total.solves, 4);
   EXPECT_EQ(total.skipped, 1);
   EXPECT_EQ(total.iterations, first.iterations + changed.iterations);
-  EXPECT_EQ(total.worst_residual, std::max({first.worst_residual, again.worst_residual, changed.worst_residual,
-                                            warm.worst_residual}));
+  EXPECT_EQ(total.worst_residual,
+            std::max({first.worst_residual, again.worst_residual, changed.worst_residual, warm.worst_residual}));
 }
 
 // The gate tests the total relative residual, not every row's: one row of 100 moved by 5e-6 of its
@@ -489,7 +489,7 @@ class CgRowsVariant : public ::testing::TestWithParam<std::size_t> {};
 TEST_P(CgRowsVariant, EveryBatchMeetsItsTolerance) {
   const Variant& v = cg_stage().variants.at(GetParam());
   const std::vector<Problem> problems{
-      rows_problem("1x9", "1e-6"),   rows_problem("7x13", "1e-6"),     rows_problem("3x100003", "5e-7"),
+      rows_problem("1x9", "1e-6"),  rows_problem("7x13", "1e-6"),     rows_problem("3x100003", "5e-7"),
       rows_problem("257x384", "0"), rows_problem("1000x384", "2e-6"), rows_problem("33x100", "1e-4"),
   };
   for (const auto& p : problems) TB_EXPECT_MATCHES_REFERENCE(v, p);

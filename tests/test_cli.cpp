@@ -103,8 +103,8 @@ TEST(Cli, AnOutputPathThatCannotBeWrittenIsRefusedBeforeAnythingIsMeasured) {
   const auto folder = std::filesystem::temp_directory_path() / ("tb_out_folder_" + std::to_string(::getpid()));
   std::filesystem::create_directories(folder);
   for (const std::string& path : {std::string("/nonexistent-dir/r.json"), std::string("/proc/r.json"), folder.string()}) {
-    for (const std::string& args : {"--backend cpu --filter peak --quick --out " + path,
-                                    "--list --format json --out " + path}) {
+    for (const std::string& args :
+         {"--backend cpu --filter peak --quick --out " + path, "--list --format json --out " + path}) {
       const auto start = std::chrono::steady_clock::now();
       const Outcome o = benchsuite(args);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -143,7 +143,8 @@ TEST(Cli, AConsoleListRefusesTheAxesARunRefuses) {
     EXPECT_EQ(list.code, 2) << axis << "\n" << list.output;
     EXPECT_EQ(run.code, 2) << axis << "\n" << run.output;
     // (A listing printed instead is long: its start is enough to see.)
-    EXPECT_TRUE(list.output == run.output) << axis << ": --list said\n" << list.output.substr(0, 300) << "\na run said\n"
+    EXPECT_TRUE(list.output == run.output) << axis << ": --list said\n"
+                                           << list.output.substr(0, 300) << "\na run said\n"
                                            << run.output;
     EXPECT_EQ(std::count(list.output.begin(), list.output.end(), '\n'), 1) << "one line:\n" << list.output.substr(0, 300);
   }
@@ -153,12 +154,15 @@ TEST(Cli, AConsoleListRefusesTheAxesARunRefuses) {
 // note on stderr of what was dropped.
 TEST(Cli, AValueRepeatedInOneAxisRunsOnce) {
   const auto path = std::filesystem::temp_directory_path() / ("tb_axis_once_" + std::to_string(::getpid()) + ".json");
-  const Outcome o = benchsuite("--backend cpu --filter '^peak/cpu/copy/' --no-peak-prepass --repetitions 3 "
-                               "--min-time 0.001 --axis peak.n=1000,1000,1e3,2000 --out " + path.string());
+  const Outcome o = benchsuite(
+      "--backend cpu --filter '^peak/cpu/copy/' --no-peak-prepass --repetitions 3 "
+      "--min-time 0.001 --axis peak.n=1000,1000,1e3,2000 --out " +
+      path.string());
   ASSERT_EQ(o.code, 0) << o.output;
   EXPECT_NE(o.output.find("benchsuite: --axis 'peak.n=1000,1000,1e3,2000': a value given more than once runs once "
                           "(dropped: 1000, 1e3)"),
-            std::string::npos) << o.output;
+            std::string::npos)
+      << o.output;
   const tb::Results r = tb::results_from_json(nlohmann::json::parse(std::ifstream(path)));
   std::filesystem::remove(path);
   std::vector<std::string> names;
@@ -194,15 +198,18 @@ TEST(Cli, TheTableHasAKeyWithTheLevelsAndThresholdsOfTheRun) {
   EXPECT_NE(text.find("(noisy): +-CI above the noise target (5%"), std::string::npos) << text;
   EXPECT_NE(text.find("cache: a hot memory-bound row"), std::string::npos) << text;
   EXPECT_NE(text.find("below 64 MiB for CPU rows, where a copy's bandwidth fell to DRAM's"), std::string::npos)
-      << "the threshold used, and how it was found:\n" << text;
+      << "the threshold used, and how it was found:\n"
+      << text;
   EXPECT_NE(text.find("above peak: "), std::string::npos) << text;
   EXPECT_NE(text.find("-: no % peak applies"), std::string::npos) << text;
   // Ten samples a row: the level moves with them, and the key says the one used.
-  const Outcome ten = benchsuite("--backend cpu --filter 'peak/cpu/copy' --repetitions 10 --min-time 0.001 --axis peak.n=100003");
+  const Outcome ten = benchsuite(
+      "--backend cpu --filter 'peak/cpu/copy' --repetitions 10 --min-time 0.001 --axis peak.n=100003");
   ASSERT_EQ(ten.code, 0) << ten.output;
   EXPECT_NE(ten.output.find("its level in this run: 97.9%"), std::string::npos) << ten.output;
   // Not in a machine format: JSON on stdout stays JSON.
-  const Outcome json = benchsuite("--backend cpu --filter 'peak/cpu/copy' --quick --axis peak.n=100003 --format json 2>/dev/null");
+  const Outcome json = benchsuite(
+      "--backend cpu --filter 'peak/cpu/copy' --quick --axis peak.n=100003 --format json 2>/dev/null");
   EXPECT_EQ(json.output.find("Key:"), std::string::npos);
   const Outcome help = benchsuite("--help");
   EXPECT_NE(help.output.find("Reading the table"), std::string::npos) << help.output;
@@ -214,7 +221,8 @@ TEST(Cli, TheTableHasAKeyWithTheLevelsAndThresholdsOfTheRun) {
 TEST(Cli, ARunSaysItsExpectedTimeAndAnEta) {
   const Outcome o = benchsuite("--backend cpu --filter 'peak/cpu/(copy|triad)' --quick --axis peak.n=100003");
   ASSERT_EQ(o.code, 0) << o.output;
-  const std::size_t expected = o.output.find("benchsuite: 3 rows to time, 3 samples of at least 0.05 s each: expect at least");
+  const std::size_t expected = o.output.find(
+      "benchsuite: 3 rows to time, 3 samples of at least 0.05 s each: expect at least");
   ASSERT_NE(expected, std::string::npos) << o.output;  // copy, triad and triad on one thread
   EXPECT_LT(expected, o.output.find("[  1/3]")) << "said before the first row";
   EXPECT_NE(o.output.find("elapsed, ETA "), std::string::npos) << "the first row's line gives the time left:\n" << o.output;
@@ -231,16 +239,20 @@ TEST(Cli, ARunSaysItsExpectedTimeAndAnEta) {
 TEST(Cli, MaxTimeCutsARowShortAndSaysWhich) {
   const auto path = std::filesystem::temp_directory_path() / ("tb_maxtime_" + std::to_string(::getpid()) + ".json");
   // Samples of 0.05 s or more: after the first, 0.001 s is long past, whatever the machine's speed.
-  const Outcome o = benchsuite("--backend cpu --filter 'peak/cpu/copy' --repetitions 6 --min-time 0.05 --max-time 0.001 "
-                               "--axis peak.n=100003 --no-peak-prepass --out " + path.string() + " --format console");
+  const Outcome o = benchsuite(
+      "--backend cpu --filter 'peak/cpu/copy' --repetitions 6 --min-time 0.05 --max-time 0.001 "
+      "--axis peak.n=100003 --no-peak-prepass --out " +
+      path.string() + " --format console");
   ASSERT_EQ(o.code, 0) << o.output;
   EXPECT_NE(o.output.find("(cut short: --max-time 0.001 s: "), std::string::npos) << "on its progress line:\n" << o.output;
   EXPECT_NE(o.output.find("Cut short by --max-time"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("peak/cpu/copy/n=100003: --max-time 0.001 s: "), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("at most about"), std::string::npos) << "the expected time has its upper bound:\n" << o.output;
   std::filesystem::remove(path);
-  const Outcome j = benchsuite("--backend cpu --filter 'peak/cpu/copy' --repetitions 6 --min-time 0.05 --max-time 0.001 "
-                               "--axis peak.n=100003 --no-peak-prepass --out " + path.string());
+  const Outcome j = benchsuite(
+      "--backend cpu --filter 'peak/cpu/copy' --repetitions 6 --min-time 0.05 --max-time 0.001 "
+      "--axis peak.n=100003 --no-peak-prepass --out " +
+      path.string());
   ASSERT_EQ(j.code, 0) << j.output;
   const tb::Results r = tb::results_from_json(nlohmann::json::parse(std::ifstream(path)));
   std::filesystem::remove(path);
@@ -254,8 +266,9 @@ TEST(Cli, MaxTimeCutsARowShortAndSaysWhich) {
 
 // The OpenBLAS notice belongs to a run that measures: never on --help, a usage error or --list.
 TEST(Cli, TheBlasNoticeIsNotPrintedOnHelpUsageErrorsOrList) {
-  const std::string restarted = "TRAINBENCH_BLAS_KERNEL_NOTICE='benchsuite: OpenBLAS chose its Prescott kernels' "
-                                "OPENBLAS_CORETYPE=Haswell";  // as the restart leaves them
+  const std::string restarted =
+      "TRAINBENCH_BLAS_KERNEL_NOTICE='benchsuite: OpenBLAS chose its Prescott kernels' "
+      "OPENBLAS_CORETYPE=Haswell";  // as the restart leaves them
   for (const char* args : {"--help", "--no-such-flag", "--list"}) {
     const Outcome o = benchsuite_with(restarted, args);
     EXPECT_EQ(o.output.find("OpenBLAS chose"), std::string::npos) << args << ":\n" << o.output;
@@ -315,8 +328,10 @@ TEST(Cli, ListAsJsonGivesTheSelectedBenchmarksWithTheirProblems) {
 
 TEST(Cli, QuickRunWritesAValidResultsFile) {
   const auto path = std::filesystem::temp_directory_path() / ("tb_cli_" + std::to_string(::getpid()) + ".json");
-  const Outcome o = benchsuite("--backend cpu --filter 'peak/cpu/(copy|triad)' --quick --repetitions 3 "
-                               "--axis peak.n=100003 --out " + path.string());
+  const Outcome o = benchsuite(
+      "--backend cpu --filter 'peak/cpu/(copy|triad)' --quick --repetitions 3 "
+      "--axis peak.n=100003 --out " +
+      path.string());
   ASSERT_EQ(o.code, 0) << o.output;
   EXPECT_NE(o.output.find("Pairs:"), std::string::npos) << o.output;
   std::ifstream in(path);
@@ -373,7 +388,8 @@ Outcome stop_benchsuite(const std::vector<std::string>& arguments, const std::ve
     const int ready = left.count() > 0 ? poll(&p, 1, static_cast<int>(left.count())) : 0;
     if (ready < 0 && errno == EINTR) continue;
     if (ready <= 0) {
-      o.output += sent ? "\n[test: still running 300 s after the stop request; killed]" : "\n[test: no sample in 300 s; killed]";
+      o.output += sent ? "\n[test: still running 300 s after the stop request; killed]"
+                       : "\n[test: no sample in 300 s; killed]";
       kill(pid, SIGKILL);
       break;
     }
@@ -427,7 +443,8 @@ struct TorchPeersStandIn {
   std::filesystem::path dir, python, peers;
   TorchPeersStandIn(const std::string& name, const std::string& script)
       : dir(std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()))),
-        python(dir / "python"), peers(dir / "torch-peers") {
+        python(dir / "python"),
+        peers(dir / "torch-peers") {
     std::filesystem::create_directories(dir);
     std::ofstream(python) << "#!/bin/sh\n[ \"$1\" = -c ] && exit 0\nexec python3 \"$@\"\n";
     std::filesystem::permissions(python, std::filesystem::perms::owner_all);
@@ -443,8 +460,8 @@ struct TorchPeersStandIn {
 // A stand-in for scripts/torch-peers --serve that speaks its protocol without torch: it opens every row
 // as passed, answers a time request with NS_<variant> nanoseconds a call (1 ms by default), logs every
 // request to $REQUESTS, says "stand-in: timing" at its first request for a batch of calls (a sample's),
-// SEEN: where its listing and inputs were (and the folder's mode) to that file, and on request: SLOW_TIME seconds of sleep per batch, DIE_AFTER time requests before it exits
-// 3, REJECT: exit 2 before it answers.
+// SEEN: where its listing and inputs were (and the folder's mode) to that file, and on request: SLOW_TIME seconds of sleep
+// per batch, DIE_AFTER time requests before it exits 3, REJECT: exit 2 before it answers.
 constexpr const char* kServeStandIn = R"PY(import json, os, sys, time
 args = sys.argv[1:]
 opt = lambda k: args[args.index(k) + 1]
@@ -488,9 +505,10 @@ for line in sys.stdin:
 )PY";
 
 // The selection a run with its PyTorch rows makes, small: adamw fused and per-tensor at 1000 parameters.
-const std::string kTorchSelection = "--backend cpu,torch --quick --filter 'adamw/cpu/(fused|per_tensor)/' "
-                                    "--axis adamw.params=1000 --axis adamw.dtype=fp32 --no-peak-prepass "
-                                    "--repetitions 3 --min-time 0.001";
+const std::string kTorchSelection =
+    "--backend cpu,torch --quick --filter 'adamw/cpu/(fused|per_tensor)/' "
+    "--axis adamw.params=1000 --axis adamw.dtype=fp32 --no-peak-prepass "
+    "--repetitions 3 --min-time 0.001";
 
 // A stop request while a PyTorch row measures ends the run within the sample in hand: every row keeps
 // what it took, the results are written, benchsuite exits 128 + the signal, and the script (in a
@@ -499,8 +517,8 @@ TEST(Cli, AStopDuringAPyTorchRowEndsTheRunWithinASampleAndKeepsItsRows) {
   const TorchPeersStandIn stand_in("tb_torch_stop", kServeStandIn);
   const std::filesystem::path out = stand_in.dir / "stopped.json";
   const Outcome o = stop_benchsuite({"--backend", "cpu,torch", "--quick", "--filter", "adamw/cpu/fused/", "--axis",
-                                     "adamw.params=1000", "--axis", "adamw.dtype=fp32", "--no-peak-prepass",
-                                     "--repetitions", "100000", "--min-time", "0.001", "--out", out.string()},
+                                     "adamw.params=1000", "--axis", "adamw.dtype=fp32", "--no-peak-prepass", "--repetitions",
+                                     "100000", "--min-time", "0.001", "--out", out.string()},
                                     {"TRAINBENCH_PYTHON=" + stand_in.python.string(),
                                      "TRAINBENCH_TORCH_PEERS=" + stand_in.peers.string(), "SLOW_TIME=0.05", "NS_fused=1e4"},
                                     "stand-in: timing", SIGTERM);
@@ -542,7 +560,8 @@ TEST(Cli, APyTorchScriptThatEndsOrRejectsTheRunIsSaidOnce) {
   EXPECT_EQ(rejected.code, 2) << rejected.output;
   EXPECT_NE(rejected.output.find("the stand-in rejects this run"), std::string::npos) << rejected.output;
   EXPECT_NE(rejected.output.find("benchsuite: scripts/torch-peers rejected the run (its message is above)"),
-            std::string::npos) << rejected.output;
+            std::string::npos)
+      << rejected.output;
   EXPECT_EQ(rejected.output.find("[  1/"), std::string::npos) << "measured before saying so:\n" << rejected.output;
 }
 
@@ -577,7 +596,8 @@ TEST(Cli, ThePyTorchRowsFilesAreInAPrivateFolderThatGoesWithTheRun) {
                                            "adamw.params=1000", "--axis", "adamw.dtype=fp32", "--no-peak-prepass",
                                            "--repetitions", "100000", "--min-time", "0.001"},
                                           {"TMPDIR=" + tmpdir.string(), "TRAINBENCH_PYTHON=" + stand_in.python.string(),
-                                           "TRAINBENCH_TORCH_PEERS=" + stand_in.peers.string(), "SLOW_TIME=0.05", "NS_fused=1e4"},
+                                           "TRAINBENCH_TORCH_PEERS=" + stand_in.peers.string(), "SLOW_TIME=0.05",
+                                           "NS_fused=1e4"},
                                           "stand-in: timing", SIGTERM);
   EXPECT_EQ(stopped.code, 143) << stopped.output;
   EXPECT_EQ(left_behind(), std::vector<std::string>()) << "after a stop request";
@@ -588,7 +608,8 @@ TEST(Cli, TorchInputsWithoutAListingOfPyTorchRowsIsAUsageError) {
   const std::string dir = (std::filesystem::temp_directory_path() / ("tb_inputs_" + std::to_string(::getpid()))).string();
   expect_usage_error("--torch-inputs " + dir + " < /dev/null", "--torch-inputs: stdin is not a JSON listing");
   const Outcome o = benchsuite_command("echo '{\"benchmarks\": []}' | " +
-                                       tb::testing::tool_path("benchsuite", BENCHSUITE_PATH) + " --torch-inputs " + dir + " 2>&1");
+                                       tb::testing::tool_path("benchsuite", BENCHSUITE_PATH) + " --torch-inputs " + dir +
+                                       " 2>&1");
   EXPECT_EQ(o.code, 2) << o.output;
   EXPECT_NE(o.output.find("the listing has no PyTorch rows"), std::string::npos) << o.output;
   std::filesystem::remove_all(dir);
@@ -610,8 +631,10 @@ TEST(Cli, ARunUnderACompetingLoadIsReportedDisturbedNotAsARatio) {
     spinners.push_back(pid);
   }
   const auto path = std::filesystem::temp_directory_path() / ("tb_cli_load_" + std::to_string(::getpid()) + ".json");
-  const Outcome o = benchsuite("--backend cpu --filter 'peak/cpu/triad' --repetitions 3 --min-time 0.1 "
-                               "--axis peak.n=4000000 --out " + path.string());
+  const Outcome o = benchsuite(
+      "--backend cpu --filter 'peak/cpu/triad' --repetitions 3 --min-time 0.1 "
+      "--axis peak.n=4000000 --out " +
+      path.string());
   for (const pid_t pid : spinners) kill(pid, SIGKILL);
   for (const pid_t pid : spinners) waitpid(pid, nullptr, 0);
   ASSERT_EQ(o.code, 0) << o.output;
@@ -647,7 +670,9 @@ TEST(Cli, TorchBackendWithoutPyTorchSaysHowToGetItAndMeasuresNothing) {
                                           "--backend cpu,torch --quick --filter peak/cpu/triad");
   EXPECT_EQ(without.code, 2) << without.output;
   EXPECT_NE(without.output.find("--backend torch needs PyTorch and numpy in /bin/false: install them with "
-                                "scripts/install-deps --torch"), std::string::npos) << without.output;
+                                "scripts/install-deps --torch"),
+            std::string::npos)
+      << without.output;
   EXPECT_EQ(without.output.find("[  1/"), std::string::npos) << "measured before saying so:\n" << without.output;
 }
 
@@ -687,7 +712,8 @@ TEST(Cli, ATorchPeersStandInServesExactlyTheSelectionInTheRoundsOfTheRowsItMirro
   EXPECT_TRUE(checked && per_step) << o.output;
   // One group: both native rows, both PyTorch rows, in shared rounds.
   EXPECT_EQ(std::set<std::string>(fused->interleaved_with.begin(), fused->interleaved_with.end()),
-            std::set<std::string>({"adamw/cpu/fused" + label, "adamw/cpu/per_tensor" + label, "adamw/torch/per_tensor" + label}));
+            std::set<std::string>(
+                {"adamw/cpu/fused" + label, "adamw/cpu/per_tensor" + label, "adamw/torch/per_tensor" + label}));
   const tb::PairRow* torch_pair = nullptr;
   for (const auto& p : r.pairs)
     if (p.label == "torch AdamW: fused vs per-tensor") torch_pair = &p;

@@ -33,11 +33,16 @@ struct Case {
 // (the variants that have a form for them): one token of one sample; 7 tokens wrapping a two-batch
 // epoch; 130 tokens (a row longer than a warp) in batches of 17; a batch above the parallel size.
 const Case cases[] = {
-    {"text_pair", "shuffled", 1, 1, 1, 1, 1},          {"text_pair", "shuffled", 7, 3, 7, 5, 3},
-    {"tokens", "shuffled", 7, 3, 1, 3, 2},             {"text_pair", "sequential", 1003, 64, 768, 128, 2},
-    {"text_pair", "shuffled", 1000, 160, 768, 128, 7}, {"tokens", "sequential", 1000003, 4099, 1, 1, 3},
-    {"token_rows", "shuffled", 1, 1, 1, 1, 1},         {"token_rows", "shuffled", 7, 3, 1, 7, 3},
-    {"token_rows", "sequential", 40, 17, 1, 130, 2},   {"token_rows", "shuffled", 20000, 4099, 1, 33, 3},
+    {"text_pair", "shuffled", 1, 1, 1, 1, 1},
+    {"text_pair", "shuffled", 7, 3, 7, 5, 3},
+    {"tokens", "shuffled", 7, 3, 1, 3, 2},
+    {"text_pair", "sequential", 1003, 64, 768, 128, 2},
+    {"text_pair", "shuffled", 1000, 160, 768, 128, 7},
+    {"tokens", "sequential", 1000003, 4099, 1, 1, 3},
+    {"token_rows", "shuffled", 1, 1, 1, 1, 1},
+    {"token_rows", "shuffled", 7, 3, 1, 7, 3},
+    {"token_rows", "sequential", 40, 17, 1, 130, 2},
+    {"token_rows", "shuffled", 20000, 4099, 1, 33, 3},
 };
 
 bool runs_token_rows(const Variant& v) {
@@ -135,8 +140,8 @@ TEST(CollateReference, CatchesAFlippedByte) {
 TEST(CollateReference, CatchesTheWrongOrderAndTheWrongBatch) {
   const auto shuffled = small_shape(collate::Order::shuffled);
   const auto order = collate::epoch_order(shuffled);
-  const auto sequential_batch =
-      collate::reference_batch(shuffled, collate::epoch_order(small_shape(collate::Order::sequential)), 0);
+  const auto sequential_batch = collate::reference_batch(shuffled,
+                                                         collate::epoch_order(small_shape(collate::Order::sequential)), 0);
   EXPECT_FALSE(collate::check_batch(shuffled, order, 0, sequential_batch.data()).passed);
   const auto batch1 = collate::reference_batch(shuffled, order, 1);
   const Verdict v = collate::check_batch(shuffled, order, 0, batch1.data());
@@ -170,8 +175,7 @@ std::vector<int32_t> picks(int64_t B, int64_t samples, int64_t start) {
   return picked;
 }
 
-std::vector<int32_t> reference_token_rows(const std::vector<int32_t>& rows, int64_t T,
-                                          const std::vector<int32_t>& picked) {
+std::vector<int32_t> reference_token_rows(const std::vector<int32_t>& rows, int64_t T, const std::vector<int32_t>& picked) {
   const auto B = static_cast<int64_t>(picked.size());
   std::vector<int32_t> out(static_cast<std::size_t>(2 * B * T));
   collate::reference_token_rows(rows.data(), T, picked.data(), B, out.data());
@@ -223,8 +227,7 @@ TEST(CollateTokenRows, PerSampleRefusesBuffersOfTheWrongSize) {
   std::vector<int32_t> out(2 * 3 * 7);
   collate::TokenRowSamples too_few(2, 7), too_short(3, 6);
   for (collate::TokenRowSamples* buffers : {&too_few, &too_short})
-    EXPECT_THROW(collate::stack_token_rows_per_sample(rows.data(), 7, picked.data(), 3, *buffers, out.data()),
-                 CallError);
+    EXPECT_THROW(collate::stack_token_rows_per_sample(rows.data(), 7, picked.data(), 3, *buffers, out.data()), CallError);
 }
 
 TEST(CollateTokenRows, CudaGatherEqualsTheReferenceAtOddSizes) {

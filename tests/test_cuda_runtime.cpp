@@ -18,22 +18,23 @@ namespace {
 
 using Params = std::vector<std::pair<std::string, std::string>>;
 
-#define TB_SKIP_WITHOUT_CUDA()                                                                   \
-  do {                                                                                           \
+#define TB_SKIP_WITHOUT_CUDA()                                                                              \
+  do {                                                                                                      \
     if (!cuda_status().available()) GTEST_SKIP() << "no CUDA device: " << cuda_status().unavailable_reason; \
   } while (0)
 
 // No NVIDIA driver at all (no libcuda.so.1): the runtime says cudaErrorInsufficientDriver, which
 // reads as "update your driver"; the reason says that no driver or GPU was found instead.
 TEST(CudaStatus, NoDriverIsNotAnOldDriver) {
-  const std::string none = describe_cuda_init_failure(
-      "cudaErrorInsufficientDriver", "CUDA driver version is insufficient for CUDA runtime version", false);
+  const std::string none = describe_cuda_init_failure("cudaErrorInsufficientDriver",
+                                                      "CUDA driver version is insufficient for CUDA runtime version", false);
   EXPECT_NE(none.find("no NVIDIA driver or GPU found"), std::string::npos) << none;
   EXPECT_EQ(none.find("insufficient"), std::string::npos) << none;
   EXPECT_NE(describe_cuda_init_failure("cudaErrorNoDevice", "no CUDA-capable device is detected", false)
                 .find("no NVIDIA driver or GPU found"),
             std::string::npos);
-  EXPECT_NE(describe_cuda_init_failure("cudaErrorNoDevice", "no CUDA-capable device is detected", true).find("no NVIDIA GPU found"),
+  EXPECT_NE(describe_cuda_init_failure("cudaErrorNoDevice", "no CUDA-capable device is detected", true)
+                .find("no NVIDIA GPU found"),
             std::string::npos);
   const std::string old = describe_cuda_init_failure("cudaErrorInsufficientDriver", "...", true);
   EXPECT_NE(old.find("older than this build's CUDA runtime needs"), std::string::npos) << old;
@@ -42,7 +43,8 @@ TEST(CudaStatus, NoDriverIsNotAnOldDriver) {
   void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (driver) dlclose(driver);
   if (status.built && !status.available() && !driver) {
-    EXPECT_NE(status.unavailable_reason.find("no NVIDIA driver or GPU found"), std::string::npos) << status.unavailable_reason;
+    EXPECT_NE(status.unavailable_reason.find("no NVIDIA driver or GPU found"), std::string::npos)
+        << status.unavailable_reason;
   }
 }
 
@@ -60,7 +62,8 @@ TEST(CudaSession, StreamIsOnTheSessionsDevice) {
 
 // The variants whose set-up once copied with cudaMemcpy on the legacy stream: the optimizer's chunk
 // tables and arenas (adamw, gradnorm), the attention block's weights and input (and attention's
-// output read-back), and the device-to-host peak's source. Pinned variants are left out: a page-locked allocation may itself wait.
+// output read-back), and the device-to-host peak's source. Pinned variants are left out: a page-locked allocation may itself
+// wait.
 std::vector<std::pair<const Variant*, Problem>> setup_copy_cases() {
   std::vector<std::pair<const Variant*, Problem>> out;
   const Registry& r = builtin_registry();
@@ -71,7 +74,8 @@ std::vector<std::pair<const Variant*, Problem>> setup_copy_cases() {
   for (const char* id : {"per_tensor", "foreach", "fused"})
     add("adamw", id, Problem({{"params", "1000003"}, {"tensors", "200"}, {"dtype", "fp32"}}));
   for (const Variant& v : r.find("gradnorm")->variants)
-    if (v.backend == Backend::cuda) add("gradnorm", v.id.c_str(), Problem({{"params", "1000003"}, {"tensors", "200"}, {"dtype", "fp32"}}));
+    if (v.backend == Backend::cuda)
+      add("gradnorm", v.id.c_str(), Problem({{"params", "1000003"}, {"tensors", "200"}, {"dtype", "fp32"}}));
   add("attention", "fused", Problem({{"shape", "1x2x257x64"}, {"causal", "causal"}, {"dtype", "bf16"}}));
   add("attention", "block_fused", Problem(Params{{"block_shape", "2x2x33x16"}}));
   add("peak", "d2h_pageable", Problem(Params{{"transfer_bytes", "4194304"}}));

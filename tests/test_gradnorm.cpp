@@ -29,8 +29,7 @@ TEST_P(GradnormVariant, MatchesReferenceAfterSeveralCallsAtOddSizes) {
   for (const Problem& p : testing::odd_param_set_problems()) TB_EXPECT_MATCHES_REFERENCE_AFTER(v, p, calls);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllVariants, GradnormVariant,
-                         ::testing::Range<std::size_t>(0, gradnorm_stage().variants.size()),
+INSTANTIATE_TEST_SUITE_P(AllVariants, GradnormVariant, ::testing::Range<std::size_t>(0, gradnorm_stage().variants.size()),
                          [](const ::testing::TestParamInfo<std::size_t>& info) {
                            const Variant& v = gradnorm_stage().variants.at(info.param);
                            return std::string(to_string(v.backend)) + "_" + v.id;

@@ -357,7 +357,7 @@ TEST_F(Stop, AStopBeforeTheFirstSampleLeavesTheRowWithoutATime) {
     const Row& sleeper = row(results, "stoptoy/cpu/sleeper/n=2000");
     EXPECT_EQ(sleeper.disposition, Disposition::unsupported);
     EXPECT_EQ(sleeper.reason, stop_at == 1 ? "not timed: interrupted before its check against the reference"
-                                            : "not timed: interrupted during its warm-up (its check passed)");
+                                           : "not timed: interrupted during its warm-up (its check passed)");
     EXPECT_FALSE(sleeper.timed());
     EXPECT_EQ(row(results, "stoptoy/cpu/before/n=2000").disposition, Disposition::passed);
     EXPECT_EQ(row(results, "stoptoy/cpu/after/n=2000").reason, "not run: interrupted");
@@ -369,7 +369,7 @@ TEST(CpuLoad, OthersShareIsTheBusyTimeThatWasNotOurs) {
   const CpuTicks before{1000, 100, 50, true}, after{1100, 180, 100, true};
   EXPECT_DOUBLE_EQ(others_share(before, after), 0.3);
   EXPECT_DOUBLE_EQ(others_share(before, CpuTicks{1100, 150, 100, true}), 0.0);  // all of it ours
-  EXPECT_EQ(others_share(before, CpuTicks{1004, 104, 52, true}), -1.0);        // too few ticks to tell
+  EXPECT_EQ(others_share(before, CpuTicks{1004, 104, 52, true}), -1.0);         // too few ticks to tell
   EXPECT_EQ(others_share(CpuTicks{}, after), -1.0);                             // /proc unreadable
   const CpuTicks now = read_cpu_ticks();
   EXPECT_TRUE(now.valid);
@@ -381,7 +381,7 @@ TEST(CpuLoad, AnotherProcesssTimeIsReadByItsId) {
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    alarm(60);  // never outlives a test that died
+    alarm(60);                                 // never outlives a test that died
     while (process_cpu_ticks(getpid()) < 5) {  // spins until its own /proc entry shows 5 ticks
     }
     for (;;) pause();
@@ -399,8 +399,8 @@ TEST(CpuLoad, AnotherProcesssTimeIsReadByItsId) {
 
 // A memory-bound row gets a % of a DRAM peak only when that peak is a ceiling for it: not when its
 // working set fits in the last-level cache (hot), and never above 100%.
-Row timed_row(const std::string& name, const std::string& stage, const std::string& variant, double bytes,
-              double footprint, double ns) {
+Row timed_row(const std::string& name, const std::string& stage, const std::string& variant, double bytes, double footprint,
+              double ns) {
   Row r;
   r.name = name;
   r.stage = stage;
@@ -498,7 +498,8 @@ TEST(CacheSweepFile, AKeptThresholdIsThisMachinesOnlyUnderItsKey) {
   ASSERT_NE(entry, nullptr);
   const CacheThreshold t = threshold_of(*entry, "/tmp/kept.json");
   EXPECT_DOUBLE_EQ(t.bytes, 67108864.0);
-  EXPECT_EQ(t.how, "where a copy's bandwidth fell to DRAM's in this machine's size sweep (2026-11-26, kept in /tmp/kept.json)");
+  EXPECT_EQ(t.how,
+            "where a copy's bandwidth fell to DRAM's in this machine's size sweep (2026-11-26, kept in /tmp/kept.json)");
   file["schema"] = "something-else/1";
   EXPECT_EQ(kept_sweep(file, key), nullptr);
   EXPECT_EQ(kept_sweep(nlohmann::json::array(), key), nullptr);
@@ -619,7 +620,8 @@ TEST(PairsThatCannotLie, WorkWithoutBytesKeepsItsRatioAndItsPrediction) {
   EXPECT_EQ(pair->predicted->counter, "predicted_ns");
   EXPECT_DOUBLE_EQ(pair->predicted->ratio, 4e6 / 2.5e6);
   // Without the counter there is no prediction, and the measured ratio stands.
-  const auto bare = compare_pair(Pair{"warm", "lazy", "gate", {}, "predicted_ns"}, warm, work_row("cg", "lazy", 0, 1e6, 2e6), why);
+  const auto bare = compare_pair(Pair{"warm", "lazy", "gate", {}, "predicted_ns"}, warm, work_row("cg", "lazy", 0, 1e6, 2e6),
+                                 why);
   ASSERT_TRUE(bare);
   EXPECT_FALSE(bare->predicted);
 }
@@ -662,8 +664,8 @@ TEST_F(Harness, APrebatchedViewIsComparedWithTheSlabBuildAddedBack) {
   Settings settings = quick_settings("collate/cpu/(per_sample|prebatched)/");
   settings.peak_prepass = false;
   settings.disturbed_share = 1.0;  // a loaded machine must not withhold the pair this test is about
-  for (const char* axis : {"collate.layout=text_pair", "collate.order=shuffled", "collate.samples=1024",
-                           "collate.batch=64", "collate.embed_dim=64", "collate.seq_len=16"})
+  for (const char* axis : {"collate.layout=text_pair", "collate.order=shuffled", "collate.samples=1024", "collate.batch=64",
+                           "collate.embed_dim=64", "collate.seq_len=16"})
     settings.overrides.push_back(parse_axis_override(reg, axis));
   std::ostringstream progress;
   const Results results = run_entries(reg, select_entries(reg, settings), settings, progress);
@@ -703,7 +705,8 @@ TEST_F(Harness, APrebatchedViewIsComparedWithTheSlabBuildAddedBack) {
   const nlohmann::json doc = to_json(results);
   bool amortised_in_json = false;
   for (const auto& p : doc["pairs"])
-    if (p["improved"] == view.name) amortised_in_json = p["kind"] == "amortised" && p["moved_out"]["ns_per_call"] == slab_ms * 1e6;
+    if (p["improved"] == view.name)
+      amortised_in_json = p["kind"] == "amortised" && p["moved_out"]["ns_per_call"] == slab_ms * 1e6;
   EXPECT_TRUE(amortised_in_json) << doc["pairs"].dump(2);
 }
 
@@ -735,7 +738,7 @@ TEST_F(Harness, APairsSidesAreSampledInAlternatingRounds) {
   EXPECT_EQ(row(results, slow).samples_ns.size(), 6u);
   EXPECT_EQ(row(results, fast).interleaved_with, std::vector<std::string>{slow});
   ASSERT_EQ(results.pairs.size(), 1u);
-  EXPECT_EQ(results.pairs[0].rounds, 6);  // the ratio comes from the six paired rounds
+  EXPECT_EQ(results.pairs[0].rounds, 6);         // the ratio comes from the six paired rounds
   EXPECT_GT(results.pairs[0].ratio.ratio, 2.0);  // 8x the work
 
   // Measured apart (the way before rounds), the sides come one after the other and the ratio is of
@@ -847,7 +850,8 @@ TEST_F(Stop, AStopInAPairsRoundsKeepsEachSidesSamples) {
   settings.repetitions = 100;
   settings.min_time_s = 0.005;
   sleeper_stop_at = 40;  // past the check and warm-up (at most about 22 calls): in a round
-  const Results results = run_entries(paired_stop_registry(), select_entries(paired_stop_registry(), settings), settings, progress);
+  const Results results = run_entries(paired_stop_registry(), select_entries(paired_stop_registry(), settings), settings,
+                                      progress);
   EXPECT_EQ(sleeper_calls.load(), 40) << "no call after the one that asked";
   for (const char* name : {"pairstop/cpu/before/n=2000", "pairstop/cpu/sleeper/n=2000"}) {
     const Row& r = row(results, name);
@@ -934,8 +938,8 @@ TEST_F(Harness, ASlowSpellLeavesAnInterleavedPairsRatioAloneWhereMeasuringApartI
   const Registry reg = fake_clock_registry();
   Settings settings = quick_settings("clocktoy");
   settings.repetitions = 10;
-  settings.min_time_s = 0.01;     // fake seconds
-  settings.disturbed_share = 1;   // the real machine's load has no say over a fake clock's samples
+  settings.min_time_s = 0.01;    // fake seconds
+  settings.disturbed_share = 1;  // the real machine's load has no say over a fake clock's samples
   settings.sample_timer = [] { return std::make_unique<FakeClock>(); };
   // The spell starts once the baseline has its fifth sample and lasts to the end of the run.
   settings.on_sample = [](const std::string& row, std::size_t sample) {
@@ -992,10 +996,14 @@ TEST(TimeEstimate, KnownRowsThenTheirStageThenTheSettings) {
 
   nlohmann::json file = {{"schema", "trainbench-row-costs/1"}};
   // slow took 10 s to set up and twice what its run's settings asked; nothing of peak or fast is kept.
-  file["machines"]["here"]["toy/cpu/slow/n=20000"] = {
-      {"stage", "toy"}, {"setup_s", 10.0}, {"measure_s", 8.0}, {"expected_measure_s", 4.0}};
-  file["machines"]["elsewhere"]["peak/cpu/ceiling/n=20000"] = {
-      {"stage", "peak"}, {"setup_s", 100.0}, {"measure_s", 1.0}, {"expected_measure_s", 1.0}};
+  file["machines"]["here"]["toy/cpu/slow/n=20000"] = {{"stage", "toy"},
+                                                      {"setup_s", 10.0},
+                                                      {"measure_s", 8.0},
+                                                      {"expected_measure_s", 4.0}};
+  file["machines"]["elsewhere"]["peak/cpu/ceiling/n=20000"] = {{"stage", "peak"},
+                                                               {"setup_s", 100.0},
+                                                               {"measure_s", 1.0},
+                                                               {"expected_measure_s", 1.0}};
   const TimeEstimate t = estimate_time(entries, settings, RowCosts::from_json(file, "here"));
   EXPECT_EQ(t.rows, 3u);
   EXPECT_EQ(t.known, 1u);

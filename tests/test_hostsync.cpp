@@ -47,7 +47,8 @@ TEST(HostsyncPlan, ReadsPerCall) {
   EXPECT_EQ(hostsync::read_plan(Pattern::sync_every_n, 500).syncs, 1);
   EXPECT_EQ(hostsync::read_plan(Pattern::metrics_separate, 50).transfers, 3);
   EXPECT_EQ(hostsync::read_plan(Pattern::metrics_batched, 50).transfers, 1);
-  EXPECT_EQ(hostsync::read_plan(Pattern::metrics_batched, 50).bytes, hostsync::read_plan(Pattern::metrics_separate, 50).bytes);
+  EXPECT_EQ(hostsync::read_plan(Pattern::metrics_batched, 50).bytes,
+            hostsync::read_plan(Pattern::metrics_separate, 50).bytes);
   EXPECT_EQ(hostsync::read_plan(Pattern::async_pinned, 5).syncs, 0);
   EXPECT_EQ(hostsync::read_plan(Pattern::async_pinned, 5).transfers, 5);
 
@@ -116,15 +117,18 @@ TEST(HostsyncRing, ReadsInOrderAndWaitsOnlyWhenFull) {
   EXPECT_TRUE(ring.full());
   EXPECT_THROW(ring.push(3), std::logic_error);
   // Steps 0 and 1 finished, step 2 not: two reads, in order, and step 2 stays in flight.
-  const int n = ring.harvest(3, [&](int slot) { return slot_step[static_cast<std::size_t>(slot)] < 2; },
-                             [&](int slot) { read.push_back(slot_step[static_cast<std::size_t>(slot)]); });
+  const int n = ring.harvest(
+      3, [&](int slot) { return slot_step[static_cast<std::size_t>(slot)] < 2; },
+      [&](int slot) { read.push_back(slot_step[static_cast<std::size_t>(slot)]); });
   EXPECT_EQ(n, 2);
   EXPECT_EQ(read, (std::vector<int64_t>{0, 1}));
   EXPECT_EQ(ring.in_flight(), 1);
   EXPECT_DOUBLE_EQ(ring.mean_lag_steps(), (3.0 + 2.0) / 2);
   // A slot still in flight blocks the ones behind it, even when those are done.
   slot_step[static_cast<std::size_t>(ring.push(3))] = 3;
-  EXPECT_EQ(ring.harvest(4, [&](int slot) { return slot_step[static_cast<std::size_t>(slot)] == 3; }, [](int) {}), 0);
+  EXPECT_EQ(ring.harvest(
+                4, [&](int slot) { return slot_step[static_cast<std::size_t>(slot)] == 3; }, [](int) {}),
+            0);
 }
 
 // The loop as async_pinned runs it, against a device that finishes step k when the host is at step
@@ -140,7 +144,8 @@ int64_t simulate(int slots, int64_t lag, int64_t steps, double& sum, double& mea
     sum += static_cast<double>(s);
   };
   for (int64_t now = 0; now < steps; ++now) {
-    ring.harvest(now, [&](int slot) { return slot_step[static_cast<std::size_t>(slot)] + lag <= now; }, read);
+    ring.harvest(
+        now, [&](int slot) { return slot_step[static_cast<std::size_t>(slot)] + lag <= now; }, read);
     if (ring.full()) {
       read(ring.oldest());
       ring.pop(now);
@@ -148,7 +153,8 @@ int64_t simulate(int slots, int64_t lag, int64_t steps, double& sum, double& mea
     }
     slot_step[static_cast<std::size_t>(ring.push(now))] = now;
   }
-  ring.harvest(steps + lag, [](int) { return true; }, read);  // check(): after a synchronise
+  ring.harvest(
+      steps + lag, [](int) { return true; }, read);  // check(): after a synchronise
   mean_lag = ring.mean_lag_steps();
   EXPECT_EQ(ring.reads(), steps);
   return stalls;

@@ -63,7 +63,10 @@ TEST(LaunchWindow, RegistryCountsTheKernels) {
   }
   // Each kernel reads dst and src and writes dst: 12 bytes an element.
   EXPECT_DOUBLE_EQ(stage().find_variant("graph", Backend::cuda)->work(p).bytes, 768.0 * 12 * 4096);
-  EXPECT_FALSE(stage().find_variant("eager", Backend::cuda)->unsupported(Problem({{"steps", "2000"}, {"kernels_per_step", "1000"}, {"elements", "1"}})).empty());
+  EXPECT_FALSE(stage()
+                   .find_variant("eager", Backend::cuda)
+                   ->unsupported(Problem({{"steps", "2000"}, {"kernels_per_step", "1000"}, {"elements", "1"}}))
+                   .empty());
 }
 
 TEST(LaunchWindow, LearningRateChangesEveryWindow) {
@@ -120,7 +123,7 @@ TEST(LaunchEconomics, BreakEvenReplays) {
   // 2 ms to capture and instantiate, 1.5 ms eager vs 0.5 ms replayed: two replays pay for it.
   EXPECT_DOUBLE_EQ(launch::breakeven_replays(2e-3, 1.5e-3, 0.5e-3), 2);
   EXPECT_DOUBLE_EQ(launch::breakeven_replays(2.1e-3, 1.5e-3, 0.5e-3), 3);
-  EXPECT_DOUBLE_EQ(launch::breakeven_replays(1e-6, 1.5e-3, 0.5e-3), 1);  // at least one replay
+  EXPECT_DOUBLE_EQ(launch::breakeven_replays(1e-6, 1.5e-3, 0.5e-3), 1);      // at least one replay
   EXPECT_TRUE(std::isinf(launch::breakeven_replays(1e-3, 0.5e-3, 0.5e-3)));  // no saving: never
   EXPECT_TRUE(std::isinf(launch::breakeven_replays(1e-3, 0.4e-3, 0.5e-3)));
   // docs/sources.md#002-trainer2's own estimate: 64 x 12 kernels at 7 us, a graph launch ~50 us.

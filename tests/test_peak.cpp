@@ -46,12 +46,12 @@ std::vector<peak::SweepPoint> curve_of(const std::vector<std::pair<double, doubl
 
 TEST(CacheSweep, TheThresholdIsWhereTheCopysBandwidthReachesDrams) {
   // A cache of about 8 MiB: fast up to 4, falling at 8, DRAM's 20 GB/s from 16 on.
-  EXPECT_DOUBLE_EQ(peak::cache_threshold_from_sweep(curve_of({{1, 100}, {2, 100}, {4, 95}, {8, 60}, {16, 21}, {32, 20},
-                                                               {64, 20}, {128, 19.5}})),
+  EXPECT_DOUBLE_EQ(peak::cache_threshold_from_sweep(
+                       curve_of({{1, 100}, {2, 100}, {4, 95}, {8, 60}, {16, 21}, {32, 20}, {64, 20}, {128, 19.5}})),
                    16.0 * (1 << 20));
   // The 2-vCPU VM that reports a 300 MiB L3: its copy is at DRAM's bandwidth from 64 MiB on.
-  EXPECT_DOUBLE_EQ(peak::cache_threshold_from_sweep(curve_of({{1, 60}, {4, 55}, {16, 30}, {32, 17}, {64, 12}, {128, 11.5},
-                                                               {256, 11}, {512, 11.8}, {1024, 11.2}})),
+  EXPECT_DOUBLE_EQ(peak::cache_threshold_from_sweep(curve_of(
+                       {{1, 60}, {4, 55}, {16, 30}, {32, 17}, {64, 12}, {128, 11.5}, {256, 11}, {512, 11.8}, {1024, 11.2}})),
                    64.0 * (1 << 20));
   // A slow middle point (a disturbed size) does not end the cache early: every size from the
   // threshold on must be at DRAM's bandwidth.

@@ -114,8 +114,8 @@ TEST(Results, RejectsDocumentsThatAreNotTheSchema) {
 }
 
 TEST(Disposition, EveryValueRoundTripsThroughItsName) {
-  for (Disposition d : {Disposition::pending, Disposition::passed, Disposition::incorrect, Disposition::unsupported,
-                        Disposition::failed})
+  for (Disposition d :
+       {Disposition::pending, Disposition::passed, Disposition::incorrect, Disposition::unsupported, Disposition::failed})
     EXPECT_EQ(disposition_from_string(to_string(d)), d) << to_string(d);
   // The words results/README.md documents, spelled as the files hold them.
   EXPECT_STREQ(to_string(Disposition::passed), "passed");
@@ -204,7 +204,8 @@ TEST(Results, AnAtomicWriteFollowsNoPlantedSymlinkAndHasAPlainCreatesMode) {
   const fs::path victim = dir / "victim", out = dir / "r.json";
   std::ofstream(victim) << "the victim's own bytes";
   const std::string name = out.filename().string(), pid = std::to_string(::getpid());
-  for (const std::string& planted : {name + ".tmp." + pid, name + ".tmp", name + ".partial", "." + name + ".tmp", "." + name})
+  for (const std::string& planted :
+       {name + ".tmp." + pid, name + ".tmp", name + ".partial", "." + name + ".tmp", "." + name})
     fs::create_symlink(victim, dir / planted);
   const mode_t old_mask = ::umask(022);
   write_file_atomically(out.string(), "results");
@@ -215,8 +216,8 @@ TEST(Results, AnAtomicWriteFollowsNoPlantedSymlinkAndHasAPlainCreatesMode) {
   EXPECT_EQ(victim_text.str(), "the victim's own bytes");
   EXPECT_EQ(out_text.str(), "results");
   EXPECT_FALSE(fs::is_symlink(out));
-  EXPECT_EQ(fs::status(out).permissions(), fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
-                                               fs::perms::others_read);
+  EXPECT_EQ(fs::status(out).permissions(),
+            fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read);
   fs::remove_all(dir);
 }
 
@@ -353,8 +354,13 @@ TEST(Results, ThePyTorchRowsGetTheirUnitsPairsAndCrossPairs) {
   results.rows[3].others_share = 0.4;
   std::vector<TorchBench> benches;
   for (const char* variant : {"host_checked", "host_checked_warm", "host_checked_lazy"})
-    benches.push_back({std::string("cg/torch/") + variant + "/" + label, "cg", variant, label,
-                       std::string("cpu/") + (std::string(variant) == "host_checked_lazy" ? "graph_lazy" : variant), "", {}});
+    benches.push_back({std::string("cg/torch/") + variant + "/" + label,
+                       "cg",
+                       variant,
+                       label,
+                       std::string("cpu/") + (std::string(variant) == "host_checked_lazy" ? "graph_lazy" : variant),
+                       "",
+                       {}});
   const std::map<std::string, std::map<std::string, double>> per_unit{{results.rows[2].name, {{"us_per_solve", 16}}}};
   finish_torch_rows(results, benches, per_unit, {{"version", "2.15.0"}});
   const auto counter = [&](const Row& r, const std::string& key) {
@@ -377,7 +383,9 @@ TEST(Results, ThePyTorchRowsGetTheirUnitsPairsAndCrossPairs) {
   EXPECT_EQ(results.withheld_pairs[0].label, "torch CG: warm start vs cold start (.item() per iteration)");
   EXPECT_EQ(results.withheld_pairs[1].label, "torch CG: gate vs warm start alone (.item() per iteration)");
   EXPECT_EQ(results.withheld_pairs[2].improved, "cg/cpu/host_checked_warm/" + label);
-  EXPECT_EQ(results.withheld_pairs[2].why.rfind("cg/torch/host_checked_warm/" + label + " was disturbed: other processes used 40%", 0),
+  EXPECT_EQ(results.withheld_pairs[2].why.rfind("cg/torch/host_checked_warm/" + label +
+                                                    " was disturbed: other processes used 40%",
+                                                0),
             0u)
       << results.withheld_pairs[2].why;
   EXPECT_EQ(results.context.at("torch").at("version"), "2.15.0");
@@ -394,19 +402,18 @@ TEST(TorchRows, ThePyTorchRowsStandBesideTheSelectedRows) {
   const auto cpu = torch_benches(select_entries(builtin_registry(), settings), "cpu");
   std::vector<std::string> names;
   for (const auto& b : cpu) names.push_back(b.name);
-  std::vector<std::string> want{
-      "adamw/torch/fused/params=10000000,tensors=200,dtype=fp32",
-      "adamw/torch/foreach/params=10000000,tensors=200,dtype=fp32",
-      "adamw/torch/per_tensor/params=10000000,tensors=200,dtype=fp32",
-      "gradnorm/torch/per_tensor/params=29900000,tensors=200,dtype=fp32",
-      "gradnorm/torch/foreach/params=29900000,tensors=200,dtype=fp32",
-      "gradnorm/torch/foreach_item/params=29900000,tensors=200,dtype=fp32",
-      "attention/torch/sdpa/cpu_shape=4x6x256x64,causal=causal",
-      "attention/torch/sdpa/cpu_shape=1x8x1024x64,causal=causal",
-      "attention/torch/naive/cpu_shape=4x6x256x64",
-      "attention/torch/naive/cpu_shape=1x8x1024x64",
-      "spmv/torch/csr/graph=ring8,rows=1048576",
-      "spmv/torch/spmm_csr/graph=ring8,rows=1048576,rhs=8"};
+  std::vector<std::string> want{"adamw/torch/fused/params=10000000,tensors=200,dtype=fp32",
+                                "adamw/torch/foreach/params=10000000,tensors=200,dtype=fp32",
+                                "adamw/torch/per_tensor/params=10000000,tensors=200,dtype=fp32",
+                                "gradnorm/torch/per_tensor/params=29900000,tensors=200,dtype=fp32",
+                                "gradnorm/torch/foreach/params=29900000,tensors=200,dtype=fp32",
+                                "gradnorm/torch/foreach_item/params=29900000,tensors=200,dtype=fp32",
+                                "attention/torch/sdpa/cpu_shape=4x6x256x64,causal=causal",
+                                "attention/torch/sdpa/cpu_shape=1x8x1024x64,causal=causal",
+                                "attention/torch/naive/cpu_shape=4x6x256x64",
+                                "attention/torch/naive/cpu_shape=1x8x1024x64",
+                                "spmv/torch/csr/graph=ring8,rows=1048576",
+                                "spmv/torch/spmm_csr/graph=ring8,rows=1048576,rhs=8"};
   for (const char* v : {"host_checked", "host_checked_warm", "host_checked_lazy"})
     for (const char* d : {"2e-6", "1e-6", "5e-7"})
       want.push_back(std::string("cg/torch/") + v + "/graph=ring8,rows=65536,alpha=0.5,drift=" + d);
@@ -425,7 +432,8 @@ TEST(TorchRows, ThePyTorchRowsStandBesideTheSelectedRows) {
   });
   ASSERT_NE(naive, cpu.end());
   EXPECT_EQ(naive->mirrors, "cpu/naive_mask_cached");
-  const std::vector<std::pair<std::string, std::string>> implied{{"cpu_shape", "1x8x1024x64"}, {"dtype", "fp32"},
+  const std::vector<std::pair<std::string, std::string>> implied{{"cpu_shape", "1x8x1024x64"},
+                                                                 {"dtype", "fp32"},
                                                                  {"causal", "causal"}};
   EXPECT_EQ(naive->problem, implied);  // what naive_mask_cached runs without an axis for it
   EXPECT_EQ(cpu[13].mirrors, "cpu/host_checked");

@@ -201,7 +201,8 @@ TEST_P(SpmvVariant, MatchesReferenceAtOddSizes) {
   problems.push_back(Problem({{"graph", "ring8"}, {"rows", "1000003"}}));
   bool any = false;
   for (auto problem : problems) {
-    if (std::find(v.axes.begin(), v.axes.end(), "rhs") != v.axes.end()) problem.set("rhs", problem.get("rows") == "1000003" ? "2" : "3");
+    if (std::find(v.axes.begin(), v.axes.end(), "rhs") != v.axes.end())
+      problem.set("rhs", problem.get("rows") == "1000003" ? "2" : "3");
     const std::string why = v.unsupported ? v.unsupported(problem) : "";
     if (!why.empty()) {  // only the stencil may refuse, and only where there is no stencil
       EXPECT_EQ(v.id, "stencil") << problem.label() << ": " << why;

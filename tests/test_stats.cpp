@@ -108,8 +108,8 @@ TEST(Stats, HodgesLehmannIsTheMedianOfTheWalshAverages) {
 
 TEST(Stats, StudentTMatchesClosedFormsAndTables) {
   EXPECT_DOUBLE_EQ(student_t_cdf(0, 3), 0.5);
-  EXPECT_NEAR(student_t_cdf(1, 1), 0.75, 1e-12);                                  // Cauchy: 1/2 + atan(t) / pi
-  EXPECT_NEAR(student_t_cdf(2, 2), 0.5 + 2 / (2 * std::sqrt(6.0)), 1e-12);        // 1/2 + t / (2 sqrt(2 + t^2))
+  EXPECT_NEAR(student_t_cdf(1, 1), 0.75, 1e-12);                            // Cauchy: 1/2 + atan(t) / pi
+  EXPECT_NEAR(student_t_cdf(2, 2), 0.5 + 2 / (2 * std::sqrt(6.0)), 1e-12);  // 1/2 + t / (2 sqrt(2 + t^2))
   EXPECT_NEAR(student_t_cdf(-2, 2), 0.5 - 2 / (2 * std::sqrt(6.0)), 1e-12);
   EXPECT_NEAR(student_t_quantile(0.975, 1), 12.7062, 1e-4);
   EXPECT_NEAR(student_t_quantile(0.975, 4), 2.776445, 1e-6);
@@ -225,11 +225,15 @@ TEST(Timing, OneStartStopPerBatchAndFlushOutsideIt) {
   FakeTimer timer({0.004, 0.002});
   CountingFlusher flusher;
   int calls = 0;
-  EXPECT_DOUBLE_EQ(time_sample(timer, [&] { ++calls; }, 8, &flusher), 0.004);
+  EXPECT_DOUBLE_EQ(time_sample(
+                       timer, [&] { ++calls; }, 8, &flusher),
+                   0.004);
   EXPECT_EQ(calls, 8);
   EXPECT_EQ(timer.starts, 1);
   EXPECT_EQ(flusher.flushes, 1);
-  EXPECT_DOUBLE_EQ(time_sample(timer, [&] { ++calls; }, 1), 0.002);
+  EXPECT_DOUBLE_EQ(time_sample(
+                       timer, [&] { ++calls; }, 1),
+                   0.002);
   EXPECT_EQ(flusher.flushes, 1);
 }
 
@@ -240,7 +244,9 @@ bool stop_after_100() { return stop_calls >= 100; }
 TEST(Timing, AStopRequestEndsABatchAfterABoundedNumberOfCallsAndSaysHowMany) {
   FakeTimer timer({0.5, 0.25});
   int64_t made = -1;
-  EXPECT_DOUBLE_EQ(time_sample(timer, [] { ++stop_calls; }, 10000, nullptr, &stop_after_100, &made), 0.5);
+  EXPECT_DOUBLE_EQ(time_sample(
+                       timer, [] { ++stop_calls; }, 10000, nullptr, &stop_after_100, &made),
+                   0.5);
   // Asked every 10000 / stop_checks_per_batch calls: it ends at the first check after the 100th call.
   const int64_t every = 10000 / stop_checks_per_batch;
   EXPECT_GE(made, 100);
@@ -249,7 +255,9 @@ TEST(Timing, AStopRequestEndsABatchAfterABoundedNumberOfCallsAndSaysHowMany) {
   EXPECT_EQ(timer.starts, 1);
   // Asked between calls only: a batch of one call is never cut, and no stop request means the whole batch.
   stop_calls = 1000;
-  EXPECT_DOUBLE_EQ(time_sample(timer, [] { ++stop_calls; }, 1, nullptr, &stop_after_100, &made), 0.25);
+  EXPECT_DOUBLE_EQ(time_sample(
+                       timer, [] { ++stop_calls; }, 1, nullptr, &stop_after_100, &made),
+                   0.25);
   EXPECT_EQ(made, 1);
 }
 
@@ -258,7 +266,10 @@ TEST(Timing, FakeTimerSamplesSummarise) {
   std::deque<double> durations{4.0, 4.4, 3.6, 4.2, 3.8, 4.1, 3.9, 4.3, 3.7, 4.0};
   FakeTimer timer(durations);
   std::vector<double> per_call;
-  for (int i = 0; i < 10; ++i) per_call.push_back(time_sample(timer, [] {}, 4) / 4);
+  for (int i = 0; i < 10; ++i)
+    per_call.push_back(time_sample(
+                           timer, [] {}, 4) /
+                       4);
   const Summary s = summarize(per_call, 0.05);
   EXPECT_DOUBLE_EQ(s.median, 1.0);
   EXPECT_DOUBLE_EQ(s.ci_low, 0.925);
@@ -272,7 +283,6 @@ TEST(Timing, BatchMakesASampleLongEnough) {
   EXPECT_EQ(batch_for(1e-9, 1.0, 1000), 1000);
   EXPECT_EQ(batch_for(0.0, 1.0, 77), 77);
 }
-
 
 TEST(GpuMonitor, ThermalViolationTimeIsTheThrottledShareOfTheWindow) {
   const GpuThrottleState before{true, 1'000'000, 0, 1980, 0};

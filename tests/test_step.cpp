@@ -72,10 +72,12 @@ TEST(Workload, BadFilesSayWhereAndWhat) {
   EXPECT_NE(error_of("name: t\nmodel: {layers: 2, d_model: 16, heads: 3, seq_len: 8, vocab: 11}\nbatch: {global: 8}\n")
                 .find("w.yaml:2:40: heads (3) must divide d_model (16)"),
             std::string::npos);
-  EXPECT_NE(error_of("name: t\nmodel: {layers: 2, d_model: 16, heads: 2, seq_len: 8, vocab: 11}\nbatch: {global: 10, micro: 4}\n")
+  EXPECT_NE(error_of(
+                "name: t\nmodel: {layers: 2, d_model: 16, heads: 2, seq_len: 8, vocab: 11}\nbatch: {global: 10, micro: 4}\n")
                 .find("w.yaml:3:28: the global batch (10) is not divisible by the micro-batch (4)"),
             std::string::npos);
-  EXPECT_NE(error_of(std::string(valid) + "optimizer: {variant: fastest}\n").find("variant must be one of per_tensor, foreach, fused"),
+  EXPECT_NE(error_of(std::string(valid) + "optimizer: {variant: fastest}\n")
+                .find("variant must be one of per_tensor, foreach, fused"),
             std::string::npos);
   EXPECT_NE(error_of(std::string(valid) + "switches: {lazy_cg: maybe}\n").find("lazy_cg must be true or false"),
             std::string::npos);
@@ -102,7 +104,8 @@ TEST(Workload, AnUnreadableFileSaysWhy) {
   };
   const auto dir = std::filesystem::temp_directory_path() / ("tb_workload_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir / "folder.yaml");
-  EXPECT_EQ(message((dir / "missing.yaml").string()), "cannot read workload file " + (dir / "missing.yaml").string() + ": not found");
+  EXPECT_EQ(message((dir / "missing.yaml").string()),
+            "cannot read workload file " + (dir / "missing.yaml").string() + ": not found");
   EXPECT_NE(message((dir / "folder.yaml").string()).find(": is a directory"), std::string::npos)
       << message((dir / "folder.yaml").string());
   const auto locked = dir / "locked.yaml";
@@ -111,7 +114,8 @@ TEST(Workload, AnUnreadableFileSaysWhy) {
   if (::access(locked.c_str(), R_OK) == 0) {  // root reads it anyway
     EXPECT_EQ(message(locked.string()), "accepted");
   } else {
-    EXPECT_NE(message(locked.string()).find(": not readable: Permission denied"), std::string::npos) << message(locked.string());
+    EXPECT_NE(message(locked.string()).find(": not readable: Permission denied"), std::string::npos)
+        << message(locked.string());
   }
   std::filesystem::remove_all(dir);
 }
@@ -123,8 +127,10 @@ TEST(Workload, RepeatedKeysAreRefusedWithBothLines) {
   EXPECT_EQ(error_of("name: t\nmodel:\n  layers: 2\n  d_model: 16\n  heads: 2\n  layers: 3\n  seq_len: 8\n  vocab: 11\n"
                      "batch: {global: 8}\n"),
             "w.yaml:6:3: duplicate key 'layers' (first at line 3)");
-  EXPECT_EQ(error_of("name: t\nmodel: {layers: 2, d_model: 16, heads: 2, seq_len: 8, vocab: 11}\nbatch: {global: 8, global: 16}\n"),
-            "w.yaml:3:20: duplicate key 'global' (first at line 3)");
+  EXPECT_EQ(
+      error_of(
+          "name: t\nmodel: {layers: 2, d_model: 16, heads: 2, seq_len: 8, vocab: 11}\nbatch: {global: 8, global: 16}\n"),
+      "w.yaml:3:20: duplicate key 'global' (first at line 3)");
   // The same key in different mappings, and a mapping an alias reaches twice, are not repeats.
   EXPECT_EQ(error_of(std::string(valid) + "data: {samples: 8}\nlogging: {sync: every_n, interval: 8}\n"), "accepted");
   EXPECT_EQ(error_of("name: t\nmodel: &m {layers: 2, d_model: 16, heads: 2, seq_len: 8, vocab: 11}\n"
@@ -132,7 +138,8 @@ TEST(Workload, RepeatedKeysAreRefusedWithBothLines) {
             "w.yaml:4:9: source must be a single value");
   EXPECT_NE(error_of("name: t\nsource: &a [*a]\n").find("source must be a single value"), std::string::npos)
       << "an alias inside its own anchor is walked once";
-  EXPECT_NE(error_of("name: t\n? [a, b]\n: 1\n").find("w.yaml:2:3: a key in the workload must be a name"), std::string::npos);
+  EXPECT_NE(error_of("name: t\n? [a, b]\n: 1\n").find("w.yaml:2:3: a key in the workload must be a name"),
+            std::string::npos);
   for (const char* preset : {"small_gpt", "sem_v55", "tiny"}) EXPECT_NO_THROW(load_workload(preset)) << preset;
 }
 
@@ -141,7 +148,8 @@ Workload tiny_workload(bool propagator) {
 model: {layers: 2, d_model: 8, heads: 2, seq_len: 5, vocab: 7, mlp_ratio: 2}
 batch: {global: 2, micro: 2}
 data: {samples: 16}
-)", "grad.yaml");
+)",
+                              "grad.yaml");
   w.propagator.enabled = propagator;
   w.propagator.sparsity = 4;
   w.propagator.alpha = 0.3;
@@ -191,7 +199,8 @@ void expect_gradients_match(const Workload& w) {
       const double numeric = (up - down) / (2 * h);
       const double scale = std::max({std::abs(numeric), std::abs(analytic[i]), 1e-6});
       EXPECT_LT(std::abs(numeric - analytic[i]) / scale, 1e-5)
-          << "parameter " << i << " (tensor at " << t.offset << "): backward " << analytic[i] << ", finite difference " << numeric;
+          << "parameter " << i << " (tensor at " << t.offset << "): backward " << analytic[i] << ", finite difference "
+          << numeric;
       ++checked;
     }
   EXPECT_GT(checked, 80);
@@ -234,7 +243,8 @@ TEST(StepOptimizer, VariantsComputeTheSameUpdate) {
     params.emplace_back(trainer.model().params.data(), trainer.model().params.data() + trainer.model().parameter_count());
   }
   for (std::size_t v = 1; v < params.size(); ++v)
-    for (std::size_t i = 0; i < params[0].size(); ++i) ASSERT_NEAR(params[0][i], params[v][i], 2e-6) << "variant " << v << " at " << i;
+    for (std::size_t i = 0; i < params[0].size(); ++i)
+      ASSERT_NEAR(params[0][i], params[v][i], 2e-6) << "variant " << v << " at " << i;
 }
 
 // The float step against the double oracle (whose attention is the stage's reference): the gradients
@@ -316,8 +326,8 @@ TEST(StepMemory, PeakCountsTheFusedAttentionWorkspaceAndLaterStepsAllocateNothin
 TEST(StepMemory, TheForeachOptimizersTemporaryIsMetered) {
   const adamw::ParamSet set = adamw::make_param_set(1000, 4);
   CpuOps<float> ops;
-  std::vector<float> params(static_cast<std::size_t>(set.arena), 0.5f), grads(params.size(), 0.1f),
-      m(params.size(), 0.0f), v(params.size(), 0.0f);
+  std::vector<float> params(static_cast<std::size_t>(set.arena), 0.5f), grads(params.size(), 0.1f), m(params.size(), 0.0f),
+      v(params.size(), 0.0f);
   const int64_t before = ops.memory().current;
   ops.adamw(OptimizerKind::foreach, set, params.data(), grads.data(), m.data(), v.data(), adamw::stage_hyper(), 1);
   const int64_t after = ops.memory().current;
@@ -405,13 +415,14 @@ TEST(StepVariant, CudaSwitchesMatchTheDoubleReference) {
   const Variant& v = *builtin_registry().find("step")->find_variant("train", Backend::cuda);
   if (const std::string why = testing::cannot_run_here(v); !why.empty()) GTEST_SKIP() << why;
   // Graphs (a workload without the propagator), checkpointing, bf16 matmuls, every optimizer.
-  for (const char* extra : {"switches: {cuda_graphs: true}\n", "switches: {activation_checkpointing: true}\n",
-                            "switches: {bf16_matmuls: true}\n", "optimizer: {variant: per_tensor}\n",
-                            "optimizer: {variant: foreach}\n", "data: {location: host_pageable, per_sample_copy: true}\n",
-                            "logging: {sync: async}\n"}) {
+  for (const char* extra :
+       {"switches: {cuda_graphs: true}\n", "switches: {activation_checkpointing: true}\n",
+        "switches: {bf16_matmuls: true}\n", "optimizer: {variant: per_tensor}\n", "optimizer: {variant: foreach}\n",
+        "data: {location: host_pageable, per_sample_copy: true}\n", "logging: {sync: async}\n"}) {
     const std::string path = ::testing::TempDir() + "/tb_" + std::to_string(::getpid()) + "_switch.yaml";
     std::ofstream(path) << "name: switch\nmodel: {layers: 2, d_model: 64, heads: 4, seq_len: 32, vocab: 50}\n"
-                        << "batch: {global: 8, micro: 4}\n" << extra;
+                        << "batch: {global: 8, micro: 4}\n"
+                        << extra;
     auto session = make_session(Backend::cuda, 0);
     auto instance = v.make(one_axis("workload", path), session->context());
     for (int i = 0; i < 3; ++i) instance->run();  // graphs are captured on the second step
@@ -433,8 +444,8 @@ struct MadeStep {
 MadeStep make_step(Backend backend, const std::string& path) {
   MadeStep m;
   m.session = make_session(backend, 0);
-  std::unique_ptr<Instance> made =
-      train_variant(backend).make(one_axis(backend == Backend::cpu ? "cpu_workload" : "workload", path), m.session->context());
+  std::unique_ptr<Instance> made = train_variant(backend).make(
+      one_axis(backend == Backend::cpu ? "cpu_workload" : "workload", path), m.session->context());
   auto* step = dynamic_cast<StepInstance*>(made.get());
   if (!step) throw std::logic_error("the step variant made something other than a StepInstance");
   made.release();
@@ -468,16 +479,17 @@ void expect_every_micro_batch_matches(Backend backend) {
   constexpr int64_t steps = graph_capture_step + 2;  // eager, capturing, replays only
   std::vector<bool> graphs{false};
   if (backend == Backend::cuda) graphs.push_back(true);
-  for (const char* data :
-       {"location: host_pinned", "location: device", "location: host_pageable, per_sample_copy: true"})
+  for (const char* data : {"location: host_pinned", "location: device", "location: host_pageable, per_sample_copy: true"})
     for (const bool graph : graphs) {
       const std::string label = std::string(data) + (graph ? ", cuda_graphs" : "");
-      const std::string path = write_workload(
-          "every_micro.yaml", "name: every_micro\n" + model +
-                                  "optimizer: {lr: 0.0, weight_decay: 0.0}\n"
-                                  "data: {samples: 64, " + data + "}\n"
-                                  "logging: {sync: async}\n"
-                                  "switches: {cuda_graphs: " + (graph ? "true" : "false") + "}\n");
+      const std::string path = write_workload("every_micro.yaml", "name: every_micro\n" + model +
+                                                                      "optimizer: {lr: 0.0, weight_decay: 0.0}\n"
+                                                                      "data: {samples: 64, " +
+                                                                      data +
+                                                                      "}\n"
+                                                                      "logging: {sync: async}\n"
+                                                                      "switches: {cuda_graphs: " +
+                                                                      (graph ? "true" : "false") + "}\n");
       const Workload w = load_workload(path);
       ASSERT_EQ(w.batch.accumulation(), 4);
       MadeStep made = make_step(backend, path);
@@ -548,9 +560,7 @@ void expect_unprofiled_steps_take_no_marks(Backend backend, int steps) {
 }
 
 TEST(StepTiming, UnprofiledStepsTakeNoMarksOnTheCpu) { expect_unprofiled_steps_take_no_marks(Backend::cpu, 5); }
-TEST(StepTiming, CudaEventPoolDoesNotGrowOverUnprofiledSteps) {
-  expect_unprofiled_steps_take_no_marks(Backend::cuda, 200);
-}
+TEST(StepTiming, CudaEventPoolDoesNotGrowOverUnprofiledSteps) { expect_unprofiled_steps_take_no_marks(Backend::cuda, 200); }
 
 // The row's time by part (observed(): profiled steps after the timed ones), named as the PyTorch twin's
 // row names its own (trainbench/pytorch/cases/step.py): every part of the step is there, and the parts that always
@@ -572,7 +582,8 @@ void expect_parts_make_up_a_step(Backend backend) {
     EXPECT_GE(seen[part], 0) << part;
     parts_ns += seen[part];
   }
-  for (const char* part : {"data_ns", "forward_ns", "backward_ns", "optimizer_ns", "solver_ns"}) EXPECT_GT(seen[part], 0) << part;
+  for (const char* part : {"data_ns", "forward_ns", "backward_ns", "optimizer_ns", "solver_ns"})
+    EXPECT_GT(seen[part], 0) << part;
   EXPECT_LE(parts_ns, profiling_ns);
 }
 
@@ -584,7 +595,8 @@ TEST(StepTiming, PartsMakeUpTheStepOnCuda) { expect_parts_make_up_a_step(Backend
 // the capture). The capture must be ended on the way out, so that the stream works afterwards.
 TEST(StepGraphs, AFailedCaptureLeavesTheStreamUsable) {
   if (const std::string why = testing::cannot_run_here(train_variant(Backend::cuda)); !why.empty()) GTEST_SKIP() << why;
-  const std::string path = write_workload("capture_fails.yaml", "name: capture_fails\n"
+  const std::string path = write_workload("capture_fails.yaml",
+                                          "name: capture_fails\n"
                                           "model: {layers: 2, d_model: 32, heads: 2, seq_len: 16, vocab: 17}\n"
                                           "propagator: {sparsity: 4}\n"
                                           "batch: {global: 8, micro: 4}\n"
@@ -598,7 +610,8 @@ TEST(StepGraphs, AFailedCaptureLeavesTheStreamUsable) {
   EXPECT_NO_THROW(made.step->observed());
   const Verdict same = made.step->check();
   EXPECT_TRUE(same.passed) << same.detail;
-  const std::string plain = write_workload("capture_after.yaml", "name: capture_after\n"
+  const std::string plain = write_workload("capture_after.yaml",
+                                           "name: capture_after\n"
                                            "model: {layers: 2, d_model: 32, heads: 2, seq_len: 16, vocab: 17}\n"
                                            "batch: {global: 8, micro: 4}\n"
                                            "switches: {cuda_graphs: true}\n");
@@ -641,8 +654,8 @@ void expect_gradients_match_double(Backend backend, const std::vector<std::strin
       for (int64_t i = t.offset; i < t.offset + t.size; ++i) scale = std::max(scale, std::abs(want[i]));
       for (int64_t i = t.offset; i < t.offset + t.size; ++i)
         ASSERT_LE(std::abs(got[i] - want[i]), relative_tolerance * scale + 1e-12)
-            << "d_model " << w.model.d_model << ", tensor at " << t.offset << ", element " << i - t.offset << ": "
-            << got[i] << ", double " << want[i];
+            << "d_model " << w.model.d_model << ", tensor at " << t.offset << ", element " << i - t.offset << ": " << got[i]
+            << ", double " << want[i];
     }
   }
 }
@@ -654,15 +667,14 @@ TEST(StepGradients, CudaMatchesTheCpuInDouble) { expect_gradients_match_double(B
 // A few percent of the tensor's largest gradient: bf16's unit roundoff is 0.4%, and the gradients
 // go through five bf16 products a layer; a lost tile or a wrong row is of the order of the gradient.
 TEST(StepGradients, CudaBf16MatchesTheCpuInDoubleWithinBf16Rounding) {
-  expect_gradients_match_double(
-      Backend::cuda,
-      {"model: {layers: 2, d_model: 128, heads: 2, seq_len: 80, vocab: 50, mlp_ratio: 2}\n"
-       "batch: {global: 4, micro: 2}\nswitches: {bf16_matmuls: true}\n",
-       "model: {layers: 1, d_model: 64, heads: 2, seq_len: 70, vocab: 50, mlp_ratio: 2}\n"
-       "batch: {global: 4, micro: 2}\nswitches: {bf16_matmuls: true}\n",
-       "model: {layers: 1, d_model: 64, heads: 2, seq_len: 33, vocab: 50, mlp_ratio: 2}\n"
-       "batch: {global: 4, micro: 2}\nswitches: {bf16_matmuls: true, attention: naive}\n"},
-      5e-2);
+  expect_gradients_match_double(Backend::cuda,
+                                {"model: {layers: 2, d_model: 128, heads: 2, seq_len: 80, vocab: 50, mlp_ratio: 2}\n"
+                                 "batch: {global: 4, micro: 2}\nswitches: {bf16_matmuls: true}\n",
+                                 "model: {layers: 1, d_model: 64, heads: 2, seq_len: 70, vocab: 50, mlp_ratio: 2}\n"
+                                 "batch: {global: 4, micro: 2}\nswitches: {bf16_matmuls: true}\n",
+                                 "model: {layers: 1, d_model: 64, heads: 2, seq_len: 33, vocab: 50, mlp_ratio: 2}\n"
+                                 "batch: {global: 4, micro: 2}\nswitches: {bf16_matmuls: true, attention: naive}\n"},
+                                5e-2);
 }
 
 TEST(StepReference, CatchesAWrongLoss) {

@@ -39,7 +39,8 @@ namespace tb::tune {
 namespace {
 
 TEST(Child, CapturesOutputAndExit) {
-  const ChildOutcome o = run_child({"/bin/sh", "-c", "echo first; echo '{\"class\":\"ok\",\"samples_per_s\":12.5}'"}, 10, nullptr);
+  const ChildOutcome o = run_child({"/bin/sh", "-c", "echo first; echo '{\"class\":\"ok\",\"samples_per_s\":12.5}'"}, 10,
+                                   nullptr);
   EXPECT_EQ(o.exit_code, 0);
   const TrialResult r = classify(o);
   EXPECT_EQ(r.cls, TrialClass::ok);
@@ -90,9 +91,12 @@ TEST(Child, StopsWhenInterrupted) {
 // The measuring rule is autotune's (measure_steps): the worker only says how long the steps it was asked for
 // took, so a worker that makes its times up tests the rule, the interval and the restarts exactly.
 std::unique_ptr<WorkerExecutor> fake_worker() {
-  auto w = std::make_unique<WorkerExecutor>(std::vector<std::string>{"python3", FAKE_TORCH_WORKER},
-                                            [](const Candidate& c) { return nlohmann::json{{"candidate", to_json(c)}}; },
-                                            int64_t{1} << 30, nullptr);
+  auto w = std::make_unique<WorkerExecutor>(
+      std::vector<std::string>{"python3", FAKE_TORCH_WORKER},
+      [](const Candidate& c) {
+        return nlohmann::json{{"candidate", to_json(c)}};
+      },
+      int64_t{1} << 30, nullptr);
   w->set_hang_floor(1);
   return w;
 }
@@ -179,7 +183,8 @@ TEST(Worker, ABudgetThatEndsDuringARequestIsTheBudgetsNotTheCandidates) {
 }
 
 TEST(Worker, AScriptThatDoesNotSpeakTheProtocolIsRefused) {
-  WorkerExecutor wrong({"python3", "-c", "print('{}')"}, [](const Candidate&) { return nlohmann::json::object(); }, 1, nullptr);
+  WorkerExecutor wrong(
+      {"python3", "-c", "print('{}')"}, [](const Candidate&) { return nlohmann::json::object(); }, 1, nullptr);
   EXPECT_THROW(wrong.start(30), std::runtime_error);
 }
 
@@ -328,7 +333,8 @@ TuneOutput sample_output() {
   o.report.best.candidate = Candidate{256, 64, {{"bf16_matmuls", "on"}, {"optimizer", "fused"}}};
   o.report.best.result.samples_per_s = 5000;
   o.report.best.result.peak_bytes = 1 << 30;
-  o.report.trials = {o.report.best, Ranked{Candidate{256, 256, {}}, TrialResult{TrialClass::oom, 0, 0, 0, 0, 0, 1, "out of memory"}}};
+  o.report.trials = {o.report.best,
+                     Ranked{Candidate{256, 256, {}}, TrialResult{TrialClass::oom, 0, 0, 0, 0, 0, 1, "out of memory"}}};
   o.report.trials_run = 2;
   o.baseline = Ranked{Candidate{256, 32, {}}, TrialResult{}};
   o.baseline->result.samples_per_s = 2000;
@@ -407,7 +413,8 @@ TEST(Emit, ASpeedupIsClaimedOnlyWhenTheInterleavedIntervalHoldsIt) {
   EXPECT_GT(y["speedup_interval"]["ci_high"].as<double>(), 1.0);
   EXPECT_EQ(y["speedup_interval"]["interleaved_rounds"].as<int>(), 4);
   EXPECT_NE(y["speedup_note"].as<std::string>().find("within noise of the workload's own configuration"), std::string::npos);
-  EXPECT_NE(emit(o, OutFormat::yaml).find("# the choice is within noise of the workload's own configuration"), std::string::npos)
+  EXPECT_NE(emit(o, OutFormat::yaml).find("# the choice is within noise of the workload's own configuration"),
+            std::string::npos)
       << "the verdict belongs in the file's header comment too";
 
   // Above 1 for sure, but not by the noise margin: no speedup.
@@ -448,7 +455,9 @@ TEST(Emit, ASpeedupIsClaimedOnlyWhenTheInterleavedIntervalHoldsIt) {
 // plain `off` and `on` load as booleans there, beside `fused` as a string.
 TEST(Emit, SwitchValuesLoadAsStringsInEveryYamlReader) {
   TuneOutput o = sample_output();
-  o.report.best.candidate.switches = {{"activation_checkpointing", "off"}, {"cuda_graphs", "on"}, {"optimizer", "fused"},
+  o.report.best.candidate.switches = {{"activation_checkpointing", "off"},
+                                      {"cuda_graphs", "on"},
+                                      {"optimizer", "fused"},
                                       {"sync", "every_n"}};
   const std::string text = emit(o, OutFormat::yaml);
   EXPECT_NE(text.find("activation_checkpointing: \"off\""), std::string::npos) << text;
@@ -464,7 +473,7 @@ TEST(Emit, TheTrialCountsSayWhatTheyCount) {
   TuneOutput o = sample_output();
   o.report.trials_run = 1;  // of the two trials, one was the workload's own, run before the search
   const YAML::Node y = YAML::Load(emit(o, OutFormat::yaml))["trainbench_autotune"]["search"];
-  EXPECT_EQ(y["trials_run"].as<int>(), 1);    // kept: readers of earlier files
+  EXPECT_EQ(y["trials_run"].as<int>(), 1);  // kept: readers of earlier files
   EXPECT_EQ(y["trials_total"].as<int>(), 2);
   const std::string note = y["trials_note"].as<std::string>();
   EXPECT_NE(note.find("trials_total: every trial in the journal of this tune (2)"), std::string::npos) << note;
@@ -477,7 +486,8 @@ TEST(Emit, TheGlobalBatchesSearchedAndWhyOneWasChosen) {
   TuneOutput o = sample_output();
   o.global_batches = plan_global_batches(64, {64, 256}, 0, {});
   o.workload_global_batch = 64;
-  o.report.trials.push_back(Ranked{Candidate{64, 64, {}}, TrialResult{TrialClass::ok, 3000, 2900, 3100, 1 << 29, 10, 5, ""}});
+  o.report.trials.push_back(
+      Ranked{Candidate{64, 64, {}}, TrialResult{TrialClass::ok, 3000, 2900, 3100, 1 << 29, 10, 5, ""}});
   const YAML::Node g = YAML::Load(emit(o, OutFormat::yaml))["trainbench_autotune"]["global_batches"];
   ASSERT_TRUE(g) << emit(o, OutFormat::yaml);
   EXPECT_EQ(g["searched"].as<std::vector<int>>(), (std::vector<int>{64, 128, 256}));
@@ -591,35 +601,77 @@ void key_paths(const YAML::Node& n, const std::string& prefix, std::set<std::str
 TEST(Emit, EveryFormatWritesOnlyTheNamesItsLibraryDocuments) {
   // The names each reader documents, for the keys trainbench writes (a subset of each list):
   // - trainbench's own document (yaml, json): the layout in tuner/emit.h's header comment.
-  const std::set<std::string> trainbench{"chosen", "note", "measured", "workload_config", "speedup_over_workload_config",
-                                         "speedup_significant", "speedup_interval", "speedup_note", "search", "race",
-                                         "runners_up_within_noise", "failed_trials", "executor", "device", "workload", "version",
+  const std::set<std::string> trainbench{"chosen",
+                                         "note",
+                                         "measured",
+                                         "workload_config",
+                                         "speedup_over_workload_config",
+                                         "speedup_significant",
+                                         "speedup_interval",
+                                         "speedup_note",
+                                         "search",
+                                         "race",
+                                         "runners_up_within_noise",
+                                         "failed_trials",
+                                         "executor",
+                                         "device",
+                                         "workload",
+                                         "version",
                                          "git_commit"};
   // - DeepSpeed: "DeepSpeed Configuration JSON", https://www.deepspeed.ai/docs/config-json/ (batch size,
   //   optimizer, gradient clipping and BF16 sections).
-  const std::set<std::string> deepspeed{"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                                        "gradient_clipping", "bf16", "bf16.enabled", "fp16", "fp16.enabled", "optimizer",
-                                        "optimizer.type", "optimizer.params", "steps_per_print", "zero_optimization",
+  const std::set<std::string> deepspeed{"train_batch_size",
+                                        "train_micro_batch_size_per_gpu",
+                                        "gradient_accumulation_steps",
+                                        "gradient_clipping",
+                                        "bf16",
+                                        "bf16.enabled",
+                                        "fp16",
+                                        "fp16.enabled",
+                                        "optimizer",
+                                        "optimizer.type",
+                                        "optimizer.params",
+                                        "steps_per_print",
+                                        "zero_optimization",
                                         "zero_optimization.stage"};
   // - Lightning: a LightningCLI config ("Configure hyperparameters from the CLI (Advanced)",
   //   lightning.ai/docs/pytorch/stable/cli/lightning_cli_advanced.html): the sections seed_everything,
   //   trainer, model, data, optimizer, lr_scheduler, ckpt_path; under trainer the arguments of
   //   lightning.pytorch.trainer.trainer.Trainer (its API page); under data the DataModule's own
   //   __init__ arguments, batch_size in the CLI docs' example MyDataModule(batch_size: int = 8).
-  std::set<std::string> lightning{"seed_everything", "trainer", "model", "data", "optimizer", "lr_scheduler", "ckpt_path",
-                                  "data.batch_size"};
-  for (const char* a : {"accelerator", "strategy", "devices", "num_nodes", "precision", "max_epochs", "max_steps",
-                        "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm", "benchmark", "deterministic"})
+  std::set<std::string> lightning{"seed_everything", "trainer",      "model",     "data",
+                                  "optimizer",       "lr_scheduler", "ckpt_path", "data.batch_size"};
+  for (const char* a :
+       {"accelerator", "strategy", "devices", "num_nodes", "precision", "max_epochs", "max_steps", "accumulate_grad_batches",
+        "gradient_clip_val", "gradient_clip_algorithm", "benchmark", "deterministic"})
     lightning.insert(std::string("trainer.") + a);
   const std::set<std::string> lightning_precisions{"16-mixed", "bf16-mixed", "32-true", "64-true", "bf16-true", "16-true"};
   // - Hugging Face: the fields of transformers.TrainingArguments (huggingface.co/docs/transformers/
   //   main_classes/trainer#transformers.TrainingArguments, and training_args.py's docstring), and the
   //   AdamW values of its OptimizerNames.
-  const std::set<std::string> training_arguments{
-      "output_dir", "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-      "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "num_train_epochs",
-      "max_steps", "bf16", "fp16", "tf32", "optim", "optim_args", "gradient_checkpointing", "gradient_checkpointing_kwargs",
-      "torch_compile", "run_name", "seed", "deepspeed"};
+  const std::set<std::string> training_arguments{"output_dir",
+                                                 "per_device_train_batch_size",
+                                                 "per_device_eval_batch_size",
+                                                 "gradient_accumulation_steps",
+                                                 "learning_rate",
+                                                 "weight_decay",
+                                                 "adam_beta1",
+                                                 "adam_beta2",
+                                                 "adam_epsilon",
+                                                 "max_grad_norm",
+                                                 "num_train_epochs",
+                                                 "max_steps",
+                                                 "bf16",
+                                                 "fp16",
+                                                 "tf32",
+                                                 "optim",
+                                                 "optim_args",
+                                                 "gradient_checkpointing",
+                                                 "gradient_checkpointing_kwargs",
+                                                 "torch_compile",
+                                                 "run_name",
+                                                 "seed",
+                                                 "deepspeed"};
   const std::set<std::string> hf_adamw{"adamw_torch", "adamw_torch_fused", "adamw_apex_fused", "adamw_hf"};
 
   TuneOutput o = sample_output();
@@ -627,7 +679,8 @@ TEST(Emit, EveryFormatWritesOnlyTheNamesItsLibraryDocuments) {
   o.report.runners_up = {o.report.best};
   o.race = sample_race();
   o.speedup = speedup_from_rounds(o.race->compare(0, 1, 0.95), 0.01);
-  auto expect_documented = [](const std::set<std::string>& keys, const std::set<std::string>& documented, const char* format) {
+  auto expect_documented = [](const std::set<std::string>& keys, const std::set<std::string>& documented,
+                              const char* format) {
     EXPECT_FALSE(keys.empty()) << format;
     for (const auto& k : keys) EXPECT_TRUE(documented.count(k)) << format << " writes '" << k << "', not a documented name";
   };
@@ -772,7 +825,8 @@ TEST(AutotuneCli, TunesTinyOnTheCpuAndResumesWithoutRepeatingATrial) {
   // Three race rounds: enough for a verdict, and this test is about the journal, not the race (nor
   // tiny's global_range: its own global batch, pinned).
   const std::string args =
-      "--workload tiny --gpu cpu --batch 16 --switches optimizer --budget 60 --trial-seconds 0.5 --race-rounds 3 --journal " +
+      "--workload tiny --gpu cpu --batch 16 --switches optimizer --budget 60 --trial-seconds 0.5 --race-rounds 3 "
+      "--journal " +
       journal;
   const Outcome first = autotune(args + " --out " + out);
   ASSERT_EQ(first.code, 0) << first.err;
@@ -847,8 +901,12 @@ TEST(AutotuneBudget, ATrialStopsMeasuringAtItsWallLimit) {
                                {"backend", "cpu"},
                                {"device", 0},
                                {"candidate", to_json(c)},
-                               {"policy", {{"target_rel_ci", 1e-12}, {"max_seconds", 60.0}, {"min_steps", 1000000000},
-                                           {"stop_below", 0.0}, {"wall_seconds", 1.5}}}};
+                               {"policy",
+                                {{"target_rel_ci", 1e-12},
+                                 {"max_seconds", 60.0},
+                                 {"min_steps", 1000000000},
+                                 {"stop_below", 0.0},
+                                 {"wall_seconds", 1.5}}}};
   const TrialResult r = run_trial_here(request);
   ASSERT_TRUE(r.ok()) << r.message;
   EXPECT_EQ(r.message, "stopped at the budget's end");
@@ -897,7 +955,8 @@ TEST(AutotuneJournal, GoesBesideOutOrIntoTheCacheAndResumeFindsIt) {
   std::filesystem::create_directories(cwd);
   std::filesystem::create_directories(cfg);
   const std::string env = "XDG_CACHE_HOME='" + cache.string() + "'";
-  const std::string args = "--workload tiny --gpu cpu --batch 16 --switches optimizer --budget 60 --trial-seconds 0.3 --race-rounds 3";
+  const std::string args =
+      "--workload tiny --gpu cpu --batch 16 --switches optimizer --budget 60 --trial-seconds 0.3 --race-rounds 3";
 
   const TimedOutcome with_out = autotune_in(cwd, env, args + " --out " + (cfg / "tuned.yaml").string());
   ASSERT_EQ(with_out.o.code, 0) << with_out.o.err;
@@ -924,11 +983,12 @@ TEST(AutotuneJournal, GoesBesideOutOrIntoTheCacheAndResumeFindsIt) {
 // before any trial runs out of memory.
 TEST(AutotuneMemory, AWorkloadThatCannotFitIsRefusedWithTheNumbers) {
   const auto dir = fresh_dir("tb_huge");
-  std::ofstream(dir / "huge.yaml") << "name: huge\nsource: test\n"
-                                      "model: {layers: 2, d_model: 3840000, heads: 2, seq_len: 16, vocab: 17, mlp_ratio: 4}\n"
-                                      "optimizer: {variant: fused}\n"
-                                      "data: {samples: 64}\n"
-                                      "batch: {global: 16, micro: 8}\n";
+  std::ofstream(dir / "huge.yaml")
+      << "name: huge\nsource: test\n"
+         "model: {layers: 2, d_model: 3840000, heads: 2, seq_len: 16, vocab: 17, mlp_ratio: 4}\n"
+         "optimizer: {variant: fused}\n"
+         "data: {samples: 64}\n"
+         "batch: {global: 16, micro: 8}\n";
   const TimedOutcome r = autotune_in(dir, "XDG_CACHE_HOME='" + (dir / "cache").string() + "'",
                                      "--workload " + (dir / "huge.yaml").string() + " --gpu cpu --budget 60");
   EXPECT_EQ(r.o.code, 2) << r.o.err;
@@ -991,8 +1051,8 @@ TEST(AutotuneSteps, OptionsParseIntoTheStruct) {
   EXPECT_EQ(defaults.race_rounds, kDefaultRaceRounds);
   EXPECT_EQ(defaults.format, OutFormat::yaml);
   EXPECT_TRUE(defaults.help.empty());
-  const AutotuneOptions o = parse({"--gpu", "cpu", "--workload", "tiny", "--batch", "8", "--memory-limit", "1.5G", "--format",
-                                   "json", "--switches", "optimizer", "--race-rounds", "3", "--resume"});
+  const AutotuneOptions o = parse({"--gpu", "cpu", "--workload", "tiny", "--batch", "8", "--memory-limit", "1.5G",
+                                   "--format", "json", "--switches", "optimizer", "--race-rounds", "3", "--resume"});
   EXPECT_EQ(o.gpu, "cpu");
   EXPECT_EQ(o.workload, "tiny");
   EXPECT_TRUE(o.workload_given);
@@ -1047,13 +1107,17 @@ TEST(AutotuneSteps, ThePlanIsTheMachineTheWorkloadTheExecutorAndTheSpace) {
 }
 
 TEST(AutotuneSteps, APlanThatCannotRunIsRefusedBeforeAnyTrial) {
-  EXPECT_NE(usage_error([] { plan_tune(parse({"--gpu", "cpu", "--workload", "tiny", "--switches", "warp_drive"})); })
-                .find("--switches: 'warp_drive' is not a switch of this workload on cpu (available: "),
+  EXPECT_NE(usage_error([] {
+              plan_tune(parse({"--gpu", "cpu", "--workload", "tiny", "--switches", "warp_drive"}));
+            }).find("--switches: 'warp_drive' is not a switch of this workload on cpu (available: "),
             std::string::npos);
-  EXPECT_NE(usage_error([] { plan_tune(parse({"--gpu", "cpu", "--workload", "no_such_preset"})); }).find("presets:"),
+  EXPECT_NE(usage_error([] {
+              plan_tune(parse({"--gpu", "cpu", "--workload", "no_such_preset"}));
+            }).find("presets:"),
             std::string::npos);
-  EXPECT_NE(usage_error([] { plan_tune(parse({"--gpu", "cpu", "--workload", "tiny", "--memory-limit", "1K"})); })
-                .find("--memory-limit allows 1.0 KiB"),
+  EXPECT_NE(usage_error([] {
+              plan_tune(parse({"--gpu", "cpu", "--workload", "tiny", "--memory-limit", "1K"}));
+            }).find("--memory-limit allows 1.0 KiB"),
             std::string::npos);
 }
 
@@ -1071,8 +1135,9 @@ TEST(AutotuneSteps, RanksShareEachGlobalBatch) {
   step::Workload w3 = step::load_workload("tiny");
   GlobalBatchPlan range{{8, 16, 32}, "tiny's global_range", false};
   o.ranks = 64;
-  EXPECT_NE(usage_error([&] { share_batches_over_ranks(o, w3, range); })
-                .find("--ranks 64: no global batch of tiny's global_range is a multiple of the ranks"),
+  EXPECT_NE(usage_error([&] {
+              share_batches_over_ranks(o, w3, range);
+            }).find("--ranks 64: no global batch of tiny's global_range is a multiple of the ranks"),
             std::string::npos);
   o.ranks = 32;  // 32 splits, tiny's own 16 does not
   EXPECT_NE(usage_error([&] { share_batches_over_ranks(o, w3, range); }).find("--ranks 32: tiny's batch 16"),
@@ -1080,8 +1145,9 @@ TEST(AutotuneSteps, RanksShareEachGlobalBatch) {
   GlobalBatchPlan pinned{{12}, "--batch 12", true};
   o.ranks = 8;
   o.batch = 12;
-  EXPECT_NE(usage_error([&] { share_batches_over_ranks(o, w3, pinned); })
-                .find("--ranks 8: the global batch 12 is not a multiple of the ranks"),
+  EXPECT_NE(usage_error([&] {
+              share_batches_over_ranks(o, w3, pinned);
+            }).find("--ranks 8: the global batch 12 is not a multiple of the ranks"),
             std::string::npos);
 }
 
@@ -1112,8 +1178,8 @@ class MicroBatchTable final : public Executor {
 TEST(AutotuneSteps, SearchRaceAndOutputRunOnThePlansExecutor) {
   const auto dir = fresh_dir("tb_steps");
   const std::string journal = (dir / "j.jsonl").string(), tuned = (dir / "tuned.yaml").string();
-  const AutotuneOptions o = parse({"--gpu", "cpu", "--workload", "tiny", "--batch", "16", "--switches", "none",
-                                   "--journal", journal.c_str(), "--out", tuned.c_str()});
+  const AutotuneOptions o = parse({"--gpu", "cpu", "--workload", "tiny", "--batch", "16", "--switches", "none", "--journal",
+                                   journal.c_str(), "--out", tuned.c_str()});
   const BudgetClock clock;
   TunePlan plan = plan_tune(o);
   plan.runner.executor = std::make_unique<MicroBatchTable>();
@@ -1153,8 +1219,8 @@ class OwnFastestShortBudget final : public Executor {
 TEST(AutotuneSteps, ASearchCutShortNeverChoosesSlowerThanTheOwnConfigurationItMeasured) {
   const auto dir = fresh_dir("tb_steps_own");
   const std::string journal = (dir / "j.jsonl").string();
-  const AutotuneOptions o = parse({"--gpu", "cpu", "--workload", "tiny", "--batch", "16", "--switches", "none",
-                                   "--journal", journal.c_str()});
+  const AutotuneOptions o = parse(
+      {"--gpu", "cpu", "--workload", "tiny", "--batch", "16", "--switches", "none", "--journal", journal.c_str()});
   const BudgetClock clock;
   TunePlan plan = plan_tune(o);
   plan.runner.executor = std::make_unique<OwnFastestShortBudget>();
@@ -1180,12 +1246,13 @@ TEST(AutotuneAgreement, DISABLED_TwoTunesOfOneWorkloadAgreeWhenRacedInterleaved)
   const auto dir = fresh_dir("tb_agree");
   // A small GPT without the propagator, whose steps take milliseconds here: the switches and the
   // micro-batch change its speed, and nothing in it changes speed as training goes on.
-  std::ofstream(dir / "agree_gpt.yaml") << "name: agree_gpt\nsource: test\n"
-                                           "model: {layers: 2, d_model: 64, heads: 2, seq_len: 32, vocab: 65, mlp_ratio: 4}\n"
-                                           "optimizer: {variant: per_tensor, grad_clip: 1.0}\n"
-                                           "data: {samples: 512, location: host_pageable, per_sample_copy: true}\n"
-                                           "batch: {global: 16, micro: 4}\n"
-                                           "logging: {sync: every_n, interval: 10}\n";
+  std::ofstream(dir / "agree_gpt.yaml")
+      << "name: agree_gpt\nsource: test\n"
+         "model: {layers: 2, d_model: 64, heads: 2, seq_len: 32, vocab: 65, mlp_ratio: 4}\n"
+         "optimizer: {variant: per_tensor, grad_clip: 1.0}\n"
+         "data: {samples: 512, location: host_pageable, per_sample_copy: true}\n"
+         "batch: {global: 16, micro: 4}\n"
+         "logging: {sync: every_n, interval: 10}\n";
   const std::string env = "XDG_CACHE_HOME='" + (dir / "cache").string() + "'";
   const std::string tune = "--workload agree_gpt.yaml --gpu cpu --switches optimizer --budget 60 --trial-seconds 0.5";
   const CpuTicks before = ticks_with_children();
@@ -1193,7 +1260,8 @@ TEST(AutotuneAgreement, DISABLED_TwoTunesOfOneWorkloadAgreeWhenRacedInterleaved)
   ASSERT_EQ(a.o.code, 0) << a.o.err;
   const TimedOutcome b = autotune_in(dir, env, tune + " --out b.yaml");
   ASSERT_EQ(b.o.code, 0) << b.o.err;
-  const TimedOutcome c = autotune_in(dir, env, "--compare a.yaml b.yaml --gpu cpu --budget 30 --trial-seconds 0.5 --format json");
+  const TimedOutcome c = autotune_in(dir, env,
+                                     "--compare a.yaml b.yaml --gpu cpu --budget 30 --trial-seconds 0.5 --format json");
   const double others = others_share(before, ticks_with_children());
   std::printf("two tunes and their comparison took %.0f, %.0f and %.0f s; other processes used %.0f%% of the CPUs\n",
               a.seconds, b.seconds, c.seconds, 100 * others);
@@ -1212,7 +1280,8 @@ TEST(AutotuneAgreement, DISABLED_TwoTunesOfOneWorkloadAgreeWhenRacedInterleaved)
   for (const char* file : {"a.yaml", "b.yaml"}) {
     const YAML::Node race = YAML::LoadFile((dir / file).string())["trainbench_autotune"]["race"];
     if (race && race["rounds"].as<int>() < 3 && race["ended"].as<std::string>().find("budget") != std::string::npos)
-      cut_short += std::string(file) + "'s race: " + race["rounds"].as<std::string>() + " rounds, " + race["ended"].as<std::string>() + "; ";
+      cut_short += std::string(file) + "'s race: " + race["rounds"].as<std::string>() + " rounds, " +
+                   race["ended"].as<std::string>() + "; ";
   }
   if (verdict.at("verdict") == "too_few_rounds") cut_short += "the comparison: " + verdict.at("note").get<std::string>();
   std::filesystem::remove_all(dir);

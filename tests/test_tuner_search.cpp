@@ -50,15 +50,15 @@ struct Landscape {
 
   int64_t capacity = 80 * kGiB;
   double fixed_bytes = 10.0 * kGiB, per_sample_bytes = 0.5 * kGiB, checkpoint_memory = 0.35;
-  double graphs_bytes = 0;    // extra memory with CUDA graphs (not seen by probes without them)
-  double nonlinear = 0;       // peak *= 1 + nonlinear * (activations / capacity)^2
+  double graphs_bytes = 0;  // extra memory with CUDA graphs (not seen by probes without them)
+  double nonlinear = 0;     // peak *= 1 + nonlinear * (activations / capacity)^2
 
   double launch_ms = 0.5, per_sample_ms = 0.05, occupancy = 2, cache_micro = 1e9, cache_penalty = 0;
   double bf16_gain = 0.25, bf16_half = 64, cast_ms = 0.05, lazy_factor = 0.95, checkpoint_cost = 1.33;
   double optimizer_ms = 10, sync_ms = 2;
   std::map<std::string, double> optimizer_factor{{"per_tensor", 1}, {"foreach", 0.6}, {"fused", 0.35}};
 
-  double noise = 0;  // per-step relative noise
+  double noise = 0;      // per-step relative noise
   double run_noise = 0;  // run-to-run relative noise, not in the interval
   double setup_s = 2;
   std::map<std::string, TrialClass> failures;  // by Candidate::key()
@@ -160,8 +160,8 @@ class SyntheticExecutor : public Executor {
 
   int64_t runs = 0;
   std::map<std::string, int> runs_of;
-  int64_t told_to_stop_early = 0;     // trials run with a stop_below
-  double largest_max_seconds = 0;     // the most time a trial was given
+  int64_t told_to_stop_early = 0;  // trials run with a stop_below
+  double largest_max_seconds = 0;  // the most time a trial was given
 
  private:
   Landscape l_;
@@ -279,8 +279,10 @@ TEST(TunerSearch, TheWorkloadsGlobalRangeIsSearched) {
 }
 
 TEST(TunerSearch, EachGlobalBatchsBestThroughput) {
-  std::vector<Ranked> trials{{Candidate{4, 4, {}}, TrialResult{}}, {Candidate{8, 4, {}}, TrialResult{}},
-                             {Candidate{8, 8, {}}, TrialResult{}}, {Candidate{16, 16, {}}, TrialResult{}}};
+  std::vector<Ranked> trials{{Candidate{4, 4, {}}, TrialResult{}},
+                             {Candidate{8, 4, {}}, TrialResult{}},
+                             {Candidate{8, 8, {}}, TrialResult{}},
+                             {Candidate{16, 16, {}}, TrialResult{}}};
   trials[0].result.samples_per_s = 9;
   trials[1].result.samples_per_s = 10;
   trials[2].result.samples_per_s = 12;
@@ -469,12 +471,13 @@ Comparison compare(int first, int count) {
     for (const auto& [name, value] : best.switches)
       if (value != l.switches.at(name).front()) ++out.optimum_changes[name];
   }
-  std::printf("auto vs grid over %d landscapes: %d within 2%% (%d of %d noiseless), worst %.4f; trials ratio mean %.3f, "
-              "max %.3f (%.3f where the grid runs >= %lld), %d above 25%%; grid trials %lld-%lld\n",
-              out.landscapes, out.within, out.noiseless_within, out.noiseless, out.worst,
-              out.ratio_sum / std::max(1, out.landscapes), out.ratio_max, out.ratio_max_large,
-              static_cast<long long>(kMinGridTrialsForTarget), out.over_target, static_cast<long long>(out.grid_min),
-              static_cast<long long>(out.grid_max));
+  std::printf(
+      "auto vs grid over %d landscapes: %d within 2%% (%d of %d noiseless), worst %.4f; trials ratio mean %.3f, "
+      "max %.3f (%.3f where the grid runs >= %lld), %d above 25%%; grid trials %lld-%lld\n",
+      out.landscapes, out.within, out.noiseless_within, out.noiseless, out.worst,
+      out.ratio_sum / std::max(1, out.landscapes), out.ratio_max, out.ratio_max_large,
+      static_cast<long long>(kMinGridTrialsForTarget), out.over_target, static_cast<long long>(out.grid_min),
+      static_cast<long long>(out.grid_max));
   for (const auto& [name, n] : out.optimum_changes)
     std::printf("  the optimum changes %s in %d landscapes\n", name.c_str(), n);
   return out;
@@ -504,7 +507,9 @@ TEST(TunerSearch, DISABLED_AutoOnTwoThousandMoreLandscapes) {
 Landscape small_landscape() {
   Landscape l;
   l.globals = {512};
-  l.switches = {{kOptimizer, {"foreach", "per_tensor", "fused"}}, {kGraphs, {"off", "on"}}, {kBf16, {"off", "on"}},
+  l.switches = {{kOptimizer, {"foreach", "per_tensor", "fused"}},
+                {kGraphs, {"off", "on"}},
+                {kBf16, {"off", "on"}},
                 {kSync, {"1", "10", "100"}}};
   l.capacity = 40 * kGiB;
   l.fixed_bytes = 8.0 * kGiB;
@@ -518,9 +523,8 @@ std::vector<Ranked> sorted_by_truth(const Landscape& l, const SearchReport& r) {
   std::vector<Ranked> ok;
   for (const auto& t : r.trials)
     if (t.result.ok()) ok.push_back(t);
-  std::sort(ok.begin(), ok.end(), [&](const Ranked& a, const Ranked& b) {
-    return l.throughput(a.candidate) > l.throughput(b.candidate);
-  });
+  std::sort(ok.begin(), ok.end(),
+            [&](const Ranked& a, const Ranked& b) { return l.throughput(a.candidate) > l.throughput(b.candidate); });
   return ok;
 }
 
@@ -595,13 +599,14 @@ TEST(TunerSearch, OutOfMemoryAboveThePredictionLowersTheWall) {
   Landscape l = small_landscape();
   l.switches[kGraphs] = {"off", "on"};
   l.graphs_bytes = 0.17 * static_cast<double>(l.capacity);  // over capacity at micro-batch 128
-  l.launch_ms = 3;        // graphs pay
-  l.cache_penalty = 0;    // and without them the wall (128) is the best micro-batch
+  l.launch_ms = 3;                                          // graphs pay
+  l.cache_penalty = 0;                                      // and without them the wall (128) is the best micro-batch
   for (auto strategy : {SearchOptions::Strategy::grid, SearchOptions::Strategy::auto_}) {
     SyntheticExecutor ex(l, 6);
     const SearchReport r = search(ex, l.space(), unlimited(strategy));
     ASSERT_TRUE(r.found);
-    const bool oom = std::any_of(r.trials.begin(), r.trials.end(), [](const Ranked& t) { return t.result.cls == TrialClass::oom; });
+    const bool oom = std::any_of(r.trials.begin(), r.trials.end(),
+                                 [](const Ranked& t) { return t.result.cls == TrialClass::oom; });
     // Auto tries graphs at the wall it found without them; the grid, going up from the smallest
     // micro-batch, has learnt the pool's size from its first trial and does not run it.
     if (strategy == SearchOptions::Strategy::auto_) {
@@ -725,9 +730,9 @@ TEST(TunerSearch, BudgetStopsTheSearchWithTheBestSoFar) {
 // the search without being recorded as a result of its candidate.
 class ClockExecutor : public Executor {
  public:
-  double now = 0;                  // simulated seconds since the start
-  double trial_seconds = 3;        // each trial's wall time
-  double stop_at = 1e9;            // a trial that would pass this is stopped
+  double now = 0;            // simulated seconds since the start
+  double trial_seconds = 3;  // each trial's wall time
+  double stop_at = 1e9;      // a trial that would pass this is stopped
   std::vector<double> wall_limits;
   TrialResult run(const Candidate& c, const MeasurePolicy& policy) override {
     wall_limits.push_back(policy.wall_seconds);
@@ -920,9 +925,9 @@ class DriftingMachine : public Executor {
  public:
   DriftingMachine(std::map<std::string, double> truth, uint64_t seed) : truth(std::move(truth)), rng_(seed) { next_round(); }
 
-  std::map<std::string, double> truth;           // samples/s by Candidate::key()
-  std::map<std::string, int64_t> peak;           // bytes by Candidate::key() (default 1 GiB)
-  std::map<std::string, int> fail_in_round;      // by key: its trial in that round (1-based) fails
+  std::map<std::string, double> truth;       // samples/s by Candidate::key()
+  std::map<std::string, int64_t> peak;       // bytes by Candidate::key() (default 1 GiB)
+  std::map<std::string, int> fail_in_round;  // by key: its trial in that round (1-based) fails
   double low = 0.8, high = 1.2, trend = 0.01, noise = 0.01;
   int round = 0;
   int64_t runs = 0;
@@ -988,7 +993,8 @@ TEST(TunerRace, WholeMachineDriftIsNotADifference) {
     std::map<std::string, double> truth;
     for (const auto& e : entrants) truth[e.candidate.key()] = 100;
     DriftingMachine machine(truth, 100 + seed);
-    for (std::size_t i = 0; i < entrants.size(); ++i) machine.peak[entrants[i].candidate.key()] = (1 + static_cast<int64_t>(i)) * kGiB;
+    for (std::size_t i = 0; i < entrants.size(); ++i)
+      machine.peak[entrants[i].candidate.key()] = (1 + static_cast<int64_t>(i)) * kGiB;
     const RaceReport r = race(machine, entrants, race_options_on(machine));
     ASSERT_GE(r.rounds, 3);
     ASSERT_LE(r.rounds, 6);
@@ -1013,9 +1019,10 @@ TEST(TunerRace, WholeMachineDriftIsNotADifference) {
     }
     sequential_apart += fastest / slowest > 1.05;
   }
-  std::printf("equal finalists under drift: %d of %d races claimed a speedup, %d finalists dropped; measured apart, "
-              "%d of %d races saw more than 5%% between them\n",
-              claimed, kRaces, dropped, sequential_apart, kRaces);
+  std::printf(
+      "equal finalists under drift: %d of %d races claimed a speedup, %d finalists dropped; measured apart, "
+      "%d of %d races saw more than 5%% between them\n",
+      claimed, kRaces, dropped, sequential_apart, kRaces);
   EXPECT_EQ(claimed, 0);
   EXPECT_LE(dropped, kRaces / 100);
   EXPECT_GE(sequential_apart, kRaces * 8 / 10) << "the drift is too weak to tell the race from measuring apart";
@@ -1055,9 +1062,10 @@ TEST(TunerRace, ARealTenPercentIsFoundUnderTheSameDrift) {
     }
     apart_wrong += best != fast;
   }
-  std::printf("a 10%% faster finalist under drift: chosen in %d of %d races, its speedup significant in %d, the "
-              "interval held 1.10 in %d, the others all dropped in %d of %d; measured apart, a slower one won %d\n",
-              chose_fast, kRaces, significant, covered, all_dropped, kRaces, apart_wrong);
+  std::printf(
+      "a 10%% faster finalist under drift: chosen in %d of %d races, its speedup significant in %d, the "
+      "interval held 1.10 in %d, the others all dropped in %d of %d; measured apart, a slower one won %d\n",
+      chose_fast, kRaces, significant, covered, all_dropped, kRaces, apart_wrong);
   EXPECT_EQ(chose_fast, kRaces);
   EXPECT_GE(significant, kRaces * 98 / 100);
   EXPECT_GE(covered, kRaces * 85 / 100);
@@ -1120,7 +1128,8 @@ TEST(TunerRace, TiesGoToTheSimplerConfigurationAndACostlySwitchNeedsAVerdict) {
 TEST(TunerRace, TiesGoToLessMemoryAndAClearWinnerBeatsThem) {
   std::vector<RaceEntrant> entrants;
   for (int64_t micro : {8, 4, 16}) entrants.push_back(RaceEntrant{Candidate{32, micro, {}}, {}, true});
-  std::map<std::string, double> truth{{entrants[0].candidate.key(), 100}, {entrants[1].candidate.key(), 100},
+  std::map<std::string, double> truth{{entrants[0].candidate.key(), 100},
+                                      {entrants[1].candidate.key(), 100},
                                       {entrants[2].candidate.key(), 100.5}};
   DriftingMachine machine(truth, 1);
   machine.noise = machine.trend = 0;  // exact ratios: the intervals collapse
@@ -1164,7 +1173,8 @@ TEST(TunerRace, TiesGoToLessMemoryAndAClearWinnerBeatsThem) {
 TEST(TunerRace, AFinalistTheRaceCannotTellFromTheLeaderTiesWithIt) {
   int untold = 0;
   for (int seed = 0; seed < 50; ++seed) {
-    std::vector<RaceEntrant> entrants{RaceEntrant{Candidate{32, 16, {}}, {}, true}, RaceEntrant{Candidate{32, 4, {}}, {}, true}};
+    std::vector<RaceEntrant> entrants{RaceEntrant{Candidate{32, 16, {}}, {}, true},
+                                      RaceEntrant{Candidate{32, 4, {}}, {}, true}};
     DriftingMachine machine({{entrants[0].candidate.key(), 101.5}, {entrants[1].candidate.key(), 100}}, 900 + seed);
     machine.noise = 0.02;
     machine.peak[entrants[0].candidate.key()] = 8 * kGiB;  // the faster one needs more memory
@@ -1174,7 +1184,8 @@ TEST(TunerRace, AFinalistTheRaceCannotTellFromTheLeaderTiesWithIt) {
     const PairedRounds& p = r.finalists[static_cast<std::size_t>(other)].vs_leader;
     const bool tie = !r.finalists[static_cast<std::size_t>(other)].dropped_after &&
                      (p.ratio >= 0.99 || (p.ci_high >= 1 && p.ratio >= 0.98));
-    EXPECT_EQ(r.choice, tie ? 1 : r.leader) << "seed " << seed << ": ratio " << p.ratio << " (" << p.ci_low << "-" << p.ci_high << ")";
+    EXPECT_EQ(r.choice, tie ? 1 : r.leader)
+        << "seed " << seed << ": ratio " << p.ratio << " (" << p.ci_low << "-" << p.ci_high << ")";
     untold += tie && p.ratio < 0.99;
   }
   EXPECT_GT(untold, 0) << "no race left the slower finalist between 1% and 2% behind and not shown slower";
@@ -1215,7 +1226,8 @@ TEST(TunerRace, ARoundStartsOnlyWithTimeForItAndAStoppedRoundDoesNotCount) {
   EXPECT_TRUE(r.budget_exhausted);
   EXPECT_EQ(r.ended.rfind("no time left in the budget for round 4, about", 0), 0u) << r.ended;
   ASSERT_EQ(machine.wall_limits.size(), 9u);
-  for (std::size_t k = 0; k < machine.wall_limits.size(); ++k) EXPECT_DOUBLE_EQ(machine.wall_limits[k], 10.0 - static_cast<double>(k));
+  for (std::size_t k = 0; k < machine.wall_limits.size(); ++k)
+    EXPECT_DOUBLE_EQ(machine.wall_limits[k], 10.0 - static_cast<double>(k));
   EXPECT_EQ(r.choice, 2);
 
   // Time for one round only: too few for a verdict, and the incumbent (the search's choice) stands,

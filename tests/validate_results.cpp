@@ -20,8 +20,8 @@ int main(int argc, char** argv) {
       for (const auto& row : r.rows)
         if (row.disposition == tb::Disposition::incorrect || row.disposition == tb::Disposition::failed)
           throw std::runtime_error(row.name + " " + tb::to_string(row.disposition) + ": " + row.reason);
-    std::cout << argv[1] << ": valid, " << r.rows.size() << " benchmarks, " << r.peaks.size() << " peaks, "
-              << r.pairs.size() << " pairs\n";
+    std::cout << argv[1] << ": valid, " << r.rows.size() << " benchmarks, " << r.peaks.size() << " peaks, " << r.pairs.size()
+              << " pairs\n";
     return 0;
   } catch (const std::exception& e) {
     std::cerr << argv[1] << ": invalid: " << e.what() << "\n";

@@ -76,9 +76,12 @@ int interrupted_exit_code() { return 128 + (stop_signal ? static_cast<int>(stop_
 
 std::string stop_signal_name() {
   switch (stop_signal) {
-    case SIGTERM: return "SIGTERM";
-    case SIGHUP: return "SIGHUP";
-    default: return "SIGINT";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGHUP:
+      return "SIGHUP";
+    default:
+      return "SIGINT";
   }
 }
 
@@ -114,7 +117,8 @@ configuration is claimed only when that paired interval excludes 1 by the noise 
 
 std::string human_seconds(double s) {
   std::ostringstream out;
-  if (s >= 60) out << static_cast<int>(s / 60) << "m" << std::setw(2) << std::setfill('0') << static_cast<int>(s) % 60 << "s";
+  if (s >= 60)
+    out << static_cast<int>(s / 60) << "m" << std::setw(2) << std::setfill('0') << static_cast<int>(s) % 60 << "s";
   else out << std::fixed << std::setprecision(1) << s << "s";
   return out.str();
 }
@@ -183,7 +187,8 @@ std::string default_journal_path(const std::string& out_path, const std::string&
   const fs::path dir = cache / "trainbench";
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) throw UsageError("cannot create the journal folder " + dir.string() + ": " + ec.message() + " (give --journal FILE)");
+  if (ec)
+    throw UsageError("cannot create the journal folder " + dir.string() + ": " + ec.message() + " (give --journal FILE)");
   // The workload's name is the user's (a YAML's `name:`): one safe file name, so that it stays in the folder.
   return (dir / (safe_file_name(workload_name) + "." + backend + "." + key.substr(0, 12) + ".autotune.jsonl")).string();
 }
@@ -194,8 +199,8 @@ GlobalBatchPlan global_batches(const step::Workload& w, int64_t batch, const std
   if (!range.empty()) {
     const auto colon = range.find(':');
     double a = 0, b = 0;
-    if (colon == std::string::npos || !parse_number(range.substr(0, colon), a) || !parse_number(range.substr(colon + 1), b) ||
-        a < 1 || b < a || a != std::floor(a) || b != std::floor(b))
+    if (colon == std::string::npos || !parse_number(range.substr(0, colon), a) ||
+        !parse_number(range.substr(colon + 1), b) || a < 1 || b < a || a != std::floor(a) || b != std::floor(b))
       throw UsageError("--batch-range '" + range + "': expected A:B with 1 <= A <= B, e.g. 32:256");
     option = {static_cast<int64_t>(a), static_cast<int64_t>(b)};
   }
@@ -227,7 +232,9 @@ constexpr double kLevel = 0.95;  // of every interval the race reports
 class MemoryCapped final : public Executor {
  public:
   MemoryCapped(std::unique_ptr<Executor> inner, int64_t limit) : inner_(std::move(inner)), limit_(limit) {}
-  TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override { return inner_->run(candidate, policy); }
+  TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override {
+    return inner_->run(candidate, policy);
+  }
   int64_t memory_capacity() const override { return std::min(limit_, inner_->memory_capacity()); }
 
  private:
@@ -241,8 +248,11 @@ TrialRunner make_runner(const std::string& which, const step::Workload& workload
   if (which == "torch") {
     auto torch = std::make_unique<TorchExecutor>(workload, machine.use_cuda, machine.device, &stop_requested, memory_limit);
     const TorchProbe& p = torch->probe();
-    r.description = {{"name", "torch"}, {"step", "the PyTorch twin of the step (scripts/torch-step), in one worker for the tune"},
-                     {"torch", p.torch_version}, {"python", p.python_version}, {"interpreter", p.python}};
+    r.description = {{"name", "torch"},
+                     {"step", "the PyTorch twin of the step (scripts/torch-step), in one worker for the tune"},
+                     {"torch", p.torch_version},
+                     {"python", p.python_version},
+                     {"interpreter", p.python}};
     r.worker = &torch->worker_stats();
     r.journal_tag = " torch " + p.torch_version;
     r.torch = true;
@@ -267,8 +277,11 @@ TrialRunner make_runner(const std::string& which, const step::Workload& workload
 TrialRunner entry_runner(std::unique_ptr<EntryExecutor> entry) {
   const EntryProbe& p = entry->probe();
   TrialRunner r;
-  r.description = {{"name", "torch-entry"}, {"step", "the user's own PyTorch model, trainbench's loop (--entry), in one worker for the tune"},
-                   {"entry", p.spec}, {"torch", p.torch.torch_version}, {"python", p.torch.python_version},
+  r.description = {{"name", "torch-entry"},
+                   {"step", "the user's own PyTorch model, trainbench's loop (--entry), in one worker for the tune"},
+                   {"entry", p.spec},
+                   {"torch", p.torch.torch_version},
+                   {"python", p.torch.python_version},
                    {"interpreter", p.torch.python}};
   r.journal_tag = " torch-entry " + p.torch.torch_version;
   r.torch = true;
@@ -301,12 +314,15 @@ void refuse_budget_below_one_trial(const step::Workload& workload, const Candida
   std::ostringstream why;
   why << std::fixed << std::setprecision(1) << "--budget " << budget << " is below one trial of " << workload.name
       << " on this machine: about " << std::ceil(smallest_budget) << " s at the least (" << shortest.step_flops / 1e9
-      << " GFLOP a step at " << shortest.flop_rate / 1e9 << " GFLOP/s, " << shortest.rate_source << "; set-up, the checked step, "
-      << warmup_steps(apply(workload, c)) << " warm-up and " << measure.min_steps << " measured steps); give at least that";
+      << " GFLOP a step at " << shortest.flop_rate / 1e9 << " GFLOP/s, " << shortest.rate_source
+      << "; set-up, the checked step, " << warmup_steps(apply(workload, c)) << " warm-up and " << measure.min_steps
+      << " measured steps); give at least that";
   throw UsageError(why.str());
 }
 
-double slice_seconds_for(double trial_seconds) { return std::max(kSliceShare * trial_seconds, std::min(trial_seconds, 1.0)); }
+double slice_seconds_for(double trial_seconds) {
+  return std::max(kSliceShare * trial_seconds, std::min(trial_seconds, 1.0));
+}
 
 // The race's settings and its progress lines on stderr.
 RaceOptions race_options(const SearchOptions& search, int rounds, double trial_seconds, std::function<double()> seconds_left,
@@ -322,7 +338,8 @@ RaceOptions race_options(const SearchOptions& search, int rounds, double trial_s
   o.seconds_left = std::move(seconds_left);
   o.min_trial_seconds = min_trial_seconds;
   o.on_round = [](int round, int max_rounds, std::size_t racing) {
-    std::cerr << "autotune: racing " << racing << " finalists interleaved, round " << round << "/" << max_rounds << std::endl;
+    std::cerr << "autotune: racing " << racing << " finalists interleaved, round " << round << "/" << max_rounds
+              << std::endl;
   };
   o.on_slice = [elapsed, budget, rounds](int round, const Candidate& c, const TrialResult& r) {
     if (stop_requested) throw Interrupted{};
@@ -364,7 +381,8 @@ std::vector<RaceEntrant> finalists(const SearchReport& rep, const Ranked& own, d
   }
   std::vector<Ranked> next;
   for (const auto& [key, t] : fastest) next.push_back(t);
-  std::sort(next.begin(), next.end(), [](const Ranked& a, const Ranked& b) { return a.result.samples_per_s > b.result.samples_per_s; });
+  std::sort(next.begin(), next.end(),
+            [](const Ranked& a, const Ranked& b) { return a.result.samples_per_s > b.result.samples_per_s; });
   for (const auto& t : next)
     if (out.size() < kMaxSearchFinalists) add(t, true, "next fastest");
   for (const auto& t : next)  // fastest first: the first trial with a value missing is its best
@@ -400,8 +418,8 @@ std::vector<RaceEntrant> finalists(const SearchReport& rep, const Ranked& own, d
     Candidate neighbour = best;
     neighbour.micro_batch = micro;
     const auto fitted = std::find_if(rep.trials.begin(), rep.trials.end(), [&](const Ranked& t) {
-      return t.candidate.global_batch == best.global_batch && t.candidate.micro_batch == micro &&
-             fits(t.result) && same_memory(t.candidate, neighbour);
+      return t.candidate.global_batch == best.global_batch && t.candidate.micro_batch == micro && fits(t.result) &&
+             same_memory(t.candidate, neighbour);
     });
     if (fitted == rep.trials.end()) continue;
     const auto measured = fastest.find(neighbour.key());
@@ -465,7 +483,8 @@ void take_race(TuneOutput& out, const RaceReport& race, double noise_margin) {
   const std::string own_key = out.baseline->candidate.key();
   auto from_separate_trials = [&](const std::string& why) {
     if (out.baseline->result.ok() && out.baseline->result.samples_per_s > 0)
-      out.speedup = speedup_from_separate_trials(out.report.best.result.samples_per_s / out.baseline->result.samples_per_s, why);
+      out.speedup = speedup_from_separate_trials(out.report.best.result.samples_per_s / out.baseline->result.samples_per_s,
+                                                 why);
   };
   if (race.choice < 0) {
     if (out.report.best.candidate == out.baseline->candidate) out.speedup = speedup_of_own_choice(against);
@@ -605,16 +624,20 @@ void race_compared(const AutotuneOptions& options, const step::Workload& workloa
   search.measure.max_seconds = options.trial_seconds;
   Candidate first = entrants.front().candidate;
   first.switches.erase(ByExecutor::executor_switch);
-  TrialEstimate shortest = shortest_trial(apply(workload, first), search.measure.min_steps, machine.use_cuda, machine.device);
+  TrialEstimate shortest = shortest_trial(apply(workload, first), search.measure.min_steps, machine.use_cuda,
+                                          machine.device);
   refuse_budget_below_one_trial(workload, first, shortest, search.measure, options.budget, clock.elapsed());
   const double deadline = options.budget - output_reserve(options.budget);
   if (const std::string notice = take_blas_kernel_notice(); !notice.empty()) std::cerr << notice << std::endl;
   std::cerr << "autotune: comparing " << entrants.size() << " configurations of " << workload.name << " on " << machine.name
-            << (both_executors ? " in the C++ step and in its PyTorch twin" : runner.torch ? " in the PyTorch twin" : "")
+            << (both_executors ? " in the C++ step and in its PyTorch twin"
+                : runner.torch ? " in the PyTorch twin"
+                               : "")
             << ", interleaved, " << options.budget << " s budget" << std::endl;
   for (const auto& t : tuned) std::cerr << "autotune:   " << t.path << ": " << describe(t.chosen) << std::endl;
-  RaceOptions ro = race_options(search, rounds, options.trial_seconds, [&] { return deadline - clock.elapsed(); },
-                                shortest.seconds, [&] { return clock.elapsed(); }, options.budget);
+  RaceOptions ro = race_options(
+      search, rounds, options.trial_seconds, [&] { return deadline - clock.elapsed(); }, shortest.seconds,
+      [&] { return clock.elapsed(); }, options.budget);
   ro.on_drop = nullptr;  // every configuration is measured to the end: each is compared, none is chosen
   ro.min_rounds_to_drop = rounds + 1;
   try {
@@ -633,7 +656,11 @@ void print_comparisons(const CompareOutput& out) {
   for (const auto& c : doc["trainbench_autotune_compare"]["comparisons"]) {
     const std::string verdict = c["verdict"], of = c["of"], against = c["against"];
     if (verdict == "same_configuration") std::cerr << "autotune: " << of << " holds the same configuration as " << against;
-    else std::cerr << "autotune: " << c["note"].get<std::string>() << ": " << (verdict == "within_noise" ? "within noise" : verdict == "too_few_rounds" ? "too few rounds to tell" : verdict + " beyond noise");
+    else
+      std::cerr << "autotune: " << c["note"].get<std::string>() << ": "
+                << (verdict == "within_noise"     ? "within noise"
+                    : verdict == "too_few_rounds" ? "too few rounds to tell"
+                                                  : verdict + " beyond noise");
     std::cerr << std::endl;
   }
 }
@@ -663,7 +690,7 @@ void refuse_workload_that_cannot_fit(const TunePlan& plan, int64_t memory_limit)
                      (memory_limit > 0 && capacity == static_cast<double>(memory_limit)
                           ? "; --memory-limit allows " + human_bytes(capacity)
                           : "; this " + (plan.machine.use_cuda ? "GPU has " + human_bytes(capacity) + " for a step"
-                                                                : "CPU has " + human_bytes(capacity) + " free")));
+                                                               : "CPU has " + human_bytes(capacity) + " free")));
 }
 
 // Says which finalists race and why each is there.
@@ -678,14 +705,12 @@ void announce_finalists(const std::vector<RaceEntrant>& entrants, bool own_chose
     if (e.why.rfind("micro-batch ", 0) == 0)
       neighbours += (neighbours.empty() ? "" : " and ") + std::to_string(e.candidate.micro_batch);
   }
-  std::cerr << "autotune: racing the finalists interleaved: the search's choice"
-            << (own_chosen ? " (" + against + ")" : "") << ", " << count("tie") << " within noise of it, "
-            << count("next fastest") << " next fastest"
+  std::cerr << "autotune: racing the finalists interleaved: the search's choice" << (own_chosen ? " (" + against + ")" : "")
+            << ", " << count("tie") << " within noise of it, " << count("next fastest") << " next fastest"
             << (values.empty() ? "" : ", the fastest with " + values)
             << (neighbours.empty() ? "" : ", its switches at micro-batch " + neighbours)
-            << (own_ran && !own_chosen ? ", " + against : "")
-            << "; up to " << options.race_rounds << " rounds of " << slice_seconds_for(options.trial_seconds) << " s slices"
-            << std::endl;
+            << (own_ran && !own_chosen ? ", " + against : "") << "; up to " << options.race_rounds << " rounds of "
+            << slice_seconds_for(options.trial_seconds) << " s slices" << std::endl;
 }
 
 // What an exhausted budget or a Ctrl-C leaves: the best of the trials so far, this run's and the
@@ -698,7 +723,8 @@ double drift_between_trials(const std::vector<Ranked>& trials, double noise) {
   for (const auto& t : trials) {
     if (!t.result.ok() || t.result.samples_per_s <= 0) continue;
     auto [it, fresh] = range.try_emplace(t.candidate.key(), t.result.samples_per_s, t.result.samples_per_s);
-    if (!fresh) it->second = {std::min(it->second.first, t.result.samples_per_s), std::max(it->second.second, t.result.samples_per_s)};
+    if (!fresh)
+      it->second = {std::min(it->second.first, t.result.samples_per_s), std::max(it->second.second, t.result.samples_per_s)};
     ++count[t.candidate.key()];
   }
   double drift = 0;
@@ -734,8 +760,8 @@ void keep_own_without_verdict(Tune& tune) {
     out.choice_note = note.str();
     return;
   }
-  note << verdict << ", " << baseline_name(out) << " is kept: the search's best, " << out.report.best.candidate.key() << ", was "
-       << ratio << "x of it in trials run apart, within the drift seen between trials (" << 100 * drift << "%)";
+  note << verdict << ", " << baseline_name(out) << " is kept: the search's best, " << out.report.best.candidate.key()
+       << ", was " << ratio << "x of it in trials run apart, within the drift seen between trials (" << 100 * drift << "%)";
   out.choice_note = note.str();
   out.report.runners_up.insert(out.report.runners_up.begin(), out.report.best);
   out.report.best = own;
@@ -754,11 +780,9 @@ void settle_on_best_so_far(Tune& tune) {
 
 }  // namespace
 
-
 // The options the command line sets; `format` and `memory_limit` as typed, checked after the parse.
 // Returns the --workload option, whose presence parse_options asks about.
-static CLI::Option* add_options(CLI::App& app, AutotuneOptions& o, std::string& format,
-                                                          std::string& memory_limit_text) {
+static CLI::Option* add_options(CLI::App& app, AutotuneOptions& o, std::string& format, std::string& memory_limit_text) {
   app.footer(examples);
   app.add_option("--gpu", o.gpu, "auto (the first GPU, else the CPU), a device index, or cpu");
   auto* workload_opt = app.add_option("--workload", o.workload, "a preset name or a workload .yaml file");
@@ -766,7 +790,8 @@ static CLI::Option* add_options(CLI::App& app, AutotuneOptions& o, std::string& 
                                    "pin the global batch (default: each of the workload's global_range, else its own; a "
                                    "larger global batch is not free for convergence)")
                         ->check(CLI::PositiveNumber);
-  app.add_option("--batch-range", o.batch_range, "A:B: global batches A, 2A, 4A ... up to B (default: the workload's global_range)")
+  app.add_option("--batch-range", o.batch_range,
+                 "A:B: global batches A, 2A, 4A ... up to B (default: the workload's global_range)")
       ->excludes(batch_opt);
   app.add_option("--budget", o.budget, "seconds for the whole run: probes, trials, the race, output (default 300)")
       ->check(CLI::Range(1.0, 1e7));
@@ -793,12 +818,14 @@ static CLI::Option* add_options(CLI::App& app, AutotuneOptions& o, std::string& 
                  "gives (the largest power-of-two micro-batch that fits, accumulation = global batch / it) instead of "
                  "the entry's own, and report the ratio with its interval")
       ->check(CLI::IsMember({"largest-batch"}));
-  app.add_option("--ranks", o.ranks,
-                 "data-parallel ranks: every trial runs the step on N ranks (LAUNCHER -n N), the global batch split as "
-                 "micro-batch x accumulation x N, DDP's bucket size a switch; the output's DeepSpeed / Lightning keys are for N")
+  app.add_option(
+         "--ranks", o.ranks,
+         "data-parallel ranks: every trial runs the step on N ranks (LAUNCHER -n N), the global batch split as "
+         "micro-batch x accumulation x N, DDP's bucket size a switch; the output's DeepSpeed / Lightning keys are for N")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  app.add_option("--mpirun", o.launcher, "the launcher of --ranks trials, with its options (default: mpirun; e.g. "
-                                         "'mpirun --hostfile hosts')");
+  app.add_option("--mpirun", o.launcher,
+                 "the launcher of --ranks trials, with its options (default: mpirun; e.g. "
+                 "'mpirun --hostfile hosts')");
   app.add_flag("--predict", o.predict,
                "with --ranks N: predict N ranks (more than are at hand) from trials of one rank's share of the batch on "
                "--probe-ranks independent ranks and the all-reduce measured on them; measured too where N <= --probe-ranks");
@@ -818,11 +845,12 @@ static CLI::Option* add_options(CLI::App& app, AutotuneOptions& o, std::string& 
                  "${XDG_CACHE_HOME:-~/.cache}/trainbench/, keyed by workload and device)");
   app.add_flag("--resume", o.resume, "skip the trials already in the journal");
   app.add_option("--out", o.out_path, "write the config to this file (atomically) instead of stdout");
-  auto* compare_opt = app.add_option("--compare", o.compare_files,
-                                     "FILE FILE...: race the configurations these tuned files (--format yaml or json) chose, "
-                                     "interleaved, each against the first, instead of tuning; says whether they are "
-                                     "within noise (the workload is the files' unless --workload names it). One FILE with "
-                                     "--executor native,torch: its configuration in the C++ step against its PyTorch twin")
+  auto* compare_opt = app.add_option(
+                             "--compare", o.compare_files,
+                             "FILE FILE...: race the configurations these tuned files (--format yaml or json) chose, "
+                             "interleaved, each against the first, instead of tuning; says whether they are "
+                             "within noise (the workload is the files' unless --workload names it). One FILE with "
+                             "--executor native,torch: its configuration in the C++ step against its PyTorch twin")
                           ->expected(1, 64);
   for (const char* tuning_only : {"--batch", "--batch-range", "--strategy", "--switches", "--journal", "--resume"})
     compare_opt->excludes(tuning_only);
@@ -846,17 +874,20 @@ AutotuneOptions parse_options(int argc, const char* const* argv) {
   o.format = out_format_from_string(format);
   if (o.predict && o.ranks < 2) throw UsageError("--predict needs --ranks N with N >= 2");
   if (!o.versus.empty() && o.entry.empty())
-    throw UsageError("--versus " + o.versus + " races the choice for an --entry against the largest batch that fits: give --entry");
+    throw UsageError("--versus " + o.versus +
+                     " races the choice for an --entry against the largest batch that fits: give --entry");
   if (!o.entry.empty()) {
     if (app.count("--executor") && o.executor != "torch")
       throw UsageError("--entry tunes a PyTorch model: it runs with --executor torch, not " + o.executor);
-    if (o.ranks > 1 || !o.compare_files.empty()) throw UsageError("--entry tunes one process: leave out --ranks and --compare");
+    if (o.ranks > 1 || !o.compare_files.empty())
+      throw UsageError("--entry tunes one process: leave out --ranks and --compare");
     o.executor = "torch";
   }
   o.memory_limit = memory_limit_text.empty() ? 0 : parse_memory_limit(memory_limit_text);
   if (o.ranks > 1 && o.executor == "torch")
     throw UsageError("--ranks runs the native step on every rank; --executor torch is one process");
-  if (o.ranks > 1 && !o.compare_files.empty()) throw UsageError("--compare races one-rank configurations: leave out --ranks");
+  if (o.ranks > 1 && !o.compare_files.empty())
+    throw UsageError("--compare races one-rank configurations: leave out --ranks");
   if (executor_names(o.executor).size() > 1 && o.compare_files.empty())
     throw UsageError("--executor native,torch races configurations in both executors: give it --compare FILE");
   return o;
@@ -870,14 +901,16 @@ Machine pick_machine(const std::string& gpu) {
     if (!m.use_cuda) std::cerr << "autotune: " << cuda.unavailable_reason << "; measuring on the CPU" << std::endl;
   } else if (gpu != "cpu") {
     double n = 0;
-    if (!parse_number(gpu, n) || n < 0 || n != std::floor(n)) throw UsageError("--gpu '" + gpu + "': expected auto, cpu or a device index");
+    if (!parse_number(gpu, n) || n < 0 || n != std::floor(n))
+      throw UsageError("--gpu '" + gpu + "': expected auto, cpu or a device index");
     m.device = static_cast<int>(n);
     try {
       select_cuda_device(m.device);  // UsageError when it does not exist
     } catch (const UsageError& e) {  // said of benchsuite's --device: named as the user typed it here
       const std::string what = e.what();
       const auto colon = what.find(": ");
-      throw UsageError("--gpu " + gpu + ": " + (what.rfind("--device", 0) == 0 && colon != std::string::npos ? what.substr(colon + 2) : what));
+      throw UsageError("--gpu " + gpu + ": " +
+                       (what.rfind("--device", 0) == 0 && colon != std::string::npos ? what.substr(colon + 2) : what));
     }
     m.use_cuda = true;
   }
@@ -886,8 +919,11 @@ Machine pick_machine(const std::string& gpu) {
   m.description = {{"backend", m.backend}, {"name", m.name}};
   if (m.use_cuda) {
     const auto& g = cuda.devices.at(static_cast<std::size_t>(m.device));
-    m.description.update({{"uuid", g.uuid}, {"compute_capability", g.compute_capability}, {"memory_bytes", g.memory_bytes},
-                          {"driver_version", g.driver_version}, {"runtime_version", g.runtime_version},
+    m.description.update({{"uuid", g.uuid},
+                          {"compute_capability", g.compute_capability},
+                          {"memory_bytes", g.memory_bytes},
+                          {"driver_version", g.driver_version},
+                          {"runtime_version", g.runtime_version},
                           {"cublas_version", g.cublas_version}});
   } else {
     const HostInfo h = host_info();
@@ -910,7 +946,8 @@ int64_t parse_memory_limit(const std::string& text) {
   const std::string units = "KMGT";
   const std::size_t power = unit.empty() ? 0 : units.find(static_cast<char>(std::toupper(unit[0])));
   if (used == 0 || !(value > 0) || (!unit.empty() && (unit.size() != 1 || power == std::string::npos)))
-    throw UsageError("--memory-limit '" + text + "': expected a size such as 16G, 512M or 3.5GiB (K, M, G, T: powers of 1024)");
+    throw UsageError("--memory-limit '" + text +
+                     "': expected a size such as 16G, 512M or 3.5GiB (K, M, G, T: powers of 1024)");
   return static_cast<int64_t>(value * std::pow(1024.0, unit.empty() ? 0.0 : static_cast<double>(power + 1)));
 }
 
@@ -956,8 +993,8 @@ SearchSpace search_space(const std::string& switch_list, const std::map<std::str
       if (!available.count(name)) {
         std::string names;
         for (const auto& kv : available) names += (names.empty() ? "" : ", ") + kv.first;
-        throw UsageError("--switches: '" + name + "' is not a switch of this workload on " + backend + " (available: " +
-                         names + ")");
+        throw UsageError("--switches: '" + name + "' is not a switch of this workload on " + backend +
+                         " (available: " + names + ")");
       }
       space.switches[name] = available.at(name);
     }
@@ -994,8 +1031,8 @@ TunePlan plan_tune(const AutotuneOptions& options, const BudgetClock& clock) {
   }
   const int64_t trial_ranks = options.predict ? std::min(options.ranks, options.probe_ranks) : options.ranks;
   plan.runner = entry ? entry_runner(std::move(entry))
-                           : make_runner(options.executor, plan.workload, machine, trial_ranks, plan.launcher, options.predict,
-                                         options.memory_limit);
+                      : make_runner(options.executor, plan.workload, machine, trial_ranks, plan.launcher, options.predict,
+                                    options.memory_limit);
   if (options.memory_limit > 0) {
     plan.runner.executor = std::make_unique<MemoryCapped>(std::move(plan.runner.executor), options.memory_limit);
     plan.runner.description["memory_limit_bytes"] = options.memory_limit;
@@ -1028,9 +1065,10 @@ Tune::Tune(const AutotuneOptions& options_in, TunePlan& plan_in, const BudgetClo
                                 options.budget, clock.elapsed());
   // --predict: the all-reduce probe after the search, and where the ranks are at hand one real N-rank
   // trial of the prediction, come out of the same budget.
-  const double predict_reserve =
-      options.predict ? kProbeSeconds + (options.ranks <= options.probe_ranks ? options.trial_seconds + shortest.seconds : 0.0)
-                      : 0.0;
+  const double predict_reserve = options.predict ? kProbeSeconds + (options.ranks <= options.probe_ranks
+                                                                        ? options.trial_seconds + shortest.seconds
+                                                                        : 0.0)
+                                                 : 0.0;
   trial_deadline_ = options.budget - output_reserve(options.budget) - predict_reserve;
   search_options.seconds_left = [this] { return seconds_left() - race_reserve(); };
   search_options.min_trial_seconds = shortest.seconds;
@@ -1053,8 +1091,7 @@ Tune::Tune(const AutotuneOptions& options_in, TunePlan& plan_in, const BudgetClo
 }
 
 void Tune::open_journal() {
-  const std::string key =
-      digest(plan.workload_digest + plan.machine.backend + plan.machine.name + plan.runner.journal_tag);
+  const std::string key = digest(plan.workload_digest + plan.machine.backend + plan.machine.name + plan.runner.journal_tag);
   journal_path = options.journal_path.empty()
                      ? default_journal_path(options.out_path, plan.workload.name,
                                             plan.machine.backend + (plan.runner.torch ? ".torch" : ""), key)
@@ -1153,7 +1190,8 @@ bool own_outran_the_search(Tune& tune) {
   rep.runners_up.insert(rep.runners_up.begin(), rep.best);
   for (const auto& r : rep.runners_up)
     if (r.result.samples_per_s >= (1 - noise) * own.result.samples_per_s) ties.push_back(r);
-  std::sort(ties.begin(), ties.end(), [](const Ranked& a, const Ranked& b) { return a.result.samples_per_s > b.result.samples_per_s; });
+  std::sort(ties.begin(), ties.end(),
+            [](const Ranked& a, const Ranked& b) { return a.result.samples_per_s > b.result.samples_per_s; });
   std::cerr << "autotune: the search found nothing faster than " << baseline_name(tune.out)
             << " within its budget: its best, " << describe(rep.best.candidate) << " -> " << result_text(rep.best.result)
             << ", against " << describe(own.candidate) << " -> " << result_text(own.result) << "; choosing "
@@ -1166,14 +1204,15 @@ bool own_outran_the_search(Tune& tune) {
 void search_step(Tune& tune) {
   Executor& executor = *tune.plan.runner.executor;
   if (!tune.options.versus.empty())
-    tune.out.versus = versus_largest_batch(*tune.plan.runner.entry, tune.plan.own, executor.memory_capacity(), tune.seconds_left());
+    tune.out.versus = versus_largest_batch(*tune.plan.runner.entry, tune.plan.own, executor.memory_capacity(),
+                                           tune.seconds_left());
   tune.search_started = tune.clock.elapsed();
   const Candidate& own = tune.plan.own;  // --versus: its micro-batch is the largest that fits
   // The workload's own configuration (or --versus's) first: what the speedup is measured against.
   auto& own_known = tune.search_options.known[own.key()];
   const bool resumed_own = !own_known.empty();
-  const TrialResult own_result =
-      resumed_own ? own_known.front() : executor.run(own, tune.within_budget(tune.search_options.measure));
+  const TrialResult own_result = resumed_own ? own_known.front()
+                                             : executor.run(own, tune.within_budget(tune.search_options.measure));
   if (!resumed_own) {
     tune.search_options.on_trial(own, own_result);
     own_known.push_back(own_result);  // the search takes it as the first measurement of `own`
@@ -1210,7 +1249,8 @@ void race_step(Tune& tune) {
   Executor& executor = *tune.plan.runner.executor;
   const TrialResult own_result = out.baseline->result;
   const double memory_limit = static_cast<double>(executor.memory_capacity()) * (1 - out.report.headroom);
-  const std::vector<RaceEntrant> entrants = finalists(out.report, *out.baseline, memory_limit, tune.plan.space.memory_switches);
+  const std::vector<RaceEntrant> entrants = finalists(out.report, *out.baseline, memory_limit,
+                                                      tune.plan.space.memory_switches);
   const bool own_chosen = out.report.best.candidate == tune.plan.own;
   const AutotuneOptions& options = tune.options;
   if (entrants.size() < 2) {
@@ -1223,13 +1263,15 @@ void race_step(Tune& tune) {
                                                  "--race-rounds 0");
   } else {
     announce_finalists(entrants, own_chosen, own_result.ok(), baseline_name(out), options);
-    const RaceReport raced =
-        race(executor, entrants,
-             race_options(tune.search_options, options.race_rounds, options.trial_seconds, [&] { return tune.seconds_left(); },
-                          tune.shortest.seconds, [&] { return tune.clock.elapsed(); }, options.budget));
+    const RaceReport raced = race(executor, entrants,
+                                  race_options(
+                                      tune.search_options, options.race_rounds, options.trial_seconds,
+                                      [&] { return tune.seconds_left(); }, tune.shortest.seconds,
+                                      [&] { return tune.clock.elapsed(); }, options.budget));
     if (raced.rounds == 0) std::cerr << "autotune: the race measured no round: " << raced.ended << std::endl;
-    else std::cerr << "autotune: the race ended after " << raced.rounds << " round" << (raced.rounds == 1 ? "" : "s")
-                   << ": " << raced.ended << std::endl;
+    else
+      std::cerr << "autotune: the race ended after " << raced.rounds << " round" << (raced.rounds == 1 ? "" : "s") << ": "
+                << raced.ended << std::endl;
     take_race(out, raced, tune.search_options.noise_margin);
     if (!raced.choice_why.empty()) out.choice_note = raced.choice_why;
   }
@@ -1251,19 +1293,21 @@ void account_budget(Tune& tune) {
   const double set_up = tune.plan_seconds;
   std::vector<double> after_first(tune.setups.size() > 1 ? tune.setups.begin() + 1 : tune.setups.end(), tune.setups.end());
   out.budget_spent = {{"set_up_seconds", set_up},
-                      {"versus_seconds", tune.search_started > tune.plan_seconds ? tune.search_started - tune.plan_seconds : 0.0},
+                      {"versus_seconds",
+                       tune.search_started > tune.plan_seconds ? tune.search_started - tune.plan_seconds : 0.0},
                       {"search_seconds", search},
                       {"race_seconds", race},
                       {"total_seconds", now},
-                      {"set_up_per_candidate_seconds", after_first.empty() ? nlohmann::json(nullptr) : nlohmann::json(median_of(after_first))},
-                      {"note", "set_up: the plan (the PyTorch worker's start; the entry's probe in it); "
-                               "versus: --versus's largest-batch search; search: the workload's own trial and the search's; "
-                               "race: the finalists' rounds; set_up_per_candidate: the median set-up of the trials after the "
-                               "first (opening a candidate: building, checking and warming it up)"}};
+                      {"set_up_per_candidate_seconds",
+                       after_first.empty() ? nlohmann::json(nullptr) : nlohmann::json(median_of(after_first))},
+                      {"note",
+                       "set_up: the plan (the PyTorch worker's start; the entry's probe in it); "
+                       "versus: --versus's largest-batch search; search: the workload's own trial and the search's; "
+                       "race: the finalists' rounds; set_up_per_candidate: the median set-up of the trials after the "
+                       "first (opening a candidate: building, checking and warming it up)"}};
   std::cerr << std::fixed << std::setprecision(1) << "autotune: the budget: " << set_up << " s set-up, " << search
-            << " s search (" << tune.seen.size() << " trials), " << race << " s race ("
-            << (out.race ? out.race->rounds : 0) << " rounds), " << now << " s of " << tune.options.budget << " s"
-            << std::defaultfloat << std::endl;
+            << " s search (" << tune.seen.size() << " trials), " << race << " s race (" << (out.race ? out.race->rounds : 0)
+            << " rounds), " << now << " s of " << tune.options.budget << " s" << std::defaultfloat << std::endl;
   if (worker) {
     out.executor["worker"] = worker->to_json();
     std::cerr << "autotune: the PyTorch worker started " << worker->starts << " time" << (worker->starts == 1 ? "" : "s");
@@ -1311,7 +1355,8 @@ void predict_step(Tune& tune) {
   std::cerr << "autotune: measuring the gradients' all-reduce (" << workload.parameter_count() / 1e6 << "M floats) on "
             << at_hand << " ranks" << std::endl;
   const AllreduceProbe probe = probe_allreduce(tune.plan.launcher, self, at_hand, workload.parameter_count(),
-                                               bucket == best.switches.end() ? workload.distributed.bucket_mb : std::stod(bucket->second),
+                                               bucket == best.switches.end() ? workload.distributed.bucket_mb
+                                                                             : std::stod(bucket->second),
                                                &stop_requested);
   RanksPrediction p = predict_ranks(ranks, best.global_batch * ranks, out.report.best.result.samples_per_s, probe);
   if (ranks <= options.probe_ranks) {  // the ranks are at hand: run the predicted configuration on them
@@ -1339,9 +1384,11 @@ int output_step(const Tune& tune) {
   write_output(emit(out, tune.options.format), out_path);
   if (out.interrupted || stop_requested) {  // a stop during the output: the output is whole, the exit says so
     std::cerr << "autotune: stopped by " << stop_signal_name() << " after " << human_seconds(tune.clock.elapsed()) << ": "
-              << (out.report.found ? "the best so far (" + describe(out.report.best.candidate) + ")" : "no configuration (none ran)")
-              << " written to " << (out_path.empty() ? "stdout" : out_path) << "; the journal " << tune.journal_path << " keeps "
-              << tune.seen.size() + tune.resumed << " finished trials (--resume goes on from them)" << std::endl;
+              << (out.report.found ? "the best so far (" + describe(out.report.best.candidate) + ")"
+                                   : "no configuration (none ran)")
+              << " written to " << (out_path.empty() ? "stdout" : out_path) << "; the journal " << tune.journal_path
+              << " keeps " << tune.seen.size() + tune.resumed << " finished trials (--resume goes on from them)"
+              << std::endl;
     return interrupted_exit_code();
   }
   std::cerr << "autotune: " << (out.report.found ? "chose " + describe(out.report.best.candidate) : "no configuration ran")
@@ -1356,14 +1403,16 @@ int compare_tuned(const AutotuneOptions& options) {
   const BudgetClock clock;
   const std::vector<std::string> executors = executor_names(options.executor);
   if (options.compare_files.size() * executors.size() < 2)
-    throw UsageError("--compare: give two tuned files or more, or one with --executor native,torch (the C++ step "
-                     "against its PyTorch twin)");
+    throw UsageError(
+        "--compare: give two tuned files or more, or one with --executor native,torch (the C++ step "
+        "against its PyTorch twin)");
   if (options.format != OutFormat::yaml && options.format != OutFormat::json)
     throw UsageError("--compare writes --format yaml or json");
   std::vector<TunedFile> tuned;
   for (const auto& p : options.compare_files) tuned.push_back(read_tuned_file(p));
   // The workload the files were tuned for, unless --workload names it; either way the files'.
-  const step::Workload workload = step::load_workload(options.workload_given ? options.workload : tuned.front().workload_path);
+  const step::Workload workload = step::load_workload(options.workload_given ? options.workload
+                                                                             : tuned.front().workload_path);
   const std::string workload_digest = digest(file_text(workload.path));
   for (const auto& t : tuned)
     if (t.workload_digest != workload_digest)
@@ -1403,7 +1452,8 @@ int run(int argc, char** argv) {
     if (comm::launched_rank() == 0) std::cout << to_json(r).dump() << std::endl;  // one line, rank 0's
     return 0;
   }
-  if (argc == 3 && std::string(argv[1]) == "--allreduce-probe") return run_allreduce_probe_here(nlohmann::json::parse(argv[2]));
+  if (argc == 3 && std::string(argv[1]) == "--allreduce-probe")
+    return run_allreduce_probe_here(nlohmann::json::parse(argv[2]));
   const AutotuneOptions options = parse_options(argc, argv);
   if (!options.help.empty()) {
     std::cout << options.help;

@@ -38,7 +38,7 @@ struct AutotuneOptions {
   int64_t batch = 0;            // --batch, 0: not given
   std::string batch_range;      // --batch-range A:B, "": not given
   std::string strategy = "auto";
-  std::string switches;         // --switches: "" all the workload has, "none", or a comma list
+  std::string switches;  // --switches: "" all the workload has, "none", or a comma list
   OutFormat format = OutFormat::yaml;
   std::string journal_path, out_path;
   std::string executor = "native";  // native, torch, or native,torch with --compare
@@ -76,10 +76,10 @@ Machine pick_machine(const std::string& gpu);
 // twin of the step (torch) or the user's own model (--entry) in one `scripts/torch-step --serve` worker.
 struct TrialRunner {
   std::unique_ptr<Executor> executor;
-  nlohmann::json description;  // the output's executor
+  nlohmann::json description;           // the output's executor
   const WorkerStats* worker = nullptr;  // the PyTorch worker's starts and restarts (torch executors), owned by `executor`
-  EntryExecutor* entry = nullptr;  // --entry: the executor (owned by `executor`), which also finds --versus's batch
-  std::string journal_tag;     // keeps the executors' journals apart
+  EntryExecutor* entry = nullptr;       // --entry: the executor (owned by `executor`), which also finds --versus's batch
+  std::string journal_tag;              // keeps the executors' journals apart
   bool torch = false;
 };
 
@@ -92,7 +92,7 @@ struct TunePlan {
   std::vector<std::string> launcher;  // --ranks: the launcher's words
   TrialRunner runner;
   SearchSpace space;
-  Candidate own;                      // the workload's own configuration
+  Candidate own;  // the workload's own configuration
   std::string workload_digest;
 };
 
@@ -132,13 +132,13 @@ class Tune {
   const AutotuneOptions& options;
   TunePlan& plan;
   const BudgetClock& clock;
-  SearchOptions search_options;  // the search's settings and its callbacks
-  TrialEstimate shortest;        // the shortest trial this machine can run
-  std::vector<Ranked> seen;      // every finished trial, in order
+  SearchOptions search_options;             // the search's settings and its callbacks
+  TrialEstimate shortest;                   // the shortest trial this machine can run
+  std::vector<Ranked> seen;                 // every finished trial, in order
   std::optional<Ranked> resumed_own_trial;  // the workload's own configuration, when --resume took it from the journal
-  std::size_t resumed = 0;       // trials --resume took from the journal
-  std::vector<double> setups;    // of the ok trials so far, seconds
-  double race_share = 0;         // of the time left, kept for the race while the search runs (0: none)
+  std::size_t resumed = 0;                  // trials --resume took from the journal
+  std::vector<double> setups;               // of the ok trials so far, seconds
+  double race_share = 0;                    // of the time left, kept for the race while the search runs (0: none)
   std::string journal_path;
   TuneOutput out;
   bool only_own = false;  // the search ran nothing but the workload's own configuration

@@ -47,7 +47,8 @@ std::string ranks_unavailable_reason(int64_t ranks, bool cuda, bool predict, con
            " ranks itself";
   if (const std::string why = comm::world_unavailable_reason(); !why.empty()) return "--ranks needs MPI: " + why;
   if (cuda) {
-    if (const std::string why = allreduce::nccl_unavailable_reason(); !why.empty()) return "--ranks on a GPU needs NCCL: " + why;
+    if (const std::string why = allreduce::nccl_unavailable_reason(); !why.empty())
+      return "--ranks on a GPU needs NCCL: " + why;
     const auto gpus = static_cast<int64_t>(cuda_status().devices.size());
     if (!predict && ranks > gpus)
       return "--ranks " + std::to_string(ranks) + " needs a GPU per rank and this machine has " + std::to_string(gpus) +
@@ -70,7 +71,8 @@ void allow_mpirun_as_root() {
 int run_allreduce_probe_here(const nlohmann::json& request) {
   comm::Group& world = comm::world();
   const auto elements = request.at("elements").get<int64_t>();
-  const auto bucket = std::max<int64_t>(1, static_cast<int64_t>(request.at("bucket_mb").get<double>() * double(1 << 20) / 4));
+  const auto bucket = std::max<int64_t>(1,
+                                        static_cast<int64_t>(request.at("bucket_mb").get<double>() * double(1 << 20) / 4));
   const int repeats = request.value("repeats", 7);
   std::vector<float> grads(static_cast<std::size_t>(elements), 0.0f);
   auto all_reduce = [&] {
@@ -96,11 +98,14 @@ int run_allreduce_probe_here(const nlohmann::json& request) {
 AllreduceProbe probe_allreduce(const std::vector<std::string>& launcher, const std::string& self_exe, int64_t ranks,
                                int64_t elements, double bucket_mb, const std::atomic<bool>* stop) {
   const nlohmann::json request{{"elements", elements}, {"bucket_mb", bucket_mb}, {"repeats", 7}};
-  const ChildOutcome child = run_child(under_launcher(launcher, ranks, {self_exe, "--allreduce-probe", request.dump()}), 300, stop);
+  const ChildOutcome child = run_child(under_launcher(launcher, ranks, {self_exe, "--allreduce-probe", request.dump()}), 300,
+                                       stop);
   const auto last = child.out.find_last_of('{');
   if (child.timed_out || child.exit_code != 0 || last == std::string::npos)
     throw CallError(__FILE__, __LINE__, "the all-reduce probe on " + std::to_string(ranks) + " ranks",
-                    child.timed_out ? "timed out" : child.interrupted ? "interrupted" : ending_text(child));
+                    child.timed_out     ? "timed out"
+                    : child.interrupted ? "interrupted"
+                                        : ending_text(child));
   const auto j = nlohmann::json::parse(child.out.substr(last));
   return AllreduceProbe{j.at("ranks").get<int64_t>(), j.at("seconds").get<double>(), j.value("library", std::string())};
 }
@@ -124,10 +129,12 @@ nlohmann::json to_json(const RanksPrediction& p) {
                    {"step_seconds", p.step_compute_s + p.allreduce_s},
                    {"compute_seconds", p.step_compute_s},
                    {"allreduce_seconds", p.allreduce_s},
-                   {"allreduce_measured", {{"ranks", p.probe.ranks}, {"seconds", p.probe.seconds}, {"library", p.probe.library}}},
+                   {"allreduce_measured",
+                    {{"ranks", p.probe.ranks}, {"seconds", p.probe.seconds}, {"library", p.probe.library}}},
                    {"note", "a prediction, not a measurement: one rank's share of the batch measured on " +
-                            std::to_string(p.probe.ranks) + " independent ranks, plus the gradients' all-reduce measured on " +
-                            std::to_string(p.probe.ranks) + " ranks and scaled by the ring's 2(n-1)/n"}};
+                                std::to_string(p.probe.ranks) +
+                                " independent ranks, plus the gradients' all-reduce measured on " +
+                                std::to_string(p.probe.ranks) + " ranks and scaled by the ring's 2(n-1)/n"}};
   if (p.measured_samples_per_s > 0)
     j["validation"] = {{"measured_samples_per_s", p.measured_samples_per_s}, {"error", p.error()}};
   return j;

@@ -52,13 +52,13 @@ AllreduceProbe probe_allreduce(const std::vector<std::string>& launcher, const s
                                int64_t elements, double bucket_mb, const std::atomic<bool>* stop);
 
 struct RanksPrediction {
-  int64_t ranks = 0;                 // N
-  int64_t global_batch = 0;          // G, every rank's share together
-  double step_compute_s = 0;         // one rank's share, measured on R independent ranks
-  AllreduceProbe probe;              // the all-reduce measured at R ranks
-  double allreduce_s = 0;            // predicted at N ranks
-  double samples_per_s = 0;          // predicted
-  double measured_samples_per_s = 0; // where N <= R: the same configuration run on N ranks (0: not run)
+  int64_t ranks = 0;                  // N
+  int64_t global_batch = 0;           // G, every rank's share together
+  double step_compute_s = 0;          // one rank's share, measured on R independent ranks
+  AllreduceProbe probe;               // the all-reduce measured at R ranks
+  double allreduce_s = 0;             // predicted at N ranks
+  double samples_per_s = 0;           // predicted
+  double measured_samples_per_s = 0;  // where N <= R: the same configuration run on N ranks (0: not run)
   double error() const { return measured_samples_per_s > 0 ? samples_per_s / measured_samples_per_s - 1 : 0; }
 };
 // The model above: `share_samples_per_s` is the trial of G / N samples per step on independent ranks.

@@ -32,8 +32,7 @@ static std::string ratio_text(double ratio, double ci_low, double ci_high, doubl
   const std::string round_words = std::to_string(rounds) + " interleaved round" + (rounds == 1 ? "" : "s");
   if (rounds >= 2)
     out << " (" << std::lround(100 * level) << "% CI " << ci_low << "-" << ci_high << " over " << round_words << ")";
-  else
-    out << " from " << round_words;
+  else out << " from " << round_words;
   return out.str();
 }
 
@@ -54,8 +53,7 @@ Speedup speedup_from_rounds(const PairedRounds& p, double noise_margin, const st
   }
   s.significant = p.faster_beyond(noise_margin);
   const std::string measured = ratio_text(p.ratio, p.ci_low, p.ci_high, p.level, p.rounds);
-  if (s.significant)
-    s.note = "the choice runs at " + measured + " " + against + "'s throughput, measured interleaved";
+  if (s.significant) s.note = "the choice runs at " + measured + " " + against + "'s throughput, measured interleaved";
   else if (p.slower_beyond(noise_margin))
     s.note = "the choice is slower than " + against + " beyond noise: " + measured +
              "; it won the tie-break on peak memory among the finalists within noise of the fastest, or " + against +
@@ -87,8 +85,11 @@ Speedup speedup_of_own_choice(const std::string& against) {
 
 static json measured(const TrialResult& r) {
   // After a race: the median of the interleaved rounds with its distribution-free interval.
-  return json{{"samples_per_s", r.samples_per_s}, {"ci_low", r.ci_low}, {"ci_high", r.ci_high},
-              {"peak_memory_bytes", r.peak_bytes}, {"steps", r.steps}};
+  return json{{"samples_per_s", r.samples_per_s},
+              {"ci_low", r.ci_low},
+              {"ci_high", r.ci_high},
+              {"peak_memory_bytes", r.peak_bytes},
+              {"steps", r.steps}};
 }
 
 // Each finalist with its per-round throughput, its ratio to the leader and what became of it.
@@ -108,11 +109,10 @@ static json race_json(const RaceReport& race, const std::string& own_key, double
     j["samples_per_s_per_round"] = f.per_round();
     if (f.vs_leader.rounds >= 2)
       j["vs_leader"] = {{"ratio", f.vs_leader.ratio}, {"ci_low", f.vs_leader.ci_low}, {"ci_high", f.vs_leader.ci_high}};
-    else if (f.vs_leader.rounds == 1)
-      j["vs_leader"] = {{"ratio", f.vs_leader.ratio}};
+    else if (f.vs_leader.rounds == 1) j["vs_leader"] = {{"ratio", f.vs_leader.ratio}};
     finalists.push_back(j);
   }
-  return json{{"rounds", race.rounds},         {"max_rounds", race.max_rounds}, {"ended", race.ended},
+  return json{{"rounds", race.rounds},        {"max_rounds", race.max_rounds}, {"ended", race.ended},
               {"noise_margin", noise_margin}, {"seconds", race.seconds},       {"finalists", finalists}};
 }
 
@@ -149,11 +149,11 @@ std::string global_batch_note(const TuneOutput& o) {
     return out.str();
   }
   if (plan.batches.size() == 1) {
-    out << "global batch " << chosen * ranks << " only (" << plan.source
-        << "): give --batch-range A:B to search others";
+    out << "global batch " << chosen * ranks << " only (" << plan.source << "): give --batch-range A:B to search others";
     return out.str();
   }
-  out << "searched global batches " << list_text(plan.batches, ranks) << " (" << plan.source << "); the search's best samples/s:";
+  out << "searched global batches " << list_text(plan.batches, ranks) << " (" << plan.source
+      << "); the search's best samples/s:";
   for (const auto& r : per_global_batch(o.report.trials, plan.batches)) {
     out << " " << r.global_batch * ranks << ": ";
     if (r.ok_trials) out << r.best_samples_per_s;
@@ -164,8 +164,8 @@ std::string global_batch_note(const TuneOutput& o) {
   if (chosen == o.workload_global_batch) out << ", the workload's own,";
   out << " because its configuration was the fastest measured"
       << (o.race && o.race->rounds > 0 ? " in the race of the finalists" : " by the search (the race measured no round)")
-      << " (ties to the least memory); " << kConvergenceCaveat << ": autotune --batch "
-      << o.workload_global_batch * ranks << " keeps the workload's own";
+      << " (ties to the least memory); " << kConvergenceCaveat << ": autotune --batch " << o.workload_global_batch * ranks
+      << " keeps the workload's own";
   return out.str();
 }
 
@@ -212,7 +212,9 @@ static void add_speedup(json& into, bool versus, const Speedup& speedup) {
   into[versus ? "speedup" : "speedup_over_workload_config"] = speedup.ratio;
   into["speedup_significant"] = speedup.significant;
   if (speedup.rounds >= 2)
-    into["speedup_interval"] = {{"ci_low", speedup.ci_low}, {"ci_high", speedup.ci_high}, {"level", speedup.level},
+    into["speedup_interval"] = {{"ci_low", speedup.ci_low},
+                                {"ci_high", speedup.ci_high},
+                                {"level", speedup.level},
                                 {"interleaved_rounds", speedup.rounds}};
   into[prefix + "note"] = speedup.note;
 }
@@ -261,14 +263,18 @@ static json search_json(const TuneOutput& o) {
   // difference is the workload's own configuration's trial (run before the search, which reuses it)
   // and, with --resume, the trials replayed from the journal. Race slices are counted in race.rounds.
   const int64_t from_journal_or_own = static_cast<int64_t>(rep.trials.size()) - rep.trials_run;
-  json search{{"strategy", o.strategy},       {"trials_run", rep.trials_run}, {"trials_total", rep.trials.size()},
+  json search{{"strategy", o.strategy},
+              {"trials_run", rep.trials_run},
+              {"trials_total", rep.trials.size()},
               {"trials_note", "trials_total: every trial in the journal of this tune (" + std::to_string(rep.trials.size()) +
                                   "); trials_run: those the search ran in this invocation (" +
                                   std::to_string(rep.trials_run) + "); the other " + std::to_string(from_journal_or_own) +
                                   ": the workload's own configuration, measured before the search, and trials "
                                   "replayed from the journal by --resume; race slices are not trials (race.rounds)"},
-              {"seconds", rep.seconds},       {"budget_seconds", o.budget_seconds},
-              {"budget_exhausted", rep.budget_exhausted}, {"max_micro_batch", rep.max_micro_batch},
+              {"seconds", rep.seconds},
+              {"budget_seconds", o.budget_seconds},
+              {"budget_exhausted", rep.budget_exhausted},
+              {"max_micro_batch", rep.max_micro_batch},
               {"interrupted", o.interrupted}};
   if (!o.budget_spent.is_null()) search["budget_spent"] = json::parse(o.budget_spent.dump());
   return search;
@@ -286,8 +292,7 @@ static json failed_trials_json(const SearchReport& rep) {
   json failed = json::array();
   for (const auto& t : rep.trials)
     if (!t.result.ok())
-      failed.push_back(
-          {{"config", t.candidate.key()}, {"class", to_string(t.result.cls)}, {"message", t.result.message}});
+      failed.push_back({{"config", t.candidate.key()}, {"class", to_string(t.result.cls)}, {"message", t.result.message}});
   return failed;
 }
 
@@ -308,7 +313,9 @@ static json ordered(const TuneOutput& o) {
   t["failed_trials"] = failed_trials_json(o.report);
   t["executor"] = json::parse(o.executor.dump());
   t["device"] = json::parse(o.device.dump());
-  t["workload"] = {{"name", o.workload_name}, {"path", o.workload_path}, {"digest", o.workload_digest},
+  t["workload"] = {{"name", o.workload_name},
+                   {"path", o.workload_path},
+                   {"digest", o.workload_digest},
                    {"source", o.workload_source}};
   t["version"] = build::version;
   t["git_commit"] = build::git_commit;
@@ -370,8 +377,7 @@ std::string emit(const TuneOutput& o, OutFormat format) {
   const json doc = ordered(o);
   std::ostringstream comment;
   comment << "# autotune: " << o.workload_name << " on " << o.device.value("name", std::string("?"));
-  if (o.report.found)
-    comment << ", " << o.report.best.result.samples_per_s << " samples/s";
+  if (o.report.found) comment << ", " << o.report.best.result.samples_per_s << " samples/s";
   if (o.executor.value("name", std::string()) == "torch")
     comment << ", measured in the PyTorch twin of the step (torch " << o.executor.value("torch", std::string("?")) << ")";
   comment << "\n";
@@ -381,8 +387,10 @@ std::string emit(const TuneOutput& o, OutFormat format) {
     comment << "# " << t["versus"]["note"].get<std::string>() << "\n";
   const Candidate* c = o.report.found ? &o.report.best.candidate : nullptr;
   switch (format) {
-    case OutFormat::json: return doc.dump(2) + "\n";
-    case OutFormat::yaml: return yaml_text(doc, comment.str());
+    case OutFormat::json:
+      return doc.dump(2) + "\n";
+    case OutFormat::yaml:
+      return yaml_text(doc, comment.str());
     case OutFormat::deepspeed: {
       if (!c) throw UsageError("no configuration ran successfully: nothing to write as a DeepSpeed config");
       // DeepSpeed checks train_batch_size = micro x accumulation x world size.
@@ -443,7 +451,8 @@ bool CompareOutput::within_noise() const {
 
 static json ordered(const CompareOutput& o) {
   json configs = json::array(), comparisons = json::array();
-  for (std::size_t f = 0; f < o.files.size(); ++f) configs.push_back({{"file", o.files[f]}, {"config", to_json(o.configs[f])}});
+  for (std::size_t f = 0; f < o.files.size(); ++f)
+    configs.push_back({{"file", o.files[f]}, {"config", to_json(o.configs[f])}});
   for (std::size_t f = 1; f < o.files.size(); ++f) {
     json c{{"of", o.files[f]}, {"against", o.files[0]}};
     if (!o.race || o.raced[f] == o.raced[0]) {
@@ -457,10 +466,10 @@ static json ordered(const CompareOutput& o) {
         c["level"] = p.level;
       }
       c["interleaved_rounds"] = p.rounds;
-      c["verdict"] = !p.decides()                          ? "too_few_rounds"
-                     : p.faster_beyond(o.noise_margin)     ? "faster"
-                     : p.slower_beyond(o.noise_margin)     ? "slower"
-                                                           : "within_noise";
+      c["verdict"] = !p.decides()                      ? "too_few_rounds"
+                     : p.faster_beyond(o.noise_margin) ? "faster"
+                     : p.slower_beyond(o.noise_margin) ? "slower"
+                                                       : "within_noise";
       c["note"] = o.files[f] + "'s configuration at " + ratio_text(p.ratio, p.ci_low, p.ci_high, p.level, p.rounds) +
                   " the throughput of " + o.files[0] + "'s";
     }
@@ -486,10 +495,13 @@ nlohmann::json to_json(const CompareOutput& o) { return nlohmann::json::parse(or
 std::string emit(const CompareOutput& o, OutFormat format) {
   const json doc = ordered(o);
   switch (format) {
-    case OutFormat::json: return doc.dump(2) + "\n";
-    case OutFormat::yaml: return yaml_text(doc, "# autotune --compare: " + o.workload_name + " on " +
-                                                    o.device.value("name", std::string("?")) + "\n");
-    default: throw UsageError("--compare writes yaml or json");
+    case OutFormat::json:
+      return doc.dump(2) + "\n";
+    case OutFormat::yaml:
+      return yaml_text(doc, "# autotune --compare: " + o.workload_name + " on " + o.device.value("name", std::string("?")) +
+                                "\n");
+    default:
+      throw UsageError("--compare writes yaml or json");
   }
 }
 

@@ -34,9 +34,9 @@ struct Speedup {
   double ratio = 1;                // choice / own, samples per second
   double ci_low = 0, ci_high = 0;  // the paired interval over the interleaved rounds (rounds >= 2)
   double level = 0.95;
-  int rounds = 0;                  // interleaved rounds it rests on; 0: separate trials, or one configuration
-  bool significant = false;        // the interval excludes 1 by at least the noise margin
-  std::string note;                // the verdict, in a sentence
+  int rounds = 0;            // interleaved rounds it rests on; 0: separate trials, or one configuration
+  bool significant = false;  // the interval excludes 1 by at least the noise margin
+  std::string note;          // the verdict, in a sentence
 };
 // From the race's paired rounds of the choice against the workload's own configuration.
 // `against` names the configuration compared with: the workload's own, or --versus's.
@@ -98,9 +98,9 @@ struct CompareOutput {
   nlohmann::json executor = native_executor_json();
   std::string workload_name, workload_path, workload_digest;
   std::vector<std::string> files;
-  std::vector<Candidate> configs;   // one per file
-  std::vector<std::size_t> raced;   // per file: its finalist in `race` (files holding one configuration share it)
-  std::optional<RaceReport> race;   // absent when every file holds the same configuration
+  std::vector<Candidate> configs;  // one per file
+  std::vector<std::size_t> raced;  // per file: its finalist in `race` (files holding one configuration share it)
+  std::optional<RaceReport> race;  // absent when every file holds the same configuration
   double noise_margin = 0.01, level = 0.95;
   bool interrupted = false;
   // Every configuration is within noise of the first: over enough rounds for a verdict, no paired

@@ -18,7 +18,8 @@ std::string entry_spec(const std::string& spec) {
   if (spec.rfind("hf:", 0) == 0) return spec;
   const auto colon = spec.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == spec.size())
-    throw UsageError("--entry " + spec + ": expected FILE.py:NAME (a function NAME(micro_batch, device) in FILE.py) or hf:MODEL");
+    throw UsageError("--entry " + spec +
+                     ": expected FILE.py:NAME (a function NAME(micro_batch, device) in FILE.py) or hf:MODEL");
   return std::filesystem::absolute(spec.substr(0, colon)).lexically_normal().string() + spec.substr(colon);
 }
 
@@ -47,7 +48,8 @@ std::string entry_digest_text(const EntryProbe& p) {
 TrialEstimate entry_shortest_trial(const EntryProbe& p, const Candidate& c, int64_t min_steps) {
   TrialEstimate e;
   // The probe's step at its micro-batch, scaled to the candidate's global batch.
-  e.step_seconds = p.step_seconds * static_cast<double>(c.global_batch) / static_cast<double>(std::max<int64_t>(p.micro_batch, 1));
+  e.step_seconds = p.step_seconds * static_cast<double>(c.global_batch) /
+                   static_cast<double>(std::max<int64_t>(p.micro_batch, 1));
   e.rate_source = "one step of the entry as the probe measured it";
   // Opening a candidate in the worker (building it as the probe did), the checked first step (the reference and
   // the candidate), two untimed steps, min_steps.
@@ -62,11 +64,17 @@ EntryExecutor::EntryExecutor(const std::string& spec, bool cuda, int device, int
   if (probe_.spec.rfind("hf:", 0) != 0) probe_.file = probe_.spec.substr(0, probe_.spec.rfind(':'));
   probe_.torch = torch_interpreter();
   const int64_t host_limit = memory_limit > 0 ? std::min(memory_limit, capacity_) : capacity_;
-  const json start{{"kind", "entry"}, {"entry", probe_.spec}, {"backend", cuda ? "cuda" : "cpu"}, {"device", device},
+  const json start{{"kind", "entry"},
+                   {"entry", probe_.spec},
+                   {"backend", cuda ? "cuda" : "cpu"},
+                   {"device", device},
                    {"memory_limit_bytes", cuda ? int64_t{0} : host_limit}};
   worker_ = std::make_unique<WorkerExecutor>(
       std::vector<std::string>{probe_.torch.python, probe_.torch.script, "--serve", start.dump()},
-      [](const Candidate& candidate) { return json{{"candidate", to_json(candidate)}}; }, capacity_, stop);
+      [](const Candidate& candidate) {
+        return json{{"candidate", to_json(candidate)}};
+      },
+      capacity_, stop);
   // The worker's start and the probe share `timeout_s` (what is left of the budget): a probe that hangs is stopped
   // at the budget's end, as a trial would be.
   const auto started = std::chrono::steady_clock::now();
@@ -83,7 +91,8 @@ EntryExecutor::EntryExecutor(const std::string& spec, bool cuda, int device, int
     if (e.why == WorkerLost::Why::interrupted) throw;  // a stop, not the entry's fault
     if (e.why == WorkerLost::Why::hung)
       throw UsageError("--entry " + spec + ": validating it did not finish within the budget (" +
-                       std::to_string(std::lround(timeout_s)) + " s left; its build or first step hung, or give a larger "
+                       std::to_string(std::lround(timeout_s)) +
+                       " s left; its build or first step hung, or give a larger "
                        "--budget): the worker was stopped");
     throw UsageError("--entry " + spec + ": the worker failed validating it: " + e.what());
   }
@@ -107,8 +116,8 @@ EntryExecutor::EntryExecutor(const std::string& spec, bool cuda, int device, int
 LargestBatch EntryExecutor::largest_batch(int64_t global_batch, int64_t memory_limit_bytes, double timeout_s) {
   json j;
   try {
-    j = worker_->request({{"op", "largest_batch"}, {"global_batch", global_batch}, {"memory_limit_bytes", memory_limit_bytes}},
-                         timeout_s);
+    j = worker_->request(
+        {{"op", "largest_batch"}, {"global_batch", global_batch}, {"memory_limit_bytes", memory_limit_bytes}}, timeout_s);
   } catch (const WorkerLost& e) {
     if (e.why == WorkerLost::Why::interrupted) throw std::runtime_error("interrupted during the largest-batch search");
     if (e.why == WorkerLost::Why::hung)
@@ -118,7 +127,8 @@ LargestBatch EntryExecutor::largest_batch(int64_t global_batch, int64_t memory_l
   }
   if (j.contains("error")) {
     if (j.value("usage", false)) throw UsageError(j.at("error").get<std::string>());
-    throw std::runtime_error("--entry " + probe_.label + ": the largest-batch search failed: " + j.at("error").get<std::string>());
+    throw std::runtime_error("--entry " + probe_.label +
+                             ": the largest-batch search failed: " + j.at("error").get<std::string>());
   }
   LargestBatch found;
   found.micro_batch = j.at("micro_batch").get<int64_t>();

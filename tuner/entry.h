@@ -21,14 +21,14 @@
 namespace tb::tune {
 
 struct EntryProbe {
-  std::string spec;    // as the trials get it: FILE.py made absolute
-  std::string label;   // "FILE.py:NAME", "hf:gpt2", "LightningModule Name"
-  std::string file;    // the entry's file, "" for hf:
+  std::string spec;   // as the trials get it: FILE.py made absolute
+  std::string label;  // "FILE.py:NAME", "hf:gpt2", "LightningModule Name"
+  std::string file;   // the entry's file, "" for hf:
   int64_t parameters = 0;
   double max_grad_norm = 0;
-  int64_t micro_batch = 0;     // the probe's
-  double step_seconds = 0;     // one step at that micro-batch, as the probe measured it
-  double probe_seconds = 0;    // the probe in the worker: building the entry, a forward, backward and step
+  int64_t micro_batch = 0;   // the probe's
+  double step_seconds = 0;   // one step at that micro-batch, as the probe measured it
+  double probe_seconds = 0;  // the probe in the worker: building the entry, a forward, backward and step
   std::map<std::string, std::vector<std::string>> switches;  // the entry's own value first
   TorchProbe torch;
 };
@@ -54,7 +54,7 @@ struct LargestBatch {
   int64_t micro_batch = 0;  // 0: not even one sample fits
   int64_t steps_per_size = 0;
   double seconds = 0;
-  nlohmann::json tried;     // [{micro_batch, outcome, peak_bytes}], in the order tried
+  nlohmann::json tried;  // [{micro_batch, outcome, peak_bytes}], in the order tried
 };
 
 // The user's model in the tune's worker (worker.h): the entry's module imported once, each candidate rebuilt
@@ -66,7 +66,9 @@ class EntryExecutor final : public Executor {
   // entry is bad or PyTorch is missing. `memory_limit`: bytes a CPU worker may map (0: what the host has).
   EntryExecutor(const std::string& spec, bool cuda, int device, int64_t global_batch, const std::atomic<bool>* stop,
                 int64_t memory_limit, double timeout_s);
-  TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override { return worker_->run(candidate, policy); }
+  TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override {
+    return worker_->run(candidate, policy);
+  }
   int64_t memory_capacity() const override { return capacity_; }
   const EntryProbe& probe() const { return probe_; }
   const WorkerStats& worker_stats() const { return worker_->stats(); }

@@ -57,18 +57,21 @@ Journal::Journal(std::string path, std::string context, bool resume) : path_(std
   // O_NOFOLLOW: a symlink planted at a predictable journal path cannot send the appends elsewhere.
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0666);
   if (fd_ < 0)
-    throw UsageError("cannot open the journal " + path_ + ": " +
-                     (errno == ELOOP ? std::string("it is a symlink (give --journal the file itself)") : std::strerror(errno)));
+    throw UsageError(
+        "cannot open the journal " + path_ + ": " +
+        (errno == ELOOP ? std::string("it is a symlink (give --journal the file itself)") : std::strerror(errno)));
   const auto refuse = [&](const std::string& why) {
     ::close(fd_);
     fd_ = -1;
     throw UsageError(why);
   };
   struct stat st {};
-  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) refuse("the journal " + path_ + " is not a regular file (give --journal FILE)");
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode))
+    refuse("the journal " + path_ + " is not a regular file (give --journal FILE)");
   // One tune a journal: a second would interleave its trials with the first's, or drop them.
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0)
-    refuse("the journal " + path_ + " is in use by another autotune (the same workload on the same device, or the same "
+    refuse("the journal " + path_ +
+           " is in use by another autotune (the same workload on the same device, or the same "
            "--journal): wait for it to end, or give this tune its own --journal FILE");
   const std::string text = read_all(fd_, path_);
   const std::size_t finished = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
@@ -84,8 +87,10 @@ Journal::Journal(std::string path, std::string context, bool resume) : path_(std
       refuse(path_ + " is not an autotune journal (line " + std::to_string(line_number) +
              " is not a trial's line): it was left as it is; give --journal another file");
     if (of != context_)
-      refuse("the journal " + path_ + " holds the trials of another tune (another workload file, device or executor: "
-             "context " + of + ", this tune's " + context_ + "): it was left as it is; give --journal another file");
+      refuse("the journal " + path_ +
+             " holds the trials of another tune (another workload file, device or executor: "
+             "context " +
+             of + ", this tune's " + context_ + "): it was left as it is; give --journal another file");
     lines_.push_back(std::move(line));
   }
   // A last line without its newline was cut by a crash mid-write: it holds no trial, and the next append would
@@ -106,7 +111,8 @@ Journal::~Journal() {
 
 void Journal::append(const Candidate& c, const TrialResult& r) const {
   const std::string line =
-      nlohmann::json{{"context", context_}, {"key", c.key()}, {"candidate", to_json(c)}, {"result", to_json(r)}}.dump() + "\n";
+      nlohmann::json{{"context", context_}, {"key", c.key()}, {"candidate", to_json(c)}, {"result", to_json(r)}}.dump() +
+      "\n";
   ssize_t n = 0;
   while ((n = ::write(fd_, line.data(), line.size())) < 0 && errno == EINTR) {
   }

@@ -63,18 +63,15 @@ std::string simpler_text(const Finalist& c, const Finalist& l) {
   else if (c.changed != l.changed)
     why << c.changed << " change" << (c.changed == 1 ? "" : "s") << " from the workload's own configuration against "
         << l.changed;
-  else if (c.peak_bytes() != l.peak_bytes())
-    why << "less peak memory";
-  else
-    why << "a tie";
+  else if (c.peak_bytes() != l.peak_bytes()) why << "less peak memory";
+  else why << "a tie";
   return why.str();
 }
 
 // One race: the report it fills and what it needs between rounds.
 class Race {
  public:
-  Race(Executor& executor, const std::vector<RaceEntrant>& entrants, const RaceOptions& o)
-      : executor_(executor), o_(o) {
+  Race(Executor& executor, const std::vector<RaceEntrant>& entrants, const RaceOptions& o) : executor_(executor), o_(o) {
     rep_.max_rounds = o.max_rounds;
     for (const auto& e : entrants) {
       Finalist f;
@@ -85,8 +82,7 @@ class Race {
       f.why = e.why;
       rep_.finalists.push_back(f);
       const double setup = e.searched.setup_seconds > 0 ? e.searched.setup_seconds : o.min_trial_seconds;
-      expected_.push_back(std::max(o.min_trial_seconds, setup + o.slice.max_seconds) * kSliceSafety +
-                          kProcessStartSeconds);
+      expected_.push_back(std::max(o.min_trial_seconds, setup + o.slice.max_seconds) * kSliceSafety + kProcessStartSeconds);
     }
   }
 
@@ -219,8 +215,7 @@ class Race {
       f.vs_leader = rep_.compare(i, leader, o_.level);
       if (round >= o_.min_rounds_to_drop && f.vs_leader.slower_beyond(o_.noise_margin))
         drop(i, round, "slower than the leader beyond noise: " + ratio_text(f.vs_leader));
-      else
-        settled &= f.vs_leader.within(o_.noise_margin);
+      else settled &= f.vs_leader.within(o_.noise_margin);
     }
     return settled;
   }
@@ -250,8 +245,7 @@ class Race {
     int choice = -1;
     for (std::size_t i : in) {
       const Finalist& f = rep_.finalists[i];
-      const bool tie =
-          i == leader || ties(f.vs_leader) || (closer(f) && f.vs_leader.decides() && f.vs_leader.ci_high >= 1);
+      const bool tie = i == leader || ties(f.vs_leader) || (closer(f) && f.vs_leader.decides() && f.vs_leader.ci_high >= 1);
       if (!f.eligible || !tie) continue;
       if (choice < 0 || simpler(f, rep_.finalists[choice])) choice = static_cast<int>(i);
     }
@@ -267,8 +261,7 @@ class Race {
       if (!f.eligible || f.slices.empty()) continue;
       const bool in_race = !f.dropped_after;
       const Finalist* c = choice < 0 ? nullptr : &rep_.finalists[choice];
-      if (!c || (in_race && c->dropped_after) ||
-          (in_race == !c->dropped_after && f.vs_leader.ratio > c->vs_leader.ratio))
+      if (!c || (in_race && c->dropped_after) || (in_race == !c->dropped_after && f.vs_leader.ratio > c->vs_leader.ratio))
         choice = static_cast<int>(i);
     }
     return choice;

@@ -49,9 +49,9 @@ std::vector<std::size_t> round_order(std::size_t n, int round);
 
 struct RaceEntrant {
   Candidate candidate;
-  TrialResult searched;   // what the search measured of it, when it did: set-up time and peak memory
-  bool eligible = true;   // may be chosen (the workload's own configuration without the headroom may not)
-  std::string why;        // why it races: "choice", "tie", "next fastest", "best optimizer=fused", "own"
+  TrialResult searched;  // what the search measured of it, when it did: set-up time and peak memory
+  bool eligible = true;  // may be chosen (the workload's own configuration without the headroom may not)
+  std::string why;       // why it races: "choice", "tie", "next fastest", "best optimizer=fused", "own"
   // How far it is from the workload's own configuration, for ties (the simpler one wins): the switches set
   // to a value with a cost of its own (compile=on: compilation time and memory), and the switches and
   // micro-batch changed.
@@ -64,7 +64,7 @@ struct RaceOptions {
   int min_rounds_to_drop = PairedRounds::kMinRoundsForVerdict;
   double noise_margin = 0.01;  // ratios within 1 +- this are the same configuration's speed
   double level = 0.95;
-  MeasurePolicy slice;         // each slice is a short trial
+  MeasurePolicy slice;  // each slice is a short trial
   // When set, wall-clock seconds left: a round starts only when every slice of it is expected to fit,
   // and each slice must end in time (MeasurePolicy::wall_seconds).
   std::function<double()> seconds_left;
@@ -84,7 +84,7 @@ struct Finalist {
   std::vector<TrialResult> slices;  // one per complete round it ran in, in round order
   int dropped_after = 0;            // the round after which it was dropped; 0: still in at the end
   std::string why_dropped;
-  PairedRounds vs_leader;           // against the leader at the end, or when it was dropped
+  PairedRounds vs_leader;  // against the leader at the end, or when it was dropped
 
   std::vector<double> per_round() const;  // samples/s of each slice
   int64_t peak_bytes() const;             // the most any slice used
@@ -98,8 +98,8 @@ struct RaceReport {
   std::vector<Finalist> finalists;  // in the order given
   int rounds = 0;                   // complete rounds
   int max_rounds = 0;
-  int leader = -1;  // the fastest still in, the machine's level each round taken out; -1: no round ran
-  int choice = -1;  // of the eligible finalists still in that tie with the leader, the simplest (below)
+  int leader = -1;         // the fastest still in, the machine's level each round taken out; -1: no round ran
+  int choice = -1;         // of the eligible finalists still in that tie with the leader, the simplest (below)
   std::string choice_why;  // why the choice is not the leader, when it is not
   bool budget_exhausted = false;
   std::string ended;  // why the race stopped, in words

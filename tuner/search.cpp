@@ -72,18 +72,18 @@ namespace tb::tune {
 
 namespace {
 
-constexpr int kMaxProbeAttempts = 6;      // memory probes per largest_micro_batch call
-constexpr int kMaxRounds = 4;             // coordinate-descent rounds
-constexpr int kMaxRemeasures = 3;         // close calls measured again
+constexpr int kMaxProbeAttempts = 6;                  // memory probes per largest_micro_batch call
+constexpr int kMaxRounds = 4;                         // coordinate-descent rounds
+constexpr int kMaxRemeasures = 3;                     // close calls measured again
 constexpr double kGoldenSection = 0.381966011250105;  // (3 - sqrt 5) / 2
-constexpr double kPromising = 0.02;       // a switch this close to the best is hill-climbed in micro-batch
+constexpr double kPromising = 0.02;                   // a switch this close to the best is hill-climbed in micro-batch
 constexpr double kNotWorthRetrying = 0.05;  // a micro-batch step this much worse wherever it was measured is not retried
 constexpr double kSwitchNotWorthRetrying = 0.02;  // the same for a switch value at the same micro-batch
-constexpr double kDistantEvidence = 0.10;  // benefit of the doubt for evidence from other switch settings
-constexpr double kSignificant = 0.5;      // improvements above this x noise_margin call for another round
-constexpr double kClearlyBehind = 0.05;   // trials this far below the best so far may stop early
-constexpr double kMaxTieGap = 2;         // overlapping intervals are ties up to this x noise_margin apart
-constexpr double kLooseInterval = 1.5;    // half-width above this x the target: a noisy trial
+constexpr double kDistantEvidence = 0.10;         // benefit of the doubt for evidence from other switch settings
+constexpr double kSignificant = 0.5;              // improvements above this x noise_margin call for another round
+constexpr double kClearlyBehind = 0.05;           // trials this far below the best so far may stop early
+constexpr double kMaxTieGap = 2;                  // overlapping intervals are ties up to this x noise_margin apart
+constexpr double kLooseInterval = 1.5;            // half-width above this x the target: a noisy trial
 constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
 
 struct BudgetExhausted {};
@@ -221,7 +221,8 @@ class Session {
   }
 
   // Switch settings that ran ok, each with the (micro-batch, peak) of its ok trials.
-  using Peaks = std::map<std::string, std::pair<std::map<std::string, std::string>, std::vector<std::pair<int64_t, int64_t>>>>;
+  using Peaks =
+      std::map<std::string, std::pair<std::map<std::string, std::string>, std::vector<std::pair<int64_t, int64_t>>>>;
   const Peaks& peaks() const { return peaks_; }
 
   // The smallest micro-batch that ran out of memory with these switches.
@@ -332,7 +333,8 @@ int64_t fit_largest(Session& s, MemoryModel& mm, const Candidate& base, const st
     } else if (r.ok()) {
       mm.peaks[target] = r.peak_bytes;
       if (predicted > 0)
-        s.headroom = std::max(s.headroom, base_headroom + std::abs(static_cast<double>(r.peak_bytes) - predicted) / predicted);
+        s.headroom = std::max(s.headroom,
+                              base_headroom + std::abs(static_cast<double>(r.peak_bytes) - predicted) / predicted);
     } else {
       mm.failed.insert(target);
     }
@@ -458,7 +460,7 @@ class Planner {
       for (int i = 0; i < n; ++i)
         if (v[i] >= 0 && (k < 0 || v[i] > v[k])) k = i;
       int left = k - 1, right = k + 1;
-      while (left >= 0 && v[left] < 0) --left;    // the bracket: measured neighbours (or the ends)
+      while (left >= 0 && v[left] < 0) --left;  // the bracket: measured neighbours (or the ends)
       while (right < n && v[right] < 0) ++right;
       const int gap_left = k - left - 1, gap_right = right - k - 1;
       if (gap_left == 0 && gap_right == 0) {
@@ -614,9 +616,7 @@ void run_grid(Planner& p, const SearchSpace& space) {
       }
 }
 
-bool intervals_overlap(const TrialResult& a, const TrialResult& b) {
-  return a.ci_low <= b.ci_high && b.ci_low <= a.ci_high;
-}
+bool intervals_overlap(const TrialResult& a, const TrialResult& b) { return a.ci_low <= b.ci_high && b.ci_low <= a.ci_high; }
 
 // The fastest (`top`), its ties fastest first, and among them the one with the smallest peak.
 struct Choice {
@@ -780,11 +780,16 @@ std::string Candidate::key() const {
 
 const char* to_string(TrialClass c) {
   switch (c) {
-    case TrialClass::ok: return "ok";
-    case TrialClass::oom: return "oom";
-    case TrialClass::error: return "error";
-    case TrialClass::timeout: return "timeout";
-    case TrialClass::incorrect: return "incorrect";
+    case TrialClass::ok:
+      return "ok";
+    case TrialClass::oom:
+      return "oom";
+    case TrialClass::error:
+      return "error";
+    case TrialClass::timeout:
+      return "timeout";
+    case TrialClass::incorrect:
+      return "incorrect";
   }
   return "error";
 }

@@ -31,13 +31,13 @@ TrialClass trial_class_from_string(const std::string& s);  // throws std::invali
 // What a trial measured. Throughput is samples per second over whole optimizer steps.
 struct TrialResult {
   TrialClass cls = TrialClass::ok;
-  double samples_per_s = 0;            // median over the trial's samples
-  double ci_low = 0, ci_high = 0;      // interval of that median (samples/s)
-  int64_t peak_bytes = 0;              // the allocator's high-water mark
-  int64_t steps = 0;                   // whole steps measured
-  double seconds = 0;                  // wall time the trial took, setup included
-  std::string message;                 // why, when not ok
-  double setup_seconds = 0;            // of `seconds`, before the first timed sample (set-up, check, warm-up)
+  double samples_per_s = 0;        // median over the trial's samples
+  double ci_low = 0, ci_high = 0;  // interval of that median (samples/s)
+  int64_t peak_bytes = 0;          // the allocator's high-water mark
+  int64_t steps = 0;               // whole steps measured
+  double seconds = 0;              // wall time the trial took, setup included
+  std::string message;             // why, when not ok
+  double setup_seconds = 0;        // of `seconds`, before the first timed sample (set-up, check, warm-up)
   bool ok() const { return cls == TrialClass::ok; }
 };
 
@@ -83,13 +83,13 @@ struct SearchSpace {
 
 struct SearchOptions {
   enum class Strategy { grid, auto_ } strategy = Strategy::auto_;
-  double budget_seconds = 300;   // wall time for the whole search (trials' own seconds count)
+  double budget_seconds = 300;  // wall time for the whole search (trials' own seconds count)
   // When set, the wall-clock seconds left for trials, which replaces the budget above: a trial starts
   // only with at least `min_trial_seconds` left and must end (MeasurePolicy::wall_seconds) in time.
   std::function<double()> seconds_left;
   double min_trial_seconds = 0;
-  double noise_margin = 0.01;    // configs whose throughputs differ less than this are ties
-  double headroom = 0.05;        // memory kept free, at least; widened by the measured variation
+  double noise_margin = 0.01;  // configs whose throughputs differ less than this are ties
+  double headroom = 0.05;      // memory kept free, at least; widened by the measured variation
   MeasurePolicy measure;
   // Called after each trial (progress lines, journaling). Trials already known (resume) are passed
   // in `known` and are not run again.
@@ -114,7 +114,7 @@ struct SearchReport {
   double headroom = 0;             // the headroom used
   double seconds = 0;
   bool budget_exhausted = false;
-  bool found = false;              // false when no candidate ran successfully
+  bool found = false;  // false when no candidate ran successfully
 };
 
 // The largest micro-batch that fits for the given memory-relevant switches: probes two sizes,

@@ -53,8 +53,8 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }
 
 bool looks_like_oom(const std::string& what) {
-  for (const char* sign : {"cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED", "out of memory", "MiB of device memory",
-                           "MiB of host memory"})
+  for (const char* sign : {"cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED", "out of memory",
+                           "MiB of device memory", "MiB of host memory"})
     if (what.find(sign) != std::string::npos) return true;
   return false;
 }
@@ -163,7 +163,9 @@ TrialEstimate shortest_trial(const step::Workload& w, int64_t min_steps, bool cu
 }
 
 json to_json(const Candidate& c) {
-  return json{{"global_batch", c.global_batch}, {"micro_batch", c.micro_batch}, {"accumulation", c.accumulation()},
+  return json{{"global_batch", c.global_batch},
+              {"micro_batch", c.micro_batch},
+              {"accumulation", c.accumulation()},
               {"switches", c.switches}};
 }
 
@@ -176,7 +178,7 @@ Candidate candidate_from_json(const json& j) {
 }
 
 json to_json(const TrialResult& r) {
-  return json{{"class", to_string(r.cls)},  {"samples_per_s", r.samples_per_s}, {"ci_low", r.ci_low},
+  return json{{"class", to_string(r.cls)}, {"samples_per_s", r.samples_per_s}, {"ci_low", r.ci_low},
               {"ci_high", r.ci_high},      {"peak_bytes", r.peak_bytes},       {"steps", r.steps},
               {"seconds", r.seconds},      {"setup_seconds", r.setup_seconds}, {"message", r.message}};
 }
@@ -265,8 +267,8 @@ TrialResult run_trial_here(const json& request) {
     if (cuda && ranks > 1 && !cuda_status().devices.empty())
       device = comm::world().local_rank() % static_cast<int>(cuda_status().devices.size());
     auto session = make_session(cuda ? Backend::cuda : Backend::cpu, device);
-    std::unique_ptr<step::StepInstance> instance =
-        cuda ? step::make_cuda_step(w, session->context()) : step::make_cpu_step(w);
+    std::unique_ptr<step::StepInstance> instance = cuda ? step::make_cuda_step(w, session->context())
+                                                        : step::make_cpu_step(w);
     // Every rank decides alike: the slowest rank's sample times, the latest rank's clock.
     comm::AgreedTimer agreed(session->timer());
     SampleTimer& timer = ranks > 1 ? static_cast<SampleTimer&>(agreed) : session->timer();
@@ -274,15 +276,22 @@ TrialResult run_trial_here(const json& request) {
     instance->run();
     const Verdict verdict = instance->check();
     if (comm::agree_min(verdict.passed ? 1.0 : 0.0) == 0.0)
-      return fail(TrialClass::incorrect, verdict.passed ? "another rank's first forward differs from the reference" : verdict.detail);
+      return fail(TrialClass::incorrect,
+                  verdict.passed ? "another rank's first forward differs from the reference" : verdict.detail);
     double last_warmup = 0;
-    for (int64_t k = 0; k < warmup_steps(w); ++k) last_warmup = time_sample(timer, [&] { instance->run(); }, 1);
+    for (int64_t k = 0; k < warmup_steps(w); ++k)
+      last_warmup = time_sample(
+          timer, [&] { instance->run(); }, 1);
     r.setup_seconds = seconds_since(started);
     StepSampler sampler;
-    sampler.time_steps = [&](int64_t steps) { return time_sample(timer, [&] { instance->run(); }, steps); };
+    sampler.time_steps = [&](int64_t steps) {
+      return time_sample(
+          timer, [&] { instance->run(); }, steps);
+    };
     sampler.elapsed = [&] { return seconds_since(started); };
     sampler.agree_max = [](double x) { return comm::agree_max(x); };
-    measure_steps(sampler, last_warmup, policy, static_cast<double>(w.batch.global * w.distributed.ranks), r);  // every rank's share
+    measure_steps(sampler, last_warmup, policy, static_cast<double>(w.batch.global * w.distributed.ranks),
+                  r);  // every rank's share
     r.peak_bytes = instance->peak_bytes();
     r.seconds = seconds_since(started);
     return r;
@@ -393,19 +402,16 @@ TrialResult classify(const ChildOutcome& o) {
     }
   }
   r.cls = o.signal == SIGKILL ? TrialClass::oom : TrialClass::error;  // nothing else here sends SIGKILL: the kernel's
-  r.message = ending_text(o);                                           // out-of-memory killer
+  r.message = ending_text(o);                                         // out-of-memory killer
   return r;
 }
 
 std::string ending_text(int signal, int exit_code, const std::string& said, const std::string& after_exit) {
   if (signal == SIGKILL) return "killed by SIGKILL (the kernel's out-of-memory killer, most likely)";
   std::string text;
-  if (signal)
-    text = std::string("crashed: killed by signal ") + std::to_string(signal) + " (" + strsignal(signal) + ")";
-  else if (exit_code >= 0)
-    text = "exited with code " + std::to_string(exit_code) + after_exit;
-  else
-    text = "ended";
+  if (signal) text = std::string("crashed: killed by signal ") + std::to_string(signal) + " (" + strsignal(signal) + ")";
+  else if (exit_code >= 0) text = "exited with code " + std::to_string(exit_code) + after_exit;
+  else text = "ended";
   return said.empty() ? text : text + ": " + said;
 }
 
@@ -421,12 +427,16 @@ int64_t trial_memory_capacity(bool cuda, int device) {
     const auto& g = cuda_status().devices.at(static_cast<std::size_t>(device));
     return g.memory_bytes - (int64_t{1} << 30);
   }
-  return static_cast<int64_t>(0.9 * static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE)));
+  return static_cast<int64_t>(0.9 * static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) *
+                              static_cast<double>(sysconf(_SC_PAGESIZE)));
 }
 
 json to_json(const MeasurePolicy& policy) {
-  return json{{"target_rel_ci", policy.target_rel_ci}, {"max_seconds", policy.max_seconds}, {"min_steps", policy.min_steps},
-              {"stop_below", policy.stop_below}, {"wall_seconds", policy.wall_seconds}};
+  return json{{"target_rel_ci", policy.target_rel_ci},
+              {"max_seconds", policy.max_seconds},
+              {"min_steps", policy.min_steps},
+              {"stop_below", policy.stop_below},
+              {"wall_seconds", policy.wall_seconds}};
 }
 
 MeasurePolicy policy_from_json(const json& j) {
@@ -458,18 +468,20 @@ TrialResult run_watched(const std::vector<std::string>& argv, const MeasurePolic
 ProcessExecutor::ProcessExecutor(std::string self_exe, std::string workload_path, bool cuda, int device,
                                  const std::atomic<bool>* stop, int64_t ranks, std::vector<std::string> launcher,
                                  bool independent)
-    : exe_(std::move(self_exe)), workload_path_(std::move(workload_path)), cuda_(cuda), device_(device), stop_(stop),
-      ranks_(ranks), launcher_(std::move(launcher)), independent_(independent),
+    : exe_(std::move(self_exe)),
+      workload_path_(std::move(workload_path)),
+      cuda_(cuda),
+      device_(device),
+      stop_(stop),
+      ranks_(ranks),
+      launcher_(std::move(launcher)),
+      independent_(independent),
       // The ranks of a CPU trial share this host's memory; a GPU rank has its own device.
       capacity_(trial_memory_capacity(cuda, device) / (cuda ? 1 : ranks)) {}
 
 TrialResult ProcessExecutor::run(const Candidate& candidate, const MeasurePolicy& policy) {
-  const json request{{"workload", workload_path_},
-                     {"backend", cuda_ ? "cuda" : "cpu"},
-                     {"device", device_},
-                     {"candidate", to_json(candidate)},
-                     {"policy", to_json(policy)},
-                     {"ranks", ranks_},
+  const json request{{"workload", workload_path_},      {"backend", cuda_ ? "cuda" : "cpu"}, {"device", device_},
+                     {"candidate", to_json(candidate)}, {"policy", to_json(policy)},         {"ranks", ranks_},
                      {"independent", independent_}};
   if (ranks_ == 1) return run_watched({exe_, "--trial", request.dump()}, policy, stop_);
   // Every rank under the launcher. Rank 0 writes the result; a rank on a GPU drives the one its local
@@ -533,7 +545,9 @@ TorchExecutor::TorchExecutor(const step::Workload& workload, bool cuda, int devi
                              int64_t memory_limit)
     : workload_(workload), cuda_(cuda), capacity_(trial_memory_capacity(cuda, device)), probe_(torch_interpreter()) {
   const int64_t host_limit = memory_limit > 0 ? std::min(memory_limit, capacity_) : capacity_;
-  const json start{{"kind", "twin"}, {"backend", cuda ? "cuda" : "cpu"}, {"device", device},
+  const json start{{"kind", "twin"},
+                   {"backend", cuda ? "cuda" : "cpu"},
+                   {"device", device},
                    {"memory_limit_bytes", cuda ? int64_t{0} : host_limit}};
   worker_ = std::make_unique<WorkerExecutor>(
       std::vector<std::string>{probe_.python, probe_.script, "--serve", start.dump()},
@@ -543,7 +557,8 @@ TorchExecutor::TorchExecutor(const step::Workload& workload, bool cuda, int devi
         return json{{"candidate", to_json(candidate)},
                     {"resolved", step::resolved_workload(w)},
                     {"warmup_steps", warmup_steps(w)},
-                    {"reference", {{"sample", first_sample_}, {"losses", reference_}, {"rtol", tol.rtol}, {"atol", tol.atol}}}};
+                    {"reference",
+                     {{"sample", first_sample_}, {"losses", reference_}, {"rtol", tol.rtol}, {"atol", tol.atol}}}};
       },
       capacity_, stop);
   first_sample_ = step::first_sample_of(workload.data.samples);

@@ -56,8 +56,8 @@ TrialResult trial_result_from_json(const nlohmann::json& j);
 // (wall_seconds) would come before the next sample. Fills `r`'s samples_per_s and interval (of
 // `samples_per_step`), steps, setup_seconds (when unset: the time before the first sample) and message.
 struct StepSampler {
-  std::function<double(int64_t steps)> time_steps;  // seconds for that many whole steps
-  std::function<double()> elapsed;                  // seconds since the trial started
+  std::function<double(int64_t steps)> time_steps;                       // seconds for that many whole steps
+  std::function<double()> elapsed;                                       // seconds since the trial started
   std::function<double(double)> agree_max = [](double x) { return x; };  // over the ranks, on several
 };
 void measure_steps(const StepSampler& sampler, double sizing_step_seconds, const MeasurePolicy& policy,
@@ -72,9 +72,9 @@ TrialResult run_trial_here(const nlohmann::json& request);
 struct ChildOutcome {
   bool timed_out = false;
   bool interrupted = false;
-  int exit_code = -1;  // when it exited
-  int signal = 0;      // when a signal ended it
-  std::string out;     // its standard output
+  int exit_code = -1;    // when it exited
+  int signal = 0;        // when a signal ended it
+  std::string out;       // its standard output
   std::string err_tail;  // the end of its standard error
 };
 // Runs argv in its own process group; kills the group after `timeout_s`, or when `stop` turns true.
@@ -109,9 +109,8 @@ TrialResult run_watched(const std::vector<std::string>& argv, const MeasurePolic
 // `independent`, every rank a step of its own without the all-reduce, timed as the slowest rank's.
 class ProcessExecutor final : public Executor {
  public:
-  ProcessExecutor(std::string self_exe, std::string workload_path, bool cuda, int device,
-                  const std::atomic<bool>* stop, int64_t ranks = 1, std::vector<std::string> launcher = {},
-                  bool independent = false);
+  ProcessExecutor(std::string self_exe, std::string workload_path, bool cuda, int device, const std::atomic<bool>* stop,
+                  int64_t ranks = 1, std::vector<std::string> launcher = {}, bool independent = false);
   TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override;
   int64_t memory_capacity() const override { return capacity_; }
 
@@ -135,10 +134,10 @@ std::string find_on_path(const std::string& program);
 
 // What the PyTorch worker said of its interpreter when it started.
 struct TorchProbe {
-  std::string python, script;          // what runs the worker: python script --serve START
+  std::string python, script;  // what runs the worker: python script --serve START
   std::string torch_version, python_version;
-  bool cuda = false;                   // the worker drives a GPU
-  double import_seconds = 0;           // the worker's start: importing torch and the twin (paid once a tune)
+  bool cuda = false;          // the worker drives a GPU
+  double import_seconds = 0;  // the worker's start: importing torch and the twin (paid once a tune)
 };
 
 // The interpreter and scripts/torch-step as autotune finds them (torch_python(), torch_step_script()).
@@ -164,7 +163,9 @@ class TorchExecutor final : public Executor {
   // `cuda` is asked of a PyTorch that sees no GPU.
   TorchExecutor(const step::Workload& workload, bool cuda, int device, const std::atomic<bool>* stop,
                 int64_t memory_limit = 0);
-  TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override { return worker_->run(candidate, policy); }
+  TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override {
+    return worker_->run(candidate, policy);
+  }
   int64_t memory_capacity() const override { return capacity_; }
   const TorchProbe& probe() const { return probe_; }
   const WorkerStats& worker_stats() const { return worker_->stats(); }

@@ -81,7 +81,7 @@ WorkerProcess::WorkerProcess(const std::vector<std::string>& argv, double timeou
     ::setpgid(0, 0);  // its own group: killed whole, with what it started
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);  // autotune ended before the line above
-    ::dup2(ends[1], STDIN_FILENO);  // dup2 clears close-on-exec
+    ::dup2(ends[1], STDIN_FILENO);            // dup2 clears close-on-exec
     ::dup2(ends[1], STDOUT_FILENO);
     ::dup2(err[1], STDERR_FILENO);
     ::execvp(args[0], args.data());
@@ -120,7 +120,8 @@ WorkerProcess::WorkerProcess(const std::vector<std::string>& argv, double timeou
     throw;
   }
   if (hello_.value("protocol", std::string()) != torch_worker_protocol)
-    throw std::runtime_error(argv.size() > 1 ? argv[1] + " does not speak " + torch_worker_protocol + " (it is not the script this autotune was built with)"
+    throw std::runtime_error(argv.size() > 1 ? argv[1] + " does not speak " + torch_worker_protocol +
+                                                   " (it is not the script this autotune was built with)"
                                              : "the worker does not speak " + std::string(torch_worker_protocol));
 }
 
@@ -246,7 +247,10 @@ json WorkerStats::to_json() const {
 
 WorkerExecutor::WorkerExecutor(std::vector<std::string> argv, OpenRequest open_request, int64_t capacity,
                                const std::atomic<bool>* stop)
-    : argv_(std::move(argv)), open_request_(std::move(open_request)), capacity_(capacity), stop_(stop),
+    : argv_(std::move(argv)),
+      open_request_(std::move(open_request)),
+      capacity_(capacity),
+      stop_(stop),
       hang_floor_(kHangFloorSeconds) {}
 
 WorkerExecutor::~WorkerExecutor() = default;
@@ -282,7 +286,9 @@ json WorkerExecutor::request(const json& message, double timeout_s) {
 class WorkerExecutor::TrialClock {
  public:
   TrialClock(const MeasurePolicy& policy, double hang_floor)
-      : started_(std::chrono::steady_clock::now()), policy_(policy), hang_floor_(hang_floor),
+      : started_(std::chrono::steady_clock::now()),
+        policy_(policy),
+        hang_floor_(hang_floor),
         hang_limit_(3 * policy.max_seconds + 120) {}
   double elapsed() const { return seconds_since(started_); }
   // The limit of a request expected to take `expected` seconds (0: nothing to go by).
@@ -347,8 +353,8 @@ bool WorkerExecutor::measure_candidate(const Candidate& candidate, const json& s
   StepSampler sampler;
   sampler.elapsed = [&] { return clock.elapsed(); };
   sampler.time_steps = [&](int64_t steps) {
-    const json t =
-        process_->request({{"op", "time"}, {"calls", steps}}, clock.limit(step_seconds * static_cast<double>(steps)));
+    const json t = process_->request({{"op", "time"}, {"calls", steps}},
+                                     clock.limit(step_seconds * static_cast<double>(steps)));
     if (t.contains("error")) {
       failed_class = t.value("class", std::string("error"));
       failed_why = t.at("error").get<std::string>();

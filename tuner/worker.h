@@ -28,7 +28,8 @@ inline constexpr const char* torch_worker_protocol = "trainbench-torch-worker/1"
 // answer in time (hung), or autotune was asked to stop.
 struct WorkerLost : std::runtime_error {
   enum class Why { died, hung, interrupted };
-  WorkerLost(Why why_in, const std::string& what, int signal_in = 0) : std::runtime_error(what), why(why_in), signal(signal_in) {}
+  WorkerLost(Why why_in, const std::string& what, int signal_in = 0)
+      : std::runtime_error(what), why(why_in), signal(signal_in) {}
   Why why;
   int signal = 0;  // the signal that ended it, when one did
 };
@@ -115,10 +116,9 @@ class WorkerExecutor final : public Executor {
   const std::atomic<bool>* stop_;
   std::unique_ptr<WorkerProcess> process_;
   WorkerStats stats_;
-  std::string pending_reason_;   // why the next start is a restart
-  double slowest_open_ = 0;      // of the candidates opened without compilation: what a hang is told from
+  std::string pending_reason_;  // why the next start is a restart
+  double slowest_open_ = 0;     // of the candidates opened without compilation: what a hang is told from
   double hang_floor_ = 0;
 };
-
 
 }  // namespace tb::tune

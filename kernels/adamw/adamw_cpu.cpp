@@ -79,24 +79,38 @@ struct Range {
 template <class P>
 void run_op(int op, const Range<P>& r, const StepScalars& s) {
   switch (op) {
-    case 0: op_mul(r.param, r.n, s.decay); break;
-    case 1: op_lerp(r.exp_avg, r.grad, r.n, s.one_minus_beta1); break;
-    case 2: op_mul(r.exp_avg_sq, r.n, s.beta2); break;
-    case 3: op_addcmul(r.exp_avg_sq, r.grad, r.grad, r.n, s.one_minus_beta2); break;
-    case 4: sqrt_to(r.root, r.exp_avg_sq, r.n); break;
+    case 0:
+      op_mul(r.param, r.n, s.decay);
+      break;
+    case 1:
+      op_lerp(r.exp_avg, r.grad, r.n, s.one_minus_beta1);
+      break;
+    case 2:
+      op_mul(r.exp_avg_sq, r.n, s.beta2);
+      break;
+    case 3:
+      op_addcmul(r.exp_avg_sq, r.grad, r.grad, r.n, s.one_minus_beta2);
+      break;
+    case 4:
+      sqrt_to(r.root, r.exp_avg_sq, r.n);
+      break;
     case 5:
       if (r.denom == r.root) op_div(r.denom, r.n, s.bias_correction2_sqrt);
       else op_div_to(r.denom, r.root, r.n, s.bias_correction2_sqrt);
       break;
-    case 6: op_add(r.denom, r.n, s.eps); break;
-    case 7: op_addcdiv(r.param, r.exp_avg, r.denom, r.n, -s.step_size); break;
+    case 6:
+      op_add(r.denom, r.n, s.eps);
+      break;
+    case 7:
+      op_addcdiv(r.param, r.exp_avg, r.denom, r.n, -s.step_size);
+      break;
   }
 }
 
 template <class P>
 Range<P> sub_range(const Range<P>& r, int64_t begin, int64_t end) {
-  return Range<P>{r.param + begin, r.grad + begin, r.exp_avg + begin, r.exp_avg_sq + begin, r.root + begin,
-                  r.denom + begin, end - begin};
+  return Range<P>{r.param + begin, r.grad + begin,  r.exp_avg + begin, r.exp_avg_sq + begin,
+                  r.root + begin,  r.denom + begin, end - begin};
 }
 
 // The fused update of one range: PyTorch's _fused_adamw arithmetic. Tiles of 512 keep the sqrt (done
@@ -190,9 +204,12 @@ void run_fused(CpuPlan& plan, const State<P>& x, const StepScalars& s) {
 template <class P>
 void step_any(CpuPlan& plan, const State<P>& x, const StepScalars& s) {
   switch (plan.kind()) {
-    case Kind::per_tensor: return run_per_tensor(plan, x, s);
-    case Kind::foreach: return run_foreach(plan, x, s);
-    case Kind::fused: return run_fused(plan, x, s);
+    case Kind::per_tensor:
+      return run_per_tensor(plan, x, s);
+    case Kind::foreach:
+      return run_foreach(plan, x, s);
+    case Kind::fused:
+      return run_fused(plan, x, s);
   }
 }
 
@@ -200,8 +217,12 @@ template <class P>
 class CpuAdamw final : public Instance, public StateSource {
  public:
   CpuAdamw(const ParamSet& set, Dtype dtype, Kind kind)
-      : set_(set), dtype_(dtype), plan_(set, kind), param_(static_cast<std::size_t>(set.arena)),
-        grad_(static_cast<std::size_t>(set.arena)), exp_avg_(static_cast<std::size_t>(set.arena)),
+      : set_(set),
+        dtype_(dtype),
+        plan_(set, kind),
+        param_(static_cast<std::size_t>(set.arena)),
+        grad_(static_cast<std::size_t>(set.arena)),
+        exp_avg_(static_cast<std::size_t>(set.arena)),
         exp_avg_sq_(static_cast<std::size_t>(set.arena)) {
     const std::vector<Chunk>& chunks = plan_.chunks();
     if constexpr (std::is_same_v<P, float>) {
@@ -215,7 +236,9 @@ class CpuAdamw final : public Instance, public StateSource {
     zero_arena(set, chunks, exp_avg_sq_.data());
   }
 
-  void run() override { cpu_step(plan_, State<P>{param_.data(), grad_.data(), exp_avg_.data(), exp_avg_sq_.data()}, step_scalars(++steps_)); }
+  void run() override {
+    cpu_step(plan_, State<P>{param_.data(), grad_.data(), exp_avg_.data(), exp_avg_sq_.data()}, step_scalars(++steps_));
+  }
 
   Verdict check() override { return check_state(set_, dtype_, steps_, state()); }
 
@@ -243,7 +266,9 @@ class CpuAdamw final : public Instance, public StateSource {
 // The temporaries: the for-loop path's per tensor (the largest), the foreach path's per arena (zeroed
 // here; a packed set, the training step's, has no padding to round up to).
 CpuPlan::CpuPlan(const ParamSet& set, Kind kind)
-    : set_(set), kind_(kind), chunks_(make_chunks(set, cpu_chunk)),
+    : set_(set),
+      kind_(kind),
+      chunks_(make_chunks(set, cpu_chunk)),
       root_(static_cast<std::size_t>(kind == Kind::per_tensor ? std::max<int64_t>(set.largest(), 1)
                                      : kind == Kind::foreach  ? set.arena
                                                               : 1)),

@@ -32,8 +32,12 @@ template <class P>
 struct DecayParam {  // param.mul_(1 - lr * weight_decay)
   static constexpr int depth = 1;
   float decay;
-  struct Ptrs { P* param; };
-  struct Regs { float param; };
+  struct Ptrs {
+    P* param;
+  };
+  struct Regs {
+    float param;
+  };
   static __device__ Ptrs bind(void* const* l) { return {static_cast<P*>(l[0])}; }
   static __device__ Regs load(const Ptrs& q, int64_t i) { return {to_float(q.param[i])}; }
   __device__ void store(const Ptrs& q, int64_t i, const Regs& r) const { q.param[i] = from_float<P>(r.param * decay); }
@@ -43,8 +47,13 @@ template <class P>
 struct LerpExpAvg {  // exp_avg.lerp_(grad, 1 - beta1), weight < 0.5: self + weight * (end - self)
   static constexpr int depth = 2;
   float weight;
-  struct Ptrs { float* exp_avg; const P* grad; };
-  struct Regs { float exp_avg, grad; };
+  struct Ptrs {
+    float* exp_avg;
+    const P* grad;
+  };
+  struct Regs {
+    float exp_avg, grad;
+  };
   static __device__ Ptrs bind(void* const* l) { return {static_cast<float*>(l[0]), static_cast<const P*>(l[1])}; }
   static __device__ Regs load(const Ptrs& q, int64_t i) { return {q.exp_avg[i], to_float(q.grad[i])}; }
   __device__ void store(const Ptrs& q, int64_t i, const Regs& r) const {
@@ -55,8 +64,12 @@ struct LerpExpAvg {  // exp_avg.lerp_(grad, 1 - beta1), weight < 0.5: self + wei
 struct ScaleExpAvgSq {  // exp_avg_sq.mul_(beta2)
   static constexpr int depth = 1;
   float beta2;
-  struct Ptrs { float* exp_avg_sq; };
-  struct Regs { float exp_avg_sq; };
+  struct Ptrs {
+    float* exp_avg_sq;
+  };
+  struct Regs {
+    float exp_avg_sq;
+  };
   static __device__ Ptrs bind(void* const* l) { return {static_cast<float*>(l[0])}; }
   static __device__ Regs load(const Ptrs& q, int64_t i) { return {q.exp_avg_sq[i]}; }
   __device__ void store(const Ptrs& q, int64_t i, const Regs& r) const { q.exp_avg_sq[i] = r.exp_avg_sq * beta2; }
@@ -66,8 +79,14 @@ template <class P>
 struct AddcmulExpAvgSq {  // exp_avg_sq.addcmul_(grad, grad, value=1 - beta2): three lists, grad twice
   static constexpr int depth = 3;
   float value;
-  struct Ptrs { float* exp_avg_sq; const P* t1; const P* t2; };
-  struct Regs { float exp_avg_sq, t1, t2; };
+  struct Ptrs {
+    float* exp_avg_sq;
+    const P* t1;
+    const P* t2;
+  };
+  struct Regs {
+    float exp_avg_sq, t1, t2;
+  };
   static __device__ Ptrs bind(void* const* l) {
     return {static_cast<float*>(l[0]), static_cast<const P*>(l[1]), static_cast<const P*>(l[2])};
   }
@@ -79,8 +98,13 @@ struct AddcmulExpAvgSq {  // exp_avg_sq.addcmul_(grad, grad, value=1 - beta2): t
 
 struct SqrtRoot {  // root = exp_avg_sq.sqrt(): out of place, into a temporary
   static constexpr int depth = 2;
-  struct Ptrs { const float* exp_avg_sq; float* root; };
-  struct Regs { float exp_avg_sq; };
+  struct Ptrs {
+    const float* exp_avg_sq;
+    float* root;
+  };
+  struct Regs {
+    float exp_avg_sq;
+  };
   static __device__ Ptrs bind(void* const* l) { return {static_cast<const float*>(l[0]), static_cast<float*>(l[1])}; }
   static __device__ Regs load(const Ptrs& q, int64_t i) { return {q.exp_avg_sq[i]}; }
   __device__ void store(const Ptrs& q, int64_t i, const Regs& r) const { q.root[i] = sqrtf(r.exp_avg_sq); }
@@ -91,8 +115,13 @@ struct SqrtRoot {  // root = exp_avg_sq.sqrt(): out of place, into a temporary
 struct DivRoot {
   static constexpr int depth = 1;
   float divisor;
-  struct Ptrs { const float* root; float* denom; };
-  struct Regs { float root; };
+  struct Ptrs {
+    const float* root;
+    float* denom;
+  };
+  struct Regs {
+    float root;
+  };
   static __device__ Ptrs bind(void* const* l) { return {static_cast<const float*>(l[0]), static_cast<float*>(l[0])}; }
   static __device__ Regs load(const Ptrs& q, int64_t i) { return {q.root[i]}; }
   __device__ void store(const Ptrs& q, int64_t i, const Regs& r) const { q.denom[i] = r.root / divisor; }
@@ -101,8 +130,12 @@ struct DivRoot {
 struct AddEpsDenom {  // denom.add_(eps)
   static constexpr int depth = 1;
   float eps;
-  struct Ptrs { float* denom; };
-  struct Regs { float denom; };
+  struct Ptrs {
+    float* denom;
+  };
+  struct Regs {
+    float denom;
+  };
   static __device__ Ptrs bind(void* const* l) { return {static_cast<float*>(l[0])}; }
   static __device__ Regs load(const Ptrs& q, int64_t i) { return {q.denom[i]}; }
   __device__ void store(const Ptrs& q, int64_t i, const Regs& r) const { q.denom[i] = r.denom + eps; }
@@ -112,8 +145,14 @@ template <class P>
 struct AddcdivParam {  // param.addcdiv_(exp_avg, denom, value=-step_size)
   static constexpr int depth = 3;
   float value;
-  struct Ptrs { P* param; const float* exp_avg; const float* denom; };
-  struct Regs { float param, exp_avg, denom; };
+  struct Ptrs {
+    P* param;
+    const float* exp_avg;
+    const float* denom;
+  };
+  struct Regs {
+    float param, exp_avg, denom;
+  };
   static __device__ Ptrs bind(void* const* l) {
     return {static_cast<P*>(l[0]), static_cast<const float*>(l[1]), static_cast<const float*>(l[2])};
   }
@@ -158,8 +197,8 @@ struct TensorListMeta {
   unsigned char block_to_tensor[list_max_blocks];
   int block_to_chunk[list_max_blocks];
 };
-static_assert(sizeof(TensorListMeta<1>) <= 4000 && sizeof(TensorListMeta<2>) <= 4000 &&
-              sizeof(TensorListMeta<3>) <= 4000, "multi_tensor_apply metadata must fit the kernel parameters");
+static_assert(sizeof(TensorListMeta<1>) <= 4000 && sizeof(TensorListMeta<2>) <= 4000 && sizeof(TensorListMeta<3>) <= 4000,
+              "multi_tensor_apply metadata must fit the kernel parameters");
 
 template <class Op>
 __global__ void __launch_bounds__(block_size) foreach_kernel(Op op, TensorListMeta<Op::depth> meta) {
@@ -187,8 +226,7 @@ std::vector<ListLaunchArgs<Depth>> bind_lists(const ParamSet& set, const std::ve
     ListLaunchArgs<Depth> args{};
     for (std::size_t j = 0; j < plan.tensors.size(); ++j) {
       const int64_t t = plan.tensors[j];
-      for (int k = 0; k < Depth; ++k)
-        args.meta.addresses[k][j] = static_cast<char*>(lists[k]) + set.offsets[t] * bytes[k];
+      for (int k = 0; k < Depth; ++k) args.meta.addresses[k][j] = static_cast<char*>(lists[k]) + set.offsets[t] * bytes[k];
       args.meta.sizes[j] = set.sizes[t];
     }
     for (std::size_t b = 0; b < plan.blocks.size(); ++b) {
@@ -275,7 +313,8 @@ struct BoundBuffers {
 class CudaPlanImpl final : public CudaPlan {
  public:
   CudaPlanImpl(const ParamSet& set, Kind kind, cudaStream_t stream)
-      : set_(set), kind_(kind),
+      : set_(set),
+        kind_(kind),
         root_(static_cast<std::size_t>(kind == Kind::per_tensor ? std::max<int64_t>(set.largest(), 1)
                                        : kind == Kind::foreach  ? set.arena
                                                                 : 0)),
@@ -287,16 +326,17 @@ class CudaPlanImpl final : public CudaPlan {
   }
   const ParamSet& set() const override { return set_; }
   Kind kind() const override { return kind_; }
-  int64_t device_bytes() const override {
-    return static_cast<int64_t>(root_.bytes() + denom_.bytes() + chunks_.bytes());
-  }
+  int64_t device_bytes() const override { return static_cast<int64_t>(root_.bytes() + denom_.bytes() + chunks_.bytes()); }
 
   template <class P>
   void step(const State<P>& x, const StepScalars& s, cudaStream_t stream) {
     switch (kind_) {
-      case Kind::per_tensor: return run_per_tensor(x, s, stream);
-      case Kind::foreach: return run_foreach(x, s, stream);
-      case Kind::fused: return run_fused(x, s, stream);
+      case Kind::per_tensor:
+        return run_per_tensor(x, s, stream);
+      case Kind::foreach:
+        return run_foreach(x, s, stream);
+      case Kind::fused:
+        return run_fused(x, s, stream);
     }
   }
 
@@ -381,8 +421,8 @@ class CudaPlanImpl final : public CudaPlan {
   template <class P>
   void run_fused(const State<P>& x, const StepScalars& s, cudaStream_t stream) {
     if (chunks_.size() == 0) return;  // every tensor empty
-    adamw_fused_kernel<P><<<static_cast<unsigned>(chunks_.size()), block_size, 0, stream>>>(
-        x.param, x.grad, x.exp_avg, x.exp_avg_sq, chunks_.data(), s);
+    adamw_fused_kernel<P><<<static_cast<unsigned>(chunks_.size()), block_size, 0, stream>>>(x.param, x.grad, x.exp_avg,
+                                                                                            x.exp_avg_sq, chunks_.data(), s);
     CUDA_CHECK(cudaGetLastError());
   }
 
@@ -404,10 +444,13 @@ template <class P>
 class CudaAdamw final : public Instance, public StateSource {
  public:
   CudaAdamw(const ParamSet& set, Dtype dtype, Kind kind, const RunContext& ctx)
-      : set_(set), dtype_(dtype), stream_(cuda::as_stream(ctx.cuda_stream)),
+      : set_(set),
+        dtype_(dtype),
+        stream_(cuda::as_stream(ctx.cuda_stream)),
         param_(device::upload_initial_arena<P>(set, seed_param, stream_)),
         grad_(device::upload_initial_arena<P>(set, seed_grad, stream_)),
-        exp_avg_(static_cast<std::size_t>(set.arena)), exp_avg_sq_(static_cast<std::size_t>(set.arena)),
+        exp_avg_(static_cast<std::size_t>(set.arena)),
+        exp_avg_sq_(static_cast<std::size_t>(set.arena)),
         plan_(make_cuda_plan(set, kind, stream_)) {
     CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, exp_avg_.bytes(), stream_));
     CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes(), stream_));
@@ -460,8 +503,8 @@ void cuda_step(CudaPlan& plan, const State<float>& x, const StepScalars& s, CUst
   static_cast<CudaPlanImpl&>(plan).step(x, s, stream);
 }
 void cuda_step(CudaPlan& plan, const State<uint16_t>& x, const StepScalars& s, CUstream_st* stream) {
-  const State<__nv_bfloat16> bf16{reinterpret_cast<__nv_bfloat16*>(x.param),
-                                  reinterpret_cast<const __nv_bfloat16*>(x.grad), x.exp_avg, x.exp_avg_sq};
+  const State<__nv_bfloat16> bf16{reinterpret_cast<__nv_bfloat16*>(x.param), reinterpret_cast<const __nv_bfloat16*>(x.grad),
+                                  x.exp_avg, x.exp_avg_sq};
   static_cast<CudaPlanImpl&>(plan).step(bf16, s, stream);
 }
 

@@ -66,9 +66,12 @@ int64_t cuda_launches(const ParamSet& set, Kind kind) {
 
 int64_t cpu_passes(const ParamSet& set, Kind kind) {
   switch (kind) {
-    case Kind::per_tensor: return op_count * set.nonempty();
-    case Kind::foreach: return op_count;
-    case Kind::fused: return 1;
+    case Kind::per_tensor:
+      return op_count * set.nonempty();
+    case Kind::foreach:
+      return op_count;
+    case Kind::fused:
+      return 1;
   }
   return 0;
 }
@@ -133,8 +136,8 @@ Verdict check_state(const ParamSet& set, Dtype dtype, int64_t steps, const HostS
         if (!f.tol.accepts(g, w)) {
           std::ostringstream msg;
           msg.precision(9);
-          msg << f.name << " of tensor " << t << " (" << set.sizes[t] << " elements) [" << j << "] = " << g
-              << ", reference " << w << " after " << steps << " step(s), " << to_string(dtype);
+          msg << f.name << " of tensor " << t << " (" << set.sizes[t] << " elements) [" << j << "] = " << g << ", reference "
+              << w << " after " << steps << " step(s), " << to_string(dtype);
           return Verdict{false, worst, msg.str()};
         }
       }

@@ -54,8 +54,7 @@ Variant variant(Backend backend, Kind kind, const char* id, const char* rational
   v.unsupported = [backend, kind](const Problem& p) { return adamw_unsupported(p, backend, kind); };
   if (backend == Backend::cpu)
     v.make = [kind](const Problem& p, const RunContext& c) { return adamw::make_cpu(p, c, kind); };
-  else
-    v.make = cuda_factory([kind](const Problem& p, const RunContext& c) { return adamw::make_cuda(p, c, kind); });
+  else v.make = cuda_factory([kind](const Problem& p, const RunContext& c) { return adamw::make_cuda(p, c, kind); });
   return v;
 }
 
@@ -65,14 +64,28 @@ void register_stage_adamw(Registry& registry) {
   Stage s;
   s.name = "adamw";
   s.question = "what fusing the optimizer buys at 29.9M params in ~200 tensors: per-tensor ops, foreach lists, one pass";
-  s.source = "docs/sources.md#004-small-gpt (AdamW 27.5% of the step, in addcmul_/addcdiv_), docs/sources.md#003-t4-transformer; 29.9M params: docs/sources.md#000-sem-v55";
+  s.source =
+      "docs/sources.md#004-small-gpt (AdamW 27.5% of the step, in addcmul_/addcdiv_), docs/sources.md#003-t4-transformer; "
+      "29.9M params: docs/sources.md#000-sem-v55";
   s.axes = {
-      Axis{"params", AxisKind::positive_int, {str(defaults::adamw_params)}, {str(defaults::quick_adamw_params)},
-           "parameters in the set (all tensors together)", {}},
-      Axis{"tensors", AxisKind::positive_int, {str(defaults::adamw_tensors)}, {str(defaults::quick_adamw_tensors)},
-           "tensors the parameters are split into (embedding, layers' weights, biases, norm scales)", {}},
-      Axis{"dtype", AxisKind::choice, {"fp32", "bf16"}, {"fp32", "bf16"},
-           "parameters and gradients: fp32, or bf16 with fp32 optimizer state", {"fp32", "bf16"}},
+      Axis{"params",
+           AxisKind::positive_int,
+           {str(defaults::adamw_params)},
+           {str(defaults::quick_adamw_params)},
+           "parameters in the set (all tensors together)",
+           {}},
+      Axis{"tensors",
+           AxisKind::positive_int,
+           {str(defaults::adamw_tensors)},
+           {str(defaults::quick_adamw_tensors)},
+           "tensors the parameters are split into (embedding, layers' weights, biases, norm scales)",
+           {}},
+      Axis{"dtype",
+           AxisKind::choice,
+           {"fp32", "bf16"},
+           {"fp32", "bf16"},
+           "parameters and gradients: fp32, or bf16 with fp32 optimizer state",
+           {"fp32", "bf16"}},
   };
   s.variants = {
       variant(Backend::cpu, Kind::per_tensor, "per_tensor",

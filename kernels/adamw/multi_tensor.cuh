@@ -82,15 +82,15 @@ struct DeviceChunk {
 template <class T>
 cuda::DeviceBuffer<T> upload(const std::vector<T>& host, cudaStream_t stream) {
   cuda::DeviceBuffer<T> out(host.size());
-  if (!host.empty())
-    CUDA_CHECK(cudaMemcpyAsync(out.data(), host.data(), out.bytes(), cudaMemcpyHostToDevice, stream));
+  if (!host.empty()) CUDA_CHECK(cudaMemcpyAsync(out.data(), host.data(), out.bytes(), cudaMemcpyHostToDevice, stream));
   return out;
 }
 
 inline cuda::DeviceBuffer<DeviceChunk> upload_chunks(const ParamSet& set, int64_t chunk_elements, cudaStream_t stream) {
   std::vector<DeviceChunk> table;
   for (const Chunk& c : make_chunks(set, chunk_elements))
-    table.push_back(DeviceChunk{static_cast<int32_t>(c.tensor), static_cast<int32_t>(c.len), set.offsets[c.tensor] + c.begin});
+    table.push_back(
+        DeviceChunk{static_cast<int32_t>(c.tensor), static_cast<int32_t>(c.len), set.offsets[c.tensor] + c.begin});
   return upload(table, stream);
 }
 

@@ -99,8 +99,7 @@ std::vector<Chunk> make_chunks(const ParamSet& set, int64_t chunk_elements) {
   return chunks;
 }
 
-std::vector<ListLaunch> plan_list_launches(const ParamSet& set, int max_tensors, int max_blocks,
-                                           int64_t chunk_elements) {
+std::vector<ListLaunch> plan_list_launches(const ParamSet& set, int max_tensors, int max_blocks, int64_t chunk_elements) {
   std::vector<ListLaunch> launches;
   ListLaunch current;
   for (int64_t t = 0; t < set.count(); ++t) {

@@ -14,7 +14,7 @@
 
 namespace tb::adamw {
 
-enum class Dtype { fp32, bf16 };  // of parameters and gradients; optimizer state is always fp32
+enum class Dtype { fp32, bf16 };                   // of parameters and gradients; optimizer state is always fp32
 Dtype dtype_from_string(const std::string& name);  // "fp32", "bf16"; throws UsageError
 const char* to_string(Dtype dtype);
 inline double element_bytes(Dtype dtype) { return dtype == Dtype::fp32 ? 4.0 : 2.0; }
@@ -56,11 +56,10 @@ std::vector<Chunk> make_chunks(const ParamSet& set, int64_t chunk_elements);
 // carrying at most `max_tensors` tensors and `max_blocks` chunks in its kernel parameters (a tensor
 // cut by the block limit continues in the next launch).
 struct ListLaunch {
-  std::vector<int64_t> tensors;                   // the tensors of this launch
-  std::vector<std::pair<int, int64_t>> blocks;    // per block: (index into `tensors`, chunk number)
+  std::vector<int64_t> tensors;                 // the tensors of this launch
+  std::vector<std::pair<int, int64_t>> blocks;  // per block: (index into `tensors`, chunk number)
 };
-std::vector<ListLaunch> plan_list_launches(const ParamSet& set, int max_tensors, int max_blocks,
-                                           int64_t chunk_elements);
+std::vector<ListLaunch> plan_list_launches(const ParamSet& set, int max_tensors, int max_blocks, int64_t chunk_elements);
 
 // Deterministic contents: element i of the concatenation is uniform_at(seed, i) in [-1, 1), rounded
 // to bf16 where the dtype is bf16, so a reference regenerates any element without a copy.

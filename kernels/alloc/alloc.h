@@ -42,7 +42,8 @@ TB_HOST_DEVICE inline int64_t probe_word(int64_t words, int probe) {
   return probe == 0 ? 0 : probe == 1 ? words / 2 : words - 1;
 }
 TB_HOST_DEVICE inline uint32_t probe_value(int64_t step, int64_t buffer, int probe) {
-  const uint64_t key = (static_cast<uint64_t>(step) << 20) ^ (static_cast<uint64_t>(buffer) << 4) ^ static_cast<uint64_t>(probe);
+  const uint64_t key = (static_cast<uint64_t>(step) << 20) ^ (static_cast<uint64_t>(buffer) << 4) ^
+                       static_cast<uint64_t>(probe);
   return static_cast<uint32_t>(splitmix64(key) >> 32);
 }
 

@@ -39,8 +39,13 @@ __global__ void consume_kernel(BufferList list, int count, int64_t words, unsign
 class Steps final : public Instance {
  public:
   Steps(const Problem& p, const RunContext& ctx, Strategy strategy)
-      : strategy_(strategy), buffers_(p.get_int("buffers")), bytes_(p.get_int("buffer_bytes")), words_(bytes_ / 4),
-        stream_(cuda::as_stream(ctx.cuda_stream)), checksum_(1), list_{} {
+      : strategy_(strategy),
+        buffers_(p.get_int("buffers")),
+        bytes_(p.get_int("buffer_bytes")),
+        words_(bytes_ / 4),
+        stream_(cuda::as_stream(ctx.cuda_stream)),
+        checksum_(1),
+        list_{} {
     CUDA_CHECK(cudaMemsetAsync(checksum_.data(), 0, checksum_.bytes(), stream_));
     if (strategy_ == Strategy::reuse) {
       for (int64_t b = 0; b < buffers_; ++b) {
@@ -79,8 +84,8 @@ class Steps final : public Instance {
       alloc_s_ += seconds_since(t0);
     }
     for (int64_t b = 0; b < buffers_; ++b) produce_kernel<<<1, 32, 0, stream_>>>(list_.ptr[b], words_, step_, b);
-    consume_kernel<<<1, 32 * ((buffers_ * probes_per_buffer + 31) / 32), 0, stream_>>>(
-        list_, static_cast<int>(buffers_), words_, checksum_.data());
+    consume_kernel<<<1, 32 * ((buffers_ * probes_per_buffer + 31) / 32), 0, stream_>>>(list_, static_cast<int>(buffers_),
+                                                                                       words_, checksum_.data());
     if (allocates) {
       const auto t0 = Clock::now();
       for (int64_t b = 0; b < buffers_; ++b) {
@@ -129,7 +134,7 @@ class Steps final : public Instance {
   cuda::DeviceBuffer<unsigned long long> checksum_;
   BufferList list_;
   std::vector<cuda::DeviceBuffer<uint32_t>> owned_;  // reuse
-  std::unique_ptr<cuda::MemPool> pool_;                     // pool, empty_cache
+  std::unique_ptr<cuda::MemPool> pool_;              // pool, empty_cache
   int64_t step_ = 0;
   double alloc_s_ = 0, free_s_ = 0, stall_s_ = 0, release_s_ = 0;
 };

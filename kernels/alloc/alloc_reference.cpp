@@ -6,10 +6,14 @@ namespace tb::alloc {
 
 const char* to_string(Strategy strategy) {
   switch (strategy) {
-    case Strategy::malloc_free: return "malloc_free";
-    case Strategy::pool: return "pool";
-    case Strategy::reuse: return "reuse";
-    case Strategy::empty_cache: return "empty_cache";
+    case Strategy::malloc_free:
+      return "malloc_free";
+    case Strategy::pool:
+      return "pool";
+    case Strategy::reuse:
+      return "reuse";
+    case Strategy::empty_cache:
+      return "empty_cache";
   }
   return "?";
 }
@@ -22,9 +26,7 @@ StepPlan step_plan(Strategy strategy, int64_t buffers) {
   return plan;
 }
 
-double step_bytes(int64_t buffers) {
-  return static_cast<double>(buffers) * probes_per_buffer * (4.0 + 4.0 + 16.0);
-}
+double step_bytes(int64_t buffers) { return static_cast<double>(buffers) * probes_per_buffer * (4.0 + 4.0 + 16.0); }
 
 uint64_t reference_checksum(int64_t steps, int64_t buffers) {
   uint64_t sum = 0;
@@ -36,9 +38,9 @@ uint64_t reference_checksum(int64_t steps, int64_t buffers) {
 
 Verdict check_checksum(uint64_t got, uint64_t want, int64_t steps) {
   if (got == want) return Verdict{true, 0, ""};
-  return Verdict{false, 1, "checksum of the words read back after " + std::to_string(steps) + " steps is " +
-                               std::to_string(got) + ", reference " + std::to_string(want) +
-                               " (a buffer was not written, or overlapped another live one)"};
+  return Verdict{false, 1,
+                 "checksum of the words read back after " + std::to_string(steps) + " steps is " + std::to_string(got) +
+                     ", reference " + std::to_string(want) + " (a buffer was not written, or overlapped another live one)"};
 }
 
 std::string shape_reason(int64_t buffers, int64_t buffer_bytes) {

@@ -14,7 +14,10 @@ namespace {
 Work step_work(const Problem& p, alloc::Strategy strategy) {
   const int64_t buffers = p.get_int("buffers");
   const alloc::StepPlan plan = alloc::step_plan(strategy, buffers);
-  Work w{alloc::step_bytes(buffers), 0, Work::Bound::memory, "",
+  Work w{alloc::step_bytes(buffers),
+         0,
+         Work::Bound::memory,
+         "",
          {{"buffers", static_cast<double>(buffers)},
           {"allocations", static_cast<double>(plan.allocations)},
           {"kernels", static_cast<double>(plan.kernels)},
@@ -35,21 +38,34 @@ void register_stage_alloc(Registry& registry) {
   using alloc::Strategy;
   Stage s;
   s.name = "alloc";
-  s.question = "what allocating and freeing a step's activations costs with cudaMalloc, a stream-ordered pool or "
-               "reuse, and what an empty_cache-style release stalls";
+  s.question =
+      "what allocating and freeing a step's activations costs with cudaMalloc, a stream-ordered pool or "
+      "reuse, and what an empty_cache-style release stalls";
   s.source = "docs/sources.md#002-trainer2 (Trainer2: in-place accumulation, conditional empty_cache, '10-100 ms stall')";
   s.axes = {
-      Axis{"buffers", AxisKind::positive_int, {std::to_string(defaults::alloc_buffers)}, {},
-           "activation buffers allocated and freed per step", {}},
-      Axis{"buffer_bytes", AxisKind::positive_int,
-           {std::to_string(defaults::alloc_buffer_bytes_small), std::to_string(defaults::alloc_buffer_bytes_large)}, {},
-           "bytes per buffer (a multiple of 4)", {}},
+      Axis{"buffers",
+           AxisKind::positive_int,
+           {std::to_string(defaults::alloc_buffers)},
+           {},
+           "activation buffers allocated and freed per step",
+           {}},
+      Axis{"buffer_bytes",
+           AxisKind::positive_int,
+           {std::to_string(defaults::alloc_buffer_bytes_small), std::to_string(defaults::alloc_buffer_bytes_large)},
+           {},
+           "bytes per buffer (a multiple of 4)",
+           {}},
   };
   const std::vector<std::string> axes{"buffers", "buffer_bytes"};
   auto variant = [&](Strategy strategy, const char* rationale) {
-    return Variant{alloc::to_string(strategy), Backend::cuda, rationale, axes,
-                   [strategy](const Problem& p) { return step_work(p, strategy); }, step_reason,
-                   cuda_factory([strategy](const Problem& p, const RunContext& c) { return alloc::make_cuda(p, c, strategy); }),
+    return Variant{alloc::to_string(strategy),
+                   Backend::cuda,
+                   rationale,
+                   axes,
+                   [strategy](const Problem& p) { return step_work(p, strategy); },
+                   step_reason,
+                   cuda_factory(
+                       [strategy](const Problem& p, const RunContext& c) { return alloc::make_cuda(p, c, strategy); }),
                    ""};
   };
   s.variants = {

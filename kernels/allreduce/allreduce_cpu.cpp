@@ -21,9 +21,7 @@ namespace tb::allreduce {
 
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Seconds of one call, every rank starting together and the slowest rank's time kept.
 template <class F>
@@ -109,10 +107,15 @@ template <class G>
 class CpuAllreduce final : public Instance {
  public:
   CpuAllreduce(ParamSet set, Dtype dtype, Kind kind, double cap_bytes, int64_t tokens)
-      : group_(comm::world()), set_(std::move(set)), dtype_(dtype), kind_(kind),
+      : group_(comm::world()),
+        set_(std::move(set)),
+        dtype_(dtype),
+        kind_(kind),
         elem_(std::is_same_v<G, float> ? comm::Elem::f32 : comm::Elem::bf16),
-        calls_(calls_for(kind, set_, adamw::element_bytes(dtype), cap_bytes)), fmas_(backward_fmas(tokens)),
-        grad_(static_cast<std::size_t>(set_.arena)), reduced_(static_cast<std::size_t>(set_.arena)) {
+        calls_(calls_for(kind, set_, adamw::element_bytes(dtype), cap_bytes)),
+        fmas_(backward_fmas(tokens)),
+        grad_(static_cast<std::size_t>(set_.arena)),
+        reduced_(static_cast<std::size_t>(set_.arena)) {
     const auto chunks = adamw::make_chunks(set_, 8192);
     const uint64_t seed = adamw::seed_grad + static_cast<uint64_t>(group_.rank());
     if constexpr (std::is_same_v<G, float>) {
@@ -163,7 +166,9 @@ class CpuAllreduce final : public Instance {
   }
 
  private:
-  void reduce(const Bucket& c) { group_.allreduce(grad_.data() + c.begin, reduced_.data() + c.begin, c.length, elem_, comm::Reduce::sum); }
+  void reduce(const Bucket& c) {
+    group_.allreduce(grad_.data() + c.begin, reduced_.data() + c.begin, c.length, elem_, comm::Reduce::sum);
+  }
 
   // The backward of tensors last..first (the order it produces them).
   void backward(int64_t first, int64_t last) {
@@ -175,7 +180,8 @@ class CpuAllreduce final : public Instance {
     parts_ = measure_overlap_parts([&](int part) {
       return agreed_seconds(group_, [&] {
         if (part == 0) backward(0, set_.count() - 1);
-        else if (part == 1) for (const Bucket& c : calls_) reduce(c);
+        else if (part == 1)
+          for (const Bucket& c : calls_) reduce(c);
         else run();
       });
     });
@@ -199,7 +205,8 @@ class CpuAllreduce final : public Instance {
 
 std::unique_ptr<Instance> make_cpu(const Problem& p, const RunContext&, Kind kind) {
   Setup s = setup_for(p, kind);
-  if (s.dtype == Dtype::fp32) return std::make_unique<CpuAllreduce<float>>(std::move(s.set), s.dtype, kind, s.cap_bytes, s.tokens);
+  if (s.dtype == Dtype::fp32)
+    return std::make_unique<CpuAllreduce<float>>(std::move(s.set), s.dtype, kind, s.cap_bytes, s.tokens);
   return std::make_unique<CpuAllreduce<uint16_t>>(std::move(s.set), s.dtype, kind, s.cap_bytes, s.tokens);
 }
 

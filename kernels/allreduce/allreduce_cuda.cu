@@ -65,9 +65,9 @@ const NcclApi& nccl() {
   return api;
 }
 
-#define NCCL_CHECK(call)                                                                      \
-  do {                                                                                        \
-    const ncclResult_t tb_nc_ = (call);                                                       \
+#define NCCL_CHECK(call)                                                                                      \
+  do {                                                                                                        \
+    const ncclResult_t tb_nc_ = (call);                                                                       \
     if (tb_nc_ != ncclSuccess) throw ::tb::CallError(__FILE__, __LINE__, #call, nccl().error_string(tb_nc_)); \
   } while (0)
 
@@ -90,7 +90,9 @@ class NcclComm {
     rank_ = ranks > 1 ? comm::world().rank() : 0;
     ranks_ = ranks;
   }
-  ~NcclComm() { if (comm_) nccl().comm_destroy(comm_); }
+  ~NcclComm() {
+    if (comm_) nccl().comm_destroy(comm_);
+  }
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
   ncclComm_t get() const { return comm_; }
@@ -136,10 +138,16 @@ template <class G>
 class CudaAllreduce final : public Instance {
  public:
   CudaAllreduce(ParamSet set, Dtype dtype, Kind kind, double cap_bytes, int64_t tokens, const RunContext& ctx)
-      : device_(ctx.cuda_device), stream_(static_cast<cudaStream_t>(ctx.cuda_stream)), comm_(communicator(ctx.cuda_device)),
-        set_(std::move(set)), dtype_(dtype), kind_(kind),
-        calls_(calls_for(kind, set_, adamw::element_bytes(dtype), cap_bytes)), fmas_(backward_fmas(tokens)),
-        grad_(static_cast<std::size_t>(set_.arena)), reduced_(static_cast<std::size_t>(set_.arena)) {
+      : device_(ctx.cuda_device),
+        stream_(static_cast<cudaStream_t>(ctx.cuda_stream)),
+        comm_(communicator(ctx.cuda_device)),
+        set_(std::move(set)),
+        dtype_(dtype),
+        kind_(kind),
+        calls_(calls_for(kind, set_, adamw::element_bytes(dtype), cap_bytes)),
+        fmas_(backward_fmas(tokens)),
+        grad_(static_cast<std::size_t>(set_.arena)),
+        reduced_(static_cast<std::size_t>(set_.arena)) {
     // Rank r's gradients: the host fills them as the CPU variants do (the reference regenerates them).
     const auto chunks = adamw::make_chunks(set_, 8192);
     const uint64_t seed = adamw::seed_grad + static_cast<uint64_t>(comm_.rank());
@@ -222,7 +230,8 @@ class CudaAllreduce final : public Instance {
     for (int64_t t = last; t >= first; --t) {
       const int64_t n = set_.sizes[t];
       if (n == 0) continue;
-      backward_kernel<<<cuda::grid_for(n, 256, device_), 256, 0, stream>>>(grad_.data() + set_.offsets[t], n, fmas_, one_, zero_);
+      backward_kernel<<<cuda::grid_for(n, 256, device_), 256, 0, stream>>>(grad_.data() + set_.offsets[t], n, fmas_, one_,
+                                                                           zero_);
       CUDA_CHECK(cudaGetLastError());
     }
   }
@@ -245,7 +254,8 @@ class CudaAllreduce final : public Instance {
     parts_ = measure_overlap_parts([&](int part) {
       return agreed_seconds([&] {
         if (part == 0) backward(0, set_.count() - 1, stream_);
-        else if (part == 1) for (const Bucket& c : calls_) reduce(c, stream_);
+        else if (part == 1)
+          for (const Bucket& c : calls_) reduce(c, stream_);
         else run();
       });
     });

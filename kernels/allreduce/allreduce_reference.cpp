@@ -125,11 +125,9 @@ Verdict check_sum(const std::vector<float>& got, int ranks, Dtype dtype) {
   if (!v.passed) {
     std::ostringstream detail;
     if (bad > 0)
-      detail << bad << " of " << got.size() << " reduced gradients differ from the sum over " << ranks
-             << " ranks; worst at " << worst << ": " << got[static_cast<std::size_t>(worst)] << " vs "
-             << expected_sum(ranks, worst, dtype);
-    else
-      detail << "another rank's reduced gradients differ from the sum over " << ranks << " ranks";
+      detail << bad << " of " << got.size() << " reduced gradients differ from the sum over " << ranks << " ranks; worst at "
+             << worst << ": " << got[static_cast<std::size_t>(worst)] << " vs " << expected_sum(ranks, worst, dtype);
+    else detail << "another rank's reduced gradients differ from the sum over " << ranks << " ranks";
     v.detail = detail.str();
   }
   return v;

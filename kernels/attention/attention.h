@@ -1,7 +1,7 @@
 // Stage `attention`: scaled dot-product attention, naive (scores materialised) vs fused (tiled,
 // online softmax), the causal mask rebuilt vs cached vs implicit, and the whole transformer block
-// with the time of each part. docs/sources.md#004-small-gpt finds attention at 85% of a block's time; docs/sources.md#003-t4-transformer rebuilds
-// the causal mask on every forward.
+// with the time of each part. docs/sources.md#004-small-gpt finds attention at 85% of a block's time;
+// docs/sources.md#003-t4-transformer rebuilds the causal mask on every forward.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +19,8 @@ namespace tb::attention {
 
 struct Shape {
   int64_t batch = 0, heads = 0, seq = 0, head_dim = 0;
-  int64_t rows() const { return batch * heads * seq; }      // query rows over all (b, h)
-  int64_t elements() const { return rows() * head_dim; }    // of each of Q, K, V, O
+  int64_t rows() const { return batch * heads * seq; }    // query rows over all (b, h)
+  int64_t elements() const { return rows() * head_dim; }  // of each of Q, K, V, O
   int64_t d_model() const { return heads * head_dim; }
 };
 
@@ -131,21 +131,21 @@ class FusedWorkspace {
   int threads_ = 0;
 };
 void cpu_fused_forward(const Shape& s, bool causal, const Operands<float>& x, float* lse, FusedWorkspace& ws);
-void cpu_fused_backward(const Shape& s, bool causal, const Operands<float>& x, const float* lse,
-                        const Gradients<float>& g, FusedWorkspace& ws);
+void cpu_fused_backward(const Shape& s, bool causal, const Operands<float>& x, const float* lse, const Gradients<float>& g,
+                        FusedWorkspace& ws);
 
 // The CUDA kernels (fp32, causal), on `stream`, with the cuBLAS `handle` (bound to that stream) for
 // the naive path's products. The naive backward's dprobs is [B, H, S, S].
 // bf16_products: the products in bf16 on tensor cores with fp32 accumulation (cuBLAS's fp32-storage
 // bf16 mode, the step's bf16 matmuls); the softmax and its backward stay fp32.
-void cuda_naive_forward(const Shape& s, const Operands<float>& x, float* probs, cublasContext* handle,
-                        CUstream_st* stream, bool bf16_products = false);
+void cuda_naive_forward(const Shape& s, const Operands<float>& x, float* probs, cublasContext* handle, CUstream_st* stream,
+                        bool bf16_products = false);
 void cuda_naive_backward(const Shape& s, const Operands<float>& x, const float* probs, const Gradients<float>& g,
                          float* dprobs, cublasContext* handle, CUstream_st* stream, bool bf16_products = false);
 void cuda_fused_forward(const Shape& s, const Operands<float>& x, float* lse, CUstream_st* stream);
 // delta: [B, H, S] of scratch (rowsum(dO * O), FlashAttention-2's D).
-void cuda_fused_backward(const Shape& s, const Operands<float>& x, const float* lse, const Gradients<float>& g,
-                         float* delta, CUstream_st* stream);
+void cuda_fused_backward(const Shape& s, const Operands<float>& x, const float* lse, const Gradients<float>& g, float* delta,
+                         CUstream_st* stream);
 
 // bf16 on tensor cores (mma.sync, compute capability 8.0 and newer), FlashAttention-2's forward and
 // backward: what the stage's bf16 fused rows and the step with bf16 matmuls run. Operands are bf16
@@ -163,8 +163,8 @@ bool cuda_bf16_supports_head_dim(int64_t head_dim);
 std::string cuda_bf16_reason(const Shape& s);  // "" when the kernels take the shape
 // O, and each row's log-sum-exp of the scaled scores (natural units, as the fp32 kernels keep it;
 // lse may be null).
-void cuda_bf16_forward(const Shape& s, bool causal, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
-                       bf16_bits* o, float* lse, CUstream_st* stream);
+void cuda_bf16_forward(const Shape& s, bool causal, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v, bf16_bits* o,
+                       float* lse, CUstream_st* stream);
 // Floats of scratch the backward takes: delta per row and the dQ accumulator.
 int64_t cuda_bf16_backward_scratch(const Shape& s);
 // dQ, dK, dV in fp32 laid out as `grads` (overwritten; g.dout is unused: dO comes in x.dout).

@@ -36,7 +36,7 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 constexpr int tile_keys = cuda_bf16_key_tile;  // keys per tile, forward and backward
-constexpr int smem_pad = 8;    // bf16 per shared row: rows 16 B apart mod 128, so ldmatrix's 8 rows hit 8 bank groups
+constexpr int smem_pad = 8;  // bf16 per shared row: rows 16 B apart mod 128, so ldmatrix's 8 rows hit 8 bank groups
 constexpr float log2e = 1.4426950408889634f;
 
 template <int D>
@@ -50,10 +50,9 @@ constexpr int smem_stride = D + smem_pad;  // bf16 between shared rows
 
 __device__ inline void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
 #ifdef TB_TENSOR_CORES
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #else
   __trap();
 #endif
@@ -68,10 +67,12 @@ __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const bf16* row) {
   const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
   if constexpr (Trans)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
   else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
 #else
   __trap();
 #endif
@@ -233,10 +234,9 @@ static_assert(ForwardWide::rows == fused_bf16_query_rows && ForwardNarrow::rows 
 // One block per (query tile, batch x head), folded into grid.x heaviest tile first: grid.y would cap
 // batch x heads at 65535.
 template <int D, class Tiles>
-__global__ void __launch_bounds__(Tiles::threads) forward_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                                                 const bf16* __restrict__ v, bf16* __restrict__ o,
-                                                                 float* __restrict__ lse, int S, int64_t heads_total,
-                                                                 bool causal, float scale_log2) {
+__global__ void __launch_bounds__(Tiles::threads)
+    forward_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, bf16* __restrict__ o,
+                   float* __restrict__ lse, int S, int64_t heads_total, bool causal, float scale_log2) {
   constexpr int stride = smem_stride<D>, MT = Tiles::m_tiles, rows = Tiles::rows, threads = Tiles::threads;
   extern __shared__ __align__(16) unsigned char raw[];
   bf16* qs = reinterpret_cast<bf16*>(raw);
@@ -393,8 +393,8 @@ __global__ void __launch_bounds__(Tiles::threads) forward_kernel(const bf16* __r
       const float inv = 1.0f / l_row[mt][h];
 #pragma unroll
       for (int n = 0; n < D / 8; ++n)
-        *reinterpret_cast<uint32_t*>(o + base + int64_t{query} * D + n * 8 + 2 * t) =
-            pack_bf16(oacc[mt][n][2 * h] * inv, oacc[mt][n][2 * h + 1] * inv);
+        *reinterpret_cast<uint32_t*>(o + base + int64_t{query} * D + n * 8 +
+                                     2 * t) = pack_bf16(oacc[mt][n][2 * h] * inv, oacc[mt][n][2 * h + 1] * inv);
       // The row's log-sum-exp of the scaled scores in natural units: m and l are in base 2.
       if (lse != nullptr && t == 0) lse[bh * S + query] = (m_row[mt][h] + __log2f(l_row[mt][h])) * 0.6931471805599453f;
     }
@@ -679,7 +679,7 @@ void launch_forward(const Shape& s, bool causal, const bf16_bits* q, const bf16_
   constexpr std::size_t smem = forward_smem_bytes<D, Tiles>();
   allow_shared(forward_kernel<D, Tiles>, smem);
   forward_kernel<D, Tiles><<<grid, Tiles::threads, smem, stream>>>(as_bf16(q), as_bf16(k), as_bf16(v), as_bf16(o), lse, S,
-                                                                    bhs, causal, scale_log2);
+                                                                   bhs, causal, scale_log2);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -687,9 +687,12 @@ template <class Tiles>
 void forward_with(const Shape& s, bool causal, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v, bf16_bits* o,
                   float* lse, cudaStream_t stream) {
   switch (s.head_dim) {
-    case 32: return launch_forward<32, Tiles>(s, causal, q, k, v, o, lse, stream);
-    case 64: return launch_forward<64, Tiles>(s, causal, q, k, v, o, lse, stream);
-    default: return launch_forward<128, Tiles>(s, causal, q, k, v, o, lse, stream);
+    case 32:
+      return launch_forward<32, Tiles>(s, causal, q, k, v, o, lse, stream);
+    case 64:
+      return launch_forward<64, Tiles>(s, causal, q, k, v, o, lse, stream);
+    default:
+      return launch_forward<128, Tiles>(s, causal, q, k, v, o, lse, stream);
   }
 }
 
@@ -702,9 +705,10 @@ void launch_backward(const Shape& s, bool causal, const bf16_bits* q, const bf16
   const auto grid = static_cast<unsigned>((S + Tiles::keys - 1) / Tiles::keys * bhs);
   constexpr std::size_t smem = backward_smem_bytes<D, Tiles>();
   allow_shared(backward_kernel<D, Tiles>, smem);
-  backward_kernel<D, Tiles><<<grid, Tiles::threads, smem, stream>>>(
-      as_bf16(q), as_bf16(k), as_bf16(v), as_bf16(dout), lse, delta, dq_accum, dk, dv, grads, static_cast<int>(s.heads), S,
-      bhs, causal, 1.0f / std::sqrt(static_cast<float>(D)));
+  backward_kernel<D, Tiles><<<grid, Tiles::threads, smem, stream>>>(as_bf16(q), as_bf16(k), as_bf16(v), as_bf16(dout), lse,
+                                                                    delta, dq_accum, dk, dv, grads,
+                                                                    static_cast<int>(s.heads), S, bhs, causal,
+                                                                    1.0f / std::sqrt(static_cast<float>(D)));
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -713,8 +717,8 @@ void launch_backward(const Shape& s, bool causal, const bf16_bits* q, const bf16
 namespace {
 // The default by head size: the wide block's second m-tile pays where a K/V row is 256 B; at 128 B
 // the 8-warp block's occupancy won (interleaved on an H100, 2026-11-26).
-void forward_default(const Shape& s, bool causal, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
-                     bf16_bits* o, float* lse, cudaStream_t stream) {
+void forward_default(const Shape& s, bool causal, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v, bf16_bits* o,
+                     float* lse, cudaStream_t stream) {
   if (s.head_dim == 128) forward_with<ForwardWide>(s, causal, q, k, v, o, lse, stream);
   else forward_with<ForwardNarrow>(s, causal, q, k, v, o, lse, stream);
 }
@@ -744,8 +748,8 @@ void cuda_bf16_forward_tiled(std::size_t tiling, const Shape& s, bool causal, co
   forward_tilings[tiling].second(s, causal, q, k, v, o, lse, stream);
 }
 
-void cuda_bf16_forward(const Shape& s, bool causal, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v,
-                       bf16_bits* o, float* lse, CUstream_st* stream) {
+void cuda_bf16_forward(const Shape& s, bool causal, const bf16_bits* q, const bf16_bits* k, const bf16_bits* v, bf16_bits* o,
+                       float* lse, CUstream_st* stream) {
   cuda_bf16_forward_tiled(0, s, causal, q, k, v, o, lse, stream);
 }
 
@@ -755,12 +759,15 @@ int64_t cuda_bf16_backward_scratch(const Shape& s) { return delta_floats(s) + s.
 
 namespace {
 template <class Tiles>
-void backward_with(const Shape& s, bool causal, const Bf16Operands& x, const float* lse, const float* delta,
-                   float* dq_accum, const Gradients<float>& g, const Strides& grads, cudaStream_t stream) {
+void backward_with(const Shape& s, bool causal, const Bf16Operands& x, const float* lse, const float* delta, float* dq_accum,
+                   const Gradients<float>& g, const Strides& grads, cudaStream_t stream) {
   switch (s.head_dim) {
-    case 32: return launch_backward<32, Tiles>(s, causal, x.q, x.k, x.v, x.dout, lse, delta, dq_accum, g.dk, g.dv, grads, stream);
-    case 64: return launch_backward<64, Tiles>(s, causal, x.q, x.k, x.v, x.dout, lse, delta, dq_accum, g.dk, g.dv, grads, stream);
-    default: return launch_backward<128, Tiles>(s, causal, x.q, x.k, x.v, x.dout, lse, delta, dq_accum, g.dk, g.dv, grads, stream);
+    case 32:
+      return launch_backward<32, Tiles>(s, causal, x.q, x.k, x.v, x.dout, lse, delta, dq_accum, g.dk, g.dv, grads, stream);
+    case 64:
+      return launch_backward<64, Tiles>(s, causal, x.q, x.k, x.v, x.dout, lse, delta, dq_accum, g.dk, g.dv, grads, stream);
+    default:
+      return launch_backward<128, Tiles>(s, causal, x.q, x.k, x.v, x.dout, lse, delta, dq_accum, g.dk, g.dv, grads, stream);
   }
 }
 // The backward's tilings: the default (128 keys a block), and the 64-key block it replaced.
@@ -807,18 +814,22 @@ void cuda_bf16_backward_tiled(std::size_t tiling, const Shape& s, bool causal, c
 void cuda_pack_bf16(const Shape& s, const float* src, const Strides& from, bf16_bits* dst, CUstream_st* stream) {
   if (s.elements() == 0) return;
   TB_REQUIRE(vectorizable(s, from, src), "bf16 packing needs 16-byte aligned fp32 rows with strides of 4");
-  pack_kernel<<<elementwise_grid(s.elements() / 4), 256, 0, stream>>>(
-      src, from, as_bf16(dst), static_cast<uint32_t>(s.heads), static_cast<uint32_t>(s.seq),
-      static_cast<uint32_t>(s.head_dim), static_cast<uint32_t>(s.elements() / 4));
+  pack_kernel<<<elementwise_grid(s.elements() / 4), 256, 0, stream>>>(src, from, as_bf16(dst),
+                                                                      static_cast<uint32_t>(s.heads),
+                                                                      static_cast<uint32_t>(s.seq),
+                                                                      static_cast<uint32_t>(s.head_dim),
+                                                                      static_cast<uint32_t>(s.elements() / 4));
   CUDA_CHECK(cudaGetLastError());
 }
 
 void cuda_unpack_bf16(const Shape& s, const bf16_bits* src, float* dst, const Strides& to, CUstream_st* stream) {
   if (s.elements() == 0) return;
   TB_REQUIRE(vectorizable(s, to, dst), "bf16 unpacking needs 16-byte aligned fp32 rows with strides of 4");
-  unpack_kernel<<<elementwise_grid(s.elements() / 4), 256, 0, stream>>>(
-      as_bf16(src), dst, to, static_cast<uint32_t>(s.heads), static_cast<uint32_t>(s.seq),
-      static_cast<uint32_t>(s.head_dim), static_cast<uint32_t>(s.elements() / 4));
+  unpack_kernel<<<elementwise_grid(s.elements() / 4), 256, 0, stream>>>(as_bf16(src), dst, to,
+                                                                        static_cast<uint32_t>(s.heads),
+                                                                        static_cast<uint32_t>(s.seq),
+                                                                        static_cast<uint32_t>(s.head_dim),
+                                                                        static_cast<uint32_t>(s.elements() / 4));
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -54,14 +54,33 @@ cuda::DeviceBuffer<T> upload(const std::vector<T>& host, cudaStream_t stream) {
 class Block final : public Instance {
  public:
   Block(const Shape& s, bool fused, const RunContext& ctx)
-      : s_(s), fused_(fused), stream_(cuda::as_stream(ctx.cuda_stream)), device_(ctx.cuda_device),
-        w_(make_block_weights(s.d_model())), tokens_(s.batch * s.seq), d_(s.d_model()),
-        x_(s, DType::fp32, stream_, device_), ln1_g_(upload(w_.ln1_g, stream_)), ln1_b_(upload(w_.ln1_b, stream_)),
-        w_qkv_(upload(w_.w_qkv, stream_)), b_qkv_(upload(w_.b_qkv, stream_)), w_out_(upload(w_.w_out, stream_)),
-        b_out_(upload(w_.b_out, stream_)), ln2_g_(upload(w_.ln2_g, stream_)), ln2_b_(upload(w_.ln2_b, stream_)),
-        w_fc1_(upload(w_.w_fc1, stream_)), b_fc1_(upload(w_.b_fc1, stream_)), w_fc2_(upload(w_.w_fc2, stream_)),
-        b_fc2_(upload(w_.b_fc2, stream_)), in_(tokens_ * d_), h_(tokens_ * d_),
-        qkv_(tokens_ * 3 * d_), a_(tokens_ * d_), r1_(tokens_ * d_), f_(tokens_ * w_.hidden), y_(tokens_ * d_),
+      : s_(s),
+        fused_(fused),
+        stream_(cuda::as_stream(ctx.cuda_stream)),
+        device_(ctx.cuda_device),
+        w_(make_block_weights(s.d_model())),
+        tokens_(s.batch * s.seq),
+        d_(s.d_model()),
+        x_(s, DType::fp32, stream_, device_),
+        ln1_g_(upload(w_.ln1_g, stream_)),
+        ln1_b_(upload(w_.ln1_b, stream_)),
+        w_qkv_(upload(w_.w_qkv, stream_)),
+        b_qkv_(upload(w_.b_qkv, stream_)),
+        w_out_(upload(w_.w_out, stream_)),
+        b_out_(upload(w_.b_out, stream_)),
+        ln2_g_(upload(w_.ln2_g, stream_)),
+        ln2_b_(upload(w_.ln2_b, stream_)),
+        w_fc1_(upload(w_.w_fc1, stream_)),
+        b_fc1_(upload(w_.b_fc1, stream_)),
+        w_fc2_(upload(w_.w_fc2, stream_)),
+        b_fc2_(upload(w_.b_fc2, stream_)),
+        in_(tokens_ * d_),
+        h_(tokens_ * d_),
+        qkv_(tokens_ * 3 * d_),
+        a_(tokens_ * d_),
+        r1_(tokens_ * d_),
+        f_(tokens_ * w_.hidden),
+        y_(tokens_ * d_),
         scores_(fused ? 0 : static_cast<std::size_t>(s.batch * s.heads * s.seq * s.seq)) {
     std::vector<float> x(static_cast<std::size_t>(tokens_ * d_));
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = block_input(static_cast<int64_t>(i));
@@ -103,8 +122,7 @@ class Block final : public Instance {
 
  private:
   // y = x W + bias (+ residual), W [in][out] row-major: column-major y^T = W^T x^T.
-  void linear(const float* x, const float* w, const float* bias, float* y, int64_t in, int64_t out,
-              const float* residual) {
+  void linear(const float* x, const float* w, const float* bias, float* y, int64_t in, int64_t out, const float* residual) {
     bias_residual_kernel<<<cuda::grid_for(tokens_ * out, 256, device_), 256, 0, stream_>>>(y, bias, residual, tokens_, out);
     const float one = 1.0f;
     CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(out), static_cast<int>(tokens_),
@@ -119,11 +137,13 @@ class Block final : public Instance {
   void run_part(int part) {
     const int grid = cuda::grid_for(tokens_ * d_, 256, device_);
     switch (part) {
-      case 0: layernorm(in_.data(), ln1_g_.data(), ln1_b_.data()); break;
+      case 0:
+        layernorm(in_.data(), ln1_g_.data(), ln1_b_.data());
+        break;
       case 1:
         linear(h_.data(), w_qkv_.data(), b_qkv_.data(), qkv_.data(), d_, 3 * d_, nullptr);
-        split_heads_kernel<<<grid, 256, 0, stream_>>>(qkv_.data(), x_.q32.data(), x_.k32.data(), x_.v32.data(),
-                                                      s_.batch, s_.seq, s_.heads, s_.head_dim);
+        split_heads_kernel<<<grid, 256, 0, stream_>>>(qkv_.data(), x_.q32.data(), x_.k32.data(), x_.v32.data(), s_.batch,
+                                                      s_.seq, s_.heads, s_.head_dim);
         break;
       case 2:
         if (fused_) cuda_fused_forward(s_, x_.operands(s_), nullptr, stream_);
@@ -133,7 +153,9 @@ class Block final : public Instance {
         merge_heads_kernel<<<grid, 256, 0, stream_>>>(x_.o32.data(), a_.data(), s_.batch, s_.seq, s_.heads, s_.head_dim);
         linear(a_.data(), w_out_.data(), b_out_.data(), r1_.data(), d_, d_, in_.data());
         break;
-      case 4: layernorm(r1_.data(), ln2_g_.data(), ln2_b_.data()); break;
+      case 4:
+        layernorm(r1_.data(), ln2_g_.data(), ln2_b_.data());
+        break;
       case 5:
         linear(h_.data(), w_fc1_.data(), b_fc1_.data(), f_.data(), d_, w_.hidden, nullptr);
         layers::cuda_gelu_forward(f_.data(), f_.data(), tokens_ * w_.hidden, stream_, device_);

@@ -41,8 +41,8 @@ std::vector<float> to_vector(const HostBuffer<float>& b) { return std::vector<fl
 
 // x[j] = exp(x[j] - shift) for j < n, returning the sum: the softmax's exponentials, 8 at a time, as
 // vectorised softmaxes do. Arguments below -87.3 (masked scores) give exactly 0.
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-float exp_shifted_sum(float* x, int64_t n, float shift) {
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) float exp_shifted_sum(float* x, int64_t n,
+                                                                                                    float shift) {
   simd::vf8 total = {};
   int64_t j = 0;
   for (; j + simd::lanes <= n; j += simd::lanes) {
@@ -65,7 +65,9 @@ using blas::gemm;
 bool worth_threads(const Shape& s) { return s.batch * s.heads * s.seq * s.seq * s.head_dim >= (int64_t{1} << 21); }
 
 // (b, h) of flat head index bh, and the offsets of its rows in an operand.
-int64_t head_offset(const Shape& s, const Strides& st, int64_t bh) { return bh / s.heads * st.batch + bh % s.heads * st.head; }
+int64_t head_offset(const Shape& s, const Strides& st, int64_t bh) {
+  return bh / s.heads * st.batch + bh % s.heads * st.head;
+}
 
 }  // namespace
 
@@ -118,7 +120,7 @@ void cpu_naive_forward(const Shape& s, Mask mask, const Operands<float>& x, floa
 #pragma omp parallel for schedule(static) if (worth_threads(s))
   for (int64_t bh = 0; bh < bhs; ++bh)
     gemm(false, false, S, D, S, 1.0f, probs + bh * S * S, S, x.v + head_offset(s, x.in, bh), x.in.row, 0.0f,
-          x.o + head_offset(s, x.out, bh), x.out.row);
+         x.o + head_offset(s, x.out, bh), x.out.row);
 }
 
 // Autograd's backward of softmax(scale Q K^T) V from the saved probabilities: dV = P^T dO,
@@ -161,7 +163,9 @@ void exp_shifted(float* x, int64_t n, float shift) { exp_shifted_sum(x, n, shift
 }  // namespace
 
 FusedWorkspace::FusedWorkspace(int64_t head_dim, int64_t seq)
-    : head_dim_(head_dim), seq_(seq), per_thread_(std::max(forward_scratch(head_dim), backward_scratch(seq))),
+    : head_dim_(head_dim),
+      seq_(seq),
+      per_thread_(std::max(forward_scratch(head_dim), backward_scratch(seq))),
       threads_(omp_get_max_threads()) {
   buffer_ = new float[static_cast<std::size_t>(per_thread_ * threads_)];
 }
@@ -208,8 +212,8 @@ void cpu_fused_forward(const Shape& s, bool causal, const Operands<float>& x, fl
         std::fill(row + n, row + keys, 0.0f);
         if (lse) lse[bh * S + i0 + r] = mx + std::log(sum);
       }
-      gemm(false, false, rows, D, keys, 1.0f, scores, keys, x.v + in, ld, 0.0f,
-            x.o + head_offset(s, x.out, bh) + i0 * ldo, ldo);
+      gemm(false, false, rows, D, keys, 1.0f, scores, keys, x.v + in, ld, 0.0f, x.o + head_offset(s, x.out, bh) + i0 * ldo,
+           ldo);
     }
 }
 
@@ -217,8 +221,8 @@ void cpu_fused_forward(const Shape& s, bool causal, const Operands<float>& x, fl
 // For each tile of 64 keys, against every query that sees it: P = exp(scale Q K^T - lse) recomputed
 // from the saved row statistics, dV = P^T dO, dP = dO V^T, dS = P (dP - delta), dK = scale dS^T Q,
 // dQ += scale dS K. The products are BLAS calls on the thread (tall: S x 64 x D).
-void cpu_fused_backward(const Shape& s, bool causal, const Operands<float>& x, const float* lse,
-                        const Gradients<float>& g, FusedWorkspace& ws) {
+void cpu_fused_backward(const Shape& s, bool causal, const Operands<float>& x, const float* lse, const Gradients<float>& g,
+                        FusedWorkspace& ws) {
   const int64_t S = s.seq, D = s.head_dim, bhs = s.batch * s.heads, ld = x.in.row, ldo = x.out.row;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 #pragma omp parallel for schedule(dynamic) if (worth_threads(s))
@@ -266,8 +270,14 @@ namespace {
 class Naive final : public Instance {
  public:
   Naive(const Shape& s, bool causal, Mask mask)
-      : s_(s), causal_(causal), mask_(mask), q_(s.elements()), k_(s.elements()), v_(s.elements()),
-        out_(s.elements()), scores_(s.batch * s.heads * s.seq * s.seq) {
+      : s_(s),
+        causal_(causal),
+        mask_(mask),
+        q_(s.elements()),
+        k_(s.elements()),
+        v_(s.elements()),
+        out_(s.elements()),
+        scores_(s.batch * s.heads * s.seq * s.seq) {
     fill_inputs(s, q_, k_, v_);
     if (mask == Mask::cached) {  // register_buffer: built once, at the maximum length
       mask_ld_ = std::max(s.seq, defaults::attention_mask_max_seq);
@@ -294,7 +304,12 @@ class Naive final : public Instance {
 class Fused final : public Instance {
  public:
   Fused(const Shape& s, bool causal)
-      : s_(s), causal_(causal), q_(s.elements()), k_(s.elements()), v_(s.elements()), out_(s.elements()),
+      : s_(s),
+        causal_(causal),
+        q_(s.elements()),
+        k_(s.elements()),
+        v_(s.elements()),
+        out_(s.elements()),
         ws_(s.head_dim, s.seq) {
     fill_inputs(s, q_, k_, v_);
   }
@@ -316,9 +331,19 @@ class Fused final : public Instance {
 class Backward final : public Instance {
  public:
   Backward(const Shape& s, bool causal, bool fused)
-      : s_(s), causal_(causal), fused_(fused), q_(s.elements()), k_(s.elements()), v_(s.elements()), o_(s.elements()),
-        dout_(s.elements()), dq_(s.elements()), dk_(s.elements()), dv_(s.elements()),
-        saved_(fused ? s.rows() : s.batch * s.heads * s.seq * s.seq), dprobs_(fused ? 0 : s.batch * s.heads * s.seq * s.seq),
+      : s_(s),
+        causal_(causal),
+        fused_(fused),
+        q_(s.elements()),
+        k_(s.elements()),
+        v_(s.elements()),
+        o_(s.elements()),
+        dout_(s.elements()),
+        dq_(s.elements()),
+        dk_(s.elements()),
+        dv_(s.elements()),
+        saved_(fused ? s.rows() : s.batch * s.heads * s.seq * s.seq),
+        dprobs_(fused ? 0 : s.batch * s.heads * s.seq * s.seq),
         ws_(s.head_dim, fused ? s.seq : 0) {
     fill_inputs(s, q_, k_, v_);
     for (int64_t i = 0; i < s.elements(); ++i) dout_[i] = input_dout(i);
@@ -330,7 +355,9 @@ class Backward final : public Instance {
     if (fused_) cpu_fused_backward(s_, causal_, operands(), saved_.data(), g, ws_);
     else cpu_naive_backward(s_, operands(), saved_.data(), g, dprobs_.data());
   }
-  Verdict check() override { return check_gradients(s_, causal_, DType::fp32, to_vector(dq_), to_vector(dk_), to_vector(dv_)); }
+  Verdict check() override {
+    return check_gradients(s_, causal_, DType::fp32, to_vector(dq_), to_vector(dk_), to_vector(dv_));
+  }
 
  private:
   Operands<float> operands() { return Operands<float>{q_.data(), k_.data(), v_.data(), o_.data(), bhsd(s_), bhsd(s_)}; }
@@ -350,8 +377,8 @@ void layernorm_rows(const float* x, const std::vector<float>& g, const std::vect
 }
 
 // y = x W + bias (+ residual), W [in][out] row-major; the bias is broadcast into y first.
-void linear(const float* x, const std::vector<float>& w, const std::vector<float>& bias, float* y, int64_t rows,
-            int64_t in, int64_t outn, const float* residual) {
+void linear(const float* x, const std::vector<float>& w, const std::vector<float>& bias, float* y, int64_t rows, int64_t in,
+            int64_t outn, const float* residual) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < outn; ++c) y[r * outn + c] = bias[c] + (residual ? residual[r * outn + c] : 0.0f);
@@ -361,10 +388,24 @@ void linear(const float* x, const std::vector<float>& w, const std::vector<float
 class Block final : public Instance {
  public:
   Block(const Shape& s, bool fused)
-      : s_(s), fused_(fused), w_(make_block_weights(s.d_model())), tokens_(s.batch * s.seq), d_(s.d_model()),
-        x_(tokens_ * d_), h_(tokens_ * d_), qkv_(tokens_ * 3 * d_), q_(s.elements()), k_(s.elements()),
-        v_(s.elements()), o_(s.elements()), a_(tokens_ * d_), r1_(tokens_ * d_), f_(tokens_ * w_.hidden),
-        y_(tokens_ * d_), scores_(fused ? 0 : s.batch * s.heads * s.seq * s.seq), ws_(s.head_dim, s.seq) {
+      : s_(s),
+        fused_(fused),
+        w_(make_block_weights(s.d_model())),
+        tokens_(s.batch * s.seq),
+        d_(s.d_model()),
+        x_(tokens_ * d_),
+        h_(tokens_ * d_),
+        qkv_(tokens_ * 3 * d_),
+        q_(s.elements()),
+        k_(s.elements()),
+        v_(s.elements()),
+        o_(s.elements()),
+        a_(tokens_ * d_),
+        r1_(tokens_ * d_),
+        f_(tokens_ * w_.hidden),
+        y_(tokens_ * d_),
+        scores_(fused ? 0 : s.batch * s.heads * s.seq * s.seq),
+        ws_(s.head_dim, s.seq) {
     for (int64_t i = 0; i < tokens_ * d_; ++i) x_[i] = block_input(i);
   }
   void run() override {
@@ -396,7 +437,9 @@ class Block final : public Instance {
   void run_part(int part) {
     const int64_t S = s_.seq, D = s_.head_dim, H = s_.heads;
     switch (part) {
-      case 0: layernorm_rows(x_.data(), w_.ln1_g, w_.ln1_b, h_.data(), tokens_, d_); break;
+      case 0:
+        layernorm_rows(x_.data(), w_.ln1_g, w_.ln1_b, h_.data(), tokens_, d_);
+        break;
       case 1:
         linear(h_.data(), w_.w_qkv, w_.b_qkv, qkv_.data(), tokens_, d_, 3 * d_, nullptr);
         // [B, S, 3, H, D] -> three [B, H, S, D]: what .view().transpose().contiguous() does.
@@ -424,7 +467,9 @@ class Block final : public Instance {
               for (int64_t d = 0; d < D; ++d) a_[(b * S + t) * d_ + h * D + d] = o_[((b * H + h) * S + t) * D + d];
         linear(a_.data(), w_.w_out, w_.b_out, r1_.data(), tokens_, d_, d_, x_.data());
         break;
-      case 4: layernorm_rows(r1_.data(), w_.ln2_g, w_.ln2_b, h_.data(), tokens_, d_); break;
+      case 4:
+        layernorm_rows(r1_.data(), w_.ln2_g, w_.ln2_b, h_.data(), tokens_, d_);
+        break;
       case 5:
         linear(h_.data(), w_.w_fc1, w_.b_fc1, f_.data(), tokens_, d_, w_.hidden, nullptr);
         layers::cpu_gelu_forward(f_.data(), f_.data(), tokens_ * w_.hidden);

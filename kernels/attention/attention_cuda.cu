@@ -59,10 +59,16 @@ class Fused final : public Instance {
 class Backward final : public Instance {
  public:
   Backward(const Shape& s, bool fused, DType t, const RunContext& ctx)
-      : s_(s), fused_(fused), type_(t), stream_(cuda::as_stream(ctx.cuda_stream)),
-        x_(s, fused ? t : DType::fp32, stream_, ctx.cuda_device), dq_(static_cast<std::size_t>(s.elements())),
-        dk_(dq_.size()), dv_(dq_.size()),
-        probs_(fused ? 0 : static_cast<std::size_t>(s.batch * s.heads * s.seq * s.seq)), dprobs_(probs_.size()),
+      : s_(s),
+        fused_(fused),
+        type_(t),
+        stream_(cuda::as_stream(ctx.cuda_stream)),
+        x_(s, fused ? t : DType::fp32, stream_, ctx.cuda_device),
+        dq_(static_cast<std::size_t>(s.elements())),
+        dk_(dq_.size()),
+        dv_(dq_.size()),
+        probs_(fused ? 0 : static_cast<std::size_t>(s.batch * s.heads * s.seq * s.seq)),
+        dprobs_(probs_.size()),
         lse_(fused ? static_cast<std::size_t>(s.rows()) : 0) {
     const bool tensor_core_fused = fused && t == DType::bf16;
     if (tensor_core_fused) {
@@ -84,8 +90,8 @@ class Backward final : public Instance {
   void run() override {
     if (fused_ && type_ == DType::bf16) {
       const Bf16Operands x{x_.bits(x_.q16), x_.bits(x_.k16), x_.bits(x_.v16), x_.bits(x_.o16), x_.bits(dout16_)};
-      cuda_bf16_backward(s_, true, x, lse_.data(), Gradients<float>{dq_.data(), dk_.data(), dv_.data(), nullptr},
-                         bhsd(s_), scratch_.data(), stream_);
+      cuda_bf16_backward(s_, true, x, lse_.data(), Gradients<float>{dq_.data(), dk_.data(), dv_.data(), nullptr}, bhsd(s_),
+                         scratch_.data(), stream_);
       return;
     }
     const Gradients<float> g{dq_.data(), dk_.data(), dv_.data(), dout_.data()};

@@ -65,7 +65,6 @@ __host__ __device__ inline int64_t row_offset(const Strides& st, int64_t b, int6
   return b * st.batch + h * st.head + s * st.row;
 }
 
-
 // After the stream's work: a copy to pageable memory returns when it has landed.
 template <class T>
 std::vector<float> download_as_float(const T* device, int64_t n, cudaStream_t stream) {

@@ -16,8 +16,8 @@ namespace {
 
 // ---- fused fp32: a warp per query row ------------------------------------------------------------
 
-constexpr int f32_rows = fused_fp32_query_rows;  // query rows (warps) per block
-constexpr int f32_keys = 32;  // keys per tile: one per lane
+constexpr int f32_rows = fused_fp32_query_rows;                     // query rows (warps) per block
+constexpr int f32_keys = 32;                                        // keys per tile: one per lane
 constexpr int f32_max_cols = cuda_fused_forward_max_head_dim / 32;  // output columns per lane
 constexpr int f32_max_head_dim = 32 * f32_max_cols;
 
@@ -28,9 +28,9 @@ __global__ void fused_fp32_kernel(const float* __restrict__ q, const float* __re
                                   float* __restrict__ o, float* __restrict__ lse, Strides in, Strides out, int H, int S,
                                   int D, bool causal, float scale) {
   extern __shared__ float smem[];
-  float* ks = smem;                      // [f32_keys][D + 1]
-  float* vs = ks + f32_keys * (D + 1);   // [f32_keys][D]
-  float* qs = vs + f32_keys * D;         // [f32_rows][D]
+  float* ks = smem;                     // [f32_keys][D + 1]
+  float* vs = ks + f32_keys * (D + 1);  // [f32_keys][D]
+  float* qs = vs + f32_keys * D;        // [f32_rows][D]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // One block per (batch x head, query tile), folded into grid.x: grid.y would cap batch x heads at 65535.
   const int tiles = (S + f32_rows - 1) / f32_rows;
@@ -101,8 +101,8 @@ std::size_t fp32_smem_bytes(int D) { return sizeof(float) * (f32_keys * (D + 1) 
 // P = exp(scale Q K^T - lse) and dS = P (dO V^T - delta); dQ in its own pass instead of atomics
 // into a zeroed dQ: deterministic, and every gradient is written once (overwritten), strided or not.
 
-constexpr int bwd_keys = 32;   // keys per tile: one per lane
-constexpr int bwd_rows = 16;   // query rows per tile: two per warp
+constexpr int bwd_keys = 32;  // keys per tile: one per lane
+constexpr int bwd_rows = 16;  // query rows per tile: two per warp
 constexpr int bwd_warps = 8;
 constexpr int bwd_threads = 32 * bwd_warps;
 constexpr int bwd_max_cols = cuda_fused_backward_max_head_dim / 32;  // gradient columns per lane
@@ -131,16 +131,22 @@ __global__ void row_delta_kernel(const float* __restrict__ o, const float* __res
 struct BackwardTiles {
   float *ks, *vs, *qs, *dos, *ps, *dss, *lse, *delta;
   __device__ BackwardTiles(float* smem, int D)
-      : ks(smem), vs(ks + bwd_keys * (D + 1)), qs(vs + bwd_keys * (D + 1)), dos(qs + bwd_rows * D),
-        ps(dos + bwd_rows * D), dss(ps + bwd_rows * bwd_keys), lse(dss + bwd_rows * bwd_keys), delta(lse + bwd_rows) {}
+      : ks(smem),
+        vs(ks + bwd_keys * (D + 1)),
+        qs(vs + bwd_keys * (D + 1)),
+        dos(qs + bwd_rows * D),
+        ps(dos + bwd_rows * D),
+        dss(ps + bwd_rows * bwd_keys),
+        lse(dss + bwd_rows * bwd_keys),
+        delta(lse + bwd_rows) {}
 };
 std::size_t backward_smem_bytes(int D) {
   return sizeof(float) * (2 * bwd_keys * (D + 1) + 2 * bwd_rows * D + 2 * bwd_rows * bwd_keys + 2 * bwd_rows);
 }
 
 // Keys [j0, j0 + 32) of head (b, h) into the K and V tiles; keys past S are zero.
-__device__ inline void load_key_tile(BackwardTiles& t, const float* kb, const float* vb, int64_t row_stride, int j0,
-                                     int S, int D) {
+__device__ inline void load_key_tile(BackwardTiles& t, const float* kb, const float* vb, int64_t row_stride, int j0, int S,
+                                     int D) {
   for (int e = threadIdx.x; e < bwd_keys * D; e += blockDim.x) {
     const int jl = e / D, d = e % D, j = j0 + jl;
     t.ks[jl * (D + 1) + d] = j < S ? kb[j * row_stride + d] : 0.0f;
@@ -189,8 +195,8 @@ __device__ inline void tile_probabilities(BackwardTiles& t, int i0, int j0, int 
 __global__ void __launch_bounds__(bwd_threads)
     fused_backward_dkdv_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                                const float* __restrict__ dout, const float* __restrict__ lse,
-                               const float* __restrict__ delta, float* __restrict__ dk, float* __restrict__ dv,
-                               Strides in, Strides out, int H, int S, int D, float scale) {
+                               const float* __restrict__ delta, float* __restrict__ dk, float* __restrict__ dv, Strides in,
+                               Strides out, int H, int S, int D, float scale) {
   extern __shared__ float smem[];
   BackwardTiles t(smem, D);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -201,7 +207,7 @@ __global__ void __launch_bounds__(bwd_threads)
   load_key_tile(t, k + head_in, v + head_in, in.row, j0, S, D);
   float dk_acc[bwd_keys_per_warp][bwd_max_cols] = {}, dv_acc[bwd_keys_per_warp][bwd_max_cols] = {};
   for (int i0 = j0; i0 < S; i0 += bwd_rows) {  // causal: queries before j0 see none of these keys
-    __syncthreads();  // the previous pair's tiles are no longer read
+    __syncthreads();                           // the previous pair's tiles are no longer read
     load_query_tile(t, q + head_in, dout + head_out, lse + bh * S, delta + bh * S, in, out, i0, S, D);
     __syncthreads();
     tile_probabilities(t, i0, j0, S, D, scale);
@@ -239,9 +245,8 @@ __global__ void __launch_bounds__(bwd_threads)
 // dQ of one query tile: thread (warp w, lane l) owns rows w + 8r and columns l + 32c.
 __global__ void __launch_bounds__(bwd_threads)
     fused_backward_dq_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                             const float* __restrict__ dout, const float* __restrict__ lse,
-                             const float* __restrict__ delta, float* __restrict__ dq, Strides in, Strides out, int H,
-                             int S, int D, float scale) {
+                             const float* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                             float* __restrict__ dq, Strides in, Strides out, int H, int S, int D, float scale) {
   extern __shared__ float smem[];
   BackwardTiles t(smem, D);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -292,19 +297,18 @@ void fused_fp32(const Shape& s, bool causal, const Operands<float>& x, float* ls
   if (blocks == 0) return;
   const std::size_t smem = fp32_smem_bytes(D);
   allow_shared_bytes(fused_fp32_kernel, smem, "the fp32 fused forward");
-  fused_fp32_kernel<<<static_cast<unsigned>(blocks), 32 * f32_rows, smem, stream>>>(
-      x.q, x.k, x.v, x.o, lse, x.in, x.out, static_cast<int>(s.heads), S, D, causal,
-      1.0f / std::sqrt(static_cast<float>(D)));
+  fused_fp32_kernel<<<static_cast<unsigned>(blocks), 32 * f32_rows, smem, stream>>>(x.q, x.k, x.v, x.o, lse, x.in, x.out,
+                                                                                    static_cast<int>(s.heads), S, D, causal,
+                                                                                    1.0f / std::sqrt(static_cast<float>(D)));
   CUDA_CHECK(cudaGetLastError());
 }
-
 
 void cuda_fused_forward(const Shape& s, const Operands<float>& x, float* lse, CUstream_st* stream) {
   fused_fp32(s, true, x, lse, stream);
 }
 
-void cuda_fused_backward(const Shape& s, const Operands<float>& x, const float* lse, const Gradients<float>& g,
-                         float* delta, CUstream_st* stream) {
+void cuda_fused_backward(const Shape& s, const Operands<float>& x, const float* lse, const Gradients<float>& g, float* delta,
+                         CUstream_st* stream) {
   TB_REQUIRE(s.head_dim <= bwd_max_head_dim, "the fused backward keeps head_dim <= 128 (4 columns per lane)");
   if (s.rows() == 0) return;
   const int H = static_cast<int>(s.heads), S = static_cast<int>(s.seq), D = static_cast<int>(s.head_dim);
@@ -319,14 +323,16 @@ void cuda_fused_backward(const Shape& s, const Operands<float>& x, const float* 
   allow_shared_bytes(fused_backward_dkdv_kernel, smem, "the fused backward");
   allow_shared_bytes(fused_backward_dq_kernel, smem, "the fused backward");
 
-  row_delta_kernel<<<static_cast<unsigned>(delta_blocks), 32 * delta_rows_per_block, 0, stream>>>(
-      x.o, g.dout, delta, x.out, H, S, D, s.rows());
+  row_delta_kernel<<<static_cast<unsigned>(delta_blocks), 32 * delta_rows_per_block, 0, stream>>>(x.o, g.dout, delta, x.out,
+                                                                                                  H, S, D, s.rows());
   CUDA_CHECK(cudaGetLastError());
-  fused_backward_dkdv_kernel<<<static_cast<unsigned>(key_blocks), bwd_threads, smem, stream>>>(
-      x.q, x.k, x.v, g.dout, lse, delta, g.dk, g.dv, x.in, x.out, H, S, D, scale);
+  fused_backward_dkdv_kernel<<<static_cast<unsigned>(key_blocks), bwd_threads, smem, stream>>>(x.q, x.k, x.v, g.dout, lse,
+                                                                                               delta, g.dk, g.dv, x.in,
+                                                                                               x.out, H, S, D, scale);
   CUDA_CHECK(cudaGetLastError());
-  fused_backward_dq_kernel<<<static_cast<unsigned>(query_blocks), bwd_threads, smem, stream>>>(
-      x.q, x.k, x.v, g.dout, lse, delta, g.dq, x.in, x.out, H, S, D, scale);
+  fused_backward_dq_kernel<<<static_cast<unsigned>(query_blocks), bwd_threads, smem, stream>>>(x.q, x.k, x.v, g.dout, lse,
+                                                                                               delta, g.dq, x.in, x.out, H,
+                                                                                               S, D, scale);
   CUDA_CHECK(cudaGetLastError());
 }
 

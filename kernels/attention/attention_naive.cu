@@ -78,9 +78,9 @@ void naive_attention(const Shape& s, Mask mask, const Tensors& x, float* scores,
   const void* k = half ? static_cast<const void*>(x.k16.data()) : x.k32.data();
   const void* v = half ? static_cast<const void*>(x.v16.data()) : x.v32.data();
   // Column-major view: scores^T (S x S) = K Q^T, i.e. C[j + i S] = sum_d K[j][d] Q[i][d].
-  CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, S, S, D, &scale, k, in_type, D,
-                                          int64_t{S} * D, q, in_type, D, int64_t{S} * D, &zero, scores, CUDA_R_32F, S,
-                                          int64_t{S} * S, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, S, S, D, &scale, k, in_type, D, int64_t{S} * D,
+                                          q, in_type, D, int64_t{S} * D, &zero, scores, CUDA_R_32F, S, int64_t{S} * S, batch,
+                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   const int64_t rows = int64_t{batch} * S;
   const int grid = cuda::grid_for(rows * S, 256, device);
   if (mask == Mask::rebuilt) {
@@ -88,7 +88,8 @@ void naive_attention(const Shape& s, Mask mask, const Tensors& x, float* scores,
     // that keeps its memory, as the caching allocator does, so the row measures the rebuild and
     // not a driver mapping PyTorch never pays.
     uint8_t* fresh = nullptr;
-    CUDA_CHECK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&fresh), static_cast<std::size_t>(S) * S, mask_pool, stream));
+    CUDA_CHECK(
+        cudaMallocFromPoolAsync(reinterpret_cast<void**>(&fresh), static_cast<std::size_t>(S) * S, mask_pool, stream));
     triu_mask_kernel<<<cuda::grid_for(int64_t{S} * S, 256, device), 256, 0, stream>>>(fresh, S, S);
     masked_fill_kernel<<<grid, 256, 0, stream>>>(scores, fresh, S, S, rows);
     CUDA_CHECK(cudaFreeAsync(fresh, stream));
@@ -100,9 +101,9 @@ void naive_attention(const Shape& s, Mask mask, const Tensors& x, float* scores,
   // O^T (D x S, column-major) = V^T P^T: C[d + i D] = sum_j V[j][d] P[i][j].
   const void* p = half ? static_cast<const void*>(p16) : scores;
   void* o = half ? static_cast<void*>(x.o16.data()) : static_cast<void*>(x.o32.data());
-  CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, D, S, S, &one, v, in_type, D,
-                                          int64_t{S} * D, p, in_type, S, int64_t{S} * S, &zero, o, in_type, D,
-                                          int64_t{S} * D, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, D, S, S, &one, v, in_type, D, int64_t{S} * D, p,
+                                          in_type, S, int64_t{S} * S, &zero, o, in_type, D, int64_t{S} * D, batch,
+                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 // ---- naive fp32 over strided operands ------------------------------------------------------------
@@ -121,15 +122,15 @@ HeadMatrix probs_matrix(const float* base, const Shape& s) {  // [B, H, S, S]
 // one stride between items: one call over all B x H items where every operand's batch stride is
 // heads x its head stride ([B, H, ...] layouts), else a call per b over the heads (the step's
 // [B, S, 3C] rows, where b and h step by unrelated amounts).
-void gemm_per_head(cublasHandle_t handle, const Shape& s, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
-                   int64_t n, int64_t k, float alpha, const HeadMatrix& a, const HeadMatrix& b, float beta,
-                   const HeadMatrix& c, cublasComputeType_t compute) {
+void gemm_per_head(cublasHandle_t handle, const Shape& s, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
+                   int64_t k, float alpha, const HeadMatrix& a, const HeadMatrix& b, float beta, const HeadMatrix& c,
+                   cublasComputeType_t compute) {
   auto call = [&](int64_t offset_a, int64_t offset_b, int64_t offset_c, int64_t count) {
-    CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-        handle, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, a.base + offset_a,
-        CUDA_R_32F, static_cast<int>(a.ld), a.head, b.base + offset_b, CUDA_R_32F, static_cast<int>(b.ld), b.head, &beta,
-        const_cast<float*>(c.base) + offset_c, CUDA_R_32F, static_cast<int>(c.ld), c.head, static_cast<int>(count),
-        compute, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                                            &alpha, a.base + offset_a, CUDA_R_32F, static_cast<int>(a.ld), a.head,
+                                            b.base + offset_b, CUDA_R_32F, static_cast<int>(b.ld), b.head, &beta,
+                                            const_cast<float*>(c.base) + offset_c, CUDA_R_32F, static_cast<int>(c.ld),
+                                            c.head, static_cast<int>(count), compute, CUBLAS_GEMM_DEFAULT));
   };
   const auto flat = [&](const HeadMatrix& x) { return x.batch == s.heads * x.head; };
   if (flat(a) && flat(b) && flat(c)) return call(0, 0, 0, s.batch * s.heads);
@@ -145,8 +146,13 @@ void causal_softmax(const Shape& s, float* scores, cudaStream_t stream) {
 class Naive final : public Instance {
  public:
   Naive(const Shape& s, bool causal, Mask mask, DType t, const RunContext& ctx)
-      : s_(s), causal_(causal), mask_(mask), stream_(cuda::as_stream(ctx.cuda_stream)), device_(ctx.cuda_device),
-        x_(s, t, stream_, device_), scores_(static_cast<std::size_t>(s.batch * s.heads * s.seq * s.seq)) {
+      : s_(s),
+        causal_(causal),
+        mask_(mask),
+        stream_(cuda::as_stream(ctx.cuda_stream)),
+        device_(ctx.cuda_device),
+        x_(s, t, stream_, device_),
+        scores_(static_cast<std::size_t>(s.batch * s.heads * s.seq * s.seq)) {
     if (t == DType::bf16) p16_ = cuda::DeviceBuffer<bf16>(scores_.size());
     if (mask == Mask::rebuilt) mask_pool_ = cuda::MemPool(device_);
     if (mask == Mask::cached) {  // register_buffer: built once at the maximum length, sliced per call
@@ -197,20 +203,20 @@ class Naive final : public Instance {
 
 // ---- the kernels as functions over buffers ------------------------------------------------------
 
-void cuda_naive_forward(const Shape& s, const Operands<float>& x, float* probs, cublasContext* handle,
-                        CUstream_st* stream, bool bf16_products) {
+void cuda_naive_forward(const Shape& s, const Operands<float>& x, float* probs, cublasContext* handle, CUstream_st* stream,
+                        bool bf16_products) {
   if (s.rows() == 0) return;
   const int64_t S = s.seq, D = s.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const cublasComputeType_t compute = bf16_products ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
   const HeadMatrix p = probs_matrix(probs, s);
   // Column-major view of row-major operands: scores^T (S x S) = K Q^T, C[j + i S] = scale sum_d K[j][d] Q[i][d].
-  gemm_per_head(handle, s, CUBLAS_OP_T, CUBLAS_OP_N, S, S, D, scale, head_matrix(x.k, x.in), head_matrix(x.q, x.in),
-                0.0f, p, compute);
+  gemm_per_head(handle, s, CUBLAS_OP_T, CUBLAS_OP_N, S, S, D, scale, head_matrix(x.k, x.in), head_matrix(x.q, x.in), 0.0f, p,
+                compute);
   causal_softmax(s, probs, stream);
   // O^T (D x S) = V^T P^T: C[d + i ld] = sum_j V[j][d] P[i][j].
-  gemm_per_head(handle, s, CUBLAS_OP_N, CUBLAS_OP_N, D, S, S, 1.0f, head_matrix(x.v, x.in), p, 0.0f,
-                head_matrix(x.o, x.out), compute);
+  gemm_per_head(handle, s, CUBLAS_OP_N, CUBLAS_OP_N, D, S, S, 1.0f, head_matrix(x.v, x.in), p, 0.0f, head_matrix(x.o, x.out),
+                compute);
 }
 
 void cuda_naive_backward(const Shape& s, const Operands<float>& x, const float* probs, const Gradients<float>& g,

@@ -31,8 +31,7 @@ std::string shape_invalid_reason(const std::string& text) {
 }
 
 Shape parse_shape(const std::string& text) {
-  if (const std::string why = shape_invalid_reason(text); !why.empty())
-    throw UsageError("shape '" + text + "': " + why);
+  if (const std::string why = shape_invalid_reason(text); !why.empty()) throw UsageError("shape '" + text + "': " + why);
   Shape s;
   int64_t* dims[4] = {&s.batch, &s.heads, &s.seq, &s.head_dim};
   std::size_t at = 0;
@@ -149,8 +148,11 @@ Verdict check_gradients(const Shape& s, bool causal, DType t, const std::vector<
   const Tolerance tol = t == DType::bf16 ? tolerance::attention_bf16_backward : tolerance::attention_fp32;
   for (const auto* got : {&dq, &dk, &dv})
     if (got->size() != static_cast<std::size_t>(s.elements()))
-      return Verdict{false, INFINITY, std::string(got == &dq ? "dq" : got == &dk ? "dk" : "dv") +
-                                          " has the wrong number of elements"};
+      return Verdict{false, INFINITY,
+                     std::string(got == &dq   ? "dq"
+                                 : got == &dk ? "dk"
+                                              : "dv") +
+                         " has the wrong number of elements"};
   std::vector<int64_t> heads;
   for (const auto& [bh, i] : checked_rows(s))
     if (std::find(heads.begin(), heads.end(), bh) == heads.end()) heads.push_back(bh);
@@ -161,8 +163,8 @@ Verdict check_gradients(const Shape& s, bool causal, DType t, const std::vector<
 #pragma omp parallel for schedule(dynamic, 1) if (s.seq * s.seq * s.head_dim >= (int64_t{1} << 24))
   for (std::size_t h = 0; h < heads.size(); ++h) {
     const int64_t bh = heads[h], base = bh * per_head;
-    std::vector<double> q(per_head), k(per_head), v(per_head), o(per_head), dout(per_head), rq(per_head),
-        rk(per_head), rv(per_head);
+    std::vector<double> q(per_head), k(per_head), v(per_head), o(per_head), dout(per_head), rq(per_head), rk(per_head),
+        rv(per_head);
     for (int64_t e = 0; e < per_head; ++e) {
       q[e] = input_q(base + e, t);
       k[e] = input_k(base + e, t);

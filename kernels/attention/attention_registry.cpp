@@ -118,7 +118,9 @@ void register_stage_attention(Registry& registry) {
   Stage s;
   s.name = "attention";
   s.question = "attention's share of the block, and what fusing and caching the mask buy";
-  s.source = "docs/sources.md#004-small-gpt (attention 85% of the block), docs/sources.md#003-t4-transformer (causal mask rebuilt every forward)";
+  s.source =
+      "docs/sources.md#004-small-gpt (attention 85% of the block), docs/sources.md#003-t4-transformer (causal mask rebuilt "
+      "every forward)";
   s.axes = {
       shape_axis("cpu_shape", {defaults::attention_small_gpt, defaults::attention_t4, defaults::attention_seq1024},
                  {defaults::attention_small_gpt, defaults::attention_seq1024}, "BATCHxHEADSxSEQxHEAD_DIM for CPU variants"),
@@ -131,9 +133,8 @@ void register_stage_attention(Registry& registry) {
   };
 
   auto cpu_naive = [](Mask mask) {
-    return [mask](const Problem& p, const RunContext&) {
-      return make_cpu_naive(shape_of(p, "cpu_shape"), causal_of(p), mask);
-    };
+    return
+        [mask](const Problem& p, const RunContext&) { return make_cpu_naive(shape_of(p, "cpu_shape"), causal_of(p), mask); };
   };
   auto cuda_naive = []([[maybe_unused]] Mask mask) {  // unused without CUDA: cuda_factory drops its argument
     return cuda_factory([mask](const Problem& p, const RunContext& c) {
@@ -152,44 +153,92 @@ void register_stage_attention(Registry& registry) {
   const Backend cpu = Backend::cpu, gpu = Backend::cuda;
 
   s.variants = {
-      Variant{"naive", cpu, "PyTorch eager: scores [B,H,S,S] by BLAS, causal applied in the softmax, BLAS P V",
-              {"cpu_shape", "causal"}, work("cpu_shape", cpu, true), naive_unsupported("cpu_shape", cpu),
+      Variant{"naive",
+              cpu,
+              "PyTorch eager: scores [B,H,S,S] by BLAS, causal applied in the softmax, BLAS P V",
+              {"cpu_shape", "causal"},
+              work("cpu_shape", cpu, true),
+              naive_unsupported("cpu_shape", cpu),
               cpu_naive(Mask::implicit)},
-      Variant{"naive_mask_cached", cpu, "causal mask built once at max length and sliced (register_buffer)",
-              {"cpu_shape"}, work("cpu_shape", cpu, true), naive_unsupported("cpu_shape", cpu), cpu_naive(Mask::cached)},
-      Variant{"naive_mask_rebuilt", cpu, "causal mask allocated and filled on every forward (docs/sources.md#003-t4-transformer)",
-              {"cpu_shape"}, work("cpu_shape", cpu, true), naive_unsupported("cpu_shape", cpu), cpu_naive(Mask::rebuilt)},
-      Variant{"fused", cpu, "64-query tiles by BLAS, softmax in the tile: scores never [S,S], causal keys past a tile skipped",
-              {"cpu_shape", "causal"}, work("cpu_shape", cpu, false), fused_unsupported("cpu_shape", cpu),
+      Variant{"naive_mask_cached",
+              cpu,
+              "causal mask built once at max length and sliced (register_buffer)",
+              {"cpu_shape"},
+              work("cpu_shape", cpu, true),
+              naive_unsupported("cpu_shape", cpu),
+              cpu_naive(Mask::cached)},
+      Variant{"naive_mask_rebuilt",
+              cpu,
+              "causal mask allocated and filled on every forward (docs/sources.md#003-t4-transformer)",
+              {"cpu_shape"},
+              work("cpu_shape", cpu, true),
+              naive_unsupported("cpu_shape", cpu),
+              cpu_naive(Mask::rebuilt)},
+      Variant{"fused",
+              cpu,
+              "64-query tiles by BLAS, softmax in the tile: scores never [S,S], causal keys past a tile skipped",
+              {"cpu_shape", "causal"},
+              work("cpu_shape", cpu, false),
+              fused_unsupported("cpu_shape", cpu),
               [](const Problem& p, const RunContext&) { return make_cpu_fused(shape_of(p, "cpu_shape"), causal_of(p)); }},
-      Variant{"block_naive", cpu, "the whole block (ln, QKV, attention, out-proj, ln, GELU MLP) with naive attention",
-              {"block_shape"}, [](const Problem& p) { return block_work(p, Backend::cpu); },
+      Variant{"block_naive",
+              cpu,
+              "the whole block (ln, QKV, attention, out-proj, ln, GELU MLP) with naive attention",
+              {"block_shape"},
+              [](const Problem& p) { return block_work(p, Backend::cpu); },
               [](const Problem& p) { return block_reason(p, Backend::cpu, true); },
               [](const Problem& p, const RunContext&) { return make_cpu_block(shape_of(p, "block_shape"), false); }},
-      Variant{"block_fused", cpu, "the same block with fused attention", {"block_shape"},
+      Variant{"block_fused",
+              cpu,
+              "the same block with fused attention",
+              {"block_shape"},
               [](const Problem& p) { return block_work(p, Backend::cpu); },
               [](const Problem& p) { return block_reason(p, Backend::cpu, false); },
               [](const Problem& p, const RunContext&) { return make_cpu_block(shape_of(p, "block_shape"), true); }},
 
-      Variant{"naive", gpu, "cuBLAS strided-batched QK^T, softmax kernel with implicit causal, cuBLAS P V",
-              {"shape", "causal", "dtype"}, work("shape", gpu, true), naive_unsupported("shape", gpu),
+      Variant{"naive",
+              gpu,
+              "cuBLAS strided-batched QK^T, softmax kernel with implicit causal, cuBLAS P V",
+              {"shape", "causal", "dtype"},
+              work("shape", gpu, true),
+              naive_unsupported("shape", gpu),
               cuda_naive(Mask::implicit)},
-      Variant{"naive_mask_cached", gpu, "cached causal mask, sliced: one masked_fill pass per forward",
-              {"shape", "dtype"}, work("shape", gpu, true), naive_unsupported("shape", gpu), cuda_naive(Mask::cached)},
-      Variant{"naive_mask_rebuilt", gpu, "mask allocated, filled and applied on every forward (docs/sources.md#003-t4-transformer)",
-              {"shape", "dtype"}, work("shape", gpu, true), naive_unsupported("shape", gpu), cuda_naive(Mask::rebuilt)},
-      Variant{"fused", gpu, "fp32: warp per row on CUDA cores; bf16: FlashAttention-2 tiles on tensor cores",
-              {"shape", "causal", "dtype"}, work("shape", gpu, false), fused_unsupported("shape", gpu),
+      Variant{"naive_mask_cached",
+              gpu,
+              "cached causal mask, sliced: one masked_fill pass per forward",
+              {"shape", "dtype"},
+              work("shape", gpu, true),
+              naive_unsupported("shape", gpu),
+              cuda_naive(Mask::cached)},
+      Variant{"naive_mask_rebuilt",
+              gpu,
+              "mask allocated, filled and applied on every forward (docs/sources.md#003-t4-transformer)",
+              {"shape", "dtype"},
+              work("shape", gpu, true),
+              naive_unsupported("shape", gpu),
+              cuda_naive(Mask::rebuilt)},
+      Variant{"fused",
+              gpu,
+              "fp32: warp per row on CUDA cores; bf16: FlashAttention-2 tiles on tensor cores",
+              {"shape", "causal", "dtype"},
+              work("shape", gpu, false),
+              fused_unsupported("shape", gpu),
               cuda_factory([](const Problem& p, const RunContext& c) {
                 return make_cuda_fused(shape_of(p, "shape"), causal_of(p), dtype_of(p), c);
               })},
-      Variant{"block_naive", gpu, "the whole block on the GPU (cuBLAS fp32 GEMMs) with naive attention",
-              {"block_shape"}, [](const Problem& p) { return block_work(p, Backend::cuda); },
+      Variant{"block_naive",
+              gpu,
+              "the whole block on the GPU (cuBLAS fp32 GEMMs) with naive attention",
+              {"block_shape"},
+              [](const Problem& p) { return block_work(p, Backend::cuda); },
               [](const Problem& p) { return block_reason(p, Backend::cuda, true); },
               cuda_factory([](const Problem& p, const RunContext& c) {
                 return make_cuda_block(shape_of(p, "block_shape"), false, c);
               })},
-      Variant{"block_fused", gpu, "the same block with fused fp32 attention", {"block_shape"},
+      Variant{"block_fused",
+              gpu,
+              "the same block with fused fp32 attention",
+              {"block_shape"},
               [](const Problem& p) { return block_work(p, Backend::cuda); },
               [](const Problem& p) { return block_reason(p, Backend::cuda, false); },
               cuda_factory([](const Problem& p, const RunContext& c) {
@@ -197,7 +246,8 @@ void register_stage_attention(Registry& registry) {
               })},
   };
   auto cpu_backward = [](bool fused) {
-    return Variant{fused ? "backward_fused" : "backward_naive", Backend::cpu,
+    return Variant{fused ? "backward_fused" : "backward_naive",
+                   Backend::cpu,
                    fused ? "FlashAttention-2 backward: P recomputed per 64-key tile from the saved log-sum-exp, BLAS tiles"
                          : "autograd's backward from the saved probabilities [B,H,S,S], dP materialised",
                    {"cpu_shape", "causal"},
@@ -208,7 +258,8 @@ void register_stage_attention(Registry& registry) {
                    }};
   };
   auto cuda_backward = [](bool fused) {
-    return Variant{fused ? "backward_fused" : "backward_naive", Backend::cuda,
+    return Variant{fused ? "backward_fused" : "backward_naive",
+                   Backend::cuda,
                    fused ? "FlashAttention-2 backward from the saved log-sum-exp: fp32 on CUDA cores; bf16 on tensor "
                            "cores (dK, dV per key tile, dQ by atomics)"
                          : "autograd's backward from the saved probabilities: cuBLAS products (bf16: on tensor cores), "

@@ -50,9 +50,9 @@ struct Settings {
   int64_t rows = 0;
   double alpha = 0;
   double drift = 0;
-  int window = 0;           // solves per call (defaults::cg_window)
-  double tol = 0;           // CG stops at ||r|| <= tol ||b|| (defaults::cg_tol)
-  double lazy_tol = 0;      // the gate skips at ||b - A x_cache|| < lazy_tol ||b|| (defaults::lazy_cg_tol)
+  int window = 0;       // solves per call (defaults::cg_window)
+  double tol = 0;       // CG stops at ||r|| <= tol ||b|| (defaults::cg_tol)
+  double lazy_tol = 0;  // the gate skips at ||b - A x_cache|| < lazy_tol ||b|| (defaults::lazy_cg_tol)
   int max_iterations = 0;
 };
 Settings settings_of(const Problem& p);  // axes graph, rows, alpha, drift; the rest from defaults
@@ -91,8 +91,8 @@ struct Tally {
 // ||b - A x|| / ||b||, in double with plain loops.
 double true_relative_residual(const laplacian::Graph& graph, double alpha, const double* b, const double* x);
 // Passes when the true relative residual of step `step` is at most tol + tolerance::cg_residual_atol.
-Verdict check_solve(const laplacian::Graph& graph, double alpha, const double* b, const double* x, double tol,
-                    int step, bool skipped);
+Verdict check_solve(const laplacian::Graph& graph, double alpha, const double* b, const double* x, double tol, int step,
+                    bool skipped);
 
 // The window loop, the check and the counters, shared by every strategy. A strategy supplies its
 // parts: the cache reset, `start` (the cold start x = 0, the warm start's residual, or that and the
@@ -159,7 +159,7 @@ std::unique_ptr<Instance> make_cuda_solver(const Problem&, const RunContext&, St
 struct RowsShape {
   int64_t tokens = 0, width = 0;
 };
-RowsShape parse_rows_shape(const std::string& text);              // "TOKENSxWIDTH"; throws UsageError
+RowsShape parse_rows_shape(const std::string& text);             // "TOKENSxWIDTH"; throws UsageError
 std::string rows_shape_invalid_reason(const std::string& text);  // "" when valid
 
 struct RowsSettings {

@@ -28,9 +28,14 @@ std::pair<int64_t, int64_t> thread_range(int64_t n) {
 class CpuCg final : public WindowSolver {
  public:
   CpuCg(const Problem& p, Start start)
-      : WindowSolver(p, start), a_(laplacian::build_shifted_laplacian(graph_, settings_.alpha)), n_(settings_.rows),
-        x_(static_cast<std::size_t>(n_)), cache_(static_cast<std::size_t>(n_)), r_(static_cast<std::size_t>(n_)),
-        p_(static_cast<std::size_t>(n_)), q_(static_cast<std::size_t>(n_)),
+      : WindowSolver(p, start),
+        a_(laplacian::build_shifted_laplacian(graph_, settings_.alpha)),
+        n_(settings_.rows),
+        x_(static_cast<std::size_t>(n_)),
+        cache_(static_cast<std::size_t>(n_)),
+        r_(static_cast<std::size_t>(n_)),
+        p_(static_cast<std::size_t>(n_)),
+        q_(static_cast<std::size_t>(n_)),
         partials_(static_cast<std::size_t>(2 * omp_get_max_threads())) {
     double *x = x_.data(), *c = cache_.data(), *r = r_.data(), *pv = p_.data(), *q = q_.data();
 #pragma omp parallel
@@ -61,12 +66,16 @@ class CpuCg final : public WindowSolver {
   }
   void start(int t) override {
     switch (start_) {
-      case Start::cold: done_ = start_cold(rhs_.b(t)); return;
+      case Start::cold:
+        done_ = start_cold(rhs_.b(t));
+        return;
       case Start::warm:  // never skipped: iterate() takes it to tol (no iteration when already there)
         start_warm(rhs_.b(t));
         done_ = false;
         return;
-      case Start::lazy: done_ = gate(rhs_.b(t)); return;
+      case Start::lazy:
+        done_ = gate(rhs_.b(t));
+        return;
     }
   }
   bool started_done() override { return done_; }

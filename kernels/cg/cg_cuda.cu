@@ -30,8 +30,8 @@ namespace tb::cg {
 namespace {
 
 namespace groups = cooperative_groups;
-using spmv::device::CsrView;
 using spmv::device::csr_row;
+using spmv::device::CsrView;
 
 constexpr int block_size = 256;
 constexpr int warps_per_block = block_size / 32;
@@ -102,8 +102,7 @@ __device__ double sum_partials(const double* partials, int count) {
 }
 
 // Multi-kernel strategies: store this block's partials; true in every thread of the last block.
-__device__ bool arrive_last(const State& st, double* partial, double value, double* partial2 = nullptr,
-                            double value2 = 0) {
+__device__ bool arrive_last(const State& st, double* partial, double value, double* partial2 = nullptr, double value2 = 0) {
   __shared__ bool last;
   if (threadIdx.x == 0) {
     partial[blockIdx.x] = value;
@@ -368,16 +367,28 @@ struct GraphOwner {
 };
 
 template <class F>
-void with_lanes(int lanes, F&& f) { spmv::device::with_lanes(lanes, std::forward<F>(f)); }
+void with_lanes(int lanes, F&& f) {
+  spmv::device::with_lanes(lanes, std::forward<F>(f));
+}
 
 class CudaCg final : public WindowSolver {
  public:
   CudaCg(const Problem& p, const RunContext& ctx, Strategy strategy, Start start)
-      : WindowSolver(p, start), strategy_(strategy), stream_(cuda::as_stream(ctx.cuda_stream)),
-        a_(spmv::device::upload(laplacian::build_shifted_laplacian(graph_, settings_.alpha))), n_(settings_.rows),
-        x_(n_), cache_(n_), r_(n_), p_(n_), q_(n_),
-        rhs_device_(static_cast<std::size_t>(n_) * static_cast<std::size_t>(settings_.window + 1)), scalars_(1),
-        totals_(1), arrivals_(1), host_scalars_(1) {
+      : WindowSolver(p, start),
+        strategy_(strategy),
+        stream_(cuda::as_stream(ctx.cuda_stream)),
+        a_(spmv::device::upload(laplacian::build_shifted_laplacian(graph_, settings_.alpha))),
+        n_(settings_.rows),
+        x_(n_),
+        cache_(n_),
+        r_(n_),
+        p_(n_),
+        q_(n_),
+        rhs_device_(static_cast<std::size_t>(n_) * static_cast<std::size_t>(settings_.window + 1)),
+        scalars_(1),
+        totals_(1),
+        arrivals_(1),
+        host_scalars_(1) {
     counts_syncs_ = true;
     control_ = Control{settings_.tol * settings_.tol, settings_.lazy_tol * settings_.lazy_tol, settings_.max_iterations};
     CUDA_CHECK(cudaMemcpy(rhs_device_.data(), rhs_.b(0), rhs_device_.bytes(), cudaMemcpyHostToDevice));
@@ -387,8 +398,8 @@ class CudaCg final : public WindowSolver {
     int sms = 0, per_sm = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.cuda_device));
     with_lanes(a_.lanes_per_row, [&](auto lanes) {
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_kernel<decltype(lanes)::value>,
-                                                               block_size, 0));
+      CUDA_CHECK(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_kernel<decltype(lanes)::value>, block_size, 0));
     });
     TB_REQUIRE(per_sm > 0, "the persistent CG kernel does not fit on an SM");
     const int64_t useful = std::max<int64_t>(1, (n_ + block_size - 1) / block_size);
@@ -444,8 +455,12 @@ class CudaCg final : public WindowSolver {
     CUDA_CHECK(cudaGetLastError());
     Totals t;
     CUDA_CHECK(cudaMemcpy(&t, totals_.data(), sizeof t, cudaMemcpyDeviceToHost));
-    return Tally{static_cast<int64_t>(t.solves), static_cast<int64_t>(t.skips), static_cast<int64_t>(t.iterations),
-                 static_cast<int64_t>(t.matvecs), syncs_, t.worst};
+    return Tally{static_cast<int64_t>(t.solves),
+                 static_cast<int64_t>(t.skips),
+                 static_cast<int64_t>(t.iterations),
+                 static_cast<int64_t>(t.matvecs),
+                 syncs_,
+                 t.worst};
   }
 
  protected:
@@ -473,8 +488,8 @@ class CudaCg final : public WindowSolver {
     }
     const int mode = start_mode();
     with_lanes(a_.lanes_per_row, [&](auto lanes) {
-      residual_kernel<decltype(lanes)::value><<<grid_, block_size, 0, stream_>>>(a_.view(), b_device(t), state_,
-                                                                                   control_, mode);
+      residual_kernel<decltype(lanes)::value>
+          <<<grid_, block_size, 0, stream_>>>(a_.view(), b_device(t), state_, control_, mode);
     });
     // Warm: nothing to decide either; the iterations follow without a sync (and return at once when
     // the start already meets tol).
@@ -495,7 +510,9 @@ class CudaCg final : public WindowSolver {
 
   void finish(int) override {
     switch (strategy_) {
-      case Strategy::persistent: launch_persistent(nullptr, start_none, true); return;
+      case Strategy::persistent:
+        launch_persistent(nullptr, start_none, true);
+        return;
       case Strategy::host_checked:
         for (int it = 0; it <= settings_.max_iterations; ++it) {
           with_lanes(a_.lanes_per_row, [&](auto lanes) {
@@ -532,9 +549,12 @@ class CudaCg final : public WindowSolver {
 
   int start_mode() const {
     switch (start_) {
-      case Start::cold: return start_cold;
-      case Start::warm: return start_warm;
-      case Start::lazy: return start_gate;
+      case Start::cold:
+        return start_cold;
+      case Start::warm:
+        return start_warm;
+      case Start::lazy:
+        return start_gate;
     }
     return start_cold;
   }
@@ -612,7 +632,6 @@ namespace {
 constexpr int rows_elementwise_block = 256;
 constexpr int rows_row_block = 128;
 constexpr int rows_summary_block = 1024;
-
 
 __global__ void rows_subtract_kernel(float* out, const float* a, const float* b, int64_t n) {
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x)
@@ -698,15 +717,16 @@ void CudaRows::copy(float* dst, const float* src, int64_t n) {
 
 void CudaRows::subtract(float* out, const float* a, const float* b, int64_t n) {
   if (n == 0) return;
-  const int grid = static_cast<int>(std::clamp<int64_t>((n + rows_elementwise_block - 1) / rows_elementwise_block, 1, max_grid_));
+  const int grid = static_cast<int>(
+      std::clamp<int64_t>((n + rows_elementwise_block - 1) / rows_elementwise_block, 1, max_grid_));
   rows_subtract_kernel<<<grid, rows_elementwise_block, 0, stream_>>>(out, a, b, n);
   CUDA_CHECK(cudaGetLastError());
 }
 
 void CudaRows::laplacian_apply(float* y, const float* x, int64_t N, int64_t C, int64_t k, float alpha) {
   if (N * C == 0) return;
-  const int grid =
-      static_cast<int>(std::clamp<int64_t>((N * C + rows_elementwise_block - 1) / rows_elementwise_block, 1, max_grid_));
+  const int grid = static_cast<int>(
+      std::clamp<int64_t>((N * C + rows_elementwise_block - 1) / rows_elementwise_block, 1, max_grid_));
   ring_laplacian_kernel<<<grid, rows_elementwise_block, 0, stream_>>>(y, x, N, C, k, alpha);
   CUDA_CHECK(cudaGetLastError());
 }
@@ -738,10 +758,14 @@ namespace {
 class CudaRowsWindow final : public RowsWindow {
  public:
   CudaRowsWindow(const Problem& p, const RunContext& ctx, Start start)
-      : RowsWindow(p, start), stream_(cuda::as_stream(ctx.cuda_stream)), rows_(stream_, ctx.cuda_device),
+      : RowsWindow(p, start),
+        stream_(cuda::as_stream(ctx.cuda_stream)),
+        rows_(stream_, ctx.cuda_device),
         n_(settings_.system.rows * settings_.system.width),
-        rhs_device_(static_cast<std::size_t>(n_) * static_cast<std::size_t>(settings_.window + 1)), x_(size(n_)),
-        cache_(size(n_)), solved_b0_(size(n_)),
+        rhs_device_(static_cast<std::size_t>(n_) * static_cast<std::size_t>(settings_.window + 1)),
+        x_(size(n_)),
+        cache_(size(n_)),
+        solved_b0_(size(n_)),
         workspace_(size(rows_workspace(settings_.system.rows, settings_.system.width))) {
     CUDA_CHECK(cudaMemcpy(rhs_device_.data(), rhs_.b(0), rhs_device_.bytes(), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaDeviceSynchronize());  // the pageable copy ran on the legacy stream, which ours does not wait for

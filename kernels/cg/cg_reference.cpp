@@ -45,14 +45,17 @@ std::vector<double> window_drifts(double drift, int steps) {
   std::vector<int> order(static_cast<std::size_t>(steps));
   for (int j = 0; j < steps; ++j) order[j] = j;
   for (int j = steps - 1; j > 0; --j)
-    std::swap(order[j], order[splitmix64(seed_rhs * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(j)) % static_cast<uint64_t>(j + 1)]);
+    std::swap(order[j],
+              order[splitmix64(seed_rhs * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(j)) % static_cast<uint64_t>(j + 1)]);
   std::vector<double> out(static_cast<std::size_t>(steps + 1), 0.0);
   for (int t = 1; t <= steps; ++t) out[t] = drift * (0.5 + (order[t - 1] + 0.5) / steps);
   return out;
 }
 
 RhsSequence::RhsSequence(int64_t n, double drift, int steps)
-    : n_(n), steps_(steps), data_(static_cast<std::size_t>(n) * static_cast<std::size_t>(steps + 1)),
+    : n_(n),
+      steps_(steps),
+      data_(static_cast<std::size_t>(n) * static_cast<std::size_t>(steps + 1)),
       drift_(static_cast<std::size_t>(steps + 1), 0.0) {
   double* b0 = data_.data();
 #pragma omp parallel for schedule(static)
@@ -86,15 +89,15 @@ double true_relative_residual(const laplacian::Graph& graph, double alpha, const
   return std::sqrt(rr / bb);
 }
 
-Verdict check_solve(const laplacian::Graph& graph, double alpha, const double* b, const double* x, double tol,
-                    int step, bool skipped) {
+Verdict check_solve(const laplacian::Graph& graph, double alpha, const double* b, const double* x, double tol, int step,
+                    bool skipped) {
   const double residual = true_relative_residual(graph, alpha, b, x);
   const double limit = tol + tolerance::cg_residual_atol;
   if (residual <= limit) return Verdict{true, residual, ""};
   std::ostringstream msg;
   msg.precision(3);
-  msg << "step " << step << (skipped ? " (skipped by the gate)" : " (solved)") << ": true relative residual "
-      << residual << " above " << limit;
+  msg << "step " << step << (skipped ? " (skipped by the gate)" : " (solved)") << ": true relative residual " << residual
+      << " above " << limit;
   return Verdict{false, std::isfinite(residual) ? residual : INFINITY, msg.str()};
 }
 
@@ -121,8 +124,12 @@ RowsShape parse_rows_shape(const std::string& text) {
 RowsSettings rows_settings_of(const Problem& p) {
   const RowsShape shape = parse_rows_shape(p.get("rows_shape"));
   RowsSettings s;
-  s.system = RowSystems{shape.tokens,         shape.width,           defaults::cg_rows_neighbours,
-                        defaults::cg_rows_alpha, defaults::cg_rows_tol,    defaults::cg_rows_lazy_tol,
+  s.system = RowSystems{shape.tokens,
+                        shape.width,
+                        defaults::cg_rows_neighbours,
+                        defaults::cg_rows_alpha,
+                        defaults::cg_rows_tol,
+                        defaults::cg_rows_lazy_tol,
                         defaults::cg_rows_max_iterations};
   s.drift = p.get_double("drift");
   s.window = defaults::cg_window;
@@ -130,7 +137,9 @@ RowsSettings rows_settings_of(const Problem& p) {
 }
 
 RowsRhs::RowsRhs(int64_t rows, int64_t width, double drift, int steps)
-    : n_(rows * width), steps_(steps), data_(static_cast<std::size_t>(n_) * static_cast<std::size_t>(steps + 1)),
+    : n_(rows * width),
+      steps_(steps),
+      data_(static_cast<std::size_t>(n_) * static_cast<std::size_t>(steps + 1)),
       drift_(window_drifts(drift, steps)) {
   float* b0 = data_.data();
 #pragma omp parallel for schedule(static)

@@ -12,7 +12,6 @@ namespace tb {
 
 namespace {
 
-
 std::string str(int64_t v) { return std::to_string(v); }
 std::string str(double v) {
   char buf[32];
@@ -58,7 +57,10 @@ std::string cuda_reason(const Problem& p) {
 Work rows_work(const Problem& p) {
   const cg::RowsSettings s = cg::rows_settings_of(p);
   const double unknowns = static_cast<double>(s.system.rows) * static_cast<double>(s.system.width);
-  return Work{0.0, 2.0 * static_cast<double>(s.system.neighbours + 1) * unknowns * s.window, Work::Bound::memory, "",
+  return Work{0.0,
+              2.0 * static_cast<double>(s.system.neighbours + 1) * unknowns * s.window,
+              Work::Bound::memory,
+              "",
               {{"solves", static_cast<double>(s.window)}, {"systems_per_solve", static_cast<double>(s.system.rows)}}};
 }
 
@@ -66,8 +68,8 @@ Work rows_work(const Problem& p) {
 // the batches (built there) and a solution read back for the check.
 Footprint rows_footprint(const cg::RowsSettings& s) {
   const double n = static_cast<double>(s.system.rows) * static_cast<double>(s.system.width);
-  const double buffers =
-      4.0 * (n * (s.window + 1) + 3 * n + static_cast<double>(cg::rows_workspace(s.system.rows, s.system.width)));
+  const double buffers = 4.0 * (n * (s.window + 1) + 3 * n +
+                                static_cast<double>(cg::rows_workspace(s.system.rows, s.system.width)));
   return Footprint{buffers + 4.0 * n, buffers};
 }
 
@@ -107,9 +109,8 @@ InstanceFactory cpu_solver(cg::Start start) {
 }
 
 InstanceFactory cuda_solver([[maybe_unused]] cg::Strategy strategy, [[maybe_unused]] cg::Start start) {
-  return cuda_factory([strategy, start](const Problem& p, const RunContext& c) {
-    return cg::make_cuda_solver(p, c, strategy, start);
-  });
+  return cuda_factory(
+      [strategy, start](const Problem& p, const RunContext& c) { return cg::make_cuda_solver(p, c, strategy, start); });
 }
 
 }  // namespace
@@ -119,26 +120,48 @@ void register_stage_cg(Registry& registry) {
   using cg::Strategy;
   Stage s;
   s.name = "cg";
-  s.question = "whether the lazy CG gate's claimed 30-50% skips and ~2x hold, and what per-iteration syncs cost, on "
-               "one system and on the training step's own batch of per-token solves";
-  s.source = "docs/sources.md#000-sem-v55 (lazy CG: 1-matvec residual gate, lazy_cg_tol 1e-6, 'Expected skip rate: 30-50%', '~2x')";
+  s.question =
+      "whether the lazy CG gate's claimed 30-50% skips and ~2x hold, and what per-iteration syncs cost, on "
+      "one system and on the training step's own batch of per-token solves";
+  s.source =
+      "docs/sources.md#000-sem-v55 (lazy CG: 1-matvec residual gate, lazy_cg_tol 1e-6, 'Expected skip rate: 30-50%', '~2x')";
   std::vector<std::string> drifts(std::begin(defaults::cg_drifts), std::end(defaults::cg_drifts));
   s.axes = {
-      Axis{"graph", AxisKind::choice, {"ring" + str(int64_t{defaults::laplacian_sparsity})}, {},
-           "the Laplacian's graph (see spmv): ringK, randomK, grid2d, grid3d", laplacian::graph_names()},
-      Axis{"rows", AxisKind::positive_int, {str(defaults::cg_rows), str(defaults::cg_rows_large)},
-           {str(defaults::quick_cg_rows)}, "unknowns of (I + alpha L) x = b", {}},
-      Axis{"alpha", AxisKind::number, {str(defaults::laplacian_alpha)}, {},
-           "the shift's scale: A = I + alpha L, condition number up to 1 + 2 k alpha", {}},
-      Axis{"drift", AxisKind::number, drifts, {},
+      Axis{"graph",
+           AxisKind::choice,
+           {"ring" + str(int64_t{defaults::laplacian_sparsity})},
+           {},
+           "the Laplacian's graph (see spmv): ringK, randomK, grid2d, grid3d",
+           laplacian::graph_names()},
+      Axis{"rows",
+           AxisKind::positive_int,
+           {str(defaults::cg_rows), str(defaults::cg_rows_large)},
+           {str(defaults::quick_cg_rows)},
+           "unknowns of (I + alpha L) x = b",
+           {}},
+      Axis{"alpha",
+           AxisKind::number,
+           {str(defaults::laplacian_alpha)},
+           {},
+           "the shift's scale: A = I + alpha L, condition number up to 1 + 2 k alpha",
+           {}},
+      Axis{"drift",
+           AxisKind::number,
+           drifts,
+           {},
            "relative change of b (of each row of it, rows_*) per solve (each step 0.5x..1.5x of it); the gate skips "
            "below lazy_cg_tol = 1e-6",
            {}},
-      Axis{"rows_shape", AxisKind::text, {defaults::cg_rows_shape}, {defaults::quick_cg_rows_shape},
+      Axis{"rows_shape",
+           AxisKind::text,
+           {defaults::cg_rows_shape},
+           {defaults::quick_cg_rows_shape},
            "TOKENSxWIDTH of the propagator's rows (rows_*): a micro-batch's tokens, each a system over d_model "
-           "features; ring k = " + str(defaults::cg_rows_neighbours) + ", alpha " + str(defaults::cg_rows_alpha) +
-               ", tol " + str(defaults::cg_rows_tol) + " (sem_v55's propagator)",
-           {}, cg::rows_shape_invalid_reason},
+           "features; ring k = " +
+               str(defaults::cg_rows_neighbours) + ", alpha " + str(defaults::cg_rows_alpha) + ", tol " +
+               str(defaults::cg_rows_tol) + " (sem_v55's propagator)",
+           {},
+           cg::rows_shape_invalid_reason},
   };
   const std::vector<std::string> axes{"graph", "rows", "alpha", "drift"};
   const std::vector<std::string> rows_axes{"rows_shape", "drift"};
@@ -146,10 +169,10 @@ void register_stage_cg(Registry& registry) {
       Variant{"host_checked", Backend::cpu, "OpenMP CG from x = 0 every solve: the propagator without lazy CG", axes,
               cg_work, problem_reason, cpu_solver(Start::cold), ""},
       Variant{"host_checked_warm", Backend::cpu,
-              "warm start from the cached solution, always solved to tol: the gate's warm start without its skip",
-              axes, cg_work, problem_reason, cpu_solver(Start::warm), ""},
-      Variant{"host_checked_lazy", Backend::cpu, "the lazy gate: warm start from the cache, skip below 1e-6", axes,
-              cg_work, problem_reason, cpu_solver(Start::lazy), ""},
+              "warm start from the cached solution, always solved to tol: the gate's warm start without its skip", axes,
+              cg_work, problem_reason, cpu_solver(Start::warm), ""},
+      Variant{"host_checked_lazy", Backend::cpu, "the lazy gate: warm start from the cache, skip below 1e-6", axes, cg_work,
+              problem_reason, cpu_solver(Start::lazy), ""},
 
       Variant{"rows_cold", Backend::cpu, "the step's propagator solve (rows.h) from x = 0 every batch: its backward solve",
               rows_axes, rows_work, rows_cpu_reason, cpu_rows(Start::cold), ""},
@@ -160,28 +183,29 @@ void register_stage_cg(Registry& registry) {
 
       Variant{"host_checked", Backend::cuda, "a kernel per phase, the residual norm read back every iteration", axes,
               cg_work, cuda_reason, cuda_solver(Strategy::host_checked, Start::cold), ""},
-      Variant{"host_checked_warm", Backend::cuda, "host-checked, warm-started from the cache, never skipped", axes,
-              cg_work, cuda_reason, cuda_solver(Strategy::host_checked, Start::warm), ""},
-      Variant{"host_checked_lazy", Backend::cuda, "host-checked with the lazy gate (its verdict read back)", axes,
-              cg_work, cuda_reason, cuda_solver(Strategy::host_checked, Start::lazy), ""},
+      Variant{"host_checked_warm", Backend::cuda, "host-checked, warm-started from the cache, never skipped", axes, cg_work,
+              cuda_reason, cuda_solver(Strategy::host_checked, Start::warm), ""},
+      Variant{"host_checked_lazy", Backend::cuda, "host-checked with the lazy gate (its verdict read back)", axes, cg_work,
+              cuda_reason, cuda_solver(Strategy::host_checked, Start::lazy), ""},
       Variant{"graph", Backend::cuda,
               str(int64_t{defaults::cg_check_every}) +
                   " iterations per CUDA graph replay, convergence tested on the device, read after each replay",
               axes, cg_work, cuda_reason, cuda_solver(Strategy::graph, Start::cold), ""},
-      Variant{"graph_warm", Backend::cuda, "graph-replayed CG warm-started from the cache, never skipped", axes,
-              cg_work, cuda_reason, cuda_solver(Strategy::graph, Start::warm), ""},
+      Variant{"graph_warm", Backend::cuda, "graph-replayed CG warm-started from the cache, never skipped", axes, cg_work,
+              cuda_reason, cuda_solver(Strategy::graph, Start::warm), ""},
       Variant{"graph_lazy", Backend::cuda, "graph-replayed CG with the lazy gate", axes, cg_work, cuda_reason,
               cuda_solver(Strategy::graph, Start::lazy), ""},
       Variant{"persistent", Backend::cuda, "one cooperative kernel per solve, grid barriers, no host sync at all", axes,
               cg_work, cuda_reason, cuda_solver(Strategy::persistent, Start::cold), ""},
-      Variant{"persistent_warm", Backend::cuda, "the persistent kernel warm-started from the cache, never skipped",
-              axes, cg_work, cuda_reason, cuda_solver(Strategy::persistent, Start::warm), ""},
-      Variant{"persistent_lazy", Backend::cuda, "the persistent kernel with the gate decided on the device", axes,
-              cg_work, cuda_reason, cuda_solver(Strategy::persistent, Start::lazy), ""},
-      Variant{"rows_cold", Backend::cuda, "the step's propagator solve on the GPU from x = 0: a block per row, a read per iteration",
-              rows_axes, rows_work, rows_cuda_reason, cuda_rows(Start::cold), ""},
-      Variant{"rows_warm", Backend::cuda, "the GPU propagator solve warm from the cache, never skipped", rows_axes, rows_work,
-              rows_cuda_reason, cuda_rows(Start::warm), ""},
+      Variant{"persistent_warm", Backend::cuda, "the persistent kernel warm-started from the cache, never skipped", axes,
+              cg_work, cuda_reason, cuda_solver(Strategy::persistent, Start::warm), ""},
+      Variant{"persistent_lazy", Backend::cuda, "the persistent kernel with the gate decided on the device", axes, cg_work,
+              cuda_reason, cuda_solver(Strategy::persistent, Start::lazy), ""},
+      Variant{"rows_cold", Backend::cuda,
+              "the step's propagator solve on the GPU from x = 0: a block per row, a read per iteration", rows_axes,
+              rows_work, rows_cuda_reason, cuda_rows(Start::cold), ""},
+      Variant{"rows_warm", Backend::cuda, "the GPU propagator solve warm from the cache, never skipped", rows_axes,
+              rows_work, rows_cuda_reason, cuda_rows(Start::warm), ""},
       Variant{"rows_lazy", Backend::cuda, "the GPU propagator solve with the gate (the step's forward, lazy_cg on)",
               rows_axes, rows_work, rows_cuda_reason, cuda_rows(Start::lazy), ""},
   };

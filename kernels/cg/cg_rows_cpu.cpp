@@ -100,8 +100,12 @@ namespace {
 class CpuRowsWindow final : public RowsWindow {
  public:
   CpuRowsWindow(const Problem& p, Start start)
-      : RowsWindow(p, start), n_(settings_.system.rows * settings_.system.width), x_(size(n_)), cache_(size(n_)),
-        solved_b0_(size(n_)), workspace_(size(rows_workspace(settings_.system.rows, settings_.system.width))) {
+      : RowsWindow(p, start),
+        n_(settings_.system.rows * settings_.system.width),
+        x_(size(n_)),
+        cache_(size(n_)),
+        solved_b0_(size(n_)),
+        workspace_(size(rows_workspace(settings_.system.rows, settings_.system.width))) {
     rows_.zero(x_.data(), n_);  // first touch by the threads that use them
     rows_.zero(cache_.data(), n_);
     rows_.zero(workspace_.data(), static_cast<int64_t>(workspace_.size()));

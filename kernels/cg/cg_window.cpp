@@ -9,7 +9,9 @@
 namespace tb::cg {
 
 WindowSolver::WindowSolver(const Problem& p, Start start)
-    : settings_(settings_of(p)), start_(start), graph_(settings_.graph, settings_.rows),
+    : settings_(settings_of(p)),
+      start_(start),
+      graph_(settings_.graph, settings_.rows),
       rhs_(settings_.rows, settings_.drift, settings_.window) {}
 
 void WindowSolver::run() {
@@ -25,8 +27,9 @@ Verdict WindowSolver::check() {
     step(t);
     const Tally after = tally();
     if (after.solves != before.solves + 1)
-      return Verdict{false, worst, "step " + std::to_string(t) + " recorded " + std::to_string(after.solves - before.solves) +
-                                       " solves, expected 1"};
+      return Verdict{false, worst,
+                     "step " + std::to_string(t) + " recorded " + std::to_string(after.solves - before.solves) +
+                         " solves, expected 1"};
     const bool skipped = after.skips > before.skips;
     if (skipped && start_ != Start::lazy)
       return Verdict{false, worst, "step " + std::to_string(t) + " was skipped by a solver without the gate"};
@@ -91,7 +94,8 @@ std::vector<std::pair<std::string, double>> WindowSolver::measure_parts(const Ta
 // ---- the propagator's rows ------------------------------------------------------------------------
 
 RowsWindow::RowsWindow(const Problem& p, Start start)
-    : settings_(rows_settings_of(p)), start_(start),
+    : settings_(rows_settings_of(p)),
+      start_(start),
       rhs_(settings_.system.rows, settings_.system.width, settings_.drift, settings_.window) {}
 
 void RowsWindow::run() {

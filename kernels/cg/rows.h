@@ -30,8 +30,8 @@ struct RowSystems {
   int64_t width = 0;       // C: unknowns per system (features)
   int64_t neighbours = 0;  // k: even, below width
   double alpha = 0;
-  double tol = 0;           // CG stops when every row has ||r_n|| <= tol ||b_n||
-  double lazy_tol = 0;      // the gate skips when the total relative residual is below this
+  double tol = 0;       // CG stops when every row has ||r_n|| <= tol ||b_n||
+  double lazy_tol = 0;  // the gate skips when the total relative residual is below this
   int64_t max_iterations = 0;
 };
 

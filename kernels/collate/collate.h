@@ -1,7 +1,7 @@
 // Stage `collate`: how a batch gets from a dataset in host memory to where the step reads it.
-// Per-sample `__getitem__` copies + `torch.stack` + a pageable copy (docs/sources.md#001-energy-flow-bridge) against stacking
-// straight into pinned memory, a pre-batched slab, a GPU-resident dataset gathered by index, and a
-// double-buffered prefetch that overlaps the copy with the step's compute.
+// Per-sample `__getitem__` copies + `torch.stack` + a pageable copy (docs/sources.md#001-energy-flow-bridge) against
+// stacking straight into pinned memory, a pre-batched slab, a GPU-resident dataset gathered by index, and a double-buffered
+// prefetch that overlaps the copy with the step's compute.
 //
 // The dataset holds `samples` samples of fixed-size fields, one array per field as a loaded
 // dataset dict has them: text pairs (input embedding, target embedding: embed_dim fp32 each; token
@@ -142,8 +142,8 @@ class TokenRowSamples {
 // Two copies, as `__getitem__` + `collate_fn` make them: each picked row copied out into its sample
 // buffer, then the samples stacked into the batch (the step with per_sample_copy). `samples` holds
 // at least B rows of T + 1.
-void stack_token_rows_per_sample(const int32_t* rows, int64_t T, const int32_t* picked, int64_t B,
-                                 TokenRowSamples& samples, int32_t* out);
+void stack_token_rows_per_sample(const int32_t* rows, int64_t T, const int32_t* picked, int64_t B, TokenRowSamples& samples,
+                                 int32_t* out);
 
 // ---- the dataset and the host-side steps every host path is made of (collate_host.cpp) --------
 class HostDataset {
@@ -164,7 +164,9 @@ void first_touch(unsigned char* buffer, int64_t bytes);
 class SampleTensors {
  public:
   explicit SampleTensors(const Shape& shape);
-  unsigned char* at(int64_t sample, std::size_t f) { return tensors_[static_cast<std::size_t>(sample) * fields_ + f].data(); }
+  unsigned char* at(int64_t sample, std::size_t f) {
+    return tensors_[static_cast<std::size_t>(sample) * fields_ + f].data();
+  }
   const unsigned char* at(int64_t sample, std::size_t f) const {
     return tensors_[static_cast<std::size_t>(sample) * fields_ + f].data();
   }

@@ -28,7 +28,8 @@ class CpuCollate : public Instance {
 // `__getitem__` copies each sample's tensors out, `collate_fn` stacks them: two copies of every byte.
 class PerSample final : public CpuCollate {
  public:
-  explicit PerSample(const Problem& p) : CpuCollate(p), samples_(shape_), batch_(static_cast<std::size_t>(shape_.batch_bytes())) {
+  explicit PerSample(const Problem& p)
+      : CpuCollate(p), samples_(shape_), batch_(static_cast<std::size_t>(shape_.batch_bytes())) {
     first_touch(batch_.data(), shape_.batch_bytes());
   }
   void run() override {
@@ -82,7 +83,8 @@ class Gather final : public CpuCollate {
 class TokenRowsCollate : public CpuCollate {
  public:
   explicit TokenRowsCollate(const Problem& p)
-      : CpuCollate(p), picked_(order_.begin(), order_.end()),
+      : CpuCollate(p),
+        picked_(order_.begin(), order_.end()),
         batch_(static_cast<std::size_t>(shape_.batch_bytes()) / sizeof(int32_t)) {
     first_touch(reinterpret_cast<unsigned char*>(batch_.data()), shape_.batch_bytes());
   }

@@ -53,7 +53,7 @@ struct GatherField {
   const unsigned char* src;  // the dataset's array for this field, [samples x row_bytes]
   unsigned char* dst;        // this field's rows in the batch, [batch x row_bytes]
   int64_t row_bytes;
-  int vec16;                 // rows and their places are 16-byte aligned
+  int vec16;  // rows and their places are 16-byte aligned
 };
 struct GatherArgs {
   GatherField field[3];
@@ -91,8 +91,8 @@ __global__ void gather_kernel(GatherArgs a) {
 // general: consecutive threads take consecutive tokens of one row (coalesced reads and writes, no
 // division per token; the target read row[t + 1] is the neighbouring thread's input read, an L1 hit),
 // and blockIdx.y walks the picked rows.
-__global__ void gather_token_rows_kernel(const int32_t* __restrict__ rows, int64_t T,
-                                         const int32_t* __restrict__ picked, int64_t B, int32_t* __restrict__ out) {
+__global__ void gather_token_rows_kernel(const int32_t* __restrict__ rows, int64_t T, const int32_t* __restrict__ picked,
+                                         int64_t B, int32_t* __restrict__ out) {
   int32_t* inputs = out;
   int32_t* targets = out + B * T;
   for (int64_t b = blockIdx.y; b < B; b += gridDim.y) {
@@ -109,8 +109,12 @@ __global__ void gather_token_rows_kernel(const int32_t* __restrict__ rows, int64
 class CudaCollate : public Instance {
  public:
   CudaCollate(const Problem& p, const RunContext& ctx)
-      : shape_(runnable_shape(p)), fields_(shape_.fields()), order_(epoch_order(shape_)), data_(shape_),
-        stream_(cuda::as_stream(ctx.cuda_stream)), spin_ns_(static_cast<uint64_t>(shape_.compute_us * 1e3)) {
+      : shape_(runnable_shape(p)),
+        fields_(shape_.fields()),
+        order_(epoch_order(shape_)),
+        data_(shape_),
+        stream_(cuda::as_stream(ctx.cuda_stream)),
+        spin_ns_(static_cast<uint64_t>(shape_.compute_us * 1e3)) {
     CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, ctx.cuda_device));
     consume_grid_ = sms_ * consume_blocks_per_sm;
     for (std::size_t f = 0; f < fields_.size(); ++f) offset_[f] = shape_.field_offset(f);
@@ -123,14 +127,15 @@ class CudaCollate : public Instance {
   std::size_t batch_bytes() const { return static_cast<std::size_t>(shape_.batch_bytes()); }
   bool computes() const { return spin_ns_ > 0; }
   cuda::DeviceBuffer<uint32_t> make_partials() const {
-    return computes() ? cuda::DeviceBuffer<uint32_t>(static_cast<std::size_t>(consume_grid_)) : cuda::DeviceBuffer<uint32_t>();
+    return computes() ? cuda::DeviceBuffer<uint32_t>(static_cast<std::size_t>(consume_grid_))
+                      : cuda::DeviceBuffer<uint32_t>();
   }
 
   // The step's compute on the batch just delivered, on `stream`.
   void consume(const unsigned char* batch, uint32_t* partials, cudaStream_t stream) const {
     if (!computes()) return;
     consume_kernel<<<consume_grid_, block_size, 0, stream>>>(reinterpret_cast<const uint32_t*>(batch),
-                                                              shape_.batch_bytes() / 4, partials, spin_ns_);
+                                                             shape_.batch_bytes() / 4, partials, spin_ns_);
   }
 
   // After the work has finished: the device batch against the reference batch k, and (with
@@ -147,9 +152,9 @@ class CudaCollate : public Instance {
     for (uint32_t s : sums) got += s;
     const uint32_t want = batch_checksum(host.data(), shape_.batch_bytes());
     if (got != want)
-      return Verdict{false, 1.0, "the compute kernel on batch " + std::to_string(k) + " read checksum " +
-                                     std::to_string(got) + ", the batch's is " + std::to_string(want) +
-                                     " (it ran before its batch had landed)"};
+      return Verdict{false, 1.0,
+                     "the compute kernel on batch " + std::to_string(k) + " read checksum " + std::to_string(got) +
+                         ", the batch's is " + std::to_string(want) + " (it ran before its batch had landed)"};
     return verdict;
   }
   Verdict not_run() const { return Verdict{false, 0.0, "check() before any run()"}; }
@@ -171,7 +176,10 @@ class CudaCollate : public Instance {
 class PerSample final : public CudaCollate {
  public:
   PerSample(const Problem& p, const RunContext& ctx)
-      : CudaCollate(p, ctx), samples_(shape_), host_batch_(batch_bytes()), device_batch_(batch_bytes()),
+      : CudaCollate(p, ctx),
+        samples_(shape_),
+        host_batch_(batch_bytes()),
+        device_batch_(batch_bytes()),
         partials_(make_partials()) {
     first_touch(host_batch_.data(), shape_.batch_bytes());
   }
@@ -204,7 +212,8 @@ class PerSample final : public CudaCollate {
 // has not finished.
 class Pinned final : public CudaCollate {
  public:
-  Pinned(const Problem& p, const RunContext& ctx) : CudaCollate(p, ctx), device_batch_(batch_bytes()), partials_(make_partials()) {
+  Pinned(const Problem& p, const RunContext& ctx)
+      : CudaCollate(p, ctx), device_batch_(batch_bytes()), partials_(make_partials()) {
     for (auto& h : host_) h = cuda::PinnedBuffer<unsigned char>(batch_bytes());
   }
   void run() override {
@@ -231,8 +240,8 @@ class Pinned final : public CudaCollate {
 
 // The epoch stored batch by batch (the slab rebuilt in a new order once per epoch when shuffled,
 // reported by slab_counters, not timed; the stage's pairs add it back per batch): a batch is a view
-// and one copy, with no host work. The slab is pageable (docs/sources.md#001-energy-flow-bridge's torch.split of a loaded tensor,
-// first-touched so that the build timed is a rebuild) or pinned.
+// and one copy, with no host work. The slab is pageable (docs/sources.md#001-energy-flow-bridge's torch.split of a loaded
+// tensor, first-touched so that the build timed is a rebuild) or pinned.
 class Prebatched final : public CudaCollate {
  public:
   Prebatched(const Problem& p, const RunContext& ctx, bool pinned)
@@ -246,8 +255,8 @@ class Prebatched final : public CudaCollate {
   }
   void run() override {
     const int64_t k = next_batch();
-    CUDA_CHECK(cudaMemcpyAsync(device_batch_.data(), slab_ + k * shape_.batch_bytes(), batch_bytes(),
-                               cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(device_batch_.data(), slab_ + k * shape_.batch_bytes(), batch_bytes(), cudaMemcpyHostToDevice,
+                               stream_));
     consume(device_batch_.data(), partials_.data(), stream_);
   }
   Verdict check() override {
@@ -266,8 +275,8 @@ class Prebatched final : public CudaCollate {
   cuda::DeviceBuffer<uint32_t> partials_;
 };
 
-// The whole dataset in device memory (docs/sources.md#001-energy-flow-bridge's torch.load(map_location='cuda')) and the epoch's
-// order with it: a batch is one gather kernel, no host work and no transfer.
+// The whole dataset in device memory (docs/sources.md#001-energy-flow-bridge's torch.load(map_location='cuda')) and the
+// epoch's order with it: a batch is one gather kernel, no host work and no transfer.
 class Resident final : public CudaCollate {
  public:
   Resident(const Problem& p, const RunContext& ctx)
@@ -276,7 +285,8 @@ class Resident final : public CudaCollate {
       dataset_[f] = cuda::DeviceBuffer<unsigned char>(static_cast<std::size_t>(shape_.samples * fields_[f].row_bytes));
       CUDA_CHECK(cudaMemcpyAsync(dataset_[f].data(), data_.field(f), dataset_[f].bytes(), cudaMemcpyHostToDevice, stream_));
       const bool aligned = fields_[f].row_bytes % 16 == 0 && offset_[f] % 16 == 0;
-      args_.field[f] = GatherField{dataset_[f].data(), device_batch_.data() + offset_[f], fields_[f].row_bytes, aligned ? 1 : 0};
+      args_.field[f] = GatherField{dataset_[f].data(), device_batch_.data() + offset_[f], fields_[f].row_bytes,
+                                   aligned ? 1 : 0};
     }
     CUDA_CHECK(cudaMemcpyAsync(order_device_.data(), order_.data(), order_device_.bytes(), cudaMemcpyHostToDevice, stream_));
     // On the context stream and waited for: a pageable cudaMemcpy may return before its DMA lands,
@@ -313,8 +323,11 @@ class Resident final : public CudaCollate {
 class TokenRowsResident final : public CudaCollate {
  public:
   TokenRowsResident(const Problem& p, const RunContext& ctx)
-      : CudaCollate(p, ctx), rows_(static_cast<std::size_t>(shape_.dataset_bytes() / 4)), picked_(order_.size()),
-        device_batch_(batch_bytes()), partials_(make_partials()) {
+      : CudaCollate(p, ctx),
+        rows_(static_cast<std::size_t>(shape_.dataset_bytes() / 4)),
+        picked_(order_.size()),
+        device_batch_(batch_bytes()),
+        partials_(make_partials()) {
     const std::vector<int32_t> picked(order_.begin(), order_.end());
     CUDA_CHECK(cudaMemcpyAsync(rows_.data(), data_.token_rows(), rows_.bytes(), cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cudaMemcpyAsync(picked_.data(), picked.data(), picked_.bytes(), cudaMemcpyHostToDevice, stream_));
@@ -452,8 +465,7 @@ void cuda_gather_token_rows(const int32_t* rows_on_device, int64_t T, const int3
   const int64_t threads = std::min<int64_t>(block_size, (T + 31) / 32 * 32);
   const dim3 grid(static_cast<unsigned>(std::min((T + threads - 1) / threads, max_grid_extent)),
                   static_cast<unsigned>(std::min(B, max_grid_extent)));
-  gather_token_rows_kernel<<<grid, static_cast<unsigned>(threads), 0, stream>>>(rows_on_device, T, picked_on_device, B,
-                                                                              out);
+  gather_token_rows_kernel<<<grid, static_cast<unsigned>(threads), 0, stream>>>(rows_on_device, T, picked_on_device, B, out);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -120,8 +120,8 @@ TokenRowSamples::TokenRowSamples(int64_t samples, int64_t T) : tokens_(T + 1) {
   }
 }
 
-void stack_token_rows_per_sample(const int32_t* rows, int64_t T, const int32_t* picked, int64_t B,
-                                 TokenRowSamples& samples, int32_t* out) {
+void stack_token_rows_per_sample(const int32_t* rows, int64_t T, const int32_t* picked, int64_t B, TokenRowSamples& samples,
+                                 int32_t* out) {
   TB_REQUIRE(samples.samples() >= B && samples.tokens() == T + 1,
              "the sample buffers hold " + std::to_string(samples.samples()) + " rows of " +
                  std::to_string(samples.tokens()) + " tokens; the batch needs " + std::to_string(B) + " of " +
@@ -153,7 +153,8 @@ double build_slab(const Shape& shape, const HostDataset& data, const std::vector
     unsigned char* dst = slab + (r / batch) * batch_bytes;
     const int64_t i = r % batch;
     for (std::size_t f = 0; f < fields.size(); ++f)
-      std::memcpy(dst + offset[f] + i * fields[f].row_bytes, data.field(f) + order[static_cast<std::size_t>(r)] * fields[f].row_bytes,
+      std::memcpy(dst + offset[f] + i * fields[f].row_bytes,
+                  data.field(f) + order[static_cast<std::size_t>(r)] * fields[f].row_bytes,
                   static_cast<std::size_t>(fields[f].row_bytes));
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -158,8 +158,7 @@ std::string element_text(const Field& field, const unsigned char* at) {
 }
 
 // Token rows: the batch's rows regenerated (row i is sample order[k * batch + i]), then the oracle.
-std::vector<unsigned char> reference_token_rows_batch(const Shape& shape, const std::vector<int64_t>& order,
-                                                      int64_t k) {
+std::vector<unsigned char> reference_token_rows_batch(const Shape& shape, const std::vector<int64_t>& order, int64_t k) {
   const int64_t B = shape.batch, T = shape.seq_len;
   std::vector<int32_t> rows(static_cast<std::size_t>(B * (T + 1))), picked(static_cast<std::size_t>(B));
   for (int64_t i = 0; i < B; ++i) {

@@ -12,7 +12,6 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-
 // What a variant holds beyond the host dataset, in datasets and batches.
 struct Footprint {
   double host_datasets = 1, host_batches = 0, device_datasets = 0, device_batches = 0;
@@ -53,8 +52,7 @@ enum class Moves { nothing, transfer, copy };
 // view, whose timed region moves nothing. Counters: samples per call (samples/s = samples / time),
 // copies across the link, kernels, and bytes the host copies.
 std::function<Work(const Problem&)> work(Moves moves, const char* peak_key, double h2d_copies_per_field,
-                                         double fixed_h2d_copies, double host_copies, bool gather_kernel,
-                                         Touched touched) {
+                                         double fixed_h2d_copies, double host_copies, bool gather_kernel, Touched touched) {
   return [=](const Problem& p) {
     const collate::Shape s = collate::shape_of(p);
     const double batch = static_cast<double>(s.batch_bytes());
@@ -74,7 +72,8 @@ std::function<Work(const Problem&)> work(Moves moves, const char* peak_key, doub
     w.footprint_bytes = footprint;
     w.counters = {{"samples_per_call", static_cast<double>(s.batch)}};
     if (p.has("compute_us")) {
-      w.counters.emplace_back("h2d_copies", h2d_copies_per_field * static_cast<double>(s.fields().size()) + fixed_h2d_copies);
+      w.counters.emplace_back("h2d_copies",
+                              h2d_copies_per_field * static_cast<double>(s.fields().size()) + fixed_h2d_copies);
       w.counters.emplace_back("kernels", kernels);
     }
     w.counters.emplace_back("host_bytes", host_copies * batch);
@@ -88,30 +87,57 @@ void register_stage_collate(Registry& registry) {
   using namespace collate;
   Stage s;
   s.name = "collate";
-  s.question = "what the __getitem__ copy + torch.stack + pageable copy pattern costs against one copy, a resident "
-               "dataset and a prefetch that hides the copy";
-  s.source = "docs/sources.md#001-energy-flow-bridge (tensor copies in __getitem__, stack in collate_fn, whole dataset to the GPU, pin_memory, "
-             "prefetch), docs/sources.md#000-sem-v55 (loader workers, shuffle)";
+  s.question =
+      "what the __getitem__ copy + torch.stack + pageable copy pattern costs against one copy, a resident "
+      "dataset and a prefetch that hides the copy";
+  s.source =
+      "docs/sources.md#001-energy-flow-bridge (tensor copies in __getitem__, stack in collate_fn, whole dataset to the GPU, "
+      "pin_memory, "
+      "prefetch), docs/sources.md#000-sem-v55 (loader workers, shuffle)";
   s.axes = {
-      Axis{"layout", AxisKind::choice, {"text_pair", "tokens"}, {"text_pair"},
-           "text_pair: two embed_dim fp32 embeddings + seq_len int64 token ids a sample (docs/sources.md#001-energy-flow-bridge); tokens: the "
+      Axis{"layout",
+           AxisKind::choice,
+           {"text_pair", "tokens"},
+           {"text_pair"},
+           "text_pair: two embed_dim fp32 embeddings + seq_len int64 token ids a sample "
+           "(docs/sources.md#001-energy-flow-bridge); tokens: the "
            "token ids alone; token_rows (not a default): the training step's data path, rows of seq_len + 1 int32 "
            "tokens batched as inputs then next-token targets (per_sample, gather, resident)",
            {"text_pair", "tokens", "token_rows"}},
-      Axis{"order", AxisKind::choice, {"shuffled"}, {}, "the epoch's order: a seeded permutation, or sequential",
+      Axis{"order",
+           AxisKind::choice,
+           {"shuffled"},
+           {},
+           "the epoch's order: a seeded permutation, or sequential",
            {"shuffled", "sequential"}},
-      Axis{"samples", AxisKind::positive_int, {str(defaults::collate_samples)}, {str(defaults::quick_collate_samples)},
-           "samples in the dataset; the last partial batch of an epoch is dropped", {}},
-      Axis{"batch", AxisKind::positive_int,
+      Axis{"samples",
+           AxisKind::positive_int,
+           {str(defaults::collate_samples)},
+           {str(defaults::quick_collate_samples)},
+           "samples in the dataset; the last partial batch of an epoch is dropped",
+           {}},
+      Axis{"batch",
+           AxisKind::positive_int,
            {str(defaults::collate_batch_before), str(defaults::collate_batch_after), str(defaults::collate_batch_large)},
            {str(defaults::collate_batch_after), str(defaults::collate_batch_large)},
-           "samples per batch (docs/sources.md#001-energy-flow-bridge: 16 -> 64; docs/sources.md#000-sem-v55: 4096)", {}},
-      Axis{"embed_dim", AxisKind::positive_int, {str(defaults::collate_embed_dim)}, {},
-           "fp32 elements per embedding (text_pair; docs/sources.md#001-energy-flow-bridge)", {}},
-      Axis{"seq_len", AxisKind::positive_int, {str(defaults::collate_seq_len)}, {},
+           "samples per batch (docs/sources.md#001-energy-flow-bridge: 16 -> 64; docs/sources.md#000-sem-v55: 4096)",
+           {}},
+      Axis{"embed_dim",
+           AxisKind::positive_int,
+           {str(defaults::collate_embed_dim)},
+           {},
+           "fp32 elements per embedding (text_pair; docs/sources.md#001-energy-flow-bridge)",
+           {}},
+      Axis{"seq_len",
+           AxisKind::positive_int,
+           {str(defaults::collate_seq_len)},
+           {},
            "int64 token ids per sample (token_rows: int32 inputs and as many targets, from a row one token longer)",
            {}},
-      Axis{"compute_us", AxisKind::number, {"0", str(defaults::collate_compute_us)}, {},
+      Axis{"compute_us",
+           AxisKind::number,
+           {"0", str(defaults::collate_compute_us)},
+           {},
            "the step's compute per batch on the GPU in microseconds, after the batch lands (0: none, the data path "
            "alone); prefetch overlaps the next copy with it",
            {}},
@@ -122,30 +148,28 @@ void register_stage_collate(Registry& registry) {
 
   s.variants = {
       Variant{"per_sample", Backend::cpu,
-              "__getitem__ copies each sample's tensors out, collate_fn stacks them: every byte copied twice",
-              cpu_axes, work(Moves::copy, "cpu.copy", 0, 0, 2, false, {1, 2}),
-              unsupported({1, 2, 0, 0}, TokenRows::runs), make_cpu_per_sample, ""},
+              "__getitem__ copies each sample's tensors out, collate_fn stacks them: every byte copied twice", cpu_axes,
+              work(Moves::copy, "cpu.copy", 0, 0, 2, false, {1, 2}), unsupported({1, 2, 0, 0}, TokenRows::runs),
+              make_cpu_per_sample, ""},
       Variant{"prebatched", Backend::cpu,
               "samples stored batch by batch in the epoch's order (rebuilt once per epoch when shuffled: "
               "slab_build_ms, outside the timed region): a batch is a view, nothing is copied",
               cpu_axes, work(Moves::nothing, "", 0, 0, 0, false, {0, 0}),
               unsupported({2, 0, 0, 0}, TokenRows::field_layouts_only), make_cpu_prebatched, ""},
-      Variant{"gather", Backend::cpu, "each row from the dataset straight into a reused batch buffer: one copy",
-              cpu_axes, work(Moves::copy, "cpu.copy", 0, 0, 1, false, {1, 1}),
-              unsupported({1, 1, 0, 0}, TokenRows::runs), make_cpu_gather, ""},
+      Variant{"gather", Backend::cpu, "each row from the dataset straight into a reused batch buffer: one copy", cpu_axes,
+              work(Moves::copy, "cpu.copy", 0, 0, 1, false, {1, 1}), unsupported({1, 1, 0, 0}, TokenRows::runs),
+              make_cpu_gather, ""},
 
       Variant{"per_sample", Backend::cuda,
               "__getitem__ copies out, torch.stack into pageable tensors, one pageable H2D per tensor: the default "
               "DataLoader path",
               cuda_axes, work(Moves::transfer, "cuda.h2d_pageable", 1, 0, 2, false, {1, 3}),
-              unsupported({1, 2, 0, 1}, TokenRows::field_layouts_only),
-              cuda_factory(make_cuda_per_sample), ""},
+              unsupported({1, 2, 0, 1}, TokenRows::field_layouts_only), cuda_factory(make_cuda_per_sample), ""},
       Variant{"pinned", Backend::cuda,
               "rows stacked straight into a pinned batch (double-buffered), one async H2D: pin_memory without the "
               "per-sample copies",
               cuda_axes, work(Moves::transfer, "cuda.h2d_pinned", 0, 1, 1, false, {1, 3}),
-              unsupported({1, 2, 0, 1}, TokenRows::field_layouts_only),
-              cuda_factory(make_cuda_pinned), ""},
+              unsupported({1, 2, 0, 1}, TokenRows::field_layouts_only), cuda_factory(make_cuda_pinned), ""},
       Variant{"prebatched", Backend::cuda,
               "a pageable slab stored batch by batch (reshuffled once per epoch, slab_build_ms, untimed): a batch is "
               "a view, one H2D",
@@ -153,20 +177,19 @@ void register_stage_collate(Registry& registry) {
               unsupported({2, 0, 0, 1}, TokenRows::field_layouts_only),
               cuda_factory([](const Problem& p, const RunContext& c) { return make_cuda_prebatched(p, c, false); }), ""},
       Variant{"prebatched_pinned", Backend::cuda,
-              "the same slab in pinned memory: one async H2D and no host work, the best a host-side dataset gets",
-              cuda_axes, work(Moves::transfer, "cuda.h2d_pinned", 0, 1, 0, false, {1, 1}),
+              "the same slab in pinned memory: one async H2D and no host work, the best a host-side dataset gets", cuda_axes,
+              work(Moves::transfer, "cuda.h2d_pinned", 0, 1, 0, false, {1, 1}),
               unsupported({2, 0, 0, 1}, TokenRows::field_layouts_only),
               cuda_factory([](const Problem& p, const RunContext& c) { return make_cuda_prebatched(p, c, true); }), ""},
       Variant{"resident", Backend::cuda,
-              "the dataset in device memory (torch.load to cuda, docs/sources.md#001-energy-flow-bridge): a gather kernel by index, no transfer",
-              cuda_axes, work(Moves::copy, "cuda.copy", 0, 0, 0, true, {1, 1}),
-              unsupported({1, 0, 1, 1}, TokenRows::runs),
+              "the dataset in device memory (torch.load to cuda, docs/sources.md#001-energy-flow-bridge): a gather kernel "
+              "by index, no transfer",
+              cuda_axes, work(Moves::copy, "cuda.copy", 0, 0, 0, true, {1, 1}), unsupported({1, 0, 1, 1}, TokenRows::runs),
               cuda_factory(make_cuda_resident), ""},
       Variant{"prefetch", Backend::cuda,
               "pinned double buffering on two streams: batch i+1's copy runs under batch i's compute (copy_hidden)",
               cuda_axes, work(Moves::transfer, "cuda.h2d_pinned", 0, 1, 1, false, {1, 4}),
-              unsupported({1, 2, 0, 2}, TokenRows::field_layouts_only),
-              cuda_factory(make_cuda_prefetch), ""},
+              unsupported({1, 2, 0, 2}, TokenRows::field_layouts_only), cuda_factory(make_cuda_prefetch), ""},
   };
   // A pre-batched slab is built outside the timed region, once per epoch: its pairs add that cost
   // back per batch, so that they compare what a batch costs either way.

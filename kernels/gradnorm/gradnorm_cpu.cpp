@@ -94,8 +94,7 @@ double clip_multi_tensor(const ParamSet& set, const std::vector<adamw::Chunk>& c
 // One team for both sweeps: partial sums per thread, a barrier, every thread sums the partials in
 // the same order (so all agree on the factor), then scales the chunks it reduced.
 template <class G>
-double clip_fused(const ParamSet& set, const std::vector<adamw::Chunk>& chunks, G* grad, double max_norm,
-                  double* partial) {
+double clip_fused(const ParamSet& set, const std::vector<adamw::Chunk>& chunks, G* grad, double max_norm, double* partial) {
   const auto count = static_cast<int64_t>(chunks.size());
   double norm = 0;
 #pragma omp parallel if (set.total > cpu_grain)
@@ -113,8 +112,7 @@ double clip_fused(const ParamSet& set, const std::vector<adamw::Chunk>& chunks, 
     if (max_norm > 0) {
       const auto coef = static_cast<float>(clip_coefficient(std::sqrt(total_sq), max_norm));
 #pragma omp for schedule(static)
-      for (int64_t c = 0; c < count; ++c)
-        scale(grad + set.offsets[chunks[c].tensor] + chunks[c].begin, chunks[c].len, coef);
+      for (int64_t c = 0; c < count; ++c) scale(grad + set.offsets[chunks[c].tensor] + chunks[c].begin, chunks[c].len, coef);
     }
   }
   return norm;
@@ -124,8 +122,12 @@ template <class G>
 class CpuGradNorm final : public Instance, public GradSource {
  public:
   CpuGradNorm(const ParamSet& set, Dtype dtype, Kind kind)
-      : set_(set), dtype_(dtype), kind_(kind), chunks_(adamw::make_chunks(set, chunk)),
-        grad_(static_cast<std::size_t>(set.arena)), partial_(static_cast<std::size_t>(omp_get_max_threads())) {
+      : set_(set),
+        dtype_(dtype),
+        kind_(kind),
+        chunks_(adamw::make_chunks(set, chunk)),
+        grad_(static_cast<std::size_t>(set.arena)),
+        partial_(static_cast<std::size_t>(omp_get_max_threads())) {
     if constexpr (std::is_same_v<G, float>) adamw::fill_arena(set, chunks_, adamw::seed_grad, grad_.data());
     else adamw::fill_arena_bf16(set, chunks_, adamw::seed_grad, grad_.data());
   }
@@ -168,9 +170,12 @@ template <class G>
 double cpu_clip(Kind kind, const ParamSet& set, const std::vector<adamw::Chunk>& chunks, G* grad, double max_norm,
                 double* partial) {
   switch (kind) {
-    case Kind::per_tensor: return clip_per_tensor(set, grad, max_norm);
-    case Kind::multi_tensor: return clip_multi_tensor(set, chunks, grad, max_norm);
-    case Kind::fused: return clip_fused(set, chunks, grad, max_norm, partial);
+    case Kind::per_tensor:
+      return clip_per_tensor(set, grad, max_norm);
+    case Kind::multi_tensor:
+      return clip_multi_tensor(set, chunks, grad, max_norm);
+    case Kind::fused:
+      return clip_fused(set, chunks, grad, max_norm, partial);
   }
   return 0;
 }

@@ -34,9 +34,8 @@ constexpr int norm_blocks_per_sm = 8;  // resident 256-thread blocks per SM: eno
 // 16-byte-aligned element. Each block writes its partial; the last block to finish (a ticket counter
 // that wraps back to 0 for the next launch) adds the partials in a fixed order and writes the norm.
 template <class G>
-__global__ void __launch_bounds__(block_size)
-    norm_kernel(const G* grad, const DeviceChunk* chunks, int first, int count, float* partials, unsigned* ticket,
-                float* norm) {
+__global__ void __launch_bounds__(block_size) norm_kernel(const G* grad, const DeviceChunk* chunks, int first, int count,
+                                                          float* partials, unsigned* ticket, float* norm) {
   using BlockReduce = cub::BlockReduce<float, block_size>;
   __shared__ typename BlockReduce::TempStorage temp;
   __shared__ bool last_block;
@@ -108,9 +107,12 @@ __global__ void __launch_bounds__(block_size)
 class CudaClipPlanImpl final : public CudaClipPlan {
  public:
   CudaClipPlanImpl(const ParamSet& set, cudaStream_t stream)
-      : set_(set), max_norm_blocks_(adamw::device::sm_count(current_device()) * norm_blocks_per_sm),
-        chunks_(adamw::device::upload_chunks(set, chunk, stream)), partials_(static_cast<std::size_t>(max_norm_blocks_)),
-        ticket_(1), norms_(static_cast<std::size_t>(std::max<int64_t>(set.count(), 1))) {
+      : set_(set),
+        max_norm_blocks_(adamw::device::sm_count(current_device()) * norm_blocks_per_sm),
+        chunks_(adamw::device::upload_chunks(set, chunk, stream)),
+        partials_(static_cast<std::size_t>(max_norm_blocks_)),
+        ticket_(1),
+        norms_(static_cast<std::size_t>(std::max<int64_t>(set.count(), 1))) {
     // Where each tensor's chunks start in the table (chunks come in tensor order).
     int first = 0;
     for (const int64_t n : set.sizes) {
@@ -133,9 +135,12 @@ class CudaClipPlanImpl final : public CudaClipPlan {
       return;
     }
     switch (kind) {
-      case Kind::per_tensor: return clip_per_tensor(grad, max_norm, norm, stream);
-      case Kind::multi_tensor: return clip_multi_tensor(grad, max_norm, norm, stream);
-      case Kind::fused: return clip_fused(grad, max_norm, norm, stream);
+      case Kind::per_tensor:
+        return clip_per_tensor(grad, max_norm, norm, stream);
+      case Kind::multi_tensor:
+        return clip_multi_tensor(grad, max_norm, norm, stream);
+      case Kind::fused:
+        return clip_fused(grad, max_norm, norm, stream);
     }
   }
 
@@ -150,17 +155,16 @@ class CudaClipPlanImpl final : public CudaClipPlan {
   template <class G>
   void launch_norm(const G* grad, int first, int count, float* norm, cudaStream_t stream) {
     const int grid = std::min(count, max_norm_blocks_);
-    norm_kernel<<<grid, block_size, 0, stream>>>(grad, chunks_.data(), first, count, partials_.data(), ticket_.data(),
-                                                  norm);
+    norm_kernel<<<grid, block_size, 0, stream>>>(grad, chunks_.data(), first, count, partials_.data(), ticket_.data(), norm);
     CUDA_CHECK(cudaGetLastError());
   }
 
   template <class G>
-  void launch_scale(G* grad, int first, int count, float coef, const float* device_norm, double max_norm,
-                    float* norm_out, float norm_value, cudaStream_t stream) {
+  void launch_scale(G* grad, int first, int count, float coef, const float* device_norm, double max_norm, float* norm_out,
+                    float norm_value, cudaStream_t stream) {
     scale_kernel<<<count, block_size, 0, stream>>>(grad, chunks_.data(), first, coef, device_norm,
-                                                    static_cast<float>(max_norm),
-                                                    static_cast<float>(defaults::clip_norm_eps), norm_out, norm_value);
+                                                   static_cast<float>(max_norm), static_cast<float>(defaults::clip_norm_eps),
+                                                   norm_out, norm_value);
     CUDA_CHECK(cudaGetLastError());
   }
 
@@ -232,9 +236,13 @@ template <class G>
 class CudaGradNorm final : public Instance, public GradSource {
  public:
   CudaGradNorm(const ParamSet& set, Dtype dtype, Kind kind, const RunContext& ctx)
-      : set_(set), dtype_(dtype), kind_(kind), stream_(cuda::as_stream(ctx.cuda_stream)),
+      : set_(set),
+        dtype_(dtype),
+        kind_(kind),
+        stream_(cuda::as_stream(ctx.cuda_stream)),
         grad_(adamw::device::upload_initial_arena<G>(set, adamw::seed_grad, stream_)),
-        plan_(make_cuda_clip_plan(set, stream_)), norm_(1) {
+        plan_(make_cuda_clip_plan(set, stream_)),
+        norm_(1) {
     CUDA_CHECK(cudaMemsetAsync(norm_.data(), 0, norm_.bytes(), stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
@@ -243,8 +251,7 @@ class CudaGradNorm final : public Instance, public GradSource {
     ++calls_;
     if constexpr (std::is_same_v<G, float>)
       cuda_clip(kind_, *plan_, grad_.data(), defaults::clip_max_norm, norm_.data(), stream_);
-    else
-      cuda_clip(kind_, *plan_, reinterpret_cast<uint16_t*>(grad_.data()), defaults::clip_max_norm, norm_.data(), stream_);
+    else cuda_clip(kind_, *plan_, reinterpret_cast<uint16_t*>(grad_.data()), defaults::clip_max_norm, norm_.data(), stream_);
   }
 
   Verdict check() override {

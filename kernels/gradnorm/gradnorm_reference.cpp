@@ -18,18 +18,24 @@ int64_t cuda_launches(const ParamSet& set, Kind kind) {
 
 int64_t cuda_host_reads(const ParamSet& set, Kind kind) {
   switch (kind) {
-    case Kind::per_tensor: return set.nonempty();
-    case Kind::multi_tensor: return 1;
-    case Kind::fused: return 0;
+    case Kind::per_tensor:
+      return set.nonempty();
+    case Kind::multi_tensor:
+      return 1;
+    case Kind::fused:
+      return 0;
   }
   return 0;
 }
 
 int64_t cpu_passes(const ParamSet& set, Kind kind) {
   switch (kind) {
-    case Kind::per_tensor: return 2 * set.nonempty();
-    case Kind::multi_tensor: return 2;
-    case Kind::fused: return 1;  // one parallel region: reduce, barrier, scale
+    case Kind::per_tensor:
+      return 2 * set.nonempty();
+    case Kind::multi_tensor:
+      return 2;
+    case Kind::fused:
+      return 1;  // one parallel region: reduce, barrier, scale
   }
   return 0;
 }
@@ -64,7 +70,8 @@ HostGrads reference_grads(const ParamSet& set, Dtype dtype, int64_t calls) {
 
 Verdict check_grads(const ParamSet& set, Dtype dtype, int64_t calls, const HostGrads& got) {
   if (got.grad.size() != static_cast<std::size_t>(set.total))
-    return Verdict{false, INFINITY, "gradients have the wrong number of elements (expected " + std::to_string(set.total) + ")"};
+    return Verdict{false, INFINITY,
+                   "gradients have the wrong number of elements (expected " + std::to_string(set.total) + ")"};
   const HostGrads want = reference_grads(set, dtype, calls);
   std::ostringstream msg;
   msg.precision(9);
@@ -83,8 +90,8 @@ Verdict check_grads(const ParamSet& set, Dtype dtype, int64_t calls, const HostG
       const double g = got.grad[i], w = want.grad[i];
       worst = std::max(worst, std::isfinite(g) ? std::abs(g - w) : INFINITY);
       if (!tol.accepts(g, w)) {
-        msg << "grad of tensor " << t << " (" << set.sizes[t] << " elements) [" << j << "] = " << g << ", reference "
-            << w << " after " << calls << " call(s), " << adamw::to_string(dtype);
+        msg << "grad of tensor " << t << " (" << set.sizes[t] << " elements) [" << j << "] = " << g << ", reference " << w
+            << " after " << calls << " call(s), " << adamw::to_string(dtype);
         return Verdict{false, worst, msg.str()};
       }
     }

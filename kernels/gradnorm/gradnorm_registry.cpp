@@ -53,8 +53,7 @@ Variant variant(Backend backend, Kind kind, const char* id, const char* rational
   v.unsupported = [backend](const Problem& p) { return gradnorm_unsupported(p, backend); };
   if (backend == Backend::cpu)
     v.make = [kind](const Problem& p, const RunContext& c) { return gradnorm::make_cpu(p, c, kind); };
-  else
-    v.make = cuda_factory([kind](const Problem& p, const RunContext& c) { return gradnorm::make_cuda(p, c, kind); });
+  else v.make = cuda_factory([kind](const Problem& p, const RunContext& c) { return gradnorm::make_cuda(p, c, kind); });
   return v;
 }
 
@@ -64,13 +63,27 @@ void register_stage_gradnorm(Registry& registry) {
   Stage s;
   s.name = "gradnorm";
   s.question = "what a per-tensor norm with a host read each costs against one multi-tensor norm, and clipping with no read";
-  s.source = "docs/sources.md#003-t4-transformer (K-1: p.grad.norm().item() per node; clip_grad_norm_(max_norm=1.0)); 29.9M params: docs/sources.md#000-sem-v55";
+  s.source =
+      "docs/sources.md#003-t4-transformer (K-1: p.grad.norm().item() per node; clip_grad_norm_(max_norm=1.0)); 29.9M "
+      "params: docs/sources.md#000-sem-v55";
   s.axes = {
-      Axis{"params", AxisKind::positive_int, {str(defaults::adamw_params)}, {str(defaults::quick_gradnorm_params)},
-           "gradient elements (all tensors together)", {}},
-      Axis{"tensors", AxisKind::positive_int, {str(defaults::adamw_tensors)}, {str(defaults::quick_adamw_tensors)},
-           "tensors the gradients are split into (the adamw stage's parameter set)", {}},
-      Axis{"dtype", AxisKind::choice, {"fp32", "bf16"}, {"fp32", "bf16"}, "gradients: fp32 or bf16 (fp32 norm)",
+      Axis{"params",
+           AxisKind::positive_int,
+           {str(defaults::adamw_params)},
+           {str(defaults::quick_gradnorm_params)},
+           "gradient elements (all tensors together)",
+           {}},
+      Axis{"tensors",
+           AxisKind::positive_int,
+           {str(defaults::adamw_tensors)},
+           {str(defaults::quick_adamw_tensors)},
+           "tensors the gradients are split into (the adamw stage's parameter set)",
+           {}},
+      Axis{"dtype",
+           AxisKind::choice,
+           {"fp32", "bf16"},
+           {"fp32", "bf16"},
+           "gradients: fp32 or bf16 (fp32 norm)",
            {"fp32", "bf16"}},
   };
   s.variants = {

@@ -1,8 +1,7 @@
-// Stage `hostsync`: what reading a loss on the host costs a training loop (docs/sources.md#003-t4-transformer's `loss.item()`
-// every step, docs/sources.md#002-trainer2's three metrics read one by one) and how it amortises. Every pattern runs
-// the same steps (a prediction, its loss and two metrics, their accumulation on the device) and
-// differs only in how and when the host reads; GPU-only, so this header and the reference are what
-// a CPU-only machine tests.
+// Stage `hostsync`: what reading a loss on the host costs a training loop (docs/sources.md#003-t4-transformer's
+// `loss.item()` every step, docs/sources.md#002-trainer2's three metrics read one by one) and how it amortises. Every
+// pattern runs the same steps (a prediction, its loss and two metrics, their accumulation on the device) and differs only in
+// how and when the host reads; GPU-only, so this header and the reference are what a CPU-only machine tests.
 #pragma once
 
 #include <cstdint>
@@ -49,7 +48,8 @@ std::vector<std::string> interval_sweep();
 
 // Step `step`'s inputs: element i of its predictions, and the fixed targets.
 TB_HOST_DEVICE inline float prediction(int64_t step, int64_t i, int64_t elements) {
-  return uniform_at(seed_prediction, static_cast<uint64_t>(step) * static_cast<uint64_t>(elements) + static_cast<uint64_t>(i));
+  return uniform_at(seed_prediction,
+                    static_cast<uint64_t>(step) * static_cast<uint64_t>(elements) + static_cast<uint64_t>(i));
 }
 TB_HOST_DEVICE inline float target(int64_t i) { return uniform_at(seed_target, static_cast<uint64_t>(i)); }
 

@@ -69,7 +69,8 @@ __global__ void loss_kernel(const float* __restrict__ predictions, const float* 
       for (int m = 0; m < metric_count; ++m) partial[m][threadIdx.x] += partial[m][threadIdx.x + stride];
     __syncthreads();
   }
-  if (threadIdx.x < metric_count) metrics[threadIdx.x] = static_cast<float>(partial[threadIdx.x][0] / static_cast<double>(n));
+  if (threadIdx.x < metric_count)
+    metrics[threadIdx.x] = static_cast<float>(partial[threadIdx.x][0] / static_cast<double>(n));
 }
 
 // total_loss += loss.detach(): the running sums stay on the device.
@@ -80,9 +81,14 @@ __global__ void accumulate_kernel(const float* __restrict__ metrics, double* __r
 class Loop final : public Instance {
  public:
   Loop(const Problem& p, const RunContext& ctx, Pattern pattern)
-      : pattern_(pattern), steps_(p.get_int("steps")), n_(p.get_int("elements")),
-        stream_(cuda::as_stream(ctx.cuda_stream)), predictions_(static_cast<std::size_t>(n_)),
-        targets_(static_cast<std::size_t>(n_)), metrics_(metric_count), sums_(metric_count),
+      : pattern_(pattern),
+        steps_(p.get_int("steps")),
+        n_(p.get_int("elements")),
+        stream_(cuda::as_stream(ctx.cuda_stream)),
+        predictions_(static_cast<std::size_t>(n_)),
+        targets_(static_cast<std::size_t>(n_)),
+        metrics_(metric_count),
+        sums_(metric_count),
         ring_(defaults::hostsync_async_slots) {
     int sms = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.cuda_device));
@@ -132,7 +138,8 @@ class Loop final : public Instance {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     CUDA_CHECK(cudaGetLastError());
     if (pattern_ == Pattern::async_pinned) {
-      ring_.harvest(step_, [](int) { return true; }, [this](int slot) { host_sums_.v[0] += slots_[slot]; });
+      ring_.harvest(
+          step_, [](int) { return true; }, [this](int slot) { host_sums_.v[0] += slots_[slot]; });
     }
     Sums device;
     CUDA_CHECK(cudaMemcpy(device.v, sums_.data(), sums_.bytes(), cudaMemcpyDeviceToHost));
@@ -176,7 +183,8 @@ class Loop final : public Instance {
   // is read without waiting. Only a ring with every slot in flight makes the host wait.
   void read_async(int64_t step) {
     auto consume = [this](int slot) { host_sums_.v[0] += slots_[slot]; };
-    ring_.harvest(step, [this](int slot) { return event_done(events_[static_cast<std::size_t>(slot)]); }, consume);
+    ring_.harvest(
+        step, [this](int slot) { return event_done(events_[static_cast<std::size_t>(slot)]); }, consume);
     if (ring_.full()) {
       CUDA_CHECK(cudaEventSynchronize(events_[static_cast<std::size_t>(ring_.oldest())]));
       consume(ring_.oldest());

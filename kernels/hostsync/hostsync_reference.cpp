@@ -12,24 +12,36 @@ namespace tb::hostsync {
 
 const char* to_string(Pattern pattern) {
   switch (pattern) {
-    case Pattern::no_reads: return "no_reads";
-    case Pattern::item_every_step: return "item_every_step";
-    case Pattern::sync_every_n: return "sync_every_n";
-    case Pattern::metrics_separate: return "metrics_separate";
-    case Pattern::metrics_batched: return "metrics_batched";
-    case Pattern::async_pinned: return "async_pinned";
+    case Pattern::no_reads:
+      return "no_reads";
+    case Pattern::item_every_step:
+      return "item_every_step";
+    case Pattern::sync_every_n:
+      return "sync_every_n";
+    case Pattern::metrics_separate:
+      return "metrics_separate";
+    case Pattern::metrics_batched:
+      return "metrics_batched";
+    case Pattern::async_pinned:
+      return "async_pinned";
   }
   return "?";
 }
 
 ReadPlan read_plan(Pattern pattern, int64_t steps) {
   switch (pattern) {
-    case Pattern::no_reads: return {0, 0, 0};
-    case Pattern::item_every_step: return {steps, steps, 4 * steps};  // a float per step
-    case Pattern::sync_every_n: return {1, 1, 8};                     // the running sum (double)
-    case Pattern::metrics_separate: return {metric_count, metric_count, 8 * metric_count};
-    case Pattern::metrics_batched: return {1, 1, 8 * metric_count};
-    case Pattern::async_pinned: return {0, steps, 4 * steps};
+    case Pattern::no_reads:
+      return {0, 0, 0};
+    case Pattern::item_every_step:
+      return {steps, steps, 4 * steps};  // a float per step
+    case Pattern::sync_every_n:
+      return {1, 1, 8};  // the running sum (double)
+    case Pattern::metrics_separate:
+      return {metric_count, metric_count, 8 * metric_count};
+    case Pattern::metrics_batched:
+      return {1, 1, 8 * metric_count};
+    case Pattern::async_pinned:
+      return {0, steps, 4 * steps};
   }
   return {};
 }

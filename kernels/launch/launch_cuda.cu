@@ -27,8 +27,7 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 __global__ void count_kernel(unsigned long long* launches) { *launches += 1; }
 
 // One kernel of the window: dst = a * dst + b * src + c over a small tensor.
-__global__ void window_kernel(float* __restrict__ dst, const float* __restrict__ src, int64_t n, float a, float b,
-                              float c) {
+__global__ void window_kernel(float* __restrict__ dst, const float* __restrict__ src, int64_t n, float a, float b, float c) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
     dst[i] = update_element(a, dst[i], b, src[i], c);
 }
@@ -88,7 +87,9 @@ cudaGraphNode_t last_captured_node(cudaStream_t stream) {
 class Window final : public Instance {
  public:
   Window(const Problem& p, const RunContext& ctx, Mode mode)
-      : mode_(mode), stream_(cuda::as_stream(ctx.cuda_stream)), n_(p.get_int("elements")),
+      : mode_(mode),
+        stream_(cuda::as_stream(ctx.cuda_stream)),
+        n_(p.get_int("elements")),
         window_(build_window(p.get_int("steps"), p.get_int("kernels_per_step"))),
         state_(static_cast<std::size_t>(state_buffers * n_)) {
     int sms = 0;
@@ -157,7 +158,8 @@ class Window final : public Instance {
       case Mode::graph_with_capture:
         return {{"capture_us", 1e6 * capture_s_ / windows}, {"instantiate_us", 1e6 * instantiate_s_ / windows}};
       case Mode::graph_update:
-        return {{"node_updates_per_window", static_cast<double>(updates_) * static_cast<double>(update_nodes_.size()) / windows},
+        return {{"node_updates_per_window",
+                 static_cast<double>(updates_) * static_cast<double>(update_nodes_.size()) / windows},
                 {"update_us_per_window", 1e6 * host_s_ / windows}};
       case Mode::graph:
         // Reading a const instance's observations runs more windows on the device; the state is
@@ -171,8 +173,8 @@ class Window final : public Instance {
   void enqueue_window(float lr, std::vector<cudaGraphNode_t>* update_nodes) {
     float* state = state_.data();
     for (const WindowKernel& k : window_) {
-      window_kernel<<<grid_, block_size, 0, stream_>>>(state + k.dst * n_, state + k.src * n_, n_, k.a,
-                                                      coefficient_b(k, lr), k.c);
+      window_kernel<<<grid_, block_size, 0, stream_>>>(state + k.dst * n_, state + k.src * n_, n_, k.a, coefficient_b(k, lr),
+                                                       k.c);
       if (update_nodes && k.takes_lr) update_nodes->push_back(last_captured_node(stream_));
     }
   }
@@ -238,11 +240,11 @@ class Window final : public Instance {
       std::sort(build_s.begin(), build_s.end());
       const double capture_s = build_s[build_s.size() / 2];
       const auto kernels = static_cast<int64_t>(window_.size());
-      std::vector<std::pair<std::string, double>> out{
-          {"eager_us_per_kernel", 1e6 * eager_s / static_cast<double>(kernels)},
-          {"graph_us_per_kernel", 1e6 * replay_s / static_cast<double>(kernels)},
-          {"saving_us_per_kernel", 1e6 * saving_per_kernel_s(eager_s, replay_s, kernels)},
-          {"capture_instantiate_us", 1e6 * capture_s}};
+      std::vector<std::pair<std::string, double>> out{{"eager_us_per_kernel", 1e6 * eager_s / static_cast<double>(kernels)},
+                                                      {"graph_us_per_kernel", 1e6 * replay_s / static_cast<double>(kernels)},
+                                                      {"saving_us_per_kernel",
+                                                       1e6 * saving_per_kernel_s(eager_s, replay_s, kernels)},
+                                                      {"capture_instantiate_us", 1e6 * capture_s}};
       const double breakeven = breakeven_replays(capture_s, eager_s, replay_s);
       if (std::isfinite(breakeven)) out.emplace_back("breakeven_replays", breakeven);
       economics_ = out;

@@ -57,8 +57,8 @@ std::vector<float> reference_state(const std::vector<WindowKernel>& window, int6
 
 Verdict check_state(const std::vector<float>& got, const std::vector<float>& want, int64_t elements) {
   if (got.size() != want.size())
-    return Verdict{false, INFINITY, "state has " + std::to_string(got.size()) + " values, reference " +
-                                        std::to_string(want.size())};
+    return Verdict{false, INFINITY,
+                   "state has " + std::to_string(got.size()) + " values, reference " + std::to_string(want.size())};
   for (std::size_t i = 0; i < got.size(); ++i) {
     if (got[i] != want[i]) {  // NaN fails too
       std::ostringstream msg;

@@ -19,8 +19,10 @@ Work empty_work(const Problem&) {
 
 Work window_work(const Problem& p, launch::Mode mode) {
   const double steps = static_cast<double>(p.get_int("steps"));
-  Work w{launch::window_bytes(p.get_int("steps"), p.get_int("kernels_per_step"), p.get_int("elements")), 0,
-         Work::Bound::memory, "cuda.copy",
+  Work w{launch::window_bytes(p.get_int("steps"), p.get_int("kernels_per_step"), p.get_int("elements")),
+         0,
+         Work::Bound::memory,
+         "cuda.copy",
          {{"steps", steps}, {"kernels", steps * static_cast<double>(p.get_int("kernels_per_step"))}}};
   if (mode == launch::Mode::graph_with_capture) w.counters.emplace_back("captures", 1);
   if (mode == launch::Mode::graph_update) w.counters.emplace_back("node_updates_per_window", steps);
@@ -39,31 +41,54 @@ void register_stage_launch(Registry& registry) {
   using launch::Mode;
   Stage s;
   s.name = "launch";
-  s.question = "what launching small kernels costs per kernel, and how many replays of a CUDA graph pay for "
-               "capturing and instantiating it";
+  s.question =
+      "what launching small kernels costs per kernel, and how many replays of a CUDA graph pay for "
+      "capturing and instantiating it";
   s.source = "docs/sources.md#002-trainer2 (Trainer2: 64-step windows of ~12 kernels per step, CUDA graph capture/replay)";
   s.axes = {
-      Axis{"steps", AxisKind::positive_int, {std::to_string(defaults::launch_window_steps)}, {},
-           "steps per window", {}},
-      Axis{"kernels_per_step", AxisKind::positive_int, {std::to_string(defaults::launch_kernels_per_step)}, {},
-           "small kernels per step (the last one takes the learning rate)", {}},
-      Axis{"elements", AxisKind::positive_int, {std::to_string(defaults::launch_elements)}, {},
-           "elements each kernel updates", {}},
+      Axis{"steps", AxisKind::positive_int, {std::to_string(defaults::launch_window_steps)}, {}, "steps per window", {}},
+      Axis{"kernels_per_step",
+           AxisKind::positive_int,
+           {std::to_string(defaults::launch_kernels_per_step)},
+           {},
+           "small kernels per step (the last one takes the learning rate)",
+           {}},
+      Axis{"elements",
+           AxisKind::positive_int,
+           {std::to_string(defaults::launch_elements)},
+           {},
+           "elements each kernel updates",
+           {}},
   };
   const std::vector<std::string> axes{"steps", "kernels_per_step", "elements"};
   auto window = [&](const char* id, Mode mode, const char* rationale) {
-    return Variant{id, Backend::cuda, rationale, axes, [mode](const Problem& p) { return window_work(p, mode); },
+    return Variant{id,
+                   Backend::cuda,
+                   rationale,
+                   axes,
+                   [mode](const Problem& p) { return window_work(p, mode); },
                    window_reason,
-                   cuda_factory([mode](const Problem& p, const RunContext& c) { return launch::make_cuda_window(p, c, mode); }),
+                   cuda_factory(
+                       [mode](const Problem& p, const RunContext& c) { return launch::make_cuda_window(p, c, mode); }),
                    ""};
   };
   s.variants = {
-      Variant{"empty_launch", Backend::cuda, "one empty kernel per call, never waited for: the enqueue rate", {},
-              empty_work, nullptr,
-              cuda_factory([](const Problem& p, const RunContext& c) { return launch::make_cuda_empty(p, c, false); }), ""},
-      Variant{"empty_launch_sync", Backend::cuda, "one empty kernel and a stream synchronise: the launch round trip",
-              {}, empty_work, nullptr,
-              cuda_factory([](const Problem& p, const RunContext& c) { return launch::make_cuda_empty(p, c, true); }), ""},
+      Variant{"empty_launch",
+              Backend::cuda,
+              "one empty kernel per call, never waited for: the enqueue rate",
+              {},
+              empty_work,
+              nullptr,
+              cuda_factory([](const Problem& p, const RunContext& c) { return launch::make_cuda_empty(p, c, false); }),
+              ""},
+      Variant{"empty_launch_sync",
+              Backend::cuda,
+              "one empty kernel and a stream synchronise: the launch round trip",
+              {},
+              empty_work,
+              nullptr,
+              cuda_factory([](const Problem& p, const RunContext& c) { return launch::make_cuda_empty(p, c, true); }),
+              ""},
       window("eager", Mode::eager, "the window launched kernel by kernel, as eager PyTorch does"),
       window("graph", Mode::graph, "the window captured and instantiated once, then one graph launch per window"),
       window("graph_with_capture", Mode::graph_with_capture,

@@ -17,8 +17,10 @@ void gelu_forward_scalar(T* out, const T* inp, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) out[i] = T(0.5) * inp[i] * (T(1) + std::tanh(gelu::inner(inp[i])));
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end) {
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void gelu_forward_range(float* out,
+                                                                                                      const float* inp,
+                                                                                                      int64_t begin,
+                                                                                                      int64_t end) {
   int64_t i = begin;
   for (; i + simd::lanes <= end; i += simd::lanes) {
     const simd::vf8 x = simd::load8(inp + i);
@@ -53,12 +55,12 @@ template <class T>
 void cpu_gelu_forward(T* out, const T* inp, int64_t n) {
   if constexpr (std::is_same_v<T, float>)
     cpu::over_pieces(n, [&](int64_t begin, int64_t end) { gelu_forward_range(out, inp, begin, end); });
-  else
-    cpu::over_pieces(n, [&](int64_t begin, int64_t end) { gelu_forward_scalar(out, inp, begin, end); });
+  else cpu::over_pieces(n, [&](int64_t begin, int64_t end) { gelu_forward_scalar(out, inp, begin, end); });
 }
 
 template void cpu_layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int64_t, int64_t);
-template void cpu_layernorm_forward(double*, double*, double*, const double*, const double*, const double*, int64_t, int64_t);
+template void cpu_layernorm_forward(double*, double*, double*, const double*, const double*, const double*, int64_t,
+                                    int64_t);
 template void cpu_gelu_forward(float*, const float*, int64_t);
 template void cpu_gelu_forward(double*, const double*, int64_t);
 

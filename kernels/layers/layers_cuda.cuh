@@ -55,8 +55,8 @@ __global__ void gelu_forward_kernel(Out* out, const float* inp, int64_t n) {
 // defaults::layernorm_eps); each row's mean and rstd go where those pointers are not null (the
 // step's backward reads them). Throws CallError when the launch fails.
 template <class Out>
-void cuda_layernorm_forward(Out* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
-                            int64_t N, int64_t C, cudaStream_t stream) {
+void cuda_layernorm_forward(Out* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int64_t N,
+                            int64_t C, cudaStream_t stream) {
   if (N == 0) return;
   const int64_t blocks = (N * 32 + detail::threads - 1) / detail::threads;
   detail::layernorm_forward_kernel<<<static_cast<unsigned>(blocks), detail::threads, 0, stream>>>(

@@ -46,7 +46,7 @@ std::unique_ptr<Instance> make_cpu_gemm_fp32(const Problem&, const RunContext&);
 inline constexpr double sweep_smallest_bytes = 1 << 20;
 inline constexpr double sweep_largest_bytes = 1 << 30;
 inline constexpr double sweep_repeat_s = 0.02;  // each timed repeat of a size: calls of at least this long
-inline constexpr int sweep_repeats = 3;        // the fastest of these repeats counts
+inline constexpr int sweep_repeats = 3;         // the fastest of these repeats counts
 // A size runs at DRAM's bandwidth when its rate is within this fraction of the largest sizes'.
 inline constexpr double sweep_dram_tolerance = 0.15;
 

@@ -182,7 +182,8 @@ class Triad final : public SearchedStream {
                                           const __m128d s = _mm_set1_pd(triad_scalar);
                                           int64_t i = begin;
                                           for (; i + 2 <= end; i += 2)
-                                            _mm_stream_pd(a + i, _mm_add_pd(_mm_load_pd(b + i), _mm_mul_pd(s, _mm_load_pd(c + i))));
+                                            _mm_stream_pd(a + i,
+                                                          _mm_add_pd(_mm_load_pd(b + i), _mm_mul_pd(s, _mm_load_pd(c + i))));
                                           for (; i < end; ++i) a[i] = b[i] + triad_scalar * c[i];
                                         });
                                         _mm_sfence();
@@ -220,8 +221,7 @@ class GemmFp32 final : public Instance {
   }
   void run() override {
     const auto n = static_cast<blasint>(n_);
-    cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a_.data(), n, b_.data(), n, 0.0f,
-                c_.data(), n);
+    cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a_.data(), n, b_.data(), n, 0.0f, c_.data(), n);
   }
   Verdict check() override {
     const auto where = gemm_check_positions(n_);

@@ -25,7 +25,7 @@ namespace tb::peak {
 namespace {
 
 constexpr int block_size = 256;
-constexpr int search_calls = 3;                           // timed calls per candidate (the fastest counts)
+constexpr int search_calls = 3;                          // timed calls per candidate (the fastest counts)
 constexpr std::size_t gemm_workspace_bytes = 32u << 20;  // what cuBLAS recommends on Hopper, PyTorch's too
 
 // Enough resident blocks to keep every SM's memory pipeline full, and no more (grid-stride loops).
@@ -57,8 +57,8 @@ __global__ void copy_kernel(const double* __restrict__ src, double* __restrict__
 }
 
 template <int Unroll>
-__global__ void triad_kernel(double* __restrict__ a, const double* __restrict__ b, const double* __restrict__ c,
-                             double s, int64_t n) {
+__global__ void triad_kernel(double* __restrict__ a, const double* __restrict__ b, const double* __restrict__ c, double s,
+                             int64_t n) {
   const int64_t pairs = n / 2, stride = int64_t{gridDim.x} * blockDim.x;
   auto* a2 = reinterpret_cast<double2*>(a);
   const auto* b2 = reinterpret_cast<const double2*>(b);
@@ -130,7 +130,8 @@ class DeviceStream : public Instance {
   }
   void run() override { candidates_[chosen_].run(); }
   std::vector<std::pair<std::string, double>> observed() const override {
-    return {{"candidates_searched", static_cast<double>(candidates_.size())}, {"chosen_candidate", static_cast<double>(chosen_)}};
+    return {{"candidates_searched", static_cast<double>(candidates_.size())},
+            {"chosen_candidate", static_cast<double>(chosen_)}};
   }
   std::string configuration() const override { return candidates_[chosen_].name; }
 
@@ -140,11 +141,11 @@ class DeviceStream : public Instance {
   void add_kernel(const char* what, int unroll, Kernel k, Args... args) {
     const int grids[] = {stream_grid(std::max<int64_t>(n_ / 2, 1), device_), resident_grid(device_)};
     for (const int grid : grids)
-      candidates_.push_back(Candidate{std::string(what) + " x" + std::to_string(unroll) + " grid " + std::to_string(grid),
-                                      [=, s = stream_] {
-                                        k<<<grid, block_size, 0, s>>>(args...);
-                                        CUDA_CHECK(cudaGetLastError());
-                                      }});
+      candidates_.push_back(
+          Candidate{std::string(what) + " x" + std::to_string(unroll) + " grid " + std::to_string(grid), [=, s = stream_] {
+                      k<<<grid, block_size, 0, s>>>(args...);
+                      CUDA_CHECK(cudaGetLastError());
+                    }});
   }
   void choose() { chosen_ = fastest(candidates_, stream_); }
 
@@ -161,10 +162,10 @@ class Copy final : public DeviceStream {
   Copy(int64_t n, const RunContext& ctx) : DeviceStream(n, ctx) {
     add_kernel("copy kernel", 1, copy_kernel<1>, b_.data(), a_.data(), n_);
     add_kernel("copy kernel", 4, copy_kernel<4>, b_.data(), a_.data(), n_);
-    candidates_.push_back(Candidate{"cudaMemcpyAsync", [this] {
-                                      CUDA_CHECK(cudaMemcpyAsync(a_.data(), b_.data(), b_.bytes(),
-                                                                 cudaMemcpyDeviceToDevice, stream_));
-                                    }});
+    candidates_.push_back(
+        Candidate{"cudaMemcpyAsync", [this] {
+                    CUDA_CHECK(cudaMemcpyAsync(a_.data(), b_.data(), b_.bytes(), cudaMemcpyDeviceToDevice, stream_));
+                  }});
     choose();
   }
   Verdict check() override {
@@ -194,8 +195,11 @@ class Triad final : public DeviceStream {
 class Transfer final : public Instance {
  public:
   Transfer(int64_t bytes, const RunContext& ctx, bool to_device, bool pinned)
-      : words_(static_cast<std::size_t>(bytes / 4)), to_device_(to_device), pinned_(pinned),
-        stream_(cuda::as_stream(ctx.cuda_stream)), device_(words_) {
+      : words_(static_cast<std::size_t>(bytes / 4)),
+        to_device_(to_device),
+        pinned_(pinned),
+        stream_(cuda::as_stream(ctx.cuda_stream)),
+        device_(words_) {
     if (pinned) pinned_host_ = cuda::PinnedBuffer<uint32_t>(words_);
     else pageable_host_ = HostBuffer<uint32_t>(words_);
     uint32_t* host = host_ptr();
@@ -211,8 +215,7 @@ class Transfer final : public Instance {
   void run() override {
     if (to_device_)
       CUDA_CHECK(cudaMemcpyAsync(device_.data(), host_ptr(), device_.bytes(), cudaMemcpyHostToDevice, stream_));
-    else
-      CUDA_CHECK(cudaMemcpyAsync(host_ptr(), device_.data(), device_.bytes(), cudaMemcpyDeviceToHost, stream_));
+    else CUDA_CHECK(cudaMemcpyAsync(host_ptr(), device_.data(), device_.bytes(), cudaMemcpyDeviceToHost, stream_));
   }
   Verdict check() override {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -222,8 +225,8 @@ class Transfer final : public Instance {
     for (std::size_t i = 0; i < words_; ++i) {
       const auto want = static_cast<uint32_t>(splitmix64(i));
       if (seen[i] != want)
-        return Verdict{false, 1.0, "word " + std::to_string(i) + " = " + std::to_string(seen[i]) + ", expected " +
-                                       std::to_string(want)};
+        return Verdict{false, 1.0,
+                       "word " + std::to_string(i) + " = " + std::to_string(seen[i]) + ", expected " + std::to_string(want)};
     }
     return Verdict{true, 0.0, ""};
   }
@@ -277,7 +280,8 @@ class Gemm final : public Instance {
   void run() override { candidates_[chosen_].run(); }
   std::string configuration() const override { return candidates_[chosen_].name; }
   std::vector<std::pair<std::string, double>> observed() const override {
-    return {{"candidates_searched", static_cast<double>(candidates_.size())}, {"chosen_candidate", static_cast<double>(chosen_)}};
+    return {{"candidates_searched", static_cast<double>(candidates_.size())},
+            {"chosen_candidate", static_cast<double>(chosen_)}};
   }
   Verdict check() override {
     CUDA_CHECK(cudaStreamSynchronize(stream_));

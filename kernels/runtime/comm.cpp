@@ -22,7 +22,8 @@ namespace {
 std::string plugin_path() {
   if (const char* path = std::getenv("TRAINBENCH_MPI_PLUGIN"); path && *path) return path;
   Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&world_unavailable_reason), &info) == 0 || !info.dli_fname) return "libtrainbench_mpi.so";
+  if (dladdr(reinterpret_cast<void*>(&world_unavailable_reason), &info) == 0 || !info.dli_fname)
+    return "libtrainbench_mpi.so";
   std::string self = info.dli_fname;
   const auto slash = self.rfind('/');
   return (slash == std::string::npos ? std::string() : self.substr(0, slash + 1)) + "libtrainbench_mpi.so";

@@ -26,8 +26,8 @@ class Group {
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   virtual void barrier() = 0;
   virtual double local_sum(double value) = 0;  // over the ranks on this host
-  virtual bool threads_may_call() const = 0;  // from any thread, one at a time (MPI_THREAD_SERIALIZED)
-  virtual std::string library() const = 0;    // "Open MPI v4.1.4, ..."
+  virtual bool threads_may_call() const = 0;   // from any thread, one at a time (MPI_THREAD_SERIALIZED)
+  virtual std::string library() const = 0;     // "Open MPI v4.1.4, ..."
 };
 
 // The world, MPI started on the first call. Throws CallError saying why when MPI cannot be used:

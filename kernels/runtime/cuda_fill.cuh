@@ -21,9 +21,13 @@ inline int grid_for(int64_t items, int block, int device) {
 
 namespace detail {
 template <class T>
-__device__ inline T from_float(float x) { return static_cast<T>(x); }
+__device__ inline T from_float(float x) {
+  return static_cast<T>(x);
+}
 template <>
-__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 
 template <class T>
 __global__ void fill_uniform_kernel(T* out, int64_t n, uint64_t seed, float lo, float hi) {

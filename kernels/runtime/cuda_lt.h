@@ -22,7 +22,9 @@ class LtDescriptor {
  public:
   LtDescriptor() = default;
   explicit LtDescriptor(D d) : d_(d) {}
-  ~LtDescriptor() { if (d_) Destroy(d_); }
+  ~LtDescriptor() {
+    if (d_) Destroy(d_);
+  }
   LtDescriptor(LtDescriptor&& o) noexcept : d_(std::exchange(o.d_, nullptr)) {}
   LtDescriptor& operator=(LtDescriptor&& o) noexcept {
     std::swap(d_, o.d_);

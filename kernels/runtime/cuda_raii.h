@@ -19,7 +19,9 @@ class DeviceBuffer {
   explicit DeviceBuffer(std::size_t count) : count_(count) {
     if (count) CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), count * sizeof(T)));
   }
-  ~DeviceBuffer() { if (ptr_) cudaFree(ptr_); }
+  ~DeviceBuffer() {
+    if (ptr_) cudaFree(ptr_);
+  }
   DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), count_(std::exchange(o.count_, 0)) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     std::swap(ptr_, o.ptr_);
@@ -45,7 +47,9 @@ class PinnedBuffer {
   explicit PinnedBuffer(std::size_t count) : count_(count) {
     if (count) CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&ptr_), count * sizeof(T)));
   }
-  ~PinnedBuffer() { if (ptr_) cudaFreeHost(ptr_); }
+  ~PinnedBuffer() {
+    if (ptr_) cudaFreeHost(ptr_);
+  }
   PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), count_(std::exchange(o.count_, 0)) {}
   PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
     std::swap(ptr_, o.ptr_);
@@ -83,7 +87,9 @@ class MemPool {
     if (err != cudaSuccess) cudaMemPoolDestroy(std::exchange(pool_, nullptr));
     CUDA_CHECK(err);
   }
-  ~MemPool() { if (pool_) cudaMemPoolDestroy(pool_); }
+  ~MemPool() {
+    if (pool_) cudaMemPoolDestroy(pool_);
+  }
   MemPool(MemPool&& o) noexcept : pool_(std::exchange(o.pool_, nullptr)) {}
   MemPool& operator=(MemPool&& o) noexcept {
     std::swap(pool_, o.pool_);
@@ -109,7 +115,9 @@ template <class H, class Traits>
 class Handle {
  public:
   Handle() { Traits::create(&h_); }
-  ~Handle() { if (h_) Traits::destroy(h_); }
+  ~Handle() {
+    if (h_) Traits::destroy(h_);
+  }
   Handle(Handle&& o) noexcept : h_(std::exchange(o.h_, H{})) {}
   Handle& operator=(Handle&& o) noexcept {
     std::swap(h_, o.h_);
@@ -152,7 +160,9 @@ class Graph {
  public:
   Graph() = default;
   explicit Graph(cudaGraph_t graph) : graph_(graph) {}
-  ~Graph() { if (graph_) cudaGraphDestroy(graph_); }
+  ~Graph() {
+    if (graph_) cudaGraphDestroy(graph_);
+  }
   Graph(Graph&& o) noexcept : graph_(std::exchange(o.graph_, nullptr)) {}
   Graph& operator=(Graph&& o) noexcept {
     std::swap(graph_, o.graph_);
@@ -171,7 +181,9 @@ class GraphExec {
   GraphExec() = default;
   explicit GraphExec(const Graph& graph) { CUDA_CHECK(cudaGraphInstantiate(&exec_, graph.get(), 0)); }
   // An executable graph still in flight is freed when it completes (cudaGraphExecDestroy).
-  ~GraphExec() { if (exec_) cudaGraphExecDestroy(exec_); }
+  ~GraphExec() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+  }
   GraphExec(GraphExec&& o) noexcept : exec_(std::exchange(o.exec_, nullptr)) {}
   GraphExec& operator=(GraphExec&& o) noexcept {
     std::swap(exec_, o.exec_);
@@ -214,7 +226,7 @@ class CaptureScope {
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       throw ::tb::CallError(__FILE__, __LINE__, "cudaStreamEndCapture(stream_, &graph)",
-                      std::string(cudaGetErrorName(err)) + " (" + cudaGetErrorString(err) + ")");
+                            std::string(cudaGetErrorName(err)) + " (" + cudaGetErrorString(err) + ")");
     }
     return owned;
   }

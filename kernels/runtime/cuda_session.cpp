@@ -33,9 +33,7 @@ class EventTimer final : public SampleTimer {
 class L2Flusher final : public CacheFlusher {
  public:
   L2Flusher(cudaStream_t stream, std::size_t bytes) : stream_(stream), buffer_(bytes) {}
-  void flush() override {
-    CUDA_CHECK(cudaMemsetAsync(buffer_.data(), ++value_, buffer_.bytes(), stream_));
-  }
+  void flush() override { CUDA_CHECK(cudaMemsetAsync(buffer_.data(), ++value_, buffer_.bytes(), stream_)); }
   void wait() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
  private:
@@ -76,8 +74,6 @@ class CudaSession final : public BackendSession {
 
 }  // namespace
 
-std::unique_ptr<BackendSession> make_cuda_session(int cuda_device) {
-  return std::make_unique<CudaSession>(cuda_device);
-}
+std::unique_ptr<BackendSession> make_cuda_session(int cuda_device) { return std::make_unique<CudaSession>(cuda_device); }
 
 }  // namespace tb

@@ -7,7 +7,7 @@
 namespace tb::defaults {
 
 // ---- measuring -------------------------------------------------------------------------------
-inline constexpr int repetitions = 10;         // samples per benchmark (one per repetition)
+inline constexpr int repetitions = 10;  // samples per benchmark (one per repetition)
 // A CPU sample during which other processes (or the hypervisor's steal) used more than this share of
 // all CPUs measured the contention: it is taken again, up to disturbed_retakes times, and a row that
 // cannot get clean samples says "disturbed" and gets no ratio.
@@ -17,10 +17,10 @@ inline constexpr int disturbed_retakes = 3;
 // violation counter), or with a hardware slowdown active, measured the cooling: taken again the same way.
 inline constexpr double throttled_share = 0.02;
 inline constexpr int quick_repetitions = 3;
-inline constexpr double min_time_s = 0.2;      // per repetition
+inline constexpr double min_time_s = 0.2;  // per repetition
 inline constexpr double quick_min_time_s = 0.05;
-inline constexpr double noise_target = 0.05;   // CI half-width / median above this: "noisy"
-inline constexpr double warmup_s = 0.02;       // warm-up before the first sample
+inline constexpr double noise_target = 0.05;  // CI half-width / median above this: "noisy"
+inline constexpr double warmup_s = 0.02;      // warm-up before the first sample
 inline constexpr int warmup_calls = 2;
 inline constexpr double progress_every_s = 2.0;  // a row measuring longer says how far it is
 // Below this a single call is launch-bound: time it in batches so one sample is at least this long
@@ -36,7 +36,7 @@ inline constexpr int64_t stream_elements = int64_t{1} << 25;
 inline constexpr int64_t quick_stream_elements = int64_t{1} << 25;
 inline constexpr int64_t transfer_bytes = int64_t{256} << 20;
 inline constexpr int64_t quick_transfer_bytes = int64_t{64} << 20;
-inline constexpr int64_t cuda_gemm_n = 8192;   // large enough for tensor cores to reach their ceiling
+inline constexpr int64_t cuda_gemm_n = 8192;  // large enough for tensor cores to reach their ceiling
 inline constexpr int64_t quick_cuda_gemm_n = 4096;
 inline constexpr int64_t cpu_gemm_n = 2048;
 inline constexpr int64_t quick_cpu_gemm_n = 1024;
@@ -44,8 +44,8 @@ inline constexpr int gemm_checked_entries = 256;  // output entries checked agai
 
 // ---- adamw, gradnorm -------------------------------------------------------------------------
 // A parameter set shaped like a real model: 29.9M parameters, the SEM V5.5 model's count
-// (docs/sources.md#000-sem-v55: "P = 29.9M parameters"; the small GPT of docs/sources.md#004-small-gpt spends 27.5% of its step in AdamW),
-// in ~200 tensors (embeddings, per-layer attention and MLP weights, biases, norm scales).
+// (docs/sources.md#000-sem-v55: "P = 29.9M parameters"; the small GPT of docs/sources.md#004-small-gpt spends 27.5% of its
+// step in AdamW), in ~200 tensors (embeddings, per-layer attention and MLP weights, biases, norm scales).
 inline constexpr int64_t adamw_params = 29'900'000;
 // --quick: 10M parameters touch 160 MB (fp32) or 120 MB (bf16) per step, above twice the 50 MiB L2
 // of an H100 or H200, so a quick row still measures DRAM. A CPU whose last-level cache holds a quick
@@ -99,19 +99,19 @@ inline constexpr int block_mlp_ratio = 4;
 inline constexpr double layernorm_eps = 1e-5;
 
 // ---- collate ---------------------------------------------------------------------------------
-// docs/sources.md#001-energy-flow-bridge: a text-pair sample is two 768-d fp32 embeddings (input_embeddings, target_embeddings)
-// plus its text, here a token sequence; the batch goes from 16 to 64. docs/sources.md#000-sem-v55: micro-batch 128,
-// global batch 4096, 6 -> 12 loader workers and a shuffle buffer.
-inline constexpr int64_t collate_embed_dim = 768;       // docs/sources.md#001-energy-flow-bridge
+// docs/sources.md#001-energy-flow-bridge: a text-pair sample is two 768-d fp32 embeddings (input_embeddings,
+// target_embeddings) plus its text, here a token sequence; the batch goes from 16 to 64. docs/sources.md#000-sem-v55:
+// micro-batch 128, global batch 4096, 6 -> 12 loader workers and a shuffle buffer.
+inline constexpr int64_t collate_embed_dim = 768;  // docs/sources.md#001-energy-flow-bridge
 // Not in the reports: a sentence-length text of 128 int64 (torch.long) token ids, 1 KiB a sample.
 inline constexpr int64_t collate_seq_len = 128;
-inline constexpr int64_t collate_batch_before = 16;     // docs/sources.md#001-energy-flow-bridge, batch_size=16
-inline constexpr int64_t collate_batch_after = 64;      // docs/sources.md#001-energy-flow-bridge, batch_size=64
+inline constexpr int64_t collate_batch_before = 16;  // docs/sources.md#001-energy-flow-bridge, batch_size=16
+inline constexpr int64_t collate_batch_after = 64;   // docs/sources.md#001-energy-flow-bridge, batch_size=64
 // docs/sources.md#000-sem-v55's global batch: 28 MiB of text pairs, 4 MiB of token sequences, the ">= 4 MB" range
 // in which a copy should reach the link's bandwidth.
 inline constexpr int64_t collate_batch_large = 4096;
-// Eight batches of 4096: 224 MiB of text pairs, more than an H100's 50 MiB L2 (docs/sources.md#001-energy-flow-bridge's whole
-// 31 MB dataset would sit in it), so a resident gather reads HBM and a shuffled host gather DRAM.
+// Eight batches of 4096: 224 MiB of text pairs, more than an H100's 50 MiB L2 (docs/sources.md#001-energy-flow-bridge's
+// whole 31 MB dataset would sit in it), so a resident gather reads HBM and a shuffled host gather DRAM.
 // docs/sources.md#001-energy-flow-bridge's own 31 MB is about --axis collate.samples=4400.
 inline constexpr int64_t collate_samples = 32768;
 inline constexpr int64_t quick_collate_samples = 8192;
@@ -121,11 +121,11 @@ inline constexpr int64_t collate_compute_us = 1000;
 // Host-side collates of at least this many bytes are spread over the OpenMP team (the loader's
 // workers, docs/sources.md#000-sem-v55); smaller ones stay on one thread, where a fork/join would cost more.
 inline constexpr int64_t collate_parallel_min_bytes = int64_t{1} << 20;
-inline constexpr uint64_t collate_shuffle_seed = 5;     // the epoch permutation's seed
+inline constexpr uint64_t collate_shuffle_seed = 5;  // the epoch permutation's seed
 
 // ---- hostsync, launch, alloc: the runtime overheads of a training loop -------------------------
-// hostsync: one call is N steps, and N is swept. docs/sources.md#003-t4-transformer reads `loss.item()` every step before its
-// fix and every 500 steps after it; docs/sources.md#000-sem-v55 logs every 5; 50 lies between.
+// hostsync: one call is N steps, and N is swept. docs/sources.md#003-t4-transformer reads `loss.item()` every step before
+// its fix and every 500 steps after it; docs/sources.md#000-sem-v55 logs every 5; 50 lies between.
 inline constexpr int64_t hostsync_intervals[] = {1, 5, 50, 500};
 // The loss of a step is over one prediction per sample of docs/sources.md#000-sem-v55's 4096-sample batch: a few small
 // kernels, each launch-bound, which is what makes a per-step sync visible.
@@ -143,8 +143,9 @@ inline constexpr int64_t launch_elements = 4096;
 inline constexpr int launch_breakeven_windows = 20;
 inline constexpr int launch_breakeven_captures = 5;
 // alloc: one buffer per kernel of a step (docs/sources.md#002-trainer2: ~12 kernels per step), each activation-sized:
-// a micro-batch of 128 (docs/sources.md#000-sem-v55) x 768-d embeddings (docs/sources.md#001-energy-flow-bridge) in fp32, and the 4096-sample
-// global batch (docs/sources.md#000-sem-v55) of the same, which is past the allocator's small-block sizes.
+// a micro-batch of 128 (docs/sources.md#000-sem-v55) x 768-d embeddings (docs/sources.md#001-energy-flow-bridge) in fp32,
+// and the 4096-sample global batch (docs/sources.md#000-sem-v55) of the same, which is past the allocator's small-block
+// sizes.
 inline constexpr int64_t alloc_buffers = 12;
 inline constexpr int64_t alloc_buffer_bytes_small = int64_t{128} * 768 * 4;
 inline constexpr int64_t alloc_buffer_bytes_large = int64_t{4096} * 768 * 4;

@@ -29,16 +29,16 @@ struct GpuInfo {
   int sm_clock_mhz = 0;
   int memory_clock_mhz = 0;
   int memory_bus_bits = 0;
-  int driver_version = 0;   // e.g. 13000
+  int driver_version = 0;  // e.g. 13000
   int runtime_version = 0;
   std::string cublas_version;
   std::string cusparse_version;
 };
 
 struct CudaStatus {
-  bool built = false;                 // compiled with the CUDA backend
-  std::vector<GpuInfo> devices;       // empty when none can be used
-  std::string unavailable_reason;     // why there is no usable device; empty when there is one
+  bool built = false;              // compiled with the CUDA backend
+  std::vector<GpuInfo> devices;    // empty when none can be used
+  std::string unavailable_reason;  // why there is no usable device; empty when there is one
   bool available() const { return !devices.empty(); }
 };
 

@@ -17,13 +17,12 @@ class UsageError : public std::runtime_error {
 class CallError : public std::runtime_error {
  public:
   CallError(const char* file, int line, const std::string& call, const std::string& what)
-      : std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + call + " failed: " +
-                           what) {}
+      : std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + call + " failed: " + what) {}
 };
 
 }  // namespace tb
 
-#define TB_REQUIRE(cond, msg)                                                 \
-  do {                                                                        \
-    if (!(cond)) throw ::tb::CallError(__FILE__, __LINE__, #cond, (msg));     \
+#define TB_REQUIRE(cond, msg)                                             \
+  do {                                                                    \
+    if (!(cond)) throw ::tb::CallError(__FILE__, __LINE__, #cond, (msg)); \
   } while (0)

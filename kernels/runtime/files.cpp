@@ -79,7 +79,8 @@ void check_output_path(const std::string& path, const std::string& flag) {
   std::string tmp;
   const int fd = create_beside(path, &tmp);
   if (fd < 0)
-    throw UsageError(flag + " " + path + ": no file can be created in " + folder.string() + " (" + std::strerror(errno) + ")");
+    throw UsageError(flag + " " + path + ": no file can be created in " + folder.string() + " (" + std::strerror(errno) +
+                     ")");
   ::close(fd);
   ::unlink(tmp.c_str());
 }

@@ -14,8 +14,8 @@ namespace {
 using nvmlReturn_t = int;
 using nvmlDevice_t = struct nvmlDevice_st*;
 constexpr nvmlReturn_t kNvmlSuccess = 0;
-constexpr int kNvmlClockSm = 1;             // NVML_CLOCK_SM
-constexpr int kNvmlPerfPolicyThermal = 1;   // NVML_PERF_POLICY_THERMAL
+constexpr int kNvmlClockSm = 1;            // NVML_CLOCK_SM
+constexpr int kNvmlPerfPolicyThermal = 1;  // NVML_PERF_POLICY_THERMAL
 struct nvmlViolationTime_t {
   unsigned long long referenceTime;  // CPU timestamp, us
   unsigned long long violationTime;  // ns
@@ -94,8 +94,7 @@ GpuThrottleState GpuMonitor::read(const std::string& uuid) {
   unsigned clock = 0;
   unsigned long long reasons = 0;
   nvmlViolationTime_t thermal{};
-  if (api_->clock(it->second, kNvmlClockSm, &clock) != kNvmlSuccess ||
-      api_->reasons(it->second, &reasons) != kNvmlSuccess ||
+  if (api_->clock(it->second, kNvmlClockSm, &clock) != kNvmlSuccess || api_->reasons(it->second, &reasons) != kNvmlSuccess ||
       api_->violation(it->second, kNvmlPerfPolicyThermal, &thermal) != kNvmlSuccess)
     return s;
   s.valid = true;
@@ -106,10 +105,14 @@ GpuThrottleState GpuMonitor::read(const std::string& uuid) {
 }
 
 // nvmlClocksEventReason* bits (GpuIdle, 0x1, left out: it says nothing about a sample).
-constexpr std::pair<uint64_t, const char*> kReasonNames[] = {
-    {0x2, "applications_clocks_setting"}, {0x4, "sw_power_cap"},        {0x8, "hw_slowdown"},
-    {0x10, "sync_boost"},                 {0x20, "sw_thermal_slowdown"}, {0x40, "hw_thermal_slowdown"},
-    {0x80, "hw_power_brake_slowdown"},    {0x100, "display_clock_setting"}};
+constexpr std::pair<uint64_t, const char*> kReasonNames[] = {{0x2, "applications_clocks_setting"},
+                                                             {0x4, "sw_power_cap"},
+                                                             {0x8, "hw_slowdown"},
+                                                             {0x10, "sync_boost"},
+                                                             {0x20, "sw_thermal_slowdown"},
+                                                             {0x40, "hw_thermal_slowdown"},
+                                                             {0x80, "hw_power_brake_slowdown"},
+                                                             {0x100, "display_clock_setting"}};
 
 std::vector<std::string> clock_reason_names(uint64_t reasons) {
   std::vector<std::string> out;
@@ -129,7 +132,8 @@ uint64_t clock_reasons_from_names(const std::vector<std::string>& names) {
 double throttled_share(const GpuThrottleState& before, const GpuThrottleState& after) {
   if (!before.valid || !after.valid || after.wall_ns <= before.wall_ns) return -1;
   if ((before.reasons | after.reasons) & kDisturbingClockReasons) return 1;
-  const double throttled = after.thermal_ns >= before.thermal_ns ? static_cast<double>(after.thermal_ns - before.thermal_ns) : 0;
+  const double throttled = after.thermal_ns >= before.thermal_ns ? static_cast<double>(after.thermal_ns - before.thermal_ns)
+                                                                 : 0;
   return std::min(1.0, throttled / (after.wall_ns - before.wall_ns));
 }
 

@@ -15,11 +15,11 @@
 namespace tb {
 
 struct GpuThrottleState {
-  bool valid = false;              // NVML answered for this device
-  uint64_t thermal_ns = 0;         // cumulative time below application clocks for thermal reasons
-  uint64_t reasons = 0;            // nvmlClocksEventReason* bits active now
-  unsigned sm_clock_mhz = 0;       // current SM clock
-  double wall_ns = 0;              // steady clock when read
+  bool valid = false;         // NVML answered for this device
+  uint64_t thermal_ns = 0;    // cumulative time below application clocks for thermal reasons
+  uint64_t reasons = 0;       // nvmlClocksEventReason* bits active now
+  unsigned sm_clock_mhz = 0;  // current SM clock
+  double wall_ns = 0;         // steady clock when read
 };
 
 // The clock event reasons that mean the environment, not the kernel, set the speed: thermal slowdowns,

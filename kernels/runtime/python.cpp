@@ -46,7 +46,8 @@ std::string torch_python() {
   // Where scripts/install-deps --torch puts it.
   fs::path venv;
   if (const char* env = std::getenv("TRAINBENCH_TORCH_VENV"); env && *env) venv = env;
-  else if (const char* home = std::getenv("HOME"); home && *home) venv = fs::path(home) / ".local/share/trainbench/torch-venv";
+  else if (const char* home = std::getenv("HOME"); home && *home)
+    venv = fs::path(home) / ".local/share/trainbench/torch-venv";
   std::error_code ec;
   if (!venv.empty() && fs::exists(venv / "bin" / "python", ec)) return (venv / "bin" / "python").string();
   return "python3";
@@ -78,8 +79,9 @@ void require_torch(const std::string& who, const std::string& script) {
                      ": install them with scripts/install-deps --torch (or " + python +
                      " -m pip install torch numpy), or name another interpreter in TRAINBENCH_PYTHON");
   if (!fs::is_regular_file(script))
-    throw UsageError(who + ": no " + script +
-                     " (trainbench's scripts folder is missing: set TRAINBENCH_TORCH_PEERS or TRAINBENCH_TORCH_STEP to the script)");
+    throw UsageError(
+        who + ": no " + script +
+        " (trainbench's scripts folder is missing: set TRAINBENCH_TORCH_PEERS or TRAINBENCH_TORCH_STEP to the script)");
 }
 
 }  // namespace tb

@@ -50,8 +50,7 @@ const std::string& Problem::get(const std::string& key) const {
 
 double Problem::get_double(const std::string& key) const {
   double value = 0;
-  if (!parse_number(get(key), value))
-    throw UsageError("parameter " + key + "=" + get(key) + " is not a number");
+  if (!parse_number(get(key), value)) throw UsageError("parameter " + key + "=" + get(key) + " is not a number");
   return value;
 }
 
@@ -113,8 +112,7 @@ void Registry::add(Stage stage) {
   std::set<std::string> seen;
   for (const auto& v : stage.variants) {
     const std::string key = v.id + "/" + to_string(v.backend);
-    if (!seen.insert(key).second)
-      throw std::logic_error("stage " + stage.name + ": variant " + key + " registered twice");
+    if (!seen.insert(key).second) throw std::logic_error("stage " + stage.name + ": variant " + key + " registered twice");
     if (!v.work) throw std::logic_error("stage " + stage.name + ": variant " + key + " has no work model");
     for (const auto& a : v.axes)
       if (!stage.find_axis(a))
@@ -183,20 +181,20 @@ AxisOverride parse_axis_override(const Registry& registry, const std::string& te
       throw UsageError("--axis '" + text + "': " + o.axis + "=" + v + " " + why);
   std::vector<std::string> once;
   for (const auto& v : o.values) {
-    const bool seen = std::any_of(once.begin(), once.end(), [&](const std::string& kept) { return same_value(*axis, kept, v); });
+    const bool seen = std::any_of(once.begin(), once.end(),
+                                  [&](const std::string& kept) { return same_value(*axis, kept, v); });
     (seen ? o.repeated : once).push_back(v);
   }
   o.values = std::move(once);
   return o;
 }
 
-std::vector<Problem> expand_problems(const Stage& stage, const Variant& variant,
-                                     const std::vector<AxisOverride>& overrides, bool quick) {
+std::vector<Problem> expand_problems(const Stage& stage, const Variant& variant, const std::vector<AxisOverride>& overrides,
+                                     bool quick) {
   std::vector<Problem> problems{Problem{}};
   for (const auto& axis_name : variant.axes) {
     const Axis& axis = *stage.find_axis(axis_name);
-    const std::vector<std::string>* values =
-        quick && !axis.quick_values.empty() ? &axis.quick_values : &axis.values;
+    const std::vector<std::string>* values = quick && !axis.quick_values.empty() ? &axis.quick_values : &axis.values;
     for (const auto& o : overrides)
       if (o.stage == stage.name && o.axis == axis_name) values = &o.values;
     std::vector<Problem> next;

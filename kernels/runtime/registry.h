@@ -50,7 +50,7 @@ struct Axis {
   std::vector<std::string> values;        // the defaults, from the reports
   std::vector<std::string> quick_values;  // for --quick; empty: same as values
   std::string help;
-  std::vector<std::string> choices;       // for AxisKind::choice
+  std::vector<std::string> choices;                         // for AxisKind::choice
   std::function<std::string(const std::string&)> validate;  // for AxisKind::text: "" or why not
 
   // Empty when `value` is acceptable for this axis, else why not.
@@ -127,15 +127,15 @@ class CannotRun : public std::runtime_error {
 using InstanceFactory = std::function<std::unique_ptr<Instance>(const Problem&, const RunContext&)>;
 
 struct Variant {
-  std::string id;         // "triad", "gemm_bf16", "fused"
+  std::string id;  // "triad", "gemm_bf16", "fused"
   Backend backend = Backend::cpu;
-  std::string rationale;  // one line: why this variant exists
+  std::string rationale;          // one line: why this variant exists
   std::vector<std::string> axes;  // the stage axes this variant is swept over
   std::function<Work(const Problem&)> work;
   // Empty when the variant can run this problem on this machine, else why not (too large for the
   // memory, a dtype it does not have). Device availability is checked by the harness.
   std::function<std::string(const Problem&)> unsupported;
-  InstanceFactory make;   // null when the backend was not built
+  InstanceFactory make;       // null when the backend was not built
   std::string provides_peak;  // for `peak` variants: the key other stages compare with
   // Its instances call a collective (an all-reduce across ranks) in run(), check() and observed():
   // under mpirun every rank runs it in step, with the timings that steer the harness agreed across
@@ -221,8 +221,8 @@ struct AxisOverride {
 AxisOverride parse_axis_override(const Registry& registry, const std::string& text);
 
 // The problems one variant is run at: the product of its axes' values (overridden, or quick).
-std::vector<Problem> expand_problems(const Stage& stage, const Variant& variant,
-                                     const std::vector<AxisOverride>& overrides, bool quick);
+std::vector<Problem> expand_problems(const Stage& stage, const Variant& variant, const std::vector<AxisOverride>& overrides,
+                                     bool quick);
 
 // "stage/backend/variant/label" (label omitted when the variant has no axes).
 std::string benchmark_name(const Stage& stage, const Variant& variant, const Problem& problem);

@@ -37,7 +37,9 @@ TB_SIMD vf8 exp8(vf8 v) {
   n = n > fx ? n - 1.0f : n;  // floor
   const vf8 r = v - n * 0.693359375f + n * 2.12194440e-4f;
   vf8 y = ((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r + 4.1665795894e-2f) * r +
-            1.6666665459e-1f) * r + 5.0000001201e-1f;
+           1.6666665459e-1f) *
+              r +
+          5.0000001201e-1f;
   y = y * r * r + r + 1.0f;
   const vi8 bits = (__builtin_convertvector(n, vi8) + 127) << 23;
   vf8 pow2;

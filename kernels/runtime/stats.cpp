@@ -35,8 +35,9 @@ static double incomplete_beta(double a, double b, double x) {
   if (x <= 0) return 0;
   if (x >= 1) return 1;
   if (x > (a + 1) / (a + b + 2)) return 1 - incomplete_beta(b, a, 1 - x);  // where the fraction converges fast
-  const double front =
-      std::exp(std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) + a * std::log(x) + b * std::log1p(-x)) / a;
+  const double front = std::exp(std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) + a * std::log(x) +
+                                b * std::log1p(-x)) /
+                       a;
   constexpr double tiny = 1e-300;
   double f = 1, c = 1, d = 0;
   for (int i = 0; i <= 400; ++i) {
@@ -115,14 +116,13 @@ Summary summarize(const std::vector<double>& samples, double noise_target, doubl
 
 // Standard normal quantile (Acklam's rational approximation; |error| < 1.2e-9 over (0, 1)).
 static double normal_quantile(double p) {
-  static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02,
-                             1.383577518672690e+02, -3.066479806614716e+01, 2.506628277459239e+00};
-  static const double b[] = {-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02,
-                             6.680131188771972e+01, -1.328068155288572e+01};
+  static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02,  -2.759285104469687e+02,
+                             1.383577518672690e+02,  -3.066479806614716e+01, 2.506628277459239e+00};
+  static const double b[] = {-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02, 6.680131188771972e+01,
+                             -1.328068155288572e+01};
   static const double c[] = {-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00,
-                             -2.549732539343734e+00, 4.374664141464968e+00, 2.938163982698783e+00};
-  static const double d[] = {7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00,
-                             3.754408661907416e+00};
+                             -2.549732539343734e+00, 4.374664141464968e+00,  2.938163982698783e+00};
+  static const double d[] = {7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00, 3.754408661907416e+00};
   const double plow = 0.02425;
   if (p < plow) {
     const double q = std::sqrt(-2 * std::log(p));
@@ -135,8 +135,7 @@ static double normal_quantile(double p) {
          (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1);
 }
 
-RatioEstimate ratio_estimate(const std::vector<double>& baseline, const std::vector<double>& improved,
-                             double level) {
+RatioEstimate ratio_estimate(const std::vector<double>& baseline, const std::vector<double>& improved, double level) {
   if (baseline.empty() || improved.empty()) throw std::invalid_argument("ratio of no samples");
   std::vector<double> d;
   d.reserve(baseline.size() * improved.size());
@@ -168,8 +167,7 @@ RatioEstimate ratio_estimate(const std::vector<double>& baseline, const std::vec
   return r;
 }
 
-RatioEstimate paired_ratio_estimate(const std::vector<double>& baseline, const std::vector<double>& improved,
-                                    double level) {
+RatioEstimate paired_ratio_estimate(const std::vector<double>& baseline, const std::vector<double>& improved, double level) {
   const std::size_t rounds = std::min(baseline.size(), improved.size());
   if (rounds == 0) throw std::invalid_argument("ratio of no rounds");
   std::vector<double> d(rounds);

@@ -42,8 +42,7 @@ struct RatioEstimate {
 
 // Hodges-Lehmann estimate of the ratio of two timing distributions: the median of all pairwise
 // ratios b_i / a_j, with the Mann-Whitney (normal approximation) interval on the log scale.
-RatioEstimate ratio_estimate(const std::vector<double>& baseline, const std::vector<double>& improved,
-                             double level = 0.95);
+RatioEstimate ratio_estimate(const std::vector<double>& baseline, const std::vector<double>& improved, double level = 0.95);
 
 // The same ratio from paired rounds (baseline[r] and improved[r] taken one after the other in round r,
 // as an A/B comparison takes them): the Hodges-Lehmann estimate of the per-round log ratios (the median
@@ -60,8 +59,7 @@ RatioEstimate paired_ratio_estimate(const std::vector<double>& baseline, const s
 // at `level`. One wild round hardly moves the estimate and widens the interval: a verdict on it is more
 // cautious, never bolder. One round: the interval is (0, inf) (ci_level 1), nothing being known of the
 // spread.
-RatioEstimate paired_t_ratio_estimate(const std::vector<double>& a, const std::vector<double>& b,
-                                      double level = 0.95);
+RatioEstimate paired_t_ratio_estimate(const std::vector<double>& a, const std::vector<double>& b, double level = 0.95);
 
 // One estimate with its interval's half-width: a measurement's centre and spread.
 struct Estimate {

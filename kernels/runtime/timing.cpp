@@ -7,16 +7,14 @@
 namespace tb {
 
 static int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 void SteadyTimer::start() { start_ns_ = now_ns(); }
 double SteadyTimer::stop() { return static_cast<double>(now_ns() - start_ns_) * 1e-9; }
 
-double time_sample(SampleTimer& timer, const std::function<void()>& call, int64_t batch,
-                   CacheFlusher* flusher, bool (*stop)(), int64_t* calls_made) {
+double time_sample(SampleTimer& timer, const std::function<void()>& call, int64_t batch, CacheFlusher* flusher,
+                   bool (*stop)(), int64_t* calls_made) {
   if (flusher) flusher->flush();
   int64_t i = 0;
   timer.start();

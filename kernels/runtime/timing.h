@@ -40,8 +40,8 @@ class CacheFlusher {
 // stop_checks_per_batch times a batch, so that the timed calls are not slowed measurably (a batch
 // lasts about a sample's minimum, tens of microseconds: checked more often, it would not stop sooner).
 inline constexpr int64_t stop_checks_per_batch = 8;
-double time_sample(SampleTimer& timer, const std::function<void()>& call, int64_t batch,
-                   CacheFlusher* flusher = nullptr, bool (*stop)() = nullptr, int64_t* calls_made = nullptr);
+double time_sample(SampleTimer& timer, const std::function<void()>& call, int64_t batch, CacheFlusher* flusher = nullptr,
+                   bool (*stop)() = nullptr, int64_t* calls_made = nullptr);
 
 // Calls per sample so that one sample lasts at least `min_sample_s`.
 int64_t batch_for(double call_s, double min_sample_s, int64_t max_batch);

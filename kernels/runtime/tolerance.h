@@ -15,11 +15,11 @@ struct Tolerance {
 };
 
 namespace tolerance {
-inline constexpr Tolerance exact{0.0, 0.0};          // copies: bit for bit
+inline constexpr Tolerance exact{0.0, 0.0};  // copies: bit for bit
 inline constexpr Tolerance fp64{1e-12, 1e-12};
 inline constexpr Tolerance fp32{1e-6, 1e-5};
-inline constexpr Tolerance tf32{1e-3, 2e-3};         // 10-bit mantissa: unit roundoff 4.9e-4
-inline constexpr Tolerance bf16{1e-2, 1.6e-2};       // 7-bit mantissa: unit roundoff 3.9e-3
+inline constexpr Tolerance tf32{1e-3, 2e-3};    // 10-bit mantissa: unit roundoff 4.9e-4
+inline constexpr Tolerance bf16{1e-2, 1.6e-2};  // 7-bit mantissa: unit roundoff 3.9e-3
 
 // Dot products (GEMM entries) are compared relative to sum_k |a_ik * b_kj|, the scale of the
 // rounding error, so that cancellation does not make a correct result look wrong.
@@ -32,7 +32,7 @@ inline constexpr Tolerance attention_bf16{2e-2, 2e-2};  // bf16 inputs, P and ou
 // Gradients from bf16 operands, with P and dS rounded to bf16 before their products (FlashAttention's
 // backward), against the double backward of the same bf16-rounded inputs.
 inline constexpr Tolerance attention_bf16_backward{3e-2, 3e-2};
-inline constexpr Tolerance block_fp32{2e-4, 2e-3};      // five GEMMs, two layernorms, GELU
+inline constexpr Tolerance block_fp32{2e-4, 2e-3};  // five GEMMs, two layernorms, GELU
 // Per-token losses of a training step's forward (about ln(vocab)) against a double forward.
 inline constexpr Tolerance step_fp32{2e-4, 1e-4};
 inline constexpr Tolerance step_bf16{5e-2, 2e-2};  // bf16 matmuls

@@ -36,10 +36,14 @@ std::vector<int32_t> permutation(int64_t n, uint64_t seed, uint64_t stream) {
 
 std::string GraphSpec::name() const {
   switch (family) {
-    case Family::ring: return "ring" + std::to_string(k);
-    case Family::random: return "random" + std::to_string(k);
-    case Family::grid2d: return "grid2d";
-    case Family::grid3d: return "grid3d";
+    case Family::ring:
+      return "ring" + std::to_string(k);
+    case Family::random:
+      return "random" + std::to_string(k);
+    case Family::grid2d:
+      return "grid2d";
+    case Family::grid3d:
+      return "grid3d";
   }
   return "";
 }
@@ -81,8 +85,10 @@ int64_t nnz(const GraphSpec& spec, int64_t n) {
     return count;
   }
   switch (spec.family) {
-    case Family::ring: return n * (1 + 2 * (spec.k / 2)) + (spec.k % 2 ? 2 * (n / 2) : 0);
-    case Family::random: return n * (spec.k + 1);
+    case Family::ring:
+      return n * (1 + 2 * (spec.k / 2)) + (spec.k % 2 ? 2 * (n / 2) : 0);
+    case Family::random:
+      return n * (spec.k + 1);
     case Family::grid2d: {
       const int64_t nx = grid_nx(n);
       return n + 2 * (line_edges(n, nx) + std::max<int64_t>(n - nx, 0));

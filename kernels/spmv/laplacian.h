@@ -23,7 +23,7 @@ enum class Family {
 
 struct GraphSpec {
   Family family = Family::ring;
-  int k = 8;  // neighbours per node: 4..8 for ring and random, 4 for grid2d, 6 for grid3d
+  int k = 8;                 // neighbours per node: 4..8 for ring and random, 4 for grid2d, 6 for grid3d
   std::string name() const;  // "ring8", "random5", "grid2d"
 };
 
@@ -45,9 +45,9 @@ struct Stencil {
   Family family = Family::ring;
   int64_t n = 0;
   double alpha = 0;
-  int half = 0;           // ring: offsets 1..half
-  int64_t opposite = 0;   // ring with odd k: i is linked to i +- opposite (n/2); 0 when none
-  int64_t nx = 1, ny = 1; // grids
+  int half = 0;            // ring: offsets 1..half
+  int64_t opposite = 0;    // ring with odd k: i is linked to i +- opposite (n/2); 0 when none
+  int64_t nx = 1, ny = 1;  // grids
 };
 
 // Empty when the graph has a stencil form (ring with n >= k + 3, so that no two offsets meet;
@@ -116,18 +116,42 @@ TB_HOST_DEVICE inline double stencil_row(const Stencil& s, const double* __restr
     const int64_t nx = s.nx;
     const auto i32 = static_cast<uint32_t>(i), nx32 = static_cast<uint32_t>(nx);
     const int64_t px = i32 % nx32;
-    if (px > 0) { sum += x[i - 1]; ++degree; }
-    if (px < nx - 1 && i + 1 < s.n) { sum += x[i + 1]; ++degree; }
+    if (px > 0) {
+      sum += x[i - 1];
+      ++degree;
+    }
+    if (px < nx - 1 && i + 1 < s.n) {
+      sum += x[i + 1];
+      ++degree;
+    }
     if (s.family == Family::grid2d) {
-      if (i - nx >= 0) { sum += x[i - nx]; ++degree; }
-      if (i + nx < s.n) { sum += x[i + nx]; ++degree; }
+      if (i - nx >= 0) {
+        sum += x[i - nx];
+        ++degree;
+      }
+      if (i + nx < s.n) {
+        sum += x[i + nx];
+        ++degree;
+      }
     } else {
       const int64_t plane = nx * s.ny;
       const int64_t py = (i32 / nx32) % static_cast<uint32_t>(s.ny);
-      if (py > 0) { sum += x[i - nx]; ++degree; }
-      if (py < s.ny - 1 && i + nx < s.n) { sum += x[i + nx]; ++degree; }
-      if (i - plane >= 0) { sum += x[i - plane]; ++degree; }
-      if (i + plane < s.n) { sum += x[i + plane]; ++degree; }
+      if (py > 0) {
+        sum += x[i - nx];
+        ++degree;
+      }
+      if (py < s.ny - 1 && i + nx < s.n) {
+        sum += x[i + nx];
+        ++degree;
+      }
+      if (i - plane >= 0) {
+        sum += x[i - plane];
+        ++degree;
+      }
+      if (i + plane < s.n) {
+        sum += x[i + plane];
+        ++degree;
+      }
     }
   }
   return (1.0 + s.alpha * degree) * x[i] - s.alpha * sum;

@@ -29,8 +29,10 @@ HostBuffer<double> zero_buffer(int64_t count) {
 class CpuCsr final : public Instance {
  public:
   explicit CpuCsr(const Shape& s)
-      : graph_(s.graph, s.rows), a_(laplacian::build_shifted_laplacian(graph_, defaults::laplacian_alpha)),
-        x_(input_buffer(s.rows)), y_(zero_buffer(s.rows)) {}
+      : graph_(s.graph, s.rows),
+        a_(laplacian::build_shifted_laplacian(graph_, defaults::laplacian_alpha)),
+        x_(input_buffer(s.rows)),
+        y_(zero_buffer(s.rows)) {}
   void run() override {
     const int32_t* __restrict row_ptr = a_.row_ptr.data();
     const int32_t* __restrict col = a_.col.data();
@@ -52,8 +54,8 @@ class CpuCsr final : public Instance {
 // Ring rows in [lo, hi) whose band does not wrap, with the opposite partner at i + partner (or none):
 // straight-line code the compiler vectorises.
 template <int Half>
-void ring_rows(const double* __restrict x, double* __restrict y, int64_t lo, int64_t hi, bool has_partner,
-               int64_t partner, double alpha) {
+void ring_rows(const double* __restrict x, double* __restrict y, int64_t lo, int64_t hi, bool has_partner, int64_t partner,
+               double alpha) {
   const double diagonal = 1.0 + alpha * (2 * Half + (has_partner ? 1 : 0));
   if (has_partner) {
 #pragma omp for schedule(static) nowait
@@ -75,7 +77,9 @@ void ring_rows(const double* __restrict x, double* __restrict y, int64_t lo, int
 class CpuStencil final : public Instance {
  public:
   explicit CpuStencil(const Shape& s)
-      : graph_(s.graph, s.rows), stencil_(graph_.stencil(defaults::laplacian_alpha)), x_(input_buffer(s.rows)),
+      : graph_(s.graph, s.rows),
+        stencil_(graph_.stencil(defaults::laplacian_alpha)),
+        x_(input_buffer(s.rows)),
         y_(zero_buffer(s.rows)) {}
   void run() override {
     if (stencil_.family == Family::ring) run_ring();
@@ -111,9 +115,15 @@ class CpuStencil final : public Instance {
     if (hi <= lo) return;
     const double a = stencil_.alpha;
     switch (stencil_.half) {
-      case 2: ring_rows<2>(x, y, lo, hi, has_partner, partner, a); break;
-      case 3: ring_rows<3>(x, y, lo, hi, has_partner, partner, a); break;
-      default: ring_rows<4>(x, y, lo, hi, has_partner, partner, a); break;
+      case 2:
+        ring_rows<2>(x, y, lo, hi, has_partner, partner, a);
+        break;
+      case 3:
+        ring_rows<3>(x, y, lo, hi, has_partner, partner, a);
+        break;
+      default:
+        ring_rows<4>(x, y, lo, hi, has_partner, partner, a);
+        break;
     }
   }
 
@@ -162,8 +172,11 @@ class CpuStencil final : public Instance {
 class CpuSpmmCsr final : public Instance {
  public:
   explicit CpuSpmmCsr(const Shape& s)
-      : rhs_(s.rhs), graph_(s.graph, s.rows), a_(laplacian::build_shifted_laplacian(graph_, defaults::laplacian_alpha)),
-        x_(input_buffer(s.rows * s.rhs)), y_(zero_buffer(s.rows * s.rhs)) {}
+      : rhs_(s.rhs),
+        graph_(s.graph, s.rows),
+        a_(laplacian::build_shifted_laplacian(graph_, defaults::laplacian_alpha)),
+        x_(input_buffer(s.rows * s.rhs)),
+        y_(zero_buffer(s.rows * s.rhs)) {}
   void run() override {
     const int32_t* __restrict row_ptr = a_.row_ptr.data();
     const int32_t* __restrict col = a_.col.data();
@@ -193,9 +206,7 @@ class CpuSpmmCsr final : public Instance {
 
 }  // namespace
 
-std::unique_ptr<Instance> make_cpu_csr(const Problem& p, const RunContext&) {
-  return std::make_unique<CpuCsr>(shape_of(p));
-}
+std::unique_ptr<Instance> make_cpu_csr(const Problem& p, const RunContext&) { return std::make_unique<CpuCsr>(shape_of(p)); }
 std::unique_ptr<Instance> make_cpu_stencil(const Problem& p, const RunContext&) {
   return std::make_unique<CpuStencil>(shape_of(p));
 }

@@ -16,7 +16,9 @@ namespace {
 
 constexpr int block_size = 256;
 
-unsigned blocks_for(int64_t threads) { return static_cast<unsigned>(std::max<int64_t>(1, (threads + block_size - 1) / block_size)); }
+unsigned blocks_for(int64_t threads) {
+  return static_cast<unsigned>(std::max<int64_t>(1, (threads + block_size - 1) / block_size));
+}
 
 // One row per group of G lanes; groups never straddle a warp (G divides 32).
 template <int G>
@@ -67,8 +69,12 @@ using DnMatDescr = Descriptor<cusparseDnMatDescr_t, cusparseDestroyDnMat>;
 class DeviceSpmv : public Instance {
  public:
   DeviceSpmv(const Shape& s, const RunContext& ctx, bool with_csr)
-      : shape_(s), stream_(cuda::as_stream(ctx.cuda_stream)), graph_(s.graph, s.rows),
-        entries_(static_cast<std::size_t>(s.rows * s.rhs)), x_(entries_), y_(entries_) {
+      : shape_(s),
+        stream_(cuda::as_stream(ctx.cuda_stream)),
+        graph_(s.graph, s.rows),
+        entries_(static_cast<std::size_t>(s.rows * s.rhs)),
+        x_(entries_),
+        y_(entries_) {
     HostBuffer<double> x(entries_);
     fill_input(x.data(), s.rows * s.rhs);
     CUDA_CHECK(cudaMemcpy(x_.data(), x.data(), x.bytes(), cudaMemcpyHostToDevice));
@@ -187,9 +193,7 @@ class OwnSpmm final : public DeviceSpmv {
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx.cuda_device));
     blocks_ = std::min<unsigned>(blocks_for(s.rows * s.rhs), static_cast<unsigned>(sms) * 32u);
   }
-  void run() override {
-    csr_spmm_kernel<<<blocks_, block_size, 0, stream_>>>(a_.view(), x_.data(), y_.data(), shape_.rhs);
-  }
+  void run() override { csr_spmm_kernel<<<blocks_, block_size, 0, stream_>>>(a_.view(), x_.data(), y_.data(), shape_.rhs); }
 
  private:
   unsigned blocks_ = 1;

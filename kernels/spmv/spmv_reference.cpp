@@ -32,8 +32,7 @@ double entry_error(double got, double want, double scale) {
   return diff == 0 ? 0 : diff / (scale > 0 ? scale : 1e-300);
 }
 
-Verdict verdict_from(const std::vector<double>& error, const double* got, const std::vector<double>& want,
-                     int64_t rhs) {
+Verdict verdict_from(const std::vector<double>& error, const double* got, const std::vector<double>& want, int64_t rhs) {
   double worst = 0;
   for (std::size_t e = 0; e < error.size(); ++e) {
     worst = std::max(worst, error[e]);
@@ -42,8 +41,8 @@ Verdict verdict_from(const std::vector<double>& error, const double* got, const 
       msg.precision(17);
       msg << "y[" << static_cast<int64_t>(e) / rhs;
       if (rhs > 1) msg << "," << static_cast<int64_t>(e) % rhs;
-      msg << "] = " << got[e] << ", reference " << want[e] << " (error " << error[e]
-          << " of sum|a_ij x_j|, tolerance " << tolerance::spmv_fp64 << ")";
+      msg << "] = " << got[e] << ", reference " << want[e] << " (error " << error[e] << " of sum|a_ij x_j|, tolerance "
+          << tolerance::spmv_fp64 << ")";
       return Verdict{false, worst, msg.str()};
     }
   }

@@ -33,8 +33,11 @@ Work csr_work(const Problem& p, Backend b) {
 
 Work spmm_work(const Problem& p, Backend b) {
   const Size s = size_of(p);
-  return Work{12.0 * s.nnz + 4.0 * (s.n + 1) + 16.0 * s.n * s.rhs, 2.0 * s.nnz * s.rhs, Work::Bound::memory,
-              peak_key(b), {{"nnz", s.nnz}}};
+  return Work{12.0 * s.nnz + 4.0 * (s.n + 1) + 16.0 * s.n * s.rhs,
+              2.0 * s.nnz * s.rhs,
+              Work::Bound::memory,
+              peak_key(b),
+              {{"nnz", s.nnz}}};
 }
 
 // The stencil does the same arithmetic (so its FLOP/s compare) but moves only x and y.
@@ -75,15 +78,25 @@ void register_stage_spmv(Registry& registry) {
   s.question = "the cost of the propagator's sparse matvec (and SpMM over many tokens) against the bandwidth floor";
   s.source = "docs/sources.md#000-sem-v55 (Cayley propagator: sparse Laplacian, 5-8 neighbours, laplacian_sparsity 8)";
   s.axes = {
-      Axis{"graph", AxisKind::choice, {"ring" + str(defaults::laplacian_sparsity), "random" + str(defaults::laplacian_sparsity), "grid3d"},
+      Axis{"graph",
+           AxisKind::choice,
+           {"ring" + str(defaults::laplacian_sparsity), "random" + str(defaults::laplacian_sparsity), "grid3d"},
            {"ring" + str(defaults::laplacian_sparsity)},
            "ringK: i linked to its K nearest on a circle; randomK: K/2 random Hamiltonian cycles (unstructured); "
            "grid2d / grid3d: 5- and 7-point grids (K = 4..8)",
            laplacian::graph_names()},
-      Axis{"rows", AxisKind::positive_int, {str(defaults::spmv_rows), str(defaults::spmv_rows_large)},
-           {str(defaults::quick_spmv_rows)}, "rows (nodes) of A = I + alpha L", {}},
-      Axis{"rhs", AxisKind::positive_int, {str(defaults::spmm_rhs)}, {str(defaults::quick_spmm_rhs)},
-           "right-hand sides of the SpMM variants (tokens whose hidden vectors the operator is applied to)", {}},
+      Axis{"rows",
+           AxisKind::positive_int,
+           {str(defaults::spmv_rows), str(defaults::spmv_rows_large)},
+           {str(defaults::quick_spmv_rows)},
+           "rows (nodes) of A = I + alpha L",
+           {}},
+      Axis{"rhs",
+           AxisKind::positive_int,
+           {str(defaults::spmm_rhs)},
+           {str(defaults::quick_spmm_rhs)},
+           "right-hand sides of the SpMM variants (tokens whose hidden vectors the operator is applied to)",
+           {}},
   };
   const std::vector<std::string> vector_axes{"graph", "rows"}, block_axes{"graph", "rows", "rhs"};
   auto work = [](auto model, Backend b) { return [model, b](const Problem& p) { return model(p, b); }; };
@@ -94,8 +107,8 @@ void register_stage_spmv(Registry& registry) {
   s.variants = {
       Variant{"csr", Backend::cpu, "OpenMP CSR loop: the general sparse matvec on the CPU", vector_axes,
               work(csr_work, Backend::cpu), reason(false, true), make_cpu_csr, ""},
-      Variant{"stencil", Backend::cpu, "matrix-free stencil: the neighbours are index arithmetic, 16 B per row",
-              vector_axes, work(stencil_work, Backend::cpu), reason(false, false), make_cpu_stencil, ""},
+      Variant{"stencil", Backend::cpu, "matrix-free stencil: the neighbours are index arithmetic, 16 B per row", vector_axes,
+              work(stencil_work, Backend::cpu), reason(false, false), make_cpu_stencil, ""},
       Variant{"spmm_csr", Backend::cpu, "CSR times a row-major block of right-hand sides: the matrix read once for all",
               block_axes, work(spmm_work, Backend::cpu), reason(false, true), make_cpu_spmm_csr, ""},
 

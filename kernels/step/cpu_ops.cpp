@@ -28,7 +28,6 @@ using blas::gemm;
 
 using cpu::parallel_worth;
 
-
 }  // namespace
 
 template <class T>
@@ -65,8 +64,7 @@ void CpuOps<T>::encoder_forward(T* out, const int32_t* tokens, const T* wte, con
 }
 
 template <class T>
-void CpuOps<T>::encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tn,
-                                 int64_t C) {
+void CpuOps<T>::encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B, int64_t Tn, int64_t C) {
   // Rows of dwte repeat across tokens: parallel over channels keeps the scatter free of races.
 #pragma omp parallel for schedule(static) if (parallel_worth(B * Tn * C))
   for (int64_t c = 0; c < C; ++c)
@@ -182,8 +180,8 @@ void CpuOps<T>::matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T
 // The attention stage's kernels on the packed rows: Q, K, V are columns [0, C), [C, 2C), [2C, 3C) of
 // qkv's rows, each head hs = C / NH of them; O is [B, T, C].
 template <class T>
-void CpuOps<T>::attention_forward(T* out, T* saved, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH,
-                                  bool fused, bool /*bf16*/) {
+void CpuOps<T>::attention_forward(T* out, T* saved, const T* qkv, int64_t B, int64_t Tn, int64_t C, int64_t NH, bool fused,
+                                  bool /*bf16*/) {
   const attention::Shape shape{B, NH, Tn, C / NH};
   const attention::Operands<T> x{qkv, qkv + C, qkv + 2 * C, out, attention::bshd(shape, 3 * C), attention::bshd(shape, C)};
   if constexpr (std::is_same_v<T, double>) {
@@ -197,11 +195,11 @@ void CpuOps<T>::attention_forward(T* out, T* saved, const T* qkv, int64_t B, int
 }
 
 template <class T>
-void CpuOps<T>::attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* out, const T* saved,
-                                   int64_t B, int64_t Tn, int64_t C, int64_t NH, bool fused, bool /*bf16*/) {
+void CpuOps<T>::attention_backward(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* out, const T* saved, int64_t B,
+                                   int64_t Tn, int64_t C, int64_t NH, bool fused, bool /*bf16*/) {
   const attention::Shape shape{B, NH, Tn, C / NH};
-  const attention::Operands<T> x{qkv, qkv + C, qkv + 2 * C, const_cast<T*>(out), attention::bshd(shape, 3 * C),
-                                 attention::bshd(shape, C)};
+  const attention::Operands<T> x{
+      qkv, qkv + C, qkv + 2 * C, const_cast<T*>(out), attention::bshd(shape, 3 * C), attention::bshd(shape, C)};
   const attention::Gradients<T> g{dqkv, dqkv + C, dqkv + 2 * C, dout};
   if constexpr (std::is_same_v<T, double>) {
     attention::reference_backward(shape, true, x, g);
@@ -220,20 +218,20 @@ template <class T>
 void gelu_backward_scalar(T* dinp, const T* inp, const T* dout, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     const T x = inp[i], th = std::tanh(gelu::inner(x));
-    const T local = T(0.5) * (T(1) + th) +
-                    T(0.5) * x * (T(1) - th * th) * static_cast<T>(gelu::scale) * (T(1) + T(3) * static_cast<T>(gelu::cubic) * x * x);
+    const T local = T(0.5) * (T(1) + th) + T(0.5) * x * (T(1) - th * th) * static_cast<T>(gelu::scale) *
+                                               (T(1) + T(3) * static_cast<T>(gelu::cubic) * x * x);
     dinp[i] = local * dout[i];
   }
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64_t begin, int64_t end) {
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void gelu_backward_range(
+    float* dinp, const float* inp, const float* dout, int64_t begin, int64_t end) {
   int64_t i = begin;
   for (; i + simd::lanes <= end; i += simd::lanes) {
     const simd::vf8 x = simd::load8(inp + i);
     const simd::vf8 th = simd::tanh8(static_cast<float>(gelu::scale) * (x + static_cast<float>(gelu::cubic) * x * x * x));
-    const simd::vf8 local =
-        0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * static_cast<float>(gelu::scale) * (1.0f + 3.0f * static_cast<float>(gelu::cubic) * x * x);
+    const simd::vf8 local = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * static_cast<float>(gelu::scale) *
+                                                     (1.0f + 3.0f * static_cast<float>(gelu::cubic) * x * x);
     simd::store8(dinp + i, local * simd::load8(dout + i));
   }
   gelu_backward_scalar(dinp, inp, dout, i, end);
@@ -250,8 +248,7 @@ void CpuOps<T>::gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, b
   (void)bf16_only;  // the CPU's products read fp32: the output is written as always
   if constexpr (std::is_same_v<T, float>)
     cpu::over_pieces(n, [&](int64_t begin, int64_t end) { gelu_backward_range(dinp, inp, dout, begin, end); });
-  else
-    cpu::over_pieces(n, [&](int64_t begin, int64_t end) { gelu_backward_scalar(dinp, inp, dout, begin, end); });
+  else cpu::over_pieces(n, [&](int64_t begin, int64_t end) { gelu_backward_scalar(dinp, inp, dout, begin, end); });
 }
 
 template <class T>
@@ -274,8 +271,7 @@ template <class T>
 void CpuOps<T>::crossentropy_backward(T* dlogits, const T* probs, const int32_t* targets, T dloss, int64_t N, int64_t V) {
 #pragma omp parallel for schedule(static) if (parallel_worth(N * V))
   for (int64_t n = 0; n < N; ++n)
-    for (int64_t v = 0; v < V; ++v)
-      dlogits[n * V + v] = (probs[n * V + v] - (v == targets[n] ? T(1) : T(0))) * dloss;
+    for (int64_t v = 0; v < V; ++v) dlogits[n * V + v] = (probs[n * V + v] - (v == targets[n] ? T(1) : T(0))) * dloss;
 }
 
 template <class T>

@@ -57,7 +57,9 @@ class CpuOps {
   // A staging buffer's copy is done when upload_staged returns: refilling it never waits.
   template <class U>
   void wait_until_free(Staging<U>& /*staging*/) {}
-  void upload_staged(int32_t* dst, Staging<int32_t>& src, int64_t n, bool async) { upload_tokens(dst, src.data(), n, async); }
+  void upload_staged(int32_t* dst, Staging<int32_t>& src, int64_t n, bool async) {
+    upload_tokens(dst, src.data(), n, async);
+  }
   // The batch (inputs [B, T], then targets [B, T]) of the token rows at `picked` from a resident
   // dataset, which on the CPU is host memory: the host path's straight copy, collate's stack_token_rows.
   void gather_tokens(int32_t* batch, const int32_t* rows, const int32_t* picked, int64_t B, int64_t Tn);
@@ -77,14 +79,14 @@ class CpuOps {
   // The CPU's products read fp32 (the double reference of a bf16 workload runs here): written as always.
   void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int64_t N, int64_t C,
                          bool bf16_only = false);
-  void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, const T* mean,
-                          const T* rstd, int64_t N, int64_t C);
+  void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, const T* mean, const T* rstd,
+                          int64_t N, int64_t C);
   // out[N, OC] = inp[N, C] W^T + bias, W [OC, C]. The bf16 switch has no CPU form (rejected earlier).
   void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int64_t N, int64_t C, int64_t OC, bool bf16);
   // dinp = dout W (overwritten); dw += dout^T inp; dbias += column sums of dout (accumulated over
   // micro-batches).
-  void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int64_t N, int64_t C,
-                       int64_t OC, bool bf16);
+  void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int64_t N, int64_t C, int64_t OC,
+                       bool bf16);
   // Causal attention of qkv [B, T, 3C] into out [B, T, C]; `saved` keeps P [B, NH, T, T] (naive) or
   // the rows' log-sum-exp [B, NH, T] (fused) for backward, which overwrites dqkv. `scratch` is dP
   // [B, NH, T, T] for the naive backward (unused by the fused one on the CPU). bf16 is a CUDA switch
@@ -105,8 +107,8 @@ class CpuOps {
   // tensor, fused): the norm before clipping into *norm (a backend scalar); max_norm <= 0: norm only.
   void clip_gradients(T* norm, T* grads, const adamw::ParamSet& set, OptimizerKind kind, double max_norm);
   // AdamW step `step` (1 for the first) over the set's tensors, the adamw stage's `kind`.
-  void adamw(OptimizerKind kind, const adamw::ParamSet& set, T* params, const T* grads, T* m, T* v,
-             const adamw::Hyper& h, int64_t step);
+  void adamw(OptimizerKind kind, const adamw::ParamSet& set, T* params, const T* grads, T* m, T* v, const adamw::Hyper& h,
+             int64_t step);
   void sum_losses(T* acc, const T* losses, int64_t n, T scale);  // *acc += scale * sum(losses)
   // Data parallelism: `n` values summed in place across the ranks (MPI), `bucket` elements per call
   // from the end of the buffer (the order the backward finishes gradients, as DDP's buckets go).

@@ -45,10 +45,18 @@ inline std::vector<ParameterShape> parameter_shapes(const ModelSpec& m) {
   std::vector<ParameterShape> out{{"wte", {m.vocab, C}}, {"wpe", {m.seq_len, C}}};  // wte is also the LM head
   for (int64_t l = 0; l < m.layers; ++l) {
     const std::string h = "h" + std::to_string(l) + ".";
-    for (ParameterShape p : std::vector<ParameterShape>{
-             {"ln1w", {C}}, {"ln1b", {C}}, {"qkvw", {3 * C, C}}, {"qkvb", {3 * C}}, {"attprojw", {C, C}},
-             {"attprojb", {C}}, {"ln2w", {C}}, {"ln2b", {C}}, {"fcw", {H, C}}, {"fcb", {H}}, {"fcprojw", {C, H}},
-             {"fcprojb", {C}}}) {
+    for (ParameterShape p : std::vector<ParameterShape>{{"ln1w", {C}},
+                                                        {"ln1b", {C}},
+                                                        {"qkvw", {3 * C, C}},
+                                                        {"qkvb", {3 * C}},
+                                                        {"attprojw", {C, C}},
+                                                        {"attprojb", {C}},
+                                                        {"ln2w", {C}},
+                                                        {"ln2b", {C}},
+                                                        {"fcw", {H, C}},
+                                                        {"fcb", {H}},
+                                                        {"fcprojw", {C, H}},
+                                                        {"fcprojb", {C}}}) {
       p.name = h + p.name;
       out.push_back(std::move(p));
     }
@@ -71,8 +79,17 @@ class Model {
   using Tensor = TensorSpan;
 
   Model(Ops& ops, const ModelSpec& m, const PropagatorSpec& prop, const Switches& sw, int64_t micro)
-      : ops_(ops), m_(m), prop_(prop), sw_(sw), B_(micro), T_(m.seq_len), C_(m.d_model), NH_(m.heads),
-        V_(m.vocab), H_(m.mlp_ratio * m.d_model), N_(micro * m.seq_len) {
+      : ops_(ops),
+        m_(m),
+        prop_(prop),
+        sw_(sw),
+        B_(micro),
+        T_(m.seq_len),
+        C_(m.d_model),
+        NH_(m.heads),
+        V_(m.vocab),
+        H_(m.mlp_ratio * m.d_model),
+        N_(micro * m.seq_len) {
     layout_parameters();
     params = ops.template alloc<T>(param_count_);
     grads = ops.template alloc<T>(param_count_);
@@ -135,10 +152,11 @@ class Model {
   void backward(T loss_scale) {
     ops_.crossentropy_backward(dlogits_.data(), probs_.data(), targets_, loss_scale, N_, V_);
     const int64_t f = tensors_.size() - 2;
-    ops_.matmul_backward(dtmp_.data(), grad(0), nullptr, dlogits_.data(), lnf_.data(), param(0), N_, C_, V_, sw_.bf16_matmuls);
+    ops_.matmul_backward(dtmp_.data(), grad(0), nullptr, dlogits_.data(), lnf_.data(), param(0), N_, C_, V_,
+                         sw_.bf16_matmuls);
     ops_.zero(dres_.data(), N_ * C_);
-    ops_.layernorm_backward(dres_.data(), grad(f), grad(f + 1), dtmp_.data(), input(m_.layers), param(f),
-                            lnf_mean_.data(), lnf_rstd_.data(), N_, C_);
+    ops_.layernorm_backward(dres_.data(), grad(f), grad(f + 1), dtmp_.data(), input(m_.layers), param(f), lnf_mean_.data(),
+                            lnf_rstd_.data(), N_, C_);
     for (int64_t l = m_.layers - 1; l >= 0; --l) {
       Acts& a = acts_for(l);
       if (sw_.activation_checkpointing) layer_forward(l, a);  // recompute this layer's activations
@@ -149,8 +167,7 @@ class Model {
 
  private:
   struct Acts {
-    Buffer ln1, ln1_mean, ln1_rstd, qkv, atty, att, attproj, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu,
-        fcproj;
+    Buffer ln1, ln1_mean, ln1_rstd, qkv, atty, att, attproj, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, fcproj;
   };
 
   // A layer's tensors in parameter_shapes' order.
@@ -175,8 +192,8 @@ class Model {
     const double spread = 0.02 * std::sqrt(3.0);
     auto fill = [&](std::size_t t, double scale) {
       for (int64_t i = 0; i < tensors_[t].size; ++i)
-        host[tensors_[t].offset + i] =
-            static_cast<T>(scale * uniform_at(seed_params * 1000 + t, static_cast<uint64_t>(i), -1.0f, 1.0f));
+        host[tensors_[t].offset + i] = static_cast<T>(
+            scale * uniform_at(seed_params * 1000 + t, static_cast<uint64_t>(i), -1.0f, 1.0f));
     };
     auto constant = [&](std::size_t t, T value) {
       for (int64_t i = 0; i < tensors_[t].size; ++i) host[tensors_[t].offset + i] = value;
@@ -265,19 +282,19 @@ class Model {
       dr3 = dtmp_.data();
     }
     // residual3 = residual2 + fcproj: both branches receive dr3.
-    ops_.matmul_backward(g.fch_gelu.data(), lgrad(l, fcprojw), lgrad(l, fcprojb), dr3, a.fch_gelu.data(),
-                         lparam(l, fcprojw), N_, H_, C_, bf16);
+    ops_.matmul_backward(g.fch_gelu.data(), lgrad(l, fcprojw), lgrad(l, fcprojb), dr3, a.fch_gelu.data(), lparam(l, fcprojw),
+                         N_, H_, C_, bf16);
     ops_.gelu_backward(g.fch.data(), a.fch.data(), g.fch_gelu.data(), N_ * H_, bf16);
-    ops_.matmul_backward(g.ln2.data(), lgrad(l, fcw), lgrad(l, fcb), g.fch.data(), a.ln2.data(), lparam(l, fcw), N_, C_,
-                         H_, bf16);
+    ops_.matmul_backward(g.ln2.data(), lgrad(l, fcw), lgrad(l, fcb), g.fch.data(), a.ln2.data(), lparam(l, fcw), N_, C_, H_,
+                         bf16);
     ops_.copy(g.residual2.data(), dr3, N_ * C_);
     ops_.layernorm_backward(g.residual2.data(), lgrad(l, ln2w), lgrad(l, ln2b), g.ln2.data(), a.residual2.data(),
                             lparam(l, ln2w), a.ln2_mean.data(), a.ln2_rstd.data(), N_, C_);
     // residual2 = x + attproj.
     ops_.matmul_backward(g.atty.data(), lgrad(l, attprojw), lgrad(l, attprojb), g.residual2.data(), a.atty.data(),
                          lparam(l, attprojw), N_, C_, C_, bf16);
-    ops_.attention_backward(g.qkv.data(), g.att.data(), g.atty.data(), a.qkv.data(), a.atty.data(), a.att.data(), B_, T_,
-                            C_, NH_, sw_.fused_attention, bf16);
+    ops_.attention_backward(g.qkv.data(), g.att.data(), g.atty.data(), a.qkv.data(), a.atty.data(), a.att.data(), B_, T_, C_,
+                            NH_, sw_.fused_attention, bf16);
     ops_.matmul_backward(g.ln1.data(), lgrad(l, qkvw), lgrad(l, qkvb), g.qkv.data(), a.ln1.data(), lparam(l, qkvw), N_, C_,
                          3 * C_, bf16);
     // dL/dx = d(residual2) (the skip) + layernorm_backward(d ln1).

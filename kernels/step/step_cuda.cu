@@ -48,7 +48,6 @@ constexpr int threads = 256;
 #define TB_GRID_STRIDE(i, n) \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); i += int64_t{gridDim.x} * blockDim.x)
 
-
 // A kernel's output or input as fp32 or as bf16 (the bf16 copy a matrix product reads).
 using bf16_bits = attention::bf16_bits;
 using cuda::load;
@@ -79,7 +78,7 @@ __global__ void encoder_backward_kernel(float* dwte, float* dwpe, const float* d
 // block's warps on the same addresses), the block adds its slices, then one global atomic per
 // channel per block.
 __global__ void layernorm_backward_kernel(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                                         const float* w, const float* mean, const float* rstd, int64_t N, int64_t C) {
+                                          const float* w, const float* mean, const float* rstd, int64_t N, int64_t C) {
   extern __shared__ float acc[];  // per warp: dw [C], db [C]
   const int warps_per_block = blockDim.x / 32, lane = threadIdx.x % 32;
   for (int64_t c = threadIdx.x; c < 2 * C * warps_per_block; c += blockDim.x) acc[c] = 0.0f;
@@ -240,7 +239,8 @@ class CudaOps {
     read_slot_ = cuda::PinnedBuffer<float>(4);
     // Once here, not per launch (the per-warp slices of a wide layernorm need more than the default).
     CUDA_CHECK(cudaDeviceGetAttribute(&max_shared_bytes_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared_bytes_));
+    CUDA_CHECK(
+        cudaFuncSetAttribute(layernorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_shared_bytes_));
   }
   CudaOps(const CudaOps&) = delete;
   CudaOps& operator=(const CudaOps&) = delete;
@@ -311,7 +311,8 @@ class CudaOps {
   void copy(float* d, const float* s, int64_t n) { launch(copy_kernel, n, d, s, n); }
   void add(float* o, const float* a, const float* b, int64_t n) { launch(add_kernel, n, o, a, b, n); }
 
-  void encoder_forward(float* out, const int32_t* tok, const float* wte, const float* wpe, int64_t B, int64_t Tn, int64_t C) {
+  void encoder_forward(float* out, const int32_t* tok, const float* wte, const float* wpe, int64_t B, int64_t Tn,
+                       int64_t C) {
     launch(encoder_forward_kernel, B * Tn * C, out, tok, wte, wpe, B, Tn, C);
   }
   void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tok, int64_t B, int64_t Tn, int64_t C) {
@@ -320,7 +321,8 @@ class CudaOps {
   // bf16_only: the output feeds only bf16 matrix products; only their bf16 copy of it is written.
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int64_t N,
                          int64_t C, bool bf16_only) {
-    if (bf16_only) layers::cuda_layernorm_forward(written_bf16(kept_bf16_, out, N * C), mean, rstd, inp, w, b, N, C, stream_);
+    if (bf16_only)
+      layers::cuda_layernorm_forward(written_bf16(kept_bf16_, out, N * C), mean, rstd, inp, w, b, N, C, stream_);
     else layers::cuda_layernorm_forward(out, mean, rstd, inp, w, b, N, C, stream_);
   }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
@@ -622,8 +624,8 @@ class CudaOps {
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
     const cuda::MatmulPreference pref(raw_pref);
     const uint64_t bytes = workspace_.bytes();
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes,
-                                                      sizeof bytes));
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof bytes));
     for (const auto& [attribute, align] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, s.align_a},
                                            std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, s.align_b},
                                            std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, s.align_c},
@@ -633,8 +635,8 @@ class CudaOps {
     int returned = 0;
     CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, raw_desc, plan.a.get(), plan.b.get(), plan.c.get(), plan.c.get(),
                                                 raw_pref, 1, &result, &returned));
-    TB_REQUIRE(returned > 0, "cuBLASLt has no bf16 algorithm for a " + std::to_string(s.m) + " x " +
-                                 std::to_string(s.n) + " x " + std::to_string(s.k) + " product");
+    TB_REQUIRE(returned > 0, "cuBLASLt has no bf16 algorithm for a " + std::to_string(s.m) + " x " + std::to_string(s.n) +
+                                 " x " + std::to_string(s.k) + " product");
     plan.algo = result.algo;
     return plan;
   }
@@ -658,8 +660,7 @@ class CudaOps {
   static attention::Shape attention_shape(int64_t B, int64_t Tn, int64_t C, int64_t NH) {
     return attention::Shape{B, NH, Tn, C / NH};
   }
-  static attention::Operands<float> attention_operands(const attention::Shape& s, const float* qkv, float* out,
-                                                       int64_t C) {
+  static attention::Operands<float> attention_operands(const attention::Shape& s, const float* qkv, float* out, int64_t C) {
     return attention::Operands<float>{qkv, qkv + C, qkv + 2 * C, out, attention::bshd(s, 3 * C), attention::bshd(s, C)};
   }
   // The bf16 attention's operands [B, NH, T, hs] and the backward's scratch, made at the first
@@ -673,13 +674,12 @@ class CudaOps {
     if (!bf16_attention_) {
       bf16_attention_ = std::make_unique<Bf16Attention>();
       bf16_attention_->elements = s.elements();
-      for (auto* b : {&bf16_attention_->q, &bf16_attention_->k, &bf16_attention_->v, &bf16_attention_->o,
-                      &bf16_attention_->dout})
+      for (auto* b :
+           {&bf16_attention_->q, &bf16_attention_->k, &bf16_attention_->v, &bf16_attention_->o, &bf16_attention_->dout})
         *b = alloc<attention::bf16_bits>(s.elements());
       bf16_attention_->scratch = alloc<float>(attention::cuda_bf16_backward_scratch(s));
     }
-    TB_REQUIRE(bf16_attention_->elements == s.elements(),
-               "one bf16 attention workspace serves one model shape");
+    TB_REQUIRE(bf16_attention_->elements == s.elements(), "one bf16 attention workspace serves one model shape");
     return *bf16_attention_;
   }
   void pack_qkv(const attention::Shape& s, const float* qkv, Bf16Attention& ws) {

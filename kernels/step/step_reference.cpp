@@ -43,7 +43,8 @@ Verdict check_first_losses(const Workload& w, int32_t sample, const std::vector<
 double step_flops(const Workload& w) {
   const double tokens = static_cast<double>(w.batch.global * w.model.seq_len);
   const double Tn = static_cast<double>(w.model.seq_len), C = static_cast<double>(w.model.d_model);
-  const double attention = 12.0 * static_cast<double>(w.model.layers) * static_cast<double>(w.batch.global) * Tn * Tn * C / 2;
+  const double attention = 12.0 * static_cast<double>(w.model.layers) * static_cast<double>(w.batch.global) * Tn * Tn * C /
+                           2;
   return 6.0 * static_cast<double>(w.parameter_count()) * tokens + attention;
 }
 

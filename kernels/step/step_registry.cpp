@@ -28,7 +28,8 @@ Work step_work(const Problem& p, const char* axis, Backend backend) {
   work.flops = step_flops(w);
   work.bytes = 16.0 * static_cast<double>(w.parameter_count());  // the optimizer's own traffic
   work.bound = Work::Bound::compute;
-  work.peak_key = backend == Backend::cpu ? "cpu.gemm_fp32" : (w.switches.bf16_matmuls ? "cuda.gemm_bf16" : "cuda.gemm_fp32");
+  work.peak_key = backend == Backend::cpu ? "cpu.gemm_fp32"
+                                          : (w.switches.bf16_matmuls ? "cuda.gemm_bf16" : "cuda.gemm_fp32");
   work.counters = {{"samples_per_call", static_cast<double>(w.batch.global)},
                    {"accumulation", static_cast<double>(w.batch.accumulation())},
                    {"params_m", static_cast<double>(w.parameter_count()) / 1e6}};
@@ -52,7 +53,8 @@ double estimate_bytes(const Workload& w) {
   const double layer = N * (9 * C + 2 * H + 4) + att;
   const double layers = w.switches.activation_checkpointing ? 1.0 : static_cast<double>(w.model.layers);
   const double floats = 4.0 * static_cast<double>(w.parameter_count()) + layers * layer + layer +
-                        static_cast<double>(w.model.layers + 1) * N * C + 3 * N * V + (w.propagator.enabled ? 8 * N * C : 0) +
+                        static_cast<double>(w.model.layers + 1) * N * C + 3 * N * V +
+                        (w.propagator.enabled ? 8 * N * C : 0) +
                         (w.switches.bf16_matmuls && w.switches.fused_attention ? 3.5 * N * C + att : 0);
   // bf16 matmuls: the bf16 copies of each product's input and weight kept for its backward, and of
   // the largest output gradient (2 bytes: half a float each).
@@ -68,9 +70,8 @@ std::string unsupported_reason(const Workload& w, bool cuda) {
     return "CUDA graphs need a step of fixed length; the host-checked CG of the propagator is not";
   if (const int64_t head_dim = w.model.d_model / w.model.heads;
       cuda && w.switches.fused_attention && head_dim > attention::cuda_fused_backward_max_head_dim)
-    return "fused attention on CUDA trains heads of at most " +
-           std::to_string(attention::cuda_fused_backward_max_head_dim) + " dims, this model's have " +
-           std::to_string(head_dim) + ": set switches: {attention: naive}";
+    return "fused attention on CUDA trains heads of at most " + std::to_string(attention::cuda_fused_backward_max_head_dim) +
+           " dims, this model's have " + std::to_string(head_dim) + ": set switches: {attention: naive}";
   const double bytes = estimate_bytes(w);
   return cuda ? device_memory_reason(bytes) : host_memory_reason(bytes);
 }
@@ -90,18 +91,34 @@ void register_stage_step(Registry& registry) {
   s.question = "one whole training step of a workload: samples/s, where the time goes, peak memory";
   s.source = "all reports (tuner/workloads/*.yaml cite theirs)";
   s.axes = {
-      Axis{"cpu_workload", AxisKind::text, {"small_gpt"}, {"tiny"}, "a preset or a workload .yaml, on the CPU", {},
+      Axis{"cpu_workload",
+           AxisKind::text,
+           {"small_gpt"},
+           {"tiny"},
+           "a preset or a workload .yaml, on the CPU",
+           {},
            workload_reason},
-      Axis{"workload", AxisKind::text, {"sem_v55", "t4_transformer", "small_gpt", "trainer2_window", "energy_flow_bridge"},
-           {"tiny", "small_gpt"}, "a preset or a workload .yaml, on the GPU", {}, workload_reason},
+      Axis{"workload",
+           AxisKind::text,
+           {"sem_v55", "t4_transformer", "small_gpt", "trainer2_window", "energy_flow_bridge"},
+           {"tiny", "small_gpt"},
+           "a preset or a workload .yaml, on the GPU",
+           {},
+           workload_reason},
   };
   s.variants = {
-      Variant{"train", Backend::cpu, "forward, backward, accumulation, clipping and AdamW with the workload's policies",
-              {"cpu_workload"}, [](const Problem& p) { return step_work(p, "cpu_workload", Backend::cpu); },
+      Variant{"train",
+              Backend::cpu,
+              "forward, backward, accumulation, clipping and AdamW with the workload's policies",
+              {"cpu_workload"},
+              [](const Problem& p) { return step_work(p, "cpu_workload", Backend::cpu); },
               [](const Problem& p) { return unsupported_reason(load_workload(p.get("cpu_workload")), false); },
               [](const Problem& p, const RunContext&) { return make_cpu_step(load_workload(p.get("cpu_workload"))); }},
-      Variant{"train", Backend::cuda, "the same step on the GPU: cuBLAS matrix products, device-side clipping",
-              {"workload"}, [](const Problem& p) { return step_work(p, "workload", Backend::cuda); },
+      Variant{"train",
+              Backend::cuda,
+              "the same step on the GPU: cuBLAS matrix products, device-side clipping",
+              {"workload"},
+              [](const Problem& p) { return step_work(p, "workload", Backend::cuda); },
               [](const Problem& p) { return unsupported_reason(load_workload(p.get("workload")), true); },
               cuda_factory([](const Problem& p, const RunContext& c) {
                 return make_cuda_step(load_workload(p.get("workload")), c);

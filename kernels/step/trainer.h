@@ -74,9 +74,13 @@ class Trainer {
   using T = typename Ops::value_type;
 
   Trainer(Ops& ops, const Workload& w)
-      : ops_(ops), w_(w), accumulation_(w.batch.accumulation()), ranks_(w.distributed.ranks),
+      : ops_(ops),
+        w_(w),
+        accumulation_(w.batch.accumulation()),
+        ranks_(w.distributed.ranks),
         rank_(ranks_ > 1 ? comm::world().rank() : 0),
-        model_(ops, w.model, w.propagator, w.switches, w.batch.micro), kind_(optimizer_kind(w.optimizer.variant)),
+        model_(ops, w.model, w.propagator, w.switches, w.batch.micro),
+        kind_(optimizer_kind(w.optimizer.variant)),
         dataset_(make_dataset(w.data.samples, w.model.seq_len, w.model.vocab)) {
     const int64_t P = model_.parameter_count(), N = model_.tokens();
     m_ = ops.template alloc<T>(P);
@@ -176,8 +180,7 @@ class Trainer {
     ops_.clip_gradients(scalars_.data() + 1, model_.grads.data(), model_.parameter_set(), kind_, w_.optimizer.grad_clip);
     const adamw::Hyper hyper{w_.optimizer.lr, w_.optimizer.beta1, w_.optimizer.beta2, w_.optimizer.eps,
                              w_.optimizer.weight_decay};
-    ops_.adamw(kind_, model_.parameter_set(), model_.params.data(), model_.grads.data(), m_.data(), v_.data(), hyper,
-               step_);
+    ops_.adamw(kind_, model_.parameter_set(), model_.params.data(), model_.grads.data(), m_.data(), v_.data(), hyper, step_);
     ops_.zero(model_.grads.data(), model_.parameter_count());
     if (profile) marks.push_back(ops_.mark());
     read_per_policy(report);
@@ -260,8 +263,7 @@ class Trainer {
     ops_.wait_until_free(staging);
     if (w_.data.per_sample_copy)
       collate::stack_token_rows_per_sample(dataset_.data(), Tn, picked_.data(), B, row_samples_, staging.data());
-    else
-      collate::stack_token_rows(dataset_.data(), Tn, picked_.data(), B, staging.data());
+    else collate::stack_token_rows(dataset_.data(), Tn, picked_.data(), B, staging.data());
     ops_.upload_staged(tokens_.data(), staging, 2 * N, w_.data.location == "host_pinned");
   }
 
@@ -334,11 +336,13 @@ std::vector<std::pair<std::string, double>> observe(Trainer& trainer, const Ops&
     for (const auto& r : reports) v.push_back(r.*part);
     return median_of(v) * 1e9;
   };
-  std::vector<std::pair<std::string, double>> out{
-      {"data_ns", median_part(&StepReport::data_s)},           {"forward_ns", median_part(&StepReport::forward_s)},
-      {"backward_ns", median_part(&StepReport::backward_s)},   {"optimizer_ns", median_part(&StepReport::optimizer_s)},
-      {"sync_ns", median_part(&StepReport::sync_s)},           {"solver_ns", median_part(&StepReport::solver_s)},
-      {"peak_memory_mib", static_cast<double>(ops.memory().peak) / (1 << 20)}};
+  std::vector<std::pair<std::string, double>> out{{"data_ns", median_part(&StepReport::data_s)},
+                                                  {"forward_ns", median_part(&StepReport::forward_s)},
+                                                  {"backward_ns", median_part(&StepReport::backward_s)},
+                                                  {"optimizer_ns", median_part(&StepReport::optimizer_s)},
+                                                  {"sync_ns", median_part(&StepReport::sync_s)},
+                                                  {"solver_ns", median_part(&StepReport::solver_s)},
+                                                  {"peak_memory_mib", static_cast<double>(ops.memory().peak) / (1 << 20)}};
   if (trainer.workload().distributed.ranks > 1) out.emplace_back("allreduce_ns", median_part(&StepReport::allreduce_s));
   const SolveStats& s = trainer.model().solve_stats();
   if (s.solves > 0) {

@@ -53,7 +53,8 @@ class Parser {
       if (kv.first.IsScalar()) {
         const auto [it, inserted] = first.emplace(kv.first.Scalar(), kv.first.Mark());
         if (!inserted)
-          fail(kv.first, "duplicate key '" + kv.first.Scalar() + "' (first at line " + std::to_string(it->second.line + 1) + ")");
+          fail(kv.first,
+               "duplicate key '" + kv.first.Scalar() + "' (first at line " + std::to_string(it->second.line + 1) + ")");
       }
       no_duplicate_keys(kv.second, seen);
     }
@@ -138,97 +139,112 @@ Workload parse_workload(const std::string& yaml_text, const std::string& path) {
   w.path = path;
   YAML::Node model_node, batch_node, heads_node, micro_node, sync_node;
   bool has_model = false, has_batch = false;
-  p.mapping(root, "the workload", {"name", "source", "model", "propagator", "optimizer", "data", "batch", "logging", "switches"},
+  p.mapping(root, "the workload",
+            {"name", "source", "model", "propagator", "optimizer", "data", "batch", "logging", "switches"},
             [&](const std::string& key, const YAML::Node& v) {
-    if (key == "name") w.name = p.text(v, key);
-    else if (key == "source") w.source = p.text(v, key);
-    else if (key == "model") {
-      has_model = true;
-      model_node = v;
-      p.mapping(v, "model", {"layers", "d_model", "heads", "seq_len", "vocab", "mlp_ratio"},
-                [&](const std::string& k, const YAML::Node& x) {
-        if (k == "layers") w.model.layers = p.integer(x, k, 1);
-        else if (k == "d_model") w.model.d_model = p.integer(x, k, 1);
-        else if (k == "heads") { w.model.heads = p.integer(x, k, 1); heads_node = x; }
-        else if (k == "seq_len") w.model.seq_len = p.integer(x, k, 1);
-        else if (k == "vocab") w.model.vocab = p.integer(x, k, 2);
-        else if (k == "mlp_ratio") w.model.mlp_ratio = p.integer(x, k, 1);
-      });
-    } else if (key == "propagator") {
-      w.propagator.enabled = true;
-      p.mapping(v, "propagator", {"sparsity", "alpha", "cg_tol", "lazy_tol", "max_iters"},
-                [&](const std::string& k, const YAML::Node& x) {
-        if (k == "sparsity") {
-          w.propagator.sparsity = p.integer(x, k, 2);
-          if (w.propagator.sparsity % 2) p.fail(x, "sparsity must be even (neighbours on both sides of the ring)");
-        } else if (k == "alpha") w.propagator.alpha = p.number(x, k, 0.0, 1e6);
-        else if (k == "cg_tol") w.propagator.cg_tol = p.number(x, k, 1e-14, 0.5);
-        else if (k == "lazy_tol") w.propagator.lazy_tol = p.number(x, k, 0.0, 0.5);
-        else if (k == "max_iters") w.propagator.max_iters = p.integer(x, k, 1);
-      });
-    } else if (key == "optimizer") {
-      p.mapping(v, "optimizer", {"variant", "lr", "weight_decay", "betas", "eps", "grad_clip"},
-                [&](const std::string& k, const YAML::Node& x) {
-        if (k == "variant") w.optimizer.variant = p.choice(x, k, {"per_tensor", "foreach", "fused"});
-        else if (k == "lr") w.optimizer.lr = p.number(x, k, 0.0, 10.0);
-        else if (k == "weight_decay") w.optimizer.weight_decay = p.number(x, k, 0.0, 10.0);
-        else if (k == "eps") w.optimizer.eps = p.number(x, k, 0.0, 1.0);
-        else if (k == "grad_clip") w.optimizer.grad_clip = p.number(x, k, 0.0, 1e9);
-        else if (k == "betas") {
-          if (!x.IsSequence() || x.size() != 2) p.fail(x, "betas must be a list of two numbers, e.g. [0.9, 0.95]");
-          w.optimizer.beta1 = p.number(x[0], "betas[0]", 0.0, 0.999999);
-          w.optimizer.beta2 = p.number(x[1], "betas[1]", 0.0, 0.999999);
-        }
-      });
-    } else if (key == "data") {
-      p.mapping(v, "data", {"samples", "location", "per_sample_copy"}, [&](const std::string& k, const YAML::Node& x) {
-        if (k == "samples") w.data.samples = p.integer(x, k, 1);
-        else if (k == "location") w.data.location = p.choice(x, k, {"host_pageable", "host_pinned", "device"});
-        else if (k == "per_sample_copy") w.data.per_sample_copy = p.boolean(x, k);
-      });
-    } else if (key == "batch") {
-      has_batch = true;
-      batch_node = v;
-      p.mapping(v, "batch", {"global", "micro", "global_range"}, [&](const std::string& k, const YAML::Node& x) {
-        if (k == "global") w.batch.global = p.integer(x, k, 1);
-        else if (k == "micro") { w.batch.micro = p.integer(x, k, 1); micro_node = x; }
-        else if (k == "global_range") {
-          if (!x.IsSequence() || x.size() != 2) p.fail(x, "global_range must be [min, max]");
-          w.batch.global_min = p.integer(x[0], "global_range[0]", 1);
-          w.batch.global_max = p.integer(x[1], "global_range[1]", 1);
-          if (w.batch.global_max < w.batch.global_min) p.fail(x, "global_range must be [min, max] with min <= max");
-        }
-      });
-    } else if (key == "logging") {
-      p.mapping(v, "logging", {"sync", "interval"}, [&](const std::string& k, const YAML::Node& x) {
-        if (k == "sync") { w.logging.sync = p.choice(x, k, {"every_step", "every_n", "async"}); sync_node = x; }
-        else if (k == "interval") w.logging.interval = p.integer(x, k, 1);
-      });
-    } else if (key == "switches") {
-      p.mapping(v, "switches", {"attention", "cuda_graphs", "activation_checkpointing", "bf16_matmuls", "lazy_cg"},
-                [&](const std::string& k, const YAML::Node& x) {
-        if (k == "attention") w.switches.fused_attention = p.choice(x, k, {"fused", "naive"}) == "fused";
-        else if (k == "cuda_graphs") w.switches.cuda_graphs = p.boolean(x, k);
-        else if (k == "activation_checkpointing") w.switches.activation_checkpointing = p.boolean(x, k);
-        else if (k == "bf16_matmuls") w.switches.bf16_matmuls = p.boolean(x, k);
-        else if (k == "lazy_cg") w.switches.lazy_cg = p.boolean(x, k);
-      });
-    }
-  });
+              if (key == "name") w.name = p.text(v, key);
+              else if (key == "source") w.source = p.text(v, key);
+              else if (key == "model") {
+                has_model = true;
+                model_node = v;
+                p.mapping(v, "model", {"layers", "d_model", "heads", "seq_len", "vocab", "mlp_ratio"},
+                          [&](const std::string& k, const YAML::Node& x) {
+                            if (k == "layers") w.model.layers = p.integer(x, k, 1);
+                            else if (k == "d_model") w.model.d_model = p.integer(x, k, 1);
+                            else if (k == "heads") {
+                              w.model.heads = p.integer(x, k, 1);
+                              heads_node = x;
+                            } else if (k == "seq_len") w.model.seq_len = p.integer(x, k, 1);
+                            else if (k == "vocab") w.model.vocab = p.integer(x, k, 2);
+                            else if (k == "mlp_ratio") w.model.mlp_ratio = p.integer(x, k, 1);
+                          });
+              } else if (key == "propagator") {
+                w.propagator.enabled = true;
+                p.mapping(v, "propagator", {"sparsity", "alpha", "cg_tol", "lazy_tol", "max_iters"},
+                          [&](const std::string& k, const YAML::Node& x) {
+                            if (k == "sparsity") {
+                              w.propagator.sparsity = p.integer(x, k, 2);
+                              if (w.propagator.sparsity % 2)
+                                p.fail(x, "sparsity must be even (neighbours on both sides of the ring)");
+                            } else if (k == "alpha") w.propagator.alpha = p.number(x, k, 0.0, 1e6);
+                            else if (k == "cg_tol") w.propagator.cg_tol = p.number(x, k, 1e-14, 0.5);
+                            else if (k == "lazy_tol") w.propagator.lazy_tol = p.number(x, k, 0.0, 0.5);
+                            else if (k == "max_iters") w.propagator.max_iters = p.integer(x, k, 1);
+                          });
+              } else if (key == "optimizer") {
+                p.mapping(v, "optimizer", {"variant", "lr", "weight_decay", "betas", "eps", "grad_clip"},
+                          [&](const std::string& k, const YAML::Node& x) {
+                            if (k == "variant") w.optimizer.variant = p.choice(x, k, {"per_tensor", "foreach", "fused"});
+                            else if (k == "lr") w.optimizer.lr = p.number(x, k, 0.0, 10.0);
+                            else if (k == "weight_decay") w.optimizer.weight_decay = p.number(x, k, 0.0, 10.0);
+                            else if (k == "eps") w.optimizer.eps = p.number(x, k, 0.0, 1.0);
+                            else if (k == "grad_clip") w.optimizer.grad_clip = p.number(x, k, 0.0, 1e9);
+                            else if (k == "betas") {
+                              if (!x.IsSequence() || x.size() != 2)
+                                p.fail(x, "betas must be a list of two numbers, e.g. [0.9, 0.95]");
+                              w.optimizer.beta1 = p.number(x[0], "betas[0]", 0.0, 0.999999);
+                              w.optimizer.beta2 = p.number(x[1], "betas[1]", 0.0, 0.999999);
+                            }
+                          });
+              } else if (key == "data") {
+                p.mapping(v, "data", {"samples", "location", "per_sample_copy"},
+                          [&](const std::string& k, const YAML::Node& x) {
+                            if (k == "samples") w.data.samples = p.integer(x, k, 1);
+                            else if (k == "location")
+                              w.data.location = p.choice(x, k, {"host_pageable", "host_pinned", "device"});
+                            else if (k == "per_sample_copy") w.data.per_sample_copy = p.boolean(x, k);
+                          });
+              } else if (key == "batch") {
+                has_batch = true;
+                batch_node = v;
+                p.mapping(v, "batch", {"global", "micro", "global_range"}, [&](const std::string& k, const YAML::Node& x) {
+                  if (k == "global") w.batch.global = p.integer(x, k, 1);
+                  else if (k == "micro") {
+                    w.batch.micro = p.integer(x, k, 1);
+                    micro_node = x;
+                  } else if (k == "global_range") {
+                    if (!x.IsSequence() || x.size() != 2) p.fail(x, "global_range must be [min, max]");
+                    w.batch.global_min = p.integer(x[0], "global_range[0]", 1);
+                    w.batch.global_max = p.integer(x[1], "global_range[1]", 1);
+                    if (w.batch.global_max < w.batch.global_min)
+                      p.fail(x, "global_range must be [min, max] with min <= max");
+                  }
+                });
+              } else if (key == "logging") {
+                p.mapping(v, "logging", {"sync", "interval"}, [&](const std::string& k, const YAML::Node& x) {
+                  if (k == "sync") {
+                    w.logging.sync = p.choice(x, k, {"every_step", "every_n", "async"});
+                    sync_node = x;
+                  } else if (k == "interval") w.logging.interval = p.integer(x, k, 1);
+                });
+              } else if (key == "switches") {
+                p.mapping(v, "switches", {"attention", "cuda_graphs", "activation_checkpointing", "bf16_matmuls", "lazy_cg"},
+                          [&](const std::string& k, const YAML::Node& x) {
+                            if (k == "attention") w.switches.fused_attention = p.choice(x, k, {"fused", "naive"}) == "fused";
+                            else if (k == "cuda_graphs") w.switches.cuda_graphs = p.boolean(x, k);
+                            else if (k == "activation_checkpointing") w.switches.activation_checkpointing = p.boolean(x, k);
+                            else if (k == "bf16_matmuls") w.switches.bf16_matmuls = p.boolean(x, k);
+                            else if (k == "lazy_cg") w.switches.lazy_cg = p.boolean(x, k);
+                          });
+              }
+            });
   if (w.name.empty()) p.fail(root, "the workload needs a name");
   if (!has_model) p.fail(root, "the workload needs a model section");
-  for (const auto& [key, value] : std::map<std::string, int64_t>{{"layers", w.model.layers}, {"d_model", w.model.d_model},
-                                                                 {"heads", w.model.heads}, {"seq_len", w.model.seq_len},
+  for (const auto& [key, value] : std::map<std::string, int64_t>{{"layers", w.model.layers},
+                                                                 {"d_model", w.model.d_model},
+                                                                 {"heads", w.model.heads},
+                                                                 {"seq_len", w.model.seq_len},
                                                                  {"vocab", w.model.vocab}})
     if (value == 0) p.fail(model_node, "model." + key + " is missing");
-  if (w.model.d_model % w.model.heads) p.fail(heads_node, "heads (" + std::to_string(w.model.heads) +
-                                                              ") must divide d_model (" + std::to_string(w.model.d_model) + ")");
+  if (w.model.d_model % w.model.heads)
+    p.fail(heads_node,
+           "heads (" + std::to_string(w.model.heads) + ") must divide d_model (" + std::to_string(w.model.d_model) + ")");
   if (!has_batch || w.batch.global == 0) p.fail(has_batch ? batch_node : root, "batch.global is missing");
   if (w.batch.micro == 0) w.batch.micro = w.batch.global;
   if (w.batch.global % w.batch.micro)
-    p.fail(micro_node.IsDefined() ? micro_node : batch_node,
-           "the global batch (" + std::to_string(w.batch.global) + ") is not divisible by the micro-batch (" +
-               std::to_string(w.batch.micro) + ")");
+    p.fail(micro_node.IsDefined() ? micro_node : batch_node, "the global batch (" + std::to_string(w.batch.global) +
+                                                                 ") is not divisible by the micro-batch (" +
+                                                                 std::to_string(w.batch.micro) + ")");
   if (w.propagator.enabled && w.propagator.sparsity >= w.model.d_model)
     p.fail(root["propagator"], "propagator.sparsity must be below d_model");
   if (w.logging.sync == "every_step" && w.logging.interval != 1 && sync_node.IsDefined())

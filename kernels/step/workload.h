@@ -38,8 +38,8 @@ struct DataSpec {
 };
 
 struct BatchSpec {
-  int64_t global = 0;  // sequences per optimizer step
-  int64_t micro = 0;   // sequences per forward/backward; accumulation = global / micro
+  int64_t global = 0;                      // sequences per optimizer step
+  int64_t micro = 0;                       // sequences per forward/backward; accumulation = global / micro
   int64_t global_min = 0, global_max = 0;  // the range a report says to try (0: only `global`)
   int64_t accumulation() const { return micro ? global / micro : 0; }
 };
