@@ -15,6 +15,7 @@
 #include "runtime/cpu_load.h"
 #include "runtime/defaults.h"
 #include "runtime/device_info.h"
+#include "runtime/files.h"
 
 namespace tb {
 
@@ -40,12 +41,8 @@ std::string today() {
 }  // namespace
 
 std::string cache_sweep_path() {
-  namespace fs = std::filesystem;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
-    return (fs::path(xdg) / "trainbench" / "cache-sweep.json").string();
-  if (const char* home = std::getenv("HOME"); home && *home)
-    return (fs::path(home) / ".cache" / "trainbench" / "cache-sweep.json").string();
-  return "";
+  const std::string dir = cache_dir();
+  return dir.empty() ? "" : dir + "/cache-sweep.json";
 }
 
 std::string cache_sweep_key() {

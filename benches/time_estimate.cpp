@@ -115,12 +115,8 @@ void RowCosts::save(const std::string& path, std::ostream& progress) const {
 }
 
 std::string row_costs_path() {
-  namespace fs = std::filesystem;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
-    return (fs::path(xdg) / "trainbench" / "row-costs.json").string();
-  if (const char* home = std::getenv("HOME"); home && *home)
-    return (fs::path(home) / ".cache" / "trainbench" / "row-costs.json").string();
-  return "";
+  const std::string dir = cache_dir();
+  return dir.empty() ? "" : dir + "/row-costs.json";
 }
 
 TimeEstimate estimate_time(const std::vector<Entry>& entries, const Settings& settings, const RowCosts& costs) {

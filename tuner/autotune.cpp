@@ -180,11 +180,8 @@ std::string default_journal_path(const std::string& out_path, const std::string&
     fs::path p(out_path);
     return (p.parent_path() / (p.stem().string() + ".autotune.jsonl")).string();
   }
-  fs::path cache;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) cache = xdg;
-  else if (const char* home = std::getenv("HOME"); home && *home) cache = fs::path(home) / ".cache";
-  else cache = fs::temp_directory_path();
-  const fs::path dir = cache / "trainbench";
+  const std::string cache = cache_dir();
+  const fs::path dir = cache.empty() ? fs::temp_directory_path() / "trainbench" : fs::path(cache);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec)

@@ -107,4 +107,11 @@ PrivateTempDir::~PrivateTempDir() {
   fs::remove_all(path_, ec);
 }
 
+std::string cache_dir() {
+  namespace fs = std::filesystem;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return (fs::path(xdg) / "trainbench").string();
+  if (const char* home = std::getenv("HOME"); home && *home) return (fs::path(home) / ".cache" / "trainbench").string();
+  return "";
+}
+
 }  // namespace tb

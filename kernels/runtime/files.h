@@ -23,6 +23,11 @@ void check_output_path(const std::string& path, const std::string& flag);
 // '_', no leading '.', never empty: a workload's name that becomes part of a path stays one name.
 std::string safe_file_name(const std::string& text);
 
+// trainbench's folder in the user's cache: $XDG_CACHE_HOME/trainbench, else ~/.cache/trainbench; "" when
+// neither variable is set. What a tool keeps per machine lives there (the cache sweep, the rows' times,
+// autotune's journals). Creates nothing.
+std::string cache_dir();
+
 // A private folder (mode 0700, a random name under $TMPDIR or /tmp), removed with what is in it when
 // this object goes.
 class PrivateTempDir {
