@@ -258,7 +258,7 @@ static bool is_dram_peak(const std::string& key) {
   auto ends_with = [&](const std::string& tail) {
     return key.size() > tail.size() && key.compare(key.size() - tail.size(), tail.size(), tail) == 0;
   };
-  return ends_with(".copy") || ends_with(".triad");
+  return ends_with(".copy") || ends_with(".triad") || ends_with(".memory");
 }
 
 // A hot memory-bound row whose working set is below twice the last-level cache (what cold mode's

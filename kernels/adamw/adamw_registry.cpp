@@ -22,7 +22,7 @@ Work adamw_work(const Problem& p, Backend backend, Kind kind) {
   const adamw::ParamSet set = adamw::make_param_set(p.get_int("params"), p.get_int("tensors"));
   const double eb = adamw::element_bytes(adamw::dtype_from_string(p.get("dtype")));
   const double n = static_cast<double>(set.total);
-  Work w{(3 * eb + 16) * n, 15 * n, Work::Bound::memory, backend == Backend::cuda ? "cuda.copy" : "cpu.triad"};
+  Work w{(3 * eb + 16) * n, 15 * n, Work::Bound::memory, backend == Backend::cuda ? "cuda.copy" : "cpu.memory"};
   w.footprint_bytes = (2 * eb + 8) * n;  // params and grads, and the two fp32 moments
   const int64_t launches = backend == Backend::cuda ? adamw::cuda_launches(set, kind) : adamw::cpu_passes(set, kind);
   w.counters = {{"launches", static_cast<double>(launches)}, {"tensors", static_cast<double>(set.count())}};

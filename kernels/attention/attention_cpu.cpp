@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 
+#include "runtime/cpu_clones.h"
 #include "attention.h"
 #include "layers/layers.h"
 #include "runtime/cpu_blas.h"
@@ -41,8 +42,7 @@ std::vector<float> to_vector(const HostBuffer<float>& b) { return std::vector<fl
 
 // x[j] = exp(x[j] - shift) for j < n, returning the sum: the softmax's exponentials, 8 at a time, as
 // vectorised softmaxes do. Arguments below -87.3 (masked scores) give exactly 0.
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) float exp_shifted_sum(float* x, int64_t n,
-                                                                                                    float shift) {
+TB_CPU_CLONES float exp_shifted_sum(float* x, int64_t n, float shift) {
   simd::vf8 total = {};
   int64_t j = 0;
   for (; j + simd::lanes <= n; j += simd::lanes) {

@@ -20,7 +20,7 @@ Work gradnorm_work(const Problem& p, Backend backend, Kind kind) {
   const adamw::ParamSet set = adamw::make_param_set(p.get_int("params"), p.get_int("tensors"));
   const double eb = adamw::element_bytes(adamw::dtype_from_string(p.get("dtype")));
   const double n = static_cast<double>(set.total);
-  Work w{3 * eb * n, 3 * n, Work::Bound::memory, backend == Backend::cuda ? "cuda.copy" : "cpu.triad"};
+  Work w{3 * eb * n, 3 * n, Work::Bound::memory, backend == Backend::cuda ? "cuda.copy" : "cpu.memory"};
   w.footprint_bytes = eb * n;  // the gradients
   if (backend == Backend::cuda)
     w.counters = {{"launches", static_cast<double>(gradnorm::cuda_launches(set, kind))},

@@ -1,4 +1,5 @@
 // layers.h on the CPU, in the formulas of llm.c's train_gpt2.c.
+#include "runtime/cpu_clones.h"
 #include "layers/layers.h"
 
 #include <cmath>
@@ -17,10 +18,7 @@ void gelu_forward_scalar(T* out, const T* inp, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) out[i] = T(0.5) * inp[i] * (T(1) + std::tanh(gelu::inner(inp[i])));
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void gelu_forward_range(float* out,
-                                                                                                      const float* inp,
-                                                                                                      int64_t begin,
-                                                                                                      int64_t end) {
+TB_CPU_CLONES void gelu_forward_range(float* out, const float* inp, int64_t begin, int64_t end) {
   int64_t i = begin;
   for (; i + simd::lanes <= end; i += simd::lanes) {
     const simd::vf8 x = simd::load8(inp + i);

@@ -16,6 +16,8 @@ namespace tb::peak {
 
 inline constexpr double triad_scalar = 3.0;
 inline constexpr uint64_t seed_a = 11, seed_b = 12, seed_c = 13;
+// The memory ceiling's read-modify-write mix (AdamW's shape): m = d m + g, v = d v + g^2, p -= r m.
+inline constexpr double rmw_decay = 0.5, rmw_rate = 1e-3;
 
 enum class GemmType { fp32, tf32, bf16 };
 
@@ -27,6 +29,14 @@ Verdict check_triad(const double* a, const double* b, const double* c, int64_t n
 // GEMM C = A * B (n x n, column-major, A and B from uniform_at(seed_a / seed_b), rounded to bf16 for
 // GemmType::bf16) is checked at these entries (corners and a fixed random sample: a full double
 // reference of a large GEMM would take longer than the benchmark) ...
+// Checks the read mix's sum of x_i^2 over x_i = uniform_at(seed_a, i), i < n (summed in another order).
+Verdict check_sum_of_squares(double sum, int64_t n);
+// Checks one call of the read-modify-write mix from p, m, v drawn from seed_a, seed_c, seed_c + 1 and g
+// from seed_b (uniform_at at each stream's own index).
+Verdict check_rmw(const double* p, const double* g, const double* m, const double* v, int64_t n);
+// The same with bf16 p and g (bits, truncated from uniform_at's floats) and float m, v; p is truncated
+// to bf16 after its update.
+Verdict check_rmw_bf16(const uint16_t* p, const uint16_t* g, const float* m, const float* v, int64_t n);
 std::vector<std::pair<int64_t, int64_t>> gemm_check_positions(int64_t n);
 // ... against a double dot product, the error normalised by sum_k |a_ik b_kj|.
 Verdict check_gemm_entries(int64_t n, GemmType type, const std::vector<std::pair<int64_t, int64_t>>& where,
@@ -35,6 +45,7 @@ Verdict check_gemm_entries(int64_t n, GemmType type, const std::vector<std::pair
 // ---- CPU variants (peak_cpu.cpp) -----------------------------------------------------------------
 std::unique_ptr<Instance> make_cpu_copy(const Problem&, const RunContext&);
 std::unique_ptr<Instance> make_cpu_triad(const Problem&, const RunContext&);
+std::unique_ptr<Instance> make_cpu_memory(const Problem&, const RunContext&);
 std::unique_ptr<Instance> make_cpu_triad_1thread(const Problem&, const RunContext&);
 std::unique_ptr<Instance> make_cpu_gemm_fp32(const Problem&, const RunContext&);
 

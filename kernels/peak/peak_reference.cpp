@@ -1,5 +1,6 @@
 // The oracle for `peak`: plain loops, in double where it matters.
 #include <cmath>
+#include <cstring>
 #include <sstream>
 #include <vector>
 
@@ -29,6 +30,69 @@ Verdict check_triad(const double* a, const double* b, const double* c, int64_t n
     const double want = b[i] + triad_scalar * c[i];
     worst = std::max(worst, std::abs(a[i] - want));
     if (!tolerance::fp64.accepts(a[i], want)) return mismatch("triad", i, a[i], want, worst);
+  }
+  return Verdict{true, worst, ""};
+}
+
+Verdict check_sum_of_squares(double sum, int64_t n) {
+  long double want = 0;  // each term exact in double (a float squared); the order differs from the row's
+  for (int64_t i = 0; i < n; ++i) {
+    const double x = uniform_at(seed_a, i);
+    want += x * x;
+  }
+  const double error = std::abs(sum - static_cast<double>(want)) / static_cast<double>(want);
+  if (error > 1e-10) return mismatch("read sum of squares", n, sum, static_cast<double>(want), error);
+  return Verdict{true, error, ""};
+}
+
+Verdict check_rmw(const double* p, const double* g, const double* m, const double* v, int64_t n) {
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double gi = uniform_at(seed_b, i);
+    const double want_m = rmw_decay * uniform_at(seed_c, i) + gi;
+    const double want_v = rmw_decay * uniform_at(seed_c + 1, i) + gi * gi;
+    const double want_p = uniform_at(seed_a, i) - rmw_rate * want_m;
+    if (g[i] != gi) return mismatch("read-modify-write g (read only)", i, g[i], gi, std::abs(g[i] - gi));
+    const double got[3] = {m[i], v[i], p[i]}, want[3] = {want_m, want_v, want_p};
+    const char* names[3] = {"read-modify-write m", "read-modify-write v", "read-modify-write p"};
+    for (int k = 0; k < 3; ++k) {
+      worst = std::max(worst, std::abs(got[k] - want[k]));
+      if (!tolerance::fp64.accepts(got[k], want[k])) return mismatch(names[k], i, got[k], want[k], worst);
+    }
+  }
+  return Verdict{true, worst, ""};
+}
+
+static float bf16_truncated(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  u &= 0xffff0000u;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+static float bf16_value(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+Verdict check_rmw_bf16(const uint16_t* p, const uint16_t* g, const float* m, const float* v, int64_t n) {
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double gi = bf16_truncated(uniform_at(seed_b, i));
+    const double want_m = rmw_decay * uniform_at(seed_c, i) + gi;
+    const double want_v = rmw_decay * uniform_at(seed_c + 1, i) + gi * gi;
+    const double want_p = bf16_truncated(uniform_at(seed_a, i)) - rmw_rate * want_m;
+    if (bf16_value(g[i]) != gi) return mismatch("read-modify-write g (read only)", i, bf16_value(g[i]), gi, 0);
+    const double got[3] = {m[i], v[i], bf16_value(p[i])}, want[3] = {want_m, want_v, want_p};
+    const Tolerance* tol[3] = {&tolerance::fp32, &tolerance::fp32, &tolerance::bf16};
+    const char* names[3] = {"read-modify-write m", "read-modify-write v", "read-modify-write p (bf16)"};
+    for (int k = 0; k < 3; ++k) {
+      worst = std::max(worst, std::abs(got[k] - want[k]));
+      if (!tol[k]->accepts(got[k], want[k])) return mismatch(names[k], i, got[k], want[k], worst);
+    }
   }
   return Verdict{true, worst, ""};
 }

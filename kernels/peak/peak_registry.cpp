@@ -98,6 +98,17 @@ void register_stage_peak(Registry& registry) {
               host_stream(3),
               make_cpu_triad,
               "cpu.triad"},
+      Variant{"memory",
+              Backend::cpu,
+              "the memory ceiling: the best of the access mixes the stages use (copy; triad; read-modify-write of 4 "
+              "streams in, 3 out as AdamW's), each at 24 n bytes per call, at every team size",
+              {"n"},
+              [](const Problem& p) {
+                return Work{24.0 * static_cast<double>(p.get_int("n")), 0.0, Work::Bound::memory, "cpu.memory", {}};
+              },
+              host_stream(3),
+              make_cpu_memory,
+              "cpu.memory"},
       Variant{"triad_1thread",
               Backend::cpu,
               "the same triad on one core: what threading buys",

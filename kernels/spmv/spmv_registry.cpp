@@ -22,7 +22,7 @@ Size size_of(const Problem& p) {
               static_cast<double>(s.rhs)};
 }
 
-const char* peak_key(Backend b) { return b == Backend::cuda ? "cuda.copy" : "cpu.triad"; }
+const char* peak_key(Backend b) { return b == Backend::cuda ? "cuda.copy" : "cpu.memory"; }
 
 // CSR: 12 B per nonzero, 4 B per row pointer, x read once and y written once (8 B each per row and
 // right-hand side).

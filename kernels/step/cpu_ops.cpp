@@ -1,5 +1,6 @@
 // The CPU backend's ops, in the formulas of llm.c's train_gpt2.c (layernorm, GELU, attention and
 // cross-entropy backward), with the matrix products on the CPU BLAS.
+#include "runtime/cpu_clones.h"
 #include "step/cpu_ops.h"
 
 #include <omp.h>
@@ -224,8 +225,7 @@ void gelu_backward_scalar(T* dinp, const T* inp, const T* dout, int64_t begin, i
   }
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void gelu_backward_range(
-    float* dinp, const float* inp, const float* dout, int64_t begin, int64_t end) {
+TB_CPU_CLONES void gelu_backward_range(float* dinp, const float* inp, const float* dout, int64_t begin, int64_t end) {
   int64_t i = begin;
   for (; i + simd::lanes <= end; i += simd::lanes) {
     const simd::vf8 x = simd::load8(inp + i);
