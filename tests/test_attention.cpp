@@ -2,6 +2,8 @@
 // and not, both dtypes on CUDA; the reference catches a wrong output; shapes are validated.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -163,6 +165,51 @@ TEST(AttentionKernels, FusedMatchesNaiveOnThePackedRows) {
   for (std::size_t i = 0; i < dout.size(); ++i) ASSERT_NEAR(o[1][i], o[0][i], 1e-5) << "out " << i;
   for (std::size_t i = 0; i < qkv.size(); ++i)
     ASSERT_NEAR(dqkv[1][i], dqkv[0][i], 1e-5) << "dqkv " << i << " (every element written)";
+}
+
+// Every fused CPU kernel this CPU runs (the blocked AVX-512 and AVX2 ones where it has them, the BLAS
+// tiles everywhere), at head sizes of one vector to 128, sequences with tail tiles (not a multiple of
+// the 64-query task or of the 6-row micro-kernel), causal and full: O and each row's log-sum-exp
+// against the double reference.
+TEST(AttentionKernels, EveryCpuFusedKernelMatchesTheReference) {
+  for (const attention::Shape s :
+       {attention::Shape{1, 1, 1, 8}, attention::Shape{1, 2, 5, 16}, attention::Shape{2, 1, 70, 32},
+        attention::Shape{1, 3, 131, 64}, attention::Shape{1, 1, 66, 128}})
+    for (const bool causal : {true, false}) {
+      const auto n = static_cast<std::size_t>(s.elements());
+      std::vector<float> q(n), k(n), v(n);
+      std::vector<double> qd(n), kd(n), vd(n), od(n), lse_ref(static_cast<std::size_t>(s.rows()));
+      for (std::size_t i = 0; i < n; ++i) {
+        qd[i] = q[i] = attention::input_q(static_cast<int64_t>(i), DType::fp32);
+        kd[i] = k[i] = attention::input_k(static_cast<int64_t>(i), DType::fp32);
+        vd[i] = v[i] = attention::input_v(static_cast<int64_t>(i), DType::fp32);
+      }
+      attention::reference_forward(s, causal,
+                                   attention::Operands<double>{qd.data(), kd.data(), vd.data(), od.data(),
+                                                               attention::bhsd(s), attention::bhsd(s)},
+                                   lse_ref.data());
+      attention::FusedWorkspace ws(s.head_dim, s.seq);
+      const auto kernels = attention::cpu_fused_kernels(s.head_dim);
+      EXPECT_EQ(kernels.back(), attention::CpuKernel::blas_tiles) << "the library tiles run everywhere";
+#if defined(__x86_64__) && defined(__GNUC__)
+      if (__builtin_cpu_supports("x86-64-v4") && s.head_dim % 16 == 0) {
+        EXPECT_EQ(kernels.front(), attention::CpuKernel::avx512) << "this CPU has AVX-512: its kernel runs first";
+      }
+#endif
+      for (const auto kernel : kernels) {
+        std::vector<float> o(n, 7.0f), lse(static_cast<std::size_t>(s.rows()), 7.0f);
+        attention::cpu_fused_forward(s, causal,
+                                     attention::Operands<float>{q.data(), k.data(), v.data(), o.data(), attention::bhsd(s),
+                                                                attention::bhsd(s)},
+                                     lse.data(), ws, kernel);
+        const std::string what = attention::to_string(kernel) + " at " + std::to_string(s.batch) + "x" +
+                                 std::to_string(s.heads) + "x" + std::to_string(s.seq) + "x" + std::to_string(s.head_dim) +
+                                 (causal ? " causal" : " full");
+        for (std::size_t i = 0; i < n; ++i) ASSERT_NEAR(o[i], od[i], 2e-5 + 2e-4 * std::abs(od[i])) << what << ", out " << i;
+        for (std::size_t r = 0; r < lse.size(); ++r)
+          ASSERT_NEAR(lse[r], lse_ref[r], 1e-5 * (1 + std::abs(lse_ref[r]))) << what << ", lse " << r;
+      }
+    }
 }
 
 TEST(AttentionShape, ParsesAndRejects) {

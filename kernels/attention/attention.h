@@ -123,6 +123,7 @@ class FusedWorkspace {
   float* for_thread(int thread);  // this thread's scratch
   int64_t head_dim() const { return head_dim_; }
   int64_t seq() const { return seq_; }
+  int64_t per_thread() const { return per_thread_; }  // floats of each thread's part
   int64_t bytes() const;
 
  private:
@@ -130,7 +131,15 @@ class FusedWorkspace {
   float* buffer_ = nullptr;
   int threads_ = 0;
 };
+// The fused forward's kernels: the blocked online softmax in AVX-512 or AVX2 vectors
+// (attention_cpu_blocked.h) where the CPU has them and the head dimension is a whole number of their
+// vectors, else tiles of library (BLAS) products. cpu_fused_forward runs the first this CPU can.
+enum class CpuKernel { avx512, avx2, blas_tiles };
+std::string to_string(CpuKernel kernel);
+std::vector<CpuKernel> cpu_fused_kernels(int64_t head_dim);  // those this CPU runs at this head size, fastest first
 void cpu_fused_forward(const Shape& s, bool causal, const Operands<float>& x, float* lse, FusedWorkspace& ws);
+void cpu_fused_forward(const Shape& s, bool causal, const Operands<float>& x, float* lse, FusedWorkspace& ws,
+                       CpuKernel kernel);
 void cpu_fused_backward(const Shape& s, bool causal, const Operands<float>& x, const float* lse, const Gradients<float>& g,
                         FusedWorkspace& ws);
 

@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <new>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "runtime/cpu_clones.h"
 #include "attention.h"
+#include "attention_cpu_blocked.h"
 #include "layers/layers.h"
 #include "runtime/cpu_blas.h"
 #include "runtime/defaults.h"
@@ -162,12 +164,14 @@ void exp_shifted(float* x, int64_t n, float shift) { exp_shifted_sum(x, n, shift
 
 }  // namespace
 
+// Each thread's part starts on its own 64-byte line (16 floats): the blocked kernels' vectors load it.
 FusedWorkspace::FusedWorkspace(int64_t head_dim, int64_t seq)
     : head_dim_(head_dim),
       seq_(seq),
-      per_thread_(std::max(forward_scratch(head_dim), backward_scratch(seq))),
+      per_thread_((std::max({forward_scratch(seq), backward_scratch(seq), blocked::scratch_floats(head_dim)}) + 15) / 16 *
+                  16),
       threads_(omp_get_max_threads()) {
-  buffer_ = new float[static_cast<std::size_t>(per_thread_ * threads_)];
+  buffer_ = new (std::align_val_t{64}) float[static_cast<std::size_t>(per_thread_ * threads_)];
 }
 FusedWorkspace::FusedWorkspace(FusedWorkspace&& o) noexcept
     : head_dim_(o.head_dim_), seq_(o.seq_), per_thread_(o.per_thread_), buffer_(o.buffer_), threads_(o.threads_) {
@@ -181,7 +185,7 @@ FusedWorkspace& FusedWorkspace::operator=(FusedWorkspace&& o) noexcept {
   std::swap(threads_, o.threads_);
   return *this;
 }
-FusedWorkspace::~FusedWorkspace() { delete[] buffer_; }
+FusedWorkspace::~FusedWorkspace() { ::operator delete[](buffer_, std::align_val_t{64}); }
 float* FusedWorkspace::for_thread(int thread) { return buffer_ + per_thread_ * thread; }
 int64_t FusedWorkspace::bytes() const { return static_cast<int64_t>(sizeof(float)) * per_thread_ * threads_; }
 
@@ -190,7 +194,7 @@ int64_t FusedWorkspace::bytes() const { return static_cast<int64_t>(sizeof(float
 // product straight into O. The scores of a head never exist beyond one tile (64 x S, in the cache),
 // and causal tiles skip the keys after their last query. Dynamic scheduling: with a causal mask the
 // last tiles of a head have many times the work of the first.
-void cpu_fused_forward(const Shape& s, bool causal, const Operands<float>& x, float* lse, FusedWorkspace& ws) {
+static void blas_tiles_forward(const Shape& s, bool causal, const Operands<float>& x, float* lse, FusedWorkspace& ws) {
   const int64_t S = s.seq, D = s.head_dim, bhs = s.batch * s.heads, tiles = (S + tile_rows - 1) / tile_rows;
   const int64_t ld = x.in.row, ldo = x.out.row;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -215,6 +219,60 @@ void cpu_fused_forward(const Shape& s, bool causal, const Operands<float>& x, fl
       gemm(false, false, rows, D, keys, 1.0f, scores, keys, x.v + in, ld, 0.0f, x.o + head_offset(s, x.out, bh) + i0 * ldo,
            ldo);
     }
+}
+
+std::string to_string(CpuKernel kernel) {
+  switch (kernel) {
+    case CpuKernel::avx512:
+      return "blocked online softmax, AVX-512 micro-kernels";
+    case CpuKernel::avx2:
+      return "blocked online softmax, AVX2 micro-kernels";
+    case CpuKernel::blas_tiles:
+      return "64-query tiles of BLAS products";
+  }
+  return "";
+}
+
+std::vector<CpuKernel> cpu_fused_kernels(int64_t head_dim) {
+  std::vector<CpuKernel> kernels;
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool avx512 = blocked::avx512::built() && __builtin_cpu_supports("x86-64-v4");
+  static const bool avx2 = blocked::avx2::built() && __builtin_cpu_supports("x86-64-v3");
+  if (avx512 && head_dim % 16 == 0) kernels.push_back(CpuKernel::avx512);
+  if (avx2 && head_dim % 8 == 0) kernels.push_back(CpuKernel::avx2);
+#endif
+  kernels.push_back(CpuKernel::blas_tiles);
+  return kernels;
+}
+
+void cpu_fused_forward(const Shape& s, bool causal, const Operands<float>& x, float* lse, FusedWorkspace& ws,
+                       CpuKernel kernel) {
+  if (kernel == CpuKernel::blas_tiles) return blas_tiles_forward(s, causal, x, lse, ws);
+  const blocked::ForwardArgs args{s.batch,
+                                  s.heads,
+                                  s.seq,
+                                  s.head_dim,
+                                  causal,
+                                  worth_threads(s),
+                                  x.q,
+                                  x.k,
+                                  x.v,
+                                  x.o,
+                                  lse,
+                                  x.in.batch,
+                                  x.in.head,
+                                  x.in.row,
+                                  x.out.batch,
+                                  x.out.head,
+                                  x.out.row,
+                                  ws.for_thread(0),
+                                  ws.per_thread()};
+  if (kernel == CpuKernel::avx512) blocked::avx512::forward(args);
+  else blocked::avx2::forward(args);
+}
+
+void cpu_fused_forward(const Shape& s, bool causal, const Operands<float>& x, float* lse, FusedWorkspace& ws) {
+  cpu_fused_forward(s, causal, x, lse, ws, cpu_fused_kernels(s.head_dim).front());
 }
 
 // FlashAttention-2's backward, one head per thread (so dQ, dK and dV of a head have one writer).
@@ -318,6 +376,7 @@ class Fused final : public Instance {
                       nullptr, ws_);
   }
   Verdict check() override { return check_output(s_, causal_, DType::fp32, to_vector(out_)); }
+  std::string configuration() const override { return to_string(cpu_fused_kernels(s_.head_dim).front()); }
 
  private:
   Shape s_;
