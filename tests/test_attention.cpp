@@ -169,8 +169,8 @@ TEST(AttentionKernels, FusedMatchesNaiveOnThePackedRows) {
 
 // Every fused CPU kernel this CPU runs (the blocked AVX-512 and AVX2 ones where it has them, the BLAS
 // tiles everywhere), at head sizes of one vector to 128, sequences with tail tiles (not a multiple of
-// the 64-query task or of the 6-row micro-kernel), causal and full: O and each row's log-sum-exp
-// against the double reference.
+// the 64-query task or of the 6-row micro-kernel), causal and full: O and each row's log-sum-exp, then
+// dQ, dK, dV from them, against the double reference.
 TEST(AttentionKernels, EveryCpuFusedKernelMatchesTheReference) {
   for (const attention::Shape s :
        {attention::Shape{1, 1, 1, 8}, attention::Shape{1, 2, 5, 16}, attention::Shape{2, 1, 70, 32},
@@ -208,6 +208,16 @@ TEST(AttentionKernels, EveryCpuFusedKernelMatchesTheReference) {
         for (std::size_t i = 0; i < n; ++i) ASSERT_NEAR(o[i], od[i], 2e-5 + 2e-4 * std::abs(od[i])) << what << ", out " << i;
         for (std::size_t r = 0; r < lse.size(); ++r)
           ASSERT_NEAR(lse[r], lse_ref[r], 1e-5 * (1 + std::abs(lse_ref[r]))) << what << ", lse " << r;
+        // Its backward from its own O and lse, against the reference's gradients.
+        std::vector<float> dout(n), dq(n, 7.0f), dk(n, 7.0f), dv(n, 7.0f);
+        for (std::size_t i = 0; i < n; ++i) dout[i] = attention::input_dout(static_cast<int64_t>(i));
+        attention::cpu_fused_backward(s, causal,
+                                      attention::Operands<float>{q.data(), k.data(), v.data(), o.data(), attention::bhsd(s),
+                                                                 attention::bhsd(s)},
+                                      lse.data(), attention::Gradients<float>{dq.data(), dk.data(), dv.data(), dout.data()},
+                                      ws, kernel);
+        const Verdict grads = attention::check_gradients(s, causal, DType::fp32, dq, dk, dv);
+        EXPECT_TRUE(grads.passed) << what << ": " << grads.detail;
       }
     }
 }

@@ -142,6 +142,8 @@ void cpu_fused_forward(const Shape& s, bool causal, const Operands<float>& x, fl
                        CpuKernel kernel);
 void cpu_fused_backward(const Shape& s, bool causal, const Operands<float>& x, const float* lse, const Gradients<float>& g,
                         FusedWorkspace& ws);
+void cpu_fused_backward(const Shape& s, bool causal, const Operands<float>& x, const float* lse, const Gradients<float>& g,
+                        FusedWorkspace& ws, CpuKernel kernel);
 
 // The CUDA kernels (fp32, causal), on `stream`, with the cuBLAS `handle` (bound to that stream) for
 // the naive path's products. The naive backward's dprobs is [B, H, S, S].

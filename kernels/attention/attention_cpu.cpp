@@ -168,8 +168,10 @@ void exp_shifted(float* x, int64_t n, float shift) { exp_shifted_sum(x, n, shift
 FusedWorkspace::FusedWorkspace(int64_t head_dim, int64_t seq)
     : head_dim_(head_dim),
       seq_(seq),
-      per_thread_((std::max({forward_scratch(seq), backward_scratch(seq), blocked::scratch_floats(head_dim)}) + 15) / 16 *
-                  16),
+      per_thread_((std::max({forward_scratch(seq), backward_scratch(seq), blocked::scratch_floats(head_dim),
+                             blocked::backward_scratch_floats(head_dim, seq)}) +
+                   15) /
+                  16 * 16),
       threads_(omp_get_max_threads()) {
   buffer_ = new (std::align_val_t{64}) float[static_cast<std::size_t>(per_thread_ * threads_)];
 }
@@ -245,28 +247,33 @@ std::vector<CpuKernel> cpu_fused_kernels(int64_t head_dim) {
   return kernels;
 }
 
+static blocked::ForwardArgs blocked_args(const Shape& s, bool causal, const Operands<float>& x, float* lse,
+                                         FusedWorkspace& ws) {
+  return blocked::ForwardArgs{s.batch,
+                              s.heads,
+                              s.seq,
+                              s.head_dim,
+                              causal,
+                              worth_threads(s),
+                              x.q,
+                              x.k,
+                              x.v,
+                              x.o,
+                              lse,
+                              x.in.batch,
+                              x.in.head,
+                              x.in.row,
+                              x.out.batch,
+                              x.out.head,
+                              x.out.row,
+                              ws.for_thread(0),
+                              ws.per_thread()};
+}
+
 void cpu_fused_forward(const Shape& s, bool causal, const Operands<float>& x, float* lse, FusedWorkspace& ws,
                        CpuKernel kernel) {
   if (kernel == CpuKernel::blas_tiles) return blas_tiles_forward(s, causal, x, lse, ws);
-  const blocked::ForwardArgs args{s.batch,
-                                  s.heads,
-                                  s.seq,
-                                  s.head_dim,
-                                  causal,
-                                  worth_threads(s),
-                                  x.q,
-                                  x.k,
-                                  x.v,
-                                  x.o,
-                                  lse,
-                                  x.in.batch,
-                                  x.in.head,
-                                  x.in.row,
-                                  x.out.batch,
-                                  x.out.head,
-                                  x.out.row,
-                                  ws.for_thread(0),
-                                  ws.per_thread()};
+  const blocked::ForwardArgs args = blocked_args(s, causal, x, lse, ws);
   if (kernel == CpuKernel::avx512) blocked::avx512::forward(args);
   else blocked::avx2::forward(args);
 }
@@ -279,8 +286,8 @@ void cpu_fused_forward(const Shape& s, bool causal, const Operands<float>& x, fl
 // For each tile of 64 keys, against every query that sees it: P = exp(scale Q K^T - lse) recomputed
 // from the saved row statistics, dV = P^T dO, dP = dO V^T, dS = P (dP - delta), dK = scale dS^T Q,
 // dQ += scale dS K. The products are BLAS calls on the thread (tall: S x 64 x D).
-void cpu_fused_backward(const Shape& s, bool causal, const Operands<float>& x, const float* lse, const Gradients<float>& g,
-                        FusedWorkspace& ws) {
+static void blas_tiles_backward(const Shape& s, bool causal, const Operands<float>& x, const float* lse,
+                                const Gradients<float>& g, FusedWorkspace& ws) {
   const int64_t S = s.seq, D = s.head_dim, bhs = s.batch * s.heads, ld = x.in.row, ldo = x.out.row;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 #pragma omp parallel for schedule(dynamic) if (worth_threads(s))
@@ -321,6 +328,19 @@ void cpu_fused_backward(const Shape& s, bool causal, const Operands<float>& x, c
       gemm(false, false, m, D, cols, scale, dp, cols, k + j0 * ld, ld, 1.0f, dq + first * ld, ld);
     }
   }
+}
+
+void cpu_fused_backward(const Shape& s, bool causal, const Operands<float>& x, const float* lse, const Gradients<float>& g,
+                        FusedWorkspace& ws, CpuKernel kernel) {
+  if (kernel == CpuKernel::blas_tiles) return blas_tiles_backward(s, causal, x, lse, g, ws);
+  const blocked::BackwardArgs args{blocked_args(s, causal, x, nullptr, ws), lse, g.dout, g.dq, g.dk, g.dv};
+  if (kernel == CpuKernel::avx512) blocked::avx512::backward(args);
+  else blocked::avx2::backward(args);
+}
+
+void cpu_fused_backward(const Shape& s, bool causal, const Operands<float>& x, const float* lse, const Gradients<float>& g,
+                        FusedWorkspace& ws) {
+  cpu_fused_backward(s, causal, x, lse, g, ws, cpu_fused_kernels(s.head_dim).front());
 }
 
 namespace {

@@ -31,13 +31,32 @@ constexpr int64_t scratch_floats(int64_t head_dim) {
   return 2 * query_block * head_dim + key_block * query_block + 4 * query_block;
 }
 
+// One backward (FlashAttention-2's, a head per thread): the forward's operands and its row
+// log-sum-exps, dO laid out as O, and dQ, dK, dV (laid out as Q, overwritten).
+struct BackwardArgs {
+  ForwardArgs forward;  // its o is the forward's output (its lse is not used)
+  const float* lse;     // the forward's row log-sum-exps [B, H, S]
+  const float* dout;
+  float *dq, *dk, *dv;
+};
+
+// Floats of scratch one thread needs for a head's backward: its queries and dO, packed as the
+// forward's transposed blocks ([D][64] each, S rounded up to 64), each row's log-sum-exp (base 2) and
+// delta = rowsum(dO O), P and dS of a key block against a query block, and dK and dV of a key block.
+constexpr int64_t backward_scratch_floats(int64_t head_dim, int64_t seq) {
+  const int64_t padded = (seq + query_block - 1) / query_block * query_block;
+  return 2 * padded * head_dim + 2 * padded + 2 * key_block * query_block + 2 * key_block * head_dim;
+}
+
 namespace avx512 {
 bool built();  // false where the compiler could not target AVX-512: forward() must not be called
 void forward(const ForwardArgs& args);
+void backward(const BackwardArgs& args);
 }  // namespace avx512
 namespace avx2 {
 bool built();
 void forward(const ForwardArgs& args);
+void backward(const BackwardArgs& args);
 }  // namespace avx2
 
 }  // namespace tb::attention::blocked
