@@ -257,7 +257,7 @@ TEST(AdamwWork, CreditsTheFusedTrafficAndCountsLaunches) {
   for (const auto& v : stage.variants) {
     const Work w = v.work(p);
     EXPECT_DOUBLE_EQ(w.bytes, 28.0 * defaults::adamw_params) << v.id;
-    EXPECT_EQ(w.peak_key, v.backend == Backend::cuda ? "cuda.copy" : "cpu.triad");
+    EXPECT_EQ(w.peak_key, v.backend == Backend::cuda ? "cuda.copy" : "cpu.memory");
     EXPECT_EQ(counter(w, "tensors"), defaults::adamw_tensors);
   }
   EXPECT_DOUBLE_EQ(stage.find_variant("fused", Backend::cpu)->work(problem(1000, 3, "bf16")).bytes, 22.0 * 1000);

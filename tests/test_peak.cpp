@@ -2,6 +2,7 @@
 // a wrong result.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
 #include "peak/peak.h"
@@ -80,7 +81,7 @@ TEST(CacheSweep, TheRealSweepCoversTheSizesWithPositiveRates) {
 // The STREAM peak rows search before they are timed: they name the way they chose, and report the
 // fastest call of their search as a figure of the same work.
 TEST(PeakSearch, CpuStreamRowsNameTheirChoiceAndTheirSearchsBest) {
-  for (const char* id : {"copy", "triad"}) {
+  for (const char* id : {"copy", "triad", "memory"}) {
     const Variant* v = peak_stage().find_variant(id, Backend::cpu);
     ASSERT_NE(v, nullptr);
     auto session = make_session(Backend::cpu, 0);
@@ -110,6 +111,54 @@ TEST(PeakReference, CatchesAWrongTriad) {
   EXPECT_TRUE(peak::check_triad(a.data(), b.data(), c.data(), 2).passed);
   a[1] = 5.001;
   EXPECT_FALSE(peak::check_triad(a.data(), b.data(), c.data(), 2).passed);
+}
+
+// The memory ceiling's mixes: a read's sum, and one call of the read-modify-write in doubles and in
+// AdamW's bf16 widths, from the states their checks start from.
+TEST(PeakReference, CatchesAWrongMemoryMix) {
+  const int64_t n = 3;
+  double squares = 0;
+  for (int64_t i = 0; i < n; ++i) squares += double{uniform_at(peak::seed_a, i)} * uniform_at(peak::seed_a, i);
+  EXPECT_TRUE(peak::check_sum_of_squares(squares, n).passed);
+  EXPECT_FALSE(peak::check_sum_of_squares(squares * (1 + 1e-6), n).passed);
+
+  std::vector<double> p(n), g(n), m(n), v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    g[i] = uniform_at(peak::seed_b, i);
+    m[i] = peak::rmw_decay * uniform_at(peak::seed_c, i) + g[i];
+    v[i] = peak::rmw_decay * uniform_at(peak::seed_c + 1, i) + g[i] * g[i];
+    p[i] = uniform_at(peak::seed_a, i) - peak::rmw_rate * m[i];
+  }
+  EXPECT_TRUE(peak::check_rmw(p.data(), g.data(), m.data(), v.data(), n).passed);
+  v[2] += 1e-9;
+  const Verdict wrong = peak::check_rmw(p.data(), g.data(), m.data(), v.data(), n);
+  EXPECT_FALSE(wrong.passed);
+  EXPECT_NE(wrong.detail.find("read-modify-write v[2]"), std::string::npos) << wrong.detail;
+
+  // bf16 p and g as the mix keeps them (the top 16 bits of a float), m and v in float.
+  auto bits = [](float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    return static_cast<uint16_t>(u >> 16);
+  };
+  auto value = [](uint16_t b) {
+    const uint32_t u = static_cast<uint32_t>(b) << 16;
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+  };
+  std::vector<uint16_t> pb(n), gb(n);
+  std::vector<float> mf(n), vf(n);
+  for (int64_t i = 0; i < n; ++i) {
+    gb[i] = bits(uniform_at(peak::seed_b, i));
+    const float gi = value(gb[i]);
+    mf[i] = static_cast<float>(peak::rmw_decay) * uniform_at(peak::seed_c, i) + gi;
+    vf[i] = static_cast<float>(peak::rmw_decay) * uniform_at(peak::seed_c + 1, i) + gi * gi;
+    pb[i] = bits(value(bits(uniform_at(peak::seed_a, i))) - static_cast<float>(peak::rmw_rate) * mf[i]);
+  }
+  EXPECT_TRUE(peak::check_rmw_bf16(pb.data(), gb.data(), mf.data(), vf.data(), n).passed);
+  pb[1] ^= 0x40;  // a bf16 parameter two binades off
+  EXPECT_FALSE(peak::check_rmw_bf16(pb.data(), gb.data(), mf.data(), vf.data(), n).passed);
 }
 
 TEST(PeakReference, CatchesAWrongGemmEntry) {

@@ -147,7 +147,7 @@ TEST(BuiltinRegistry, PeakDeclaresEveryCeilingOfTheDesign) {
   for (const auto& v : peak.variants)
     if (!v.provides_peak.empty()) provided.insert(v.provides_peak);
   for (const char* key :
-       {"cpu.copy", "cpu.triad", "cpu.gemm_fp32", "cuda.copy", "cuda.triad", "cuda.h2d_pinned", "cuda.h2d_pageable",
+       {"cpu.copy", "cpu.triad", "cpu.memory", "cpu.gemm_fp32", "cuda.copy", "cuda.triad", "cuda.h2d_pinned", "cuda.h2d_pageable",
         "cuda.d2h_pinned", "cuda.d2h_pageable", "cuda.gemm_fp32", "cuda.gemm_tf32", "cuda.gemm_bf16"})
     EXPECT_TRUE(provided.count(key)) << key;
 #ifdef TRAINBENCH_HAVE_CUDA

@@ -94,7 +94,8 @@ void register_stage_adamw(Registry& registry) {
       variant(Backend::cpu, Kind::foreach, "foreach",
               "the same 8 passes, each one parallel loop over every tensor's chunks (foreach lists)"),
       variant(Backend::cpu, Kind::fused, "fused",
-              "one vectorised OpenMP loop over all chunks: read p, g, m, v and write p, m, v once (28 B/param)"),
+              "one OpenMP loop over all chunks in AVX-512/AVX2 vectors, prefetched: read p, g, m, v and write p, m, v "
+              "once (28 B/param)"),
       variant(Backend::cuda, Kind::per_tensor, "per_tensor",
               "PyTorch's for-loop AdamW: one kernel per elementwise op per tensor (8 x tensors launches)"),
       variant(Backend::cuda, Kind::foreach, "foreach",

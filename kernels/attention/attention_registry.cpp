@@ -176,7 +176,8 @@ void register_stage_attention(Registry& registry) {
               cpu_naive(Mask::rebuilt)},
       Variant{"fused",
               cpu,
-              "64-query tiles by BLAS, softmax in the tile: scores never [S,S], causal keys past a tile skipped",
+              "blocked online softmax, 64 queries x 64 keys, AVX-512/AVX2 micro-kernels (BLAS tiles elsewhere): scores "
+              "never [S,S], causal key blocks past the queries skipped",
               {"cpu_shape", "causal"},
               work("cpu_shape", cpu, false),
               fused_unsupported("cpu_shape", cpu),
@@ -248,7 +249,8 @@ void register_stage_attention(Registry& registry) {
   auto cpu_backward = [](bool fused) {
     return Variant{fused ? "backward_fused" : "backward_naive",
                    Backend::cpu,
-                   fused ? "FlashAttention-2 backward: P recomputed per 64-key tile from the saved log-sum-exp, BLAS tiles"
+                   fused ? "FlashAttention-2 backward: P recomputed per 64 x 64 block from the saved log-sum-exp, the "
+                           "forward's micro-kernels, a head per thread"
                          : "autograd's backward from the saved probabilities [B,H,S,S], dP materialised",
                    {"cpu_shape", "causal"},
                    [fused](const Problem& p) { return backward_work(p, "cpu_shape", Backend::cpu, !fused); },

@@ -349,9 +349,9 @@ class MemoryMixes final : public Instance {
       sums[max_threads] = 0;
       for (int t = 0; t < threads; ++t) sums[max_threads] += sums[t];
     };
+    auto prepare = [this, m] { fill(0, m, seed_a); };
     auto verify = [sums, m] { return check_sum_of_squares(sums[max_threads], m); };
-    add(
-        "read (1 in)", threads, m, sum_range, [this, m] { fill(0, m, seed_a); }, verify, total);
+    add("read (1 in)", threads, m, sum_range, prepare, verify, total);
   }
 
   void add_copy(int threads) {
@@ -378,14 +378,13 @@ class MemoryMixes final : public Instance {
       fill(2 * n, n, seed_c);
     };
     auto verify = [a, b, c, n] { return check_triad(a, b, c, n); };
-    add(
-        "triad (2 in, 1 out)", threads, n, [a, b, c](int64_t begin, int64_t end) { triad_range(a, b, c, begin, end); },
-        prepare, verify);
+    auto loop = [a, b, c](int64_t begin, int64_t end) { triad_range(a, b, c, begin, end); };
+    add("triad (2 in, 1 out)", threads, n, loop, prepare, verify);
 #if defined(__SSE2__)
-    auto streaming = [a, b, c](int64_t begin, int64_t end) {
+    auto streaming = [a, b, c](int64_t begin, int64_t end) {  // a's part starts on a line; b and c need not
       const __m128d s = _mm_set1_pd(triad_scalar);
       int64_t i = begin;
-      for (; i + 2 <= end; i += 2) _mm_stream_pd(a + i, _mm_add_pd(_mm_load_pd(b + i), _mm_mul_pd(s, _mm_load_pd(c + i))));
+      for (; i + 2 <= end; i += 2) _mm_stream_pd(a + i, _mm_add_pd(_mm_loadu_pd(b + i), _mm_mul_pd(s, _mm_loadu_pd(c + i))));
       for (; i < end; ++i) a[i] = b[i] + triad_scalar * c[i];
     };
     add("triad (2 in, 1 out), non-temporal stores", threads, n, streaming, prepare, verify, [] { _mm_sfence(); });
@@ -405,10 +404,11 @@ class MemoryMixes final : public Instance {
       fill(3 * m, m, seed_c + 1);
     };
     auto verify = [p, g, mom, sq, m] { return check_rmw(p, g, mom, sq, m); };
-    for (const bool prefetch : {false, true})
-      add(
-          prefetch ? "read-modify-write (4 in, 3 out), prefetched" : "read-modify-write (4 in, 3 out)", threads, m,
-          [=](int64_t begin, int64_t end) { rmw_range(p, g, mom, sq, begin, end, prefetch); }, prepare, verify);
+    for (const bool prefetch : {false, true}) {
+      auto loop = [=](int64_t begin, int64_t end) { rmw_range(p, g, mom, sq, begin, end, prefetch); };
+      add(std::string("read-modify-write (4 in, 3 out)") + (prefetch ? ", prefetched" : ""), threads, m, loop, prepare,
+          verify);
+    }
   }
 
   // The same mix with AdamW's bf16 widths: p and g of 2 bytes, m and v of 4 (22 bytes an element).
@@ -428,10 +428,11 @@ class MemoryMixes final : public Instance {
       }
     };
     auto verify = [=] { return check_rmw_bf16(p, g, mom, sq, m); };
-    for (const bool prefetch : {false, true})
-      add(
-          prefetch ? "read-modify-write (4 in, 3 out; p, g bf16), prefetched" : "read-modify-write (4 in, 3 out; p, g bf16)",
-          threads, m, [=](int64_t begin, int64_t end) { rmw_range(p, g, mom, sq, begin, end, prefetch); }, prepare, verify);
+    for (const bool prefetch : {false, true}) {
+      auto loop = [=](int64_t begin, int64_t end) { rmw_range(p, g, mom, sq, begin, end, prefetch); };
+      const std::string name = std::string("read-modify-write (4 in, 3 out; p, g bf16)") + (prefetch ? ", prefetched" : "");
+      add(name, threads, m, loop, prepare, verify);
+    }
   }
 
   static constexpr int max_threads = 1024;
