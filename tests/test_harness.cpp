@@ -459,6 +459,31 @@ TEST(PercentOfPeak, NeverAboveTheCeilingAndNotForCacheResidentRows) {
   EXPECT_FALSE(small.rows[1].pct_of_peak.has_value());
 }
 
+// The CPU's memory ceiling (the best of the stages' access mixes) and the CPU all-reduce's link (MPI
+// reduces in host memory) are DRAM figures too: a row whose buffers fit in the cache is not % of them.
+TEST(PercentOfPeak, TheMemoryCeilingAndTheCpuAllReduceLinkAreDramPeaks) {
+  const double llc = static_cast<double>(host_info().l3_bytes);
+  ASSERT_GT(llc, 0);
+  const double big = 8 * llc;
+  Settings settings;
+  Results results;
+  Row memory = timed_row("peak/cpu/memory/n=big", "peak", "memory", 1e9, big, 1e6);
+  Row link = timed_row("allreduce/cpu/link/link_mb=big", "allreduce", "link", 1e9, big, 1e6);
+  Row adamw = timed_row("adamw/cpu/fused/small", "adamw", "fused", 3e9, llc / 4, 1e6);
+  Row bucketed = timed_row("allreduce/cpu/bucketed/small", "allreduce", "bucketed", 3e9, llc / 4, 1e6);
+  Row flat = timed_row("allreduce/cpu/flat/big", "allreduce", "flat", 5e8, big, 1e6);
+  adamw.peak_key = "cpu.memory";
+  bucketed.peak_key = flat.peak_key = "cpu.allreduce";
+  results.rows = {memory, link, adamw, bucketed, flat};
+  finish_results(builtin_registry(), settings, results);
+  EXPECT_DOUBLE_EQ(results.peaks["cpu.memory"].value, 1e12);
+  EXPECT_DOUBLE_EQ(results.peaks["cpu.allreduce"].value, 1e12);
+  EXPECT_EQ(results.rows[2].pct_note, "cache") << "3x the ceiling, from the cache";
+  EXPECT_EQ(results.rows[3].pct_note, "cache") << "3x the link, from the cache";
+  ASSERT_TRUE(results.rows[4].pct_of_peak.has_value());
+  EXPECT_NEAR(*results.rows[4].pct_of_peak, 50.0, 1e-9);
+}
+
 // The CPU's threshold is where a copy's bandwidth fell in this machine's sweep when the run has one
 // (Settings::cpu_cache_bytes), not the cache size the CPU reports, and the key says which it used.
 TEST(PercentOfPeak, TheSweptThresholdDecidesWhatIsCacheResident) {
