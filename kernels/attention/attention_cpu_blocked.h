@@ -1,8 +1,9 @@
 // The fused CPU forward at GEMM speed: FlashAttention's blocked online softmax with register-blocked
 // micro-kernels, built once per instruction set (attention_cpu_blocked.inc, included by
 // attention_cpu_avx512.cpp and attention_cpu_avx2.cpp, each compiled for its own -march). This header
-// is what the rest of the stage sees: plain data and declarations, nothing inline that a file built
-// for AVX-512 could emit in place of the generic build's copy.
+// is what the rest of the stage sees: plain data and declarations. Its two constexpr sizes are called
+// from attention_cpu.cpp only, so that no copy of them is built for AVX-512 (the linker could keep that
+// copy for the generic build's callers).
 #pragma once
 
 #include <cstdint>
