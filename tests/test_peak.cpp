@@ -141,20 +141,14 @@ TEST(PeakReference, CatchesAWrongMemoryMix) {
     std::memcpy(&u, &x, sizeof u);
     return static_cast<uint16_t>(u >> 16);
   };
-  auto value = [](uint16_t b) {
-    const uint32_t u = static_cast<uint32_t>(b) << 16;
-    float x;
-    std::memcpy(&x, &u, sizeof x);
-    return x;
-  };
   std::vector<uint16_t> pb(n), gb(n);
   std::vector<float> mf(n), vf(n);
   for (int64_t i = 0; i < n; ++i) {
     gb[i] = bits(uniform_at(peak::seed_b, i));
-    const float gi = value(gb[i]);
+    const float gi = bf16_bits_to_float(gb[i]);
     mf[i] = static_cast<float>(peak::rmw_decay) * uniform_at(peak::seed_c, i) + gi;
     vf[i] = static_cast<float>(peak::rmw_decay) * uniform_at(peak::seed_c + 1, i) + gi * gi;
-    pb[i] = bits(value(bits(uniform_at(peak::seed_a, i))) - static_cast<float>(peak::rmw_rate) * mf[i]);
+    pb[i] = bits(bf16_bits_to_float(bits(uniform_at(peak::seed_a, i))) - static_cast<float>(peak::rmw_rate) * mf[i]);
   }
   EXPECT_TRUE(peak::check_rmw_bf16(pb.data(), gb.data(), mf.data(), vf.data(), n).passed);
   pb[1] ^= 0x40;  // a bf16 parameter two binades off

@@ -236,12 +236,7 @@ TB_CPU_CLONES void triad_range(double* __restrict a, const double* __restrict b,
 // as AdamW's bf16 parameters are kept) and state m, v of type S (double, or float beside bf16), with
 // or without asking for each stream's lines 1 KiB ahead (as AdamW's fused loop does: its divisions
 // hold the out-of-order window, and the prefetches keep loads in flight).
-inline float widen(uint16_t bf16_bits) {
-  const uint32_t u = static_cast<uint32_t>(bf16_bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+inline float widen(uint16_t bf16_bits) { return bf16_bits_to_float(bf16_bits); }
 inline uint16_t narrow(float x) {  // truncated: the mix measures traffic, the check knows the rounding
   uint32_t u;
   std::memcpy(&u, &x, sizeof u);

@@ -71,13 +71,6 @@ static float bf16_truncated(float x) {
   return x;
 }
 
-static float bf16_value(uint16_t bits) {
-  const uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 Verdict check_rmw_bf16(const uint16_t* p, const uint16_t* g, const float* m, const float* v, int64_t n) {
   double worst = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -85,8 +78,9 @@ Verdict check_rmw_bf16(const uint16_t* p, const uint16_t* g, const float* m, con
     const double want_m = rmw_decay * uniform_at(seed_c, i) + gi;
     const double want_v = rmw_decay * uniform_at(seed_c + 1, i) + gi * gi;
     const double want_p = bf16_truncated(uniform_at(seed_a, i)) - rmw_rate * want_m;
-    if (bf16_value(g[i]) != gi) return mismatch("read-modify-write g (read only)", i, bf16_value(g[i]), gi, 0);
-    const double got[3] = {m[i], v[i], bf16_value(p[i])}, want[3] = {want_m, want_v, want_p};
+    if (bf16_bits_to_float(g[i]) != gi)
+      return mismatch("read-modify-write g (read only)", i, bf16_bits_to_float(g[i]), gi, 0);
+    const double got[3] = {m[i], v[i], bf16_bits_to_float(p[i])}, want[3] = {want_m, want_v, want_p};
     const Tolerance* tol[3] = {&tolerance::fp32, &tolerance::fp32, &tolerance::bf16};
     const char* names[3] = {"read-modify-write m", "read-modify-write v", "read-modify-write p (bf16)"};
     for (int k = 0; k < 3; ++k) {
