@@ -366,3 +366,55 @@ def test_epoch_interval_schedulers_step_when_a_pass_over_the_loader_ends():
         loop.step(opt, [next(stream) for _ in range(2)])
         lrs.append(opt.param_groups[0]["lr"])
     assert lrs == pytest.approx([0.1] * 3 + [0.05] * 4 + [0.025] * 2)
+
+
+# ---- each rank's share of the global batch (entry.share_over_ranks) ------------------------------------------------
+RANKED = os.path.join(ENTRIES, "ranked_data.py")
+
+
+def samples_seen(entry):
+    """The sample indices of each of the entry's micro-batches (sample i is the row [i, i, i, i])."""
+    return [sorted(int(v) for v in batch[0][:, 0]) for batch in entry.batches]
+
+
+@pytest.mark.parametrize("shuffle", ["off", "on"])
+def test_a_dataloader_is_shared_by_a_distributed_sampler(shuffle):
+    """Two ranks of a DataLoader entry: their micro-batches are disjoint, and those of one step together are one
+    micro-batch of a process taking both ranks' samples, over the whole dataset; one rank alone keeps the loader."""
+    alone = te.build_entry(f"{RANKED}:loader", 4, CPU, {"shuffle": shuffle})
+    assert alone.same_on_every_rank == "" and len(samples_seen(alone)) == 16
+    ranks = [te.build_entry(f"{RANKED}:loader", 4, CPU, {"shuffle": shuffle}, rank=r, world_size=2) for r in (0, 1)]
+    seen = [samples_seen(e) for e in ranks]
+    assert all(e.same_on_every_rank == "" for e in ranks)
+    assert len(seen[0]) == len(seen[1]) == 8, "each rank has half the micro-batches of one pass"
+    everything = [i for rank in seen for batch in rank for i in batch]
+    assert sorted(everything) == list(range(64)), "disjoint shares of the whole dataset"
+    if shuffle == "off":  # torch's DistributedSampler: rank r takes samples r, r + 2, r + 4, ...
+        assert seen[0][0] == [0, 2, 4, 6] and seen[1][0] == [1, 3, 5, 7]
+
+
+def test_an_entry_that_names_rank_and_world_size_yields_its_own_share():
+    """It is given them (rank 0 of 1 when the tune has one process) and its batches are kept as it made them."""
+    one = te.build_entry(f"{RANKED}:own_share", 4, CPU)
+    assert samples_seen(one)[0] == [0, 1, 2, 3]
+    second = te.build_entry(f"{RANKED}:own_share", 4, CPU, rank=1, world_size=2)
+    assert second.same_on_every_rank == ""
+    assert samples_seen(second)[0] == [1, 3, 5, 7]
+
+
+def test_batches_that_are_the_same_on_every_rank_are_said_with_the_fix():
+    one = te.build_entry(f"{RANKED}:same_everywhere", 4, CPU)
+    assert one.same_on_every_rank == ""
+    shared = te.build_entry(f"{RANKED}:same_everywhere", 4, CPU, rank=1, world_size=2)
+    said = shared.same_on_every_rank
+    assert "same_everywhere" in said and "the same on every rank" in said, said
+    assert "name rank and world_size" in said and "DistributedSampler" in said, said
+    assert samples_seen(shared)[0] == [0, 1, 2, 3], "left as it is: the tune says so, it does not guess a split"
+
+
+def test_an_hf_entrys_ranks_take_side_by_side_rows_of_one_processs_micro_batch():
+    one = te.build_entry(TINY_GPT2, 8, CPU)
+    ranks = [te.build_entry(TINY_GPT2, 4, CPU, rank=r, world_size=2) for r in (0, 1)]
+    for step, (whole, first, second) in enumerate(zip(one.batches, ranks[0].batches, ranks[1].batches)):
+        assert torch.equal(torch.cat([first["input_ids"], second["input_ids"]]), whole["input_ids"]), step
+

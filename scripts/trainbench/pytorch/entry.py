@@ -1,7 +1,8 @@
 """The user's own PyTorch model as an autotune trial: `autotune --executor torch --entry FILE.py:NAME`.
 
 The contract (README, "Tuning your own PyTorch model: --entry"): NAME is a function
-`NAME(micro_batch, device, **switches)` (it gets only the switches its signature names) that returns a dict
+`NAME(micro_batch, device, **switches)` (it gets only the switches its signature names, and `rank` and
+`world_size` if it names both: it then yields that rank's share of the data) that returns a dict
     model      an nn.Module, on `device`
     optimizer  a torch.optim.Optimizer over the model's parameters, or a function params -> one
     batches    the micro-batches: an iterable or a DataLoader of `micro_batch` samples each (tensors, tuples,
@@ -147,6 +148,8 @@ class Entry:
         self.max_grad_norm, self.label = max_grad_norm, label
         self.make_schedulers = make_schedulers or (lambda optimizer: [])
         self.micro_batch = 0  # set by build_entry: the samples of one of `batches`
+        # With several ranks: why every rank would see the same micro-batches (the warning with its fix), else ""
+        self.same_on_every_rank = ""
 
 
 class Scheduled:
@@ -294,7 +297,8 @@ def _from_lightning(module, where: str) -> Optional[Entry]:
                  make_schedulers)
 
 
-def build_file_entry(path: str, name: str, micro_batch: int, device, switches: Dict[str, str]) -> Entry:
+def build_file_entry(path: str, name: str, micro_batch: int, device, switches: Dict[str, str], rank: int = 0,
+                     world_size: int = 1) -> Entry:
     import torch
     where = f"--entry {path}:{name}"
     fn = load_function(path, name)
@@ -303,6 +307,9 @@ def build_file_entry(path: str, name: str, micro_batch: int, device, switches: D
     except (TypeError, ValueError):
         params = {}
     kwargs = {k: v for k, v in switches.items() if k in params}
+    takes_rank = "rank" in params and "world_size" in params
+    if takes_rank:
+        kwargs.update(rank=rank, world_size=world_size)
     try:
         got = fn(micro_batch, device, **kwargs)
     except EntryError:
@@ -316,7 +323,7 @@ def build_file_entry(path: str, name: str, micro_batch: int, device, switches: D
     lightning = _from_lightning(got, where)
     if lightning is not None:
         lightning.model.to(device)
-        return lightning
+        return share_over_ranks(lightning, rank, world_size, where, takes_rank)
     if isinstance(got, (tuple, list)) and len(got) in (4, 5):
         got = dict(zip(ENTRY_KEYS + ("max_grad_norm",), got))
     if not isinstance(got, dict):
@@ -334,11 +341,53 @@ def build_file_entry(path: str, name: str, micro_batch: int, device, switches: D
     if not hasattr(batches, "__iter__") or isinstance(batches, (torch.Tensor, str)):
         raise EntryError(f"{where}: 'batches' is a {type(batches).__name__}; expected an iterable or a DataLoader of "
                          "micro-batches")
-    return Entry(model, _optimizer_maker(got["optimizer"], model, where), batches, got["loss"],
-                 float(got.get("max_grad_norm", DEFAULT_MAX_GRAD_NORM) or 0.0), f"{os.path.basename(path)}:{name}")
+    entry = Entry(model, _optimizer_maker(got["optimizer"], model, where), batches, got["loss"],
+                  float(got.get("max_grad_norm", DEFAULT_MAX_GRAD_NORM) or 0.0), f"{os.path.basename(path)}:{name}")
+    return share_over_ranks(entry, rank, world_size, where, takes_rank)
 
 
-def build_hf_entry(name: str, overrides: Dict[str, str], micro_batch: int, device) -> Entry:
+def share_over_ranks(entry: Entry, rank: int, world_size: int, where: str, takes_rank: bool) -> Entry:
+    """Rank `rank` of `world_size` trains on its share of the global batch, as DistributedDataParallel expects: a
+    function that names `rank` and `world_size` was given them and yields its share itself; a DataLoader gets a
+    DistributedSampler (torch's: rank r takes every world_size-th sample, shuffled by the sampler's seed if the
+    loader shuffled); any other iterable is the same on every rank, so its ranks would train on the same samples:
+    the entry says so (same_on_every_rank), with the fix."""
+    if world_size <= 1 or takes_rank:
+        return entry
+    shared = distributed_loader(entry.batches, rank, world_size)
+    if shared is not None:
+        entry.batches = shared
+        return entry
+    kind = type(entry.batches).__name__
+    entry.same_on_every_rank = (
+        f"{where}: its batches (a {kind}) are the same on every rank, so its {world_size} ranks would train on the same "
+        "samples; name rank and world_size in the function's parameters and yield that rank's share, or return a "
+        "DataLoader over a map-style dataset (it gets a DistributedSampler)")
+    return entry
+
+
+def distributed_loader(loader, rank: int, world_size: int):
+    """The same DataLoader over rank `rank`'s share of its dataset (a DistributedSampler, shuffled where the loader
+    shuffled, seed 0), or None where that cannot be done: not a DataLoader, an iterable-style dataset, or a
+    batch sampler of its own. A loader that already has a DistributedSampler is kept as it is."""
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
+    if not isinstance(loader, DataLoader):
+        return None
+    if isinstance(loader.sampler, DistributedSampler):
+        return loader
+    if isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
+        return None
+    sampler = DistributedSampler(loader.dataset, num_replicas=world_size, rank=rank,
+                                 shuffle=isinstance(loader.sampler, RandomSampler), seed=0, drop_last=loader.drop_last)
+    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
+                      collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
+                      timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+                      generator=torch.Generator().manual_seed(0))
+
+
+def build_hf_entry(name: str, overrides: Dict[str, str], micro_batch: int, device, rank: int = 0,
+                   world_size: int = 1) -> Entry:
     """A transformers causal LM from its configuration class (random weights, nothing downloaded), trained on
     synthetic tokens; dropout off unless an override sets it (a random mask cannot be checked)."""
     import torch
@@ -377,13 +426,16 @@ def build_hf_entry(name: str, overrides: Dict[str, str], micro_batch: int, devic
         raise EntryError(f"{where}: no causal language model for {type(config).__name__} ({one_line(e)})") from None
     vocab = int(config.vocab_size)
     g = torch.Generator().manual_seed(HF_SEED)
-    n_rows = max(HF_SAMPLES, micro_batch)
+    n_rows = max(HF_SAMPLES, micro_batch * world_size)
     data = torch.randint(0, vocab, (n_rows, seq_len), generator=g)
 
     class Tokens:
+        """The synthetic rows in micro-batches; with several ranks, the ranks' micro-batches of one step side by
+        side are the rows one process would take as a micro-batch world_size times as large."""
         def __iter__(self):
-            for start in range(0, n_rows - micro_batch + 1, micro_batch):
-                rows = data[start:start + micro_batch]
+            step_rows = micro_batch * world_size
+            for start in range(0, n_rows - step_rows + 1, step_rows):
+                rows = data[start + rank * micro_batch:start + (rank + 1) * micro_batch]
                 yield {"input_ids": rows, "labels": rows}
 
     def loss(model, batch):
@@ -393,12 +445,15 @@ def build_hf_entry(name: str, overrides: Dict[str, str], micro_batch: int, devic
                  f"hf:{name}")
 
 
-def build_entry(spec: str, micro_batch: int, device, switches: Optional[Dict[str, str]] = None) -> Entry:
+def build_entry(spec: str, micro_batch: int, device, switches: Optional[Dict[str, str]] = None, rank: int = 0,
+                world_size: int = 1) -> Entry:
+    """The entry built for `micro_batch` samples a micro-batch on `device`; with world_size > 1, as rank `rank`
+    builds it: its micro-batches are its share of each step's (share_over_ranks)."""
     kind, target, extra = parse_spec(spec)
     if kind == "hf":
-        entry = build_hf_entry(target, extra, micro_batch, device)
+        entry = build_hf_entry(target, extra, micro_batch, device, rank, world_size)
     else:
-        entry = build_file_entry(target, extra["name"], micro_batch, device, switches or {})
+        entry = build_file_entry(target, extra["name"], micro_batch, device, switches or {}, rank, world_size)
     entry.micro_batch = micro_batch
     return entry
 
