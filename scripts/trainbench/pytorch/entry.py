@@ -510,9 +510,13 @@ def cycle(batches):
 class Loop:
     """trainbench's training step over an entry with a candidate's switches."""
 
-    def __init__(self, entry: Entry, device, switches: Dict[str, str], accumulation: int):
+    def __init__(self, entry: Entry, device, switches: Dict[str, str], accumulation: int, replicated=None):
+        """`replicated`: the model wrapped for data parallelism (distributed.replicate); its forward runs the
+        micro-batches, and with the no_sync switch on, those before the last skip the gradients' all-reduce."""
         import torch
         self.entry, self.device, self.accumulation = entry, device, accumulation
+        self.replicated = replicated
+        self.no_sync = replicated is not None and switches.get("no_sync", "on") == "on"
         self.on_gpu = device.type == "cuda"
         self.bf16 = switches.get("bf16_matmuls", "off") == "on"
         self.non_blocking = switches.get("pin_memory", "off") == "on"
@@ -521,7 +525,8 @@ class Loop:
         self.graphs = switches.get("cuda_graphs", "off") == "on"
         self.graphed: Optional[GraphedMicroBatch] = None  # captured on the first step
         self.params = [p for p in entry.model.parameters() if p.requires_grad]
-        self.forward = lambda batch: entry.loss(entry.model, batch)
+        model = replicated if replicated is not None else entry.model
+        self.forward = lambda batch: entry.loss(model, batch)
         self.compile_seconds = 0.0
         if switches.get("compile", "off") == "on":
             self.forward = torch.compile(self.forward)
@@ -561,6 +566,11 @@ class Loop:
                 from .memory import looks_like_oom
                 self.graphed = GraphedMicroBatch(self.micro_step, self.params, micro_batches[0], self.device, looks_like_oom)
             losses = [self.graphed(batch, self.non_blocking) for batch in micro_batches]
+        elif self.no_sync:  # DDP's no_sync(): the gradients of all but the last micro-batch stay on this rank
+            for batch in micro_batches[:-1]:
+                with self.replicated.no_sync():
+                    losses.append(self.micro_step(to_device(batch, self.device, self.non_blocking)))
+            losses.append(self.micro_step(to_device(micro_batches[-1], self.device, self.non_blocking)))
         else:
             losses = [self.micro_step(to_device(batch, self.device, self.non_blocking)) for batch in micro_batches]
         if self.entry.max_grad_norm > 0:

@@ -40,3 +40,13 @@ def same_everywhere(micro_batch, device):
     rows = _rows()
     batches = [(rows[i:i + micro_batch],) for i in range(0, SAMPLES - micro_batch + 1, micro_batch)]
     return dict(model=model, optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batches=batches, loss=loss)
+
+
+def batch_norm(micro_batch, device):
+    """A DataLoader entry whose loss depends on the split of the global batch: batch norm's statistics."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1)).to(device)
+    rows = torch.randn(SAMPLES, 4, generator=torch.Generator().manual_seed(1)) * torch.arange(1, SAMPLES + 1)[:, None]
+    data = DataLoader(TensorDataset(rows), batch_size=micro_batch, drop_last=True)
+    return dict(model=model, optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batches=data,
+                loss=lambda model, batch: model(batch[0]).pow(2).mean())

@@ -1,0 +1,113 @@
+"""An entry's candidate on several ranks of torch.distributed, as the user will train it: DistributedDataParallel over
+the entry's model, each rank on its share of the global batch (entry.share_over_ranks), the gradients all-reduced
+once per optimizer step when the no_sync switch is on (DDP's no_sync() around the micro-batches before the last)
+or after every micro-batch when it is off (a loop without it).
+
+The switches of a replicated candidate (each in the output; defaults are DDP's):
+  no_sync                  on | off
+  bucket_mb                25 | 5 | 100       DDP's bucket_cap_mb
+  gradient_as_bucket_view  off | on
+  static_graph             off | on
+
+Correct before fast: the first optimizer step of the ranks is checked against one process running the same global
+batch, every rank's samples of it joined into one micro-batch (entry.reference_step, fp32, the optimizer as given),
+with the single process's tolerances (entry.check_first_step's). Every rank computes that reference from the same
+gathered samples, so every rank reaches the same verdict without another message.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional
+
+REPLICATED_SWITCHES = {"no_sync": ("on", "off"), "bucket_mb": ("25", "5", "100"),
+                       "gradient_as_bucket_view": ("off", "on"), "static_graph": ("off", "on")}
+
+
+def world_from_environment() -> Optional[Dict[str, int]]:
+    """rank, world_size and local_rank as torchrun sets them, or None in a process of its own."""
+    size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if size <= 1:
+        return None
+    return {"rank": int(os.environ["RANK"]), "world_size": size, "local_rank": int(os.environ.get("LOCAL_RANK", "0"))}
+
+
+def join(device) -> None:
+    """The process group of this rank: NCCL on GPUs (one rank per GPU), gloo on the CPU."""
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+
+
+def replicate(model, device, switches: Dict[str, str]):
+    """The model in DistributedDataParallel with the candidate's switches (rank 0's parameters broadcast to all)."""
+    from torch.nn.parallel import DistributedDataParallel
+    return DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=float(switches.get("bucket_mb", "25")),
+        gradient_as_bucket_view=switches.get("gradient_as_bucket_view", "off") == "on",
+        static_graph=switches.get("static_graph", "off") == "on")
+
+
+def gathered(micro_batches: List[Any]) -> List[Any]:
+    """Every rank's micro-batches of one step, rank 0's first (on the CPU): the global batch's samples."""
+    import torch.distributed as dist
+    from .entry import to_device
+    import torch
+    mine = [to_device(b, torch.device("cpu")) for b in micro_batches]
+    everyone: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return [b for rank_batches in everyone for b in rank_batches]
+
+
+def refusal(switches: Dict[str, str]) -> Optional[str]:
+    """Why DDP cannot run these switches together, or None: its static graph expects every backward to reduce, so
+    no_sync's skipped all-reduces break it (an internal assert of its reducer, PyTorch 2.x)."""
+    if switches.get("static_graph", "off") == "on" and switches.get("no_sync", "on") == "on":
+        return "static_graph=on cannot skip the all-reduce of micro-batches (no_sync=on): DDP's static graph reduces " \
+               "in every backward"
+    return None
+
+
+def replicate_checked(entry, device, switches: Dict[str, str], micro_batches, own: str):
+    """The entry's model replicated with the candidate's switches (None where refusal() refuses them, with why), and
+    None when the ranks' first optimizer step
+    (this rank's `micro_batches` through it) moves the parameters as one process does on every rank's samples in one
+    micro-batch, else why not. The reference runs first, on the model before DDP wraps it (a backward through a
+    wrapped model's parameters outside DDP's forward breaks its reducer); the model is left at its initial
+    parameters."""
+    import torch.distributed as dist
+    from .entry import (Loop, TOLERANCE_BF16, TOLERANCE_FP32, _dropout_off, _state, nonfinite_loss, reference_step,
+                        update_difference, with_variant)
+    refused = refusal(switches)
+    if refused:
+        return None, refused
+    initial = _state(entry.model)
+    off = _dropout_off(entry.model)
+    world = dist.get_world_size()
+    try:
+        everything = gathered(micro_batches)
+        reference, parts = reference_step(entry, device, everything, own, initial)
+        reference.pop("seconds", None)
+        reference_loss = reference.pop("loss")
+        whole = (f"one process on the {world} ranks' samples in one micro-batch" if parts == 1 else
+                 f"one process on the {world} ranks' samples in {parts} micro-batches (the whole did not fit)")
+        entry.model.load_state_dict(initial)
+        replicated = replicate(entry.model, device, switches)
+        diverged = nonfinite_loss(reference_loss, 1, f" of the reference ({whole}, fp32)")
+        if diverged:
+            return replicated, diverged
+        loop = Loop(entry, device, switches, len(micro_batches), replicated=replicated)
+        loop.step(with_variant(entry.make_optimizer(entry.model.parameters()), switches.get("optimizer", own)),
+                  micro_batches)
+        diff = update_difference(entry.model, initial, reference)
+        tol = TOLERANCE_BF16 if switches.get("bf16_matmuls") == "on" else TOLERANCE_FP32
+        if not (diff <= tol):
+            return replicated, (f"the first step of {world} ranks moves the parameters {diff:.3g} (relative to the "
+                                f"update) away from {whole} (tolerance {tol:g}): a loss that depends on the split over "
+                                "ranks (batch norm, a mean per micro-batch?)")
+        return replicated, None
+    finally:
+        entry.model.load_state_dict(initial)
+        for m in off:
+            m.train()

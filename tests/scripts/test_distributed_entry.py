@@ -1,0 +1,84 @@
+"""An entry's candidate on two ranks of torch.distributed (gloo on the CPU), in two processes of this test: DDP with
+each switch value passes the first-step check against one process on both ranks' samples, no_sync on and off alike;
+a loss that depends on the split (batch norm) is named by it; static_graph with no_sync is refused before it runs.
+Without torch these tests skip."""
+
+import os
+import socket
+
+import pytest
+
+from conftest import REPO
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+ENTRIES = os.path.join(REPO, "tests", "scripts", "entries")
+RANKED = os.path.join(ENTRIES, "ranked_data.py")
+CANDIDATES = [{"no_sync": "on"}, {"no_sync": "off"}, {"bucket_mb": "5", "gradient_as_bucket_view": "on"},
+              {"bucket_mb": "100"}, {"static_graph": "on", "no_sync": "off"}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_main(rank, world, port, spec, accumulation, results):
+    import sys
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    from trainbench.pytorch import distributed as td
+    from trainbench.pytorch import entry as te
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    cpu = torch.device("cpu")
+    td.join(cpu)
+    try:
+        said = []
+        for switches in CANDIDATES:
+            e = te.build_entry(spec, 4, cpu, rank=rank, world_size=world)
+            stream = te.cycle(e.batches)
+            micro = [next(stream) for _ in range(accumulation)]
+            _, why = td.replicate_checked(e, cpu, switches, micro, "per_tensor")
+            said.append(why)
+        results.put((rank, said))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(spec, accumulation=2, world=2):
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=rank_main, args=(r, world, port, spec, accumulation, results)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got = dict(results.get(timeout=120) for _ in range(world))
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0, p.exitcode
+    return got
+
+
+def test_ddp_candidates_pass_the_first_step_check_against_one_process():
+    got = run_ranks(f"{RANKED}:loader")
+    for rank, said in got.items():
+        assert said == [None] * len(CANDIDATES), (rank, said)
+
+
+def test_a_loss_that_depends_on_the_split_over_ranks_is_named():
+    got = run_ranks(f"{RANKED}:batch_norm", accumulation=1)
+    for rank, said in got.items():
+        for why in said:
+            assert why and "depends on the split over ranks" in why and "one process on the 2 ranks' samples" in why, \
+                (rank, why)
+
+
+def test_static_graph_with_no_sync_is_refused_with_the_reason():
+    from trainbench.pytorch import distributed as td
+    said = td.refusal({"static_graph": "on"})
+    assert said and "no_sync=on" in said and "static_graph=on" in said
+    assert td.refusal({"static_graph": "on", "no_sync": "off"}) is None
+    assert td.refusal({"no_sync": "on"}) is None
+
