@@ -27,6 +27,12 @@ For an entry, two more ops come before the candidates, so that the entry is impo
                  {"error", "usage": true} with the one line that names what is wrong with it;
   largest_batch  {"global_batch", "memory_limit_bytes"}: Lightning's BatchSizeFinder on it (entry.largest_batch).
 
+Under torchrun (WORLD_SIZE > 1), an entry's worker is a group of ranks (distributed.py): rank 0 speaks the protocol
+above and hands each request to the others over torch.distributed; every rank builds the candidate on its share of
+the global batch (global_batch = micro_batch x accumulation x ranks) in DistributedDataParallel, checks its first
+step against one process on every rank's samples, and steps it; the answers come back as one (the first rank's
+failure, else the slowest rank's seconds, "rank_seconds" beside them, and the largest peak memory).
+
 Whatever the user's code prints goes to stderr: stdout is the conversation. The worker ignores SIGINT (autotune
 owns the interrupt and ends the worker) and dies with its parent (PR_SET_PDEATHSIG)."""
 
@@ -132,10 +138,15 @@ class Worker:
         self.kind = start.get("kind", "entry")
         self.spec = start.get("entry", "")
         self.on_gpu = start.get("backend") == "cuda"
+        from .distributed import world_from_environment
+        self.world = world_from_environment()  # under torchrun: this rank of an entry's candidates
+        if self.world and self.kind != "entry":
+            raise UsageError("several ranks run an entry's candidates (--entry); the twin is one process")
         if self.on_gpu:
             if not torch.cuda.is_available():
                 raise UsageError("PyTorch sees no usable GPU (torch.cuda.is_available() is False)")
-            self.device = torch.device("cuda", int(start.get("device", 0)))
+            index = self.world["local_rank"] if self.world else int(start.get("device", 0))
+            self.device = torch.device("cuda", index)
             torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
@@ -149,6 +160,9 @@ class Worker:
         self.compiled: Dict[str, Any] = {}     # candidate key -> (entry, loop, initial state), compile=on only
         self.opened: Optional[Opened] = None
         self.before_open = 0   # memory held before the last candidate was opened
+        if self.world:
+            from .distributed import join
+            join(self.device)
 
     def import_entry(self) -> None:
         """The entry's imports, before the memory limit: the limit is for what a candidate allocates, and a library
@@ -264,7 +278,17 @@ class Worker:
         key = json.dumps(cand, sort_keys=True)
         switches = dict(cand.get("switches", {}))
         global_batch, micro = int(cand["global_batch"]), int(cand["micro_batch"])
-        accumulation = global_batch // micro
+        ranks = self.world["world_size"] if self.world else 1
+        accumulation = global_batch // (micro * ranks)
+        if self.world:
+            from .distributed import refusal as ranks_refusal
+            why = ranks_refusal(switches) or (
+                f"the global batch {global_batch} is not micro-batches of {micro} on {ranks} ranks"
+                if global_batch % (micro * ranks) else
+                "cuda_graphs on several ranks is not measured" if switches.get("cuda_graphs") == "on" else None)
+            if why:
+                said.update(disposition="error", reason=why)
+                return
         refused = graphs_refusal(self.on_gpu, switches)
         if refused:
             said.update(disposition="error", reason=f"cuda_graphs refused: {refused}")
@@ -277,7 +301,14 @@ class Worker:
             loop.steps, loop.pending, loop.schedulers, loop.samples, loop.diverged = 0, None, None, 0, None
         else:
             torch.manual_seed(0)
-            entry = build_entry(self.spec, micro, self.device, switches)
+            entry = build_entry(self.spec, micro, self.device, switches, rank=self.world["rank"] if self.world else 0,
+                                world_size=ranks)
+            if self.world and entry.label.startswith("LightningModule"):
+                said.update(disposition="error", reason="a LightningModule is not tuned on several ranks yet: its "
+                                                        "training_step would run outside DDP's forward")
+                return
+            if entry.same_on_every_rank:
+                said["warning"] = entry.same_on_every_rank
             initial = {k: v.detach().clone() for k, v in entry.model.state_dict().items()} if compiled else None
             loop = None
         if "pin_memory" in switches and isinstance(entry.batches, torch.utils.data.DataLoader):
@@ -287,7 +318,19 @@ class Worker:
         stream = cycle(entry.batches)
         first = [next(stream) for _ in range(accumulation)]
         timing: Dict[str, float] = {}
-        if key not in self.checked:
+        replicated = None
+        if self.world:  # DDP over the entry's model, its first step against one process on every rank's samples
+            from .distributed import replicate, replicate_checked
+            if key in self.checked:
+                replicated = replicate(entry.model, self.device, switches)
+            else:
+                said["checked"] = True
+                replicated, why = replicate_checked(entry, self.device, switches, first, own)
+                if why:
+                    said.update(disposition="incorrect", reason=why)
+                    return
+                self.checked.add(key)
+        elif key not in self.checked:
             said["checked"] = True
             why = check_first_step(entry, self.device, switches, first, own, timing, references=self.references,
                                    reference_key=self.reference_key(entry, first))
@@ -295,8 +338,8 @@ class Worker:
                 said.update(disposition="incorrect", reason=why)
                 return
             self.checked.add(key)
-        if loop is None:
-            loop = Loop(entry, self.device, switches, accumulation)
+        if loop is None or self.world:
+            loop = Loop(entry, self.device, switches, accumulation, replicated=replicated)
         opt = with_variant(entry.make_optimizer(entry.model.parameters()), variant)
 
         def step():
@@ -409,7 +452,75 @@ def serve(worker: Worker, requests: TextIO, answers: TextIO) -> int:
             return {"error": f"out of memory ({_one_line(e)}){worker.within()}" if oom else f"{_one_line(e)}{_where(e)}",
                     "class": "oom" if oom else "error"}
 
-    return converse(requests, answers, handle, lambda e: f"{_one_line(e)}{_where(e)}")
+    describe = lambda e: f"{_one_line(e)}{_where(e)}"  # noqa: E731
+    if not worker.world:
+        return converse(requests, answers, handle, describe)
+    if worker.world["rank"] != 0:
+        return follow(handle, describe)
+    try:
+        return converse(requests, answers, lambda request: lead(handle, describe, request), describe)
+    finally:
+        hand_out(None)  # the conversation ended: so do the other ranks
+
+
+# ---- several ranks (torchrun) ------------------------------------------------------------------------------------
+# Under torchrun, rank 0 speaks with autotune: it hands each request to the other ranks, every rank carries it out
+# (the candidate's collectives, DDP's included, in the same order everywhere), and the ranks' answers come back to
+# rank 0 as one (combined).
+def hand_out(request: Optional[dict]) -> Optional[dict]:
+    import torch.distributed as dist
+    box = [request]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def lead(handle, describe, request: dict) -> dict:
+    import torch.distributed as dist
+    hand_out(request)
+    mine = answered(handle, describe, request)
+    everyone: List[Any] = [None] * dist.get_world_size()
+    dist.gather_object(mine, everyone, dst=0)
+    return combined(request.get("op", ""), everyone)
+
+
+def follow(handle, describe) -> int:
+    import torch.distributed as dist
+    while True:
+        request = hand_out(None)
+        if request is None:
+            return 0
+        dist.gather_object(answered(handle, describe, request), None, dst=0)
+
+
+def answered(handle, describe, request: dict) -> dict:
+    try:
+        return handle(request)
+    except Exception as e:  # noqa: BLE001 - as converse answers it, so that every rank answers
+        return {"error": describe(e)}
+
+
+def combined(op: str, answers: List[dict]) -> dict:
+    """The ranks' answers to one request as one: the first rank's that failed (an error, or a candidate that did
+    not pass), else rank 0's with the slowest rank's seconds (the step waits for it) and the largest peak memory; a
+    close restarts when any rank must."""
+    if op == "close":
+        return dict(answers[0], restart=any(a.get("restart") for a in answers),
+                    held_bytes=max(a.get("held_bytes", 0) for a in answers))
+    failed = next((a for a in answers if "error" in a or a.get("disposition", "passed") != "passed"), None)
+    if failed is not None:
+        rank = answers.index(failed)
+        out = dict(failed)
+        for field in ("error", "reason"):
+            if out.get(field):
+                out[field] = f"rank {rank}: {out[field]}"
+        return out
+    out = dict(answers[0])
+    for field in ("seconds", "step_seconds", "setup_seconds", "compile_seconds", "peak_bytes"):
+        if field in out:
+            out[field] = max(a[field] for a in answers)
+    if op == "time":
+        out["rank_seconds"] = [a["seconds"] for a in answers]
+    return out
 
 
 def serve_main(start_text: str) -> int:
@@ -439,9 +550,13 @@ def serve_main(start_text: str) -> int:
     except ImportError as e:
         print(f"torch-step --serve: PyTorch is not importable ({e})", file=sys.stderr)
         return 2
-    answers.write(json.dumps({"protocol": PROTOCOL, "torch": torch.__version__, "python": sys.version.split()[0],
-                              "cuda": worker.on_gpu, "start_seconds": time.perf_counter() - started}) + "\n")
-    answers.flush()
+    if not worker.world or worker.world["rank"] == 0:  # the other ranks of a torchrun group stay silent
+        hello = {"protocol": PROTOCOL, "torch": torch.__version__, "python": sys.version.split()[0], "cuda": worker.on_gpu,
+                 "start_seconds": time.perf_counter() - started}
+        if worker.world:
+            hello["ranks"] = worker.world["world_size"]
+        answers.write(json.dumps(hello) + "\n")
+        answers.flush()
     return serve(worker, sys.stdin, answers)
 
 
