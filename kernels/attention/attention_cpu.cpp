@@ -1,22 +1,23 @@
 // CPU attention. naive: the PyTorch eager path, scores [B, H, S, S] materialised by BLAS, then mask,
-// softmax, and a second BLAS GEMM; its backward reads the saved probabilities. fused: tiles of 64
-// queries against their keys, the scores of one tile in a thread's cache and never [S, S], causal
-// keys past a tile never computed; its backward (FlashAttention-2) recomputes P from each row's
-// log-sum-exp. All products are the BLAS's (its kernels suit whatever vector width the CPU has).
+// softmax, and a second BLAS GEMM; its backward reads the saved probabilities. fused: the blocked online
+// softmax of attention_cpu_blocked.inc in AVX-512 or AVX2 micro-kernels where the CPU has them, else
+// tiles of 64 queries against their keys by BLAS products (here): either way the scores of a block in a
+// thread's cache and never [S, S], causal keys past a block never computed; the backward
+// (FlashAttention-2) recomputes P from each row's log-sum-exp.
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
-#include <new>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <new>
 
-#include "runtime/cpu_clones.h"
 #include "attention.h"
 #include "attention_cpu_blocked.h"
 #include "layers/layers.h"
 #include "runtime/cpu_blas.h"
+#include "runtime/cpu_clones.h"
 #include "runtime/defaults.h"
 #include "runtime/host_buffer.h"
 #include "runtime/simd_math.h"

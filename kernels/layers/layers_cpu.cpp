@@ -1,9 +1,9 @@
 // layers.h on the CPU, in the formulas of llm.c's train_gpt2.c.
-#include "runtime/cpu_clones.h"
 #include "layers/layers.h"
 
 #include <cmath>
 
+#include "runtime/cpu_clones.h"
 #include "runtime/cpu_elementwise.h"
 #include "runtime/defaults.h"
 #include "runtime/gelu.h"

@@ -1,6 +1,5 @@
 // The CPU backend's ops, in the formulas of llm.c's train_gpt2.c (layernorm, GELU, attention and
 // cross-entropy backward), with the matrix products on the CPU BLAS.
-#include "runtime/cpu_clones.h"
 #include "step/cpu_ops.h"
 
 #include <omp.h>
@@ -15,6 +14,7 @@
 #include "layers/layers.h"
 #include "runtime/comm.h"
 #include "runtime/cpu_blas.h"
+#include "runtime/cpu_clones.h"
 #include "runtime/error.h"
 #include "runtime/cpu_elementwise.h"
 #include "runtime/defaults.h"
