@@ -1076,6 +1076,9 @@ TEST(AutotuneSteps, BadOptionsAreOneUsageErrorEach) {
            {{"--entry", "m.py:f", "--executor", "native"}, "it runs with --executor torch, not native"},
            {{"--ranks", "2", "--executor", "torch"}, "--executor torch is one process"},
            {{"--compare", "a.yaml", "b.yaml", "--ranks", "2"}, "leave out --ranks"},
+           {{"--entry", "m.py:f", "--ranks", "2", "--predict"}, "--predict models the native step only"},
+           {{"--entry", "m.py:f", "--ranks", "2", "--batch", "63"}, "the global batch 63 is not a multiple of the ranks"},
+           {{"--entry", "m.py:f", "--compare", "a.yaml"}, "--entry tunes its own model: leave out --compare"},
            {{"--executor", "native,torch"}, "give it --compare FILE"}}) {
     EXPECT_NE(usage_error([&, &words = words] { parse(words); }).find(says), std::string::npos) << says;
   }

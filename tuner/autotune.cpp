@@ -281,6 +281,14 @@ TrialRunner entry_runner(std::unique_ptr<EntryExecutor> entry) {
                    {"python", p.torch.python_version},
                    {"interpreter", p.torch.python}};
   r.journal_tag = " torch-entry " + p.torch.torch_version;
+  if (entry->ranks() > 1) {
+    r.description["step"] =
+        "the user's own PyTorch model, trainbench's loop (--entry) in DistributedDataParallel, in one "
+        "group of ranks (torchrun) for the tune";
+    r.description["ranks"] = entry->ranks();
+    r.description["launcher"] = entry->launcher();
+    r.journal_tag += " ranks " + std::to_string(entry->ranks());
+  }
   r.torch = true;
   r.worker = &entry->worker_stats();
   r.entry = entry.get();
@@ -876,13 +884,21 @@ AutotuneOptions parse_options(int argc, const char* const* argv) {
   if (!o.entry.empty()) {
     if (app.count("--executor") && o.executor != "torch")
       throw UsageError("--entry tunes a PyTorch model: it runs with --executor torch, not " + o.executor);
-    if (o.ranks > 1 || !o.compare_files.empty())
-      throw UsageError("--entry tunes one process: leave out --ranks and --compare");
+    if (!o.compare_files.empty()) throw UsageError("--entry tunes its own model: leave out --compare");
+    if (o.ranks > 1 && o.predict)
+      throw UsageError("--entry --ranks measures the ranks it starts; --predict models the native step only");
+    if (o.ranks > 1 && app.count("--mpirun"))
+      throw UsageError("--mpirun launches the native step's ranks; an entry's ranks start under torchrun");
+    if (o.ranks > 1 && o.batch > 0 && o.batch % o.ranks)
+      throw UsageError("--ranks " + std::to_string(o.ranks) + ": the global batch " + std::to_string(o.batch) +
+                       " is not a multiple of the ranks");
     o.executor = "torch";
   }
   o.memory_limit = memory_limit_text.empty() ? 0 : parse_memory_limit(memory_limit_text);
-  if (o.ranks > 1 && o.executor == "torch")
-    throw UsageError("--ranks runs the native step on every rank; --executor torch is one process");
+  if (o.ranks > 1 && o.executor == "torch" && o.entry.empty())
+    throw UsageError(
+        "--ranks runs the native step or an --entry on every rank; without --entry, --executor torch is one "
+        "process (the twin)");
   if (o.ranks > 1 && !o.compare_files.empty())
     throw UsageError("--compare races one-rank configurations: leave out --ranks");
   if (executor_names(o.executor).size() > 1 && o.compare_files.empty())
@@ -1013,13 +1029,20 @@ TunePlan plan_tune(const AutotuneOptions& options, const BudgetClock& clock) {
   if (!options.entry.empty()) {  // validated in the tune's worker before anything runs (a bad one: UsageError)
     const int64_t g = options.batch > 0 ? options.batch : kEntryDefaultBatch;
     // Under the budget, as a trial is: a probe that hangs (a build that never returns) is stopped at its end.
+    if (options.ranks > 1) {
+      const std::string why = entry_ranks_unavailable_reason(options.ranks, machine.use_cuda);
+      if (!why.empty()) throw UsageError(why);
+    }
     entry = std::make_unique<EntryExecutor>(options.entry, machine.use_cuda, machine.device, g, &stop_requested,
-                                            options.memory_limit, std::max(options.budget - clock.elapsed(), 1.0));
+                                            options.memory_limit, std::max(options.budget - clock.elapsed(), 1.0),
+                                            options.ranks);
     plan.entry = entry->probe();
     plan.workload = entry_workload(*plan.entry, g);
   }
   plan.batches = global_batches(plan.workload, options.batch, options.batch_range);
-  if (options.ranks > 1) {
+  if (options.ranks > 1 && entry) {  // torchrun's ranks: the candidates hold one rank's share, as the native ones
+    share_batches_over_ranks(options, plan.workload, plan.batches);
+  } else if (options.ranks > 1) {
     const std::string why = ranks_unavailable_reason(options.ranks, machine.use_cuda, options.predict, options.launcher);
     if (!why.empty()) throw UsageError(why);
     plan.launcher = launcher_argv(options.launcher);

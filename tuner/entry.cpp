@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "runtime/device_info.h"
 #include "runtime/error.h"
 #include "runtime/python.h"
 
@@ -57,24 +58,46 @@ TrialEstimate entry_shortest_trial(const EntryProbe& p, const Candidate& c, int6
   return e;
 }
 
+std::string entry_ranks_unavailable_reason(int64_t ranks, bool cuda) {
+  if (!cuda) return "";
+  const auto gpus = static_cast<int64_t>(cuda_status().devices.size());
+  if (ranks > gpus)
+    return "--ranks " + std::to_string(ranks) + " needs a GPU per rank and this machine has " + std::to_string(gpus);
+  return "";
+}
+
+std::string EntryExecutor::launcher() const {
+  return ranks_ > 1 ? "torchrun --standalone --nproc-per-node " + std::to_string(ranks_) : "";
+}
+
 EntryExecutor::EntryExecutor(const std::string& spec, bool cuda, int device, int64_t global_batch,
-                             const std::atomic<bool>* stop, int64_t memory_limit, double timeout_s)
-    : cuda_(cuda), capacity_(trial_memory_capacity(cuda, device)) {
+                             const std::atomic<bool>* stop, int64_t memory_limit, double timeout_s, int64_t ranks)
+    : cuda_(cuda), ranks_(std::max<int64_t>(ranks, 1)), capacity_(trial_memory_capacity(cuda, device)) {
   probe_.spec = entry_spec(spec);
   if (probe_.spec.rfind("hf:", 0) != 0) probe_.file = probe_.spec.substr(0, probe_.spec.rfind(':'));
   probe_.torch = torch_interpreter();
-  const int64_t host_limit = memory_limit > 0 ? std::min(memory_limit, capacity_) : capacity_;
+  // A CPU's ranks share its memory: each is held to its part of it.
+  const int64_t host_limit = (memory_limit > 0 ? std::min(memory_limit, capacity_) : capacity_) / ranks_;
   const json start{{"kind", "entry"},
                    {"entry", probe_.spec},
                    {"backend", cuda ? "cuda" : "cpu"},
                    {"device", device},
                    {"memory_limit_bytes", cuda ? int64_t{0} : host_limit}};
+  // Several ranks: the worker under torchrun (its elastic agent, one node), rank 0 speaking for the group; each
+  // candidate's global batch is then every rank's together.
+  std::vector<std::string> command{probe_.torch.python};
+  if (ranks_ > 1)
+    command.insert(command.end(),
+                   {"-m", "torch.distributed.run", "--standalone", "--nproc-per-node", std::to_string(ranks_)});
+  command.insert(command.end(), {probe_.torch.script, "--serve", start.dump()});
   worker_ = std::make_unique<WorkerExecutor>(
-      std::vector<std::string>{probe_.torch.python, probe_.torch.script, "--serve", start.dump()},
-      [](const Candidate& candidate) {
-        return json{{"candidate", to_json(candidate)}};
+      command,
+      [ranks = ranks_](const Candidate& candidate) {
+        json c = to_json(candidate);
+        c["global_batch"] = candidate.global_batch * ranks;
+        return json{{"candidate", c}};
       },
-      capacity_, stop);
+      capacity_, stop, ranks_);
   // The worker's start and the probe share `timeout_s` (what is left of the budget): a probe that hangs is stopped
   // at the budget's end, as a trial would be.
   const auto started = std::chrono::steady_clock::now();
@@ -86,7 +109,7 @@ EntryExecutor::EntryExecutor(const std::string& spec, bool cuda, int device, int
   const auto probe_started = std::chrono::steady_clock::now();
   json j;
   try {
-    j = worker_->request({{"op", "probe"}, {"micro_batch", std::min<int64_t>(global_batch, 8)}}, left());
+    j = worker_->request({{"op", "probe"}, {"micro_batch", std::clamp<int64_t>(global_batch / ranks_, 1, 8)}}, left());
   } catch (const WorkerLost& e) {
     if (e.why == WorkerLost::Why::interrupted) throw;  // a stop, not the entry's fault
     if (e.why == WorkerLost::Why::hung)

@@ -47,6 +47,9 @@ std::string entry_digest_text(const EntryProbe& p);
 // The shortest trial of `c`: the probe's start-up and steps at its measured rate.
 TrialEstimate entry_shortest_trial(const EntryProbe& p, const Candidate& c, int64_t min_steps);
 
+// Why `--entry --ranks N` cannot run here ("" when it can): on a GPU, one rank per GPU.
+std::string entry_ranks_unavailable_reason(int64_t ranks, bool cuda);
+
 // `--versus largest-batch`: what Lightning's BatchSizeFinder (mode "power") gives on this device, found in the
 // worker: the micro-batch doubled from 1 while a few steps at it fit in the memory limit, at most the global
 // batch and dividing it; its accumulation makes up the rest.
@@ -64,13 +67,18 @@ class EntryExecutor final : public Executor {
  public:
   // Starts the worker on `spec` and validates the entry there within `timeout_s`: UsageError (one line) when the
   // entry is bad or PyTorch is missing. `memory_limit`: bytes a CPU worker may map (0: what the host has).
+  // With ranks > 1 the worker is a torchrun group of that many ranks (scripts/trainbench/pytorch/distributed.py):
+  // the candidates it is given hold one rank's share of the global batch, as the native --ranks ones.
   EntryExecutor(const std::string& spec, bool cuda, int device, int64_t global_batch, const std::atomic<bool>* stop,
-                int64_t memory_limit, double timeout_s);
+                int64_t memory_limit, double timeout_s, int64_t ranks = 1);
   TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override {
     return worker_->run(candidate, policy);
   }
   int64_t memory_capacity() const override { return capacity_; }
   const EntryProbe& probe() const { return probe_; }
+  int64_t ranks() const { return ranks_; }
+  // How the ranks are started: "torchrun --standalone --nproc-per-node N" (python -m torch.distributed.run).
+  std::string launcher() const;
   const WorkerStats& worker_stats() const { return worker_->stats(); }
   // `--versus largest-batch`, within `memory_limit_bytes` (a GPU's; on the CPU the worker's limit holds) and
   // `timeout_s`. UsageError for a bad entry; a runtime error naming what happened when it fails otherwise.
@@ -79,6 +87,7 @@ class EntryExecutor final : public Executor {
  private:
   EntryProbe probe_;
   bool cuda_;
+  int64_t ranks_ = 1;
   int64_t capacity_ = 0;
   std::unique_ptr<WorkerExecutor> worker_;
 };

@@ -246,10 +246,11 @@ json WorkerStats::to_json() const {
 // ---- the executor -----------------------------------------------------------------------------------------------
 
 WorkerExecutor::WorkerExecutor(std::vector<std::string> argv, OpenRequest open_request, int64_t capacity,
-                               const std::atomic<bool>* stop)
+                               const std::atomic<bool>* stop, int64_t ranks)
     : argv_(std::move(argv)),
       open_request_(std::move(open_request)),
       capacity_(capacity),
+      ranks_(ranks),
       stop_(stop),
       hang_floor_(kHangFloorSeconds) {}
 
@@ -365,7 +366,7 @@ bool WorkerExecutor::measure_candidate(const Candidate& candidate, const json& s
     return s;
   };
   try {
-    measure_steps(sampler, said.value("step_seconds", 0.0), policy, static_cast<double>(candidate.global_batch), r);
+    measure_steps(sampler, said.value("step_seconds", 0.0), policy, static_cast<double>(candidate.global_batch * ranks_), r);
     return true;
   } catch (const std::runtime_error& e) {
     if (failed_why.empty()) throw;

@@ -78,11 +78,13 @@ inline constexpr double kHangFloorSeconds = 30;
 inline constexpr double kHangFactor = 10;
 
 // The executor over a worker. `open_request(candidate)` is the open request's body (the candidate; for the twin
-// also its resolved workload and reference); `samples_per_step(candidate)` the samples one step takes.
+// also its resolved workload and reference). A worker of `ranks` ranks (an entry's under torchrun) steps every
+// rank's share of the batch at once: a candidate's global batch is one rank's, a step takes `ranks` of them.
 class WorkerExecutor final : public Executor {
  public:
   using OpenRequest = std::function<nlohmann::json(const Candidate&)>;
-  WorkerExecutor(std::vector<std::string> argv, OpenRequest open_request, int64_t capacity, const std::atomic<bool>* stop);
+  WorkerExecutor(std::vector<std::string> argv, OpenRequest open_request, int64_t capacity, const std::atomic<bool>* stop,
+                 int64_t ranks = 1);
   ~WorkerExecutor() override;
   TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override;
   int64_t memory_capacity() const override { return capacity_; }
@@ -113,6 +115,7 @@ class WorkerExecutor final : public Executor {
   std::vector<std::string> argv_;
   OpenRequest open_request_;
   int64_t capacity_ = 0;
+  int64_t ranks_ = 1;
   const std::atomic<bool>* stop_;
   std::unique_ptr<WorkerProcess> process_;
   WorkerStats stats_;

@@ -77,9 +77,9 @@ def test_a_loss_that_depends_on_the_split_over_ranks_is_named():
 
 def test_static_graph_with_no_sync_is_refused_with_the_reason():
     from trainbench.pytorch import distributed as td
-    said = td.refusal({"static_graph": "on"})
+    said = td.refusal({"static_graph": "on", "no_sync": "on"})
     assert said and "no_sync=on" in said and "static_graph=on" in said
-    assert td.refusal({"static_graph": "on", "no_sync": "off"}) is None
+    assert td.refusal({"static_graph": "on"}) is None, "no_sync is off unless a candidate turns it on"
     assert td.refusal({"no_sync": "on"}) is None
 
 
@@ -141,3 +141,47 @@ def test_a_rank_split_dependent_candidate_is_incorrect_as_a_group():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# ---- autotune --entry --ranks: the C++ side starts the worker under torchrun -----------------------------------------
+EXAMPLE = os.path.join(REPO, "tuner", "entries", "my_train.py")
+
+
+def autotune_or_skip():
+    from conftest import built_tool
+    autotune = built_tool("TRAINBENCH_AUTOTUNE", "tuner", "autotune")
+    if autotune is None:
+        pytest.skip("autotune is not built")
+    return autotune
+
+
+@pytest.mark.parametrize("extra, said", [
+    (["--batch", "63"], "--ranks 2: the global batch 63 is not a multiple of the ranks"),
+    (["--predict"], "--entry --ranks measures the ranks it starts; --predict models the native step only"),
+    (["--mpirun", "mpirun -n"], "--mpirun launches the native step's ranks; an entry's ranks start under torchrun"),
+])
+def test_bad_ranks_of_an_entry_are_one_line_and_exit_2(extra, said):
+    import subprocess
+    done = subprocess.run([autotune_or_skip(), "--gpu", "cpu", "--entry", f"{EXAMPLE}:build", "--ranks", "2", *extra],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.strip() == f"autotune: {said}", done.stderr
+
+
+def test_an_entry_tuned_on_two_ranks_says_its_ranks_and_how_they_start(tmp_path):
+    """A short tune of the README's example on 2 gloo ranks: DDP's no_sync searched, the global batch every rank's
+    together, the samples/s of both ranks, and how to start them."""
+    import subprocess
+    import yaml
+    out = tmp_path / "ranks.yaml"
+    done = subprocess.run([autotune_or_skip(), "--gpu", "cpu", "--entry", f"{EXAMPLE}:build", "--ranks", "2", "--batch", "64",
+                           "--switches", "no_sync", "--budget", "40", "--trial-seconds", "1", "--race-rounds", "2",
+                           "--journal", str(tmp_path / "j.jsonl"), "--out", str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    t = yaml.safe_load(out.read_text())["trainbench_autotune"]
+    chosen = t["chosen"]
+    assert chosen["ranks"] == 2 and chosen["global_batch"] == 64 and chosen["per_rank_batch"] == 32, chosen
+    assert chosen["switches"]["no_sync"] in ("on", "off"), chosen
+    assert t["executor"]["launcher"] == "torchrun --standalone --nproc-per-node 2", t["executor"]
+    assert t["measured"]["samples_per_s"] > 0
+    assert "x 2 ranks" in done.stderr

@@ -341,7 +341,7 @@ def test_a_lightning_scheduler_is_stepped_after_the_optimizer_step_in_the_first_
     entry = te.build_entry(f"{SCHEDULED}:per_step", 4, CPU)
     batches = first_micro_batches(entry, 4)
     assert te.check_first_step(entry, CPU, {"optimizer": "foreach"}, batches, "per_tensor") is None
-    initial = te._state(entry.model)
+    initial = te.initial_state(entry.model)
     moved = te.first_step(entry, CPU, {}, batches, "per_tensor", initial)
     assert any(not torch.equal(moved[k], initial[k]) for k in initial), "the first step must move the parameters"
 

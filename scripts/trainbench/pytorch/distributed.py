@@ -3,8 +3,8 @@ the entry's model, each rank on its share of the global batch (entry.share_over_
 once per optimizer step when the no_sync switch is on (DDP's no_sync() around the micro-batches before the last)
 or after every micro-batch when it is off (a loop without it).
 
-The switches of a replicated candidate (each in the output; defaults are DDP's):
-  no_sync                  on | off
+The switches of a replicated candidate (each in the output; the first value is DDP's default use):
+  no_sync                  off | on
   bucket_mb                25 | 5 | 100       DDP's bucket_cap_mb
   gradient_as_bucket_view  off | on
   static_graph             off | on
@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional
 
-REPLICATED_SWITCHES = {"no_sync": ("on", "off"), "bucket_mb": ("25", "5", "100"),
+# Each switch's first value is what a loop that calls DDP's defaults does (no no_sync(): every micro-batch reduces).
+REPLICATED_SWITCHES = {"no_sync": ("off", "on"), "bucket_mb": ("25", "5", "100"),
                        "gradient_as_bucket_view": ("off", "on"), "static_graph": ("off", "on")}
 
 
@@ -63,7 +64,7 @@ def gathered(micro_batches: List[Any]) -> List[Any]:
 def refusal(switches: Dict[str, str]) -> Optional[str]:
     """Why DDP cannot run these switches together, or None: its static graph expects every backward to reduce, so
     no_sync's skipped all-reduces break it (an internal assert of its reducer, PyTorch 2.x)."""
-    if switches.get("static_graph", "off") == "on" and switches.get("no_sync", "on") == "on":
+    if switches.get("static_graph", "off") == "on" and switches.get("no_sync", "off") == "on":
         return "static_graph=on cannot skip the all-reduce of micro-batches (no_sync=on): DDP's static graph reduces " \
                "in every backward"
     return None
@@ -77,13 +78,13 @@ def replicate_checked(entry, device, switches: Dict[str, str], micro_batches, ow
     wrapped model's parameters outside DDP's forward breaks its reducer); the model is left at its initial
     parameters."""
     import torch.distributed as dist
-    from .entry import (Loop, TOLERANCE_BF16, TOLERANCE_FP32, _dropout_off, _state, nonfinite_loss, reference_step,
+    from .entry import (Loop, TOLERANCE_BF16, TOLERANCE_FP32, dropout_off, initial_state, nonfinite_loss, reference_step,
                         update_difference, with_variant)
     refused = refusal(switches)
     if refused:
         return None, refused
-    initial = _state(entry.model)
-    off = _dropout_off(entry.model)
+    initial = initial_state(entry.model)
+    off = dropout_off(entry.model)
     world = dist.get_world_size()
     try:
         everything = gathered(micro_batches)

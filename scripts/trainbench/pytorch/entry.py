@@ -516,7 +516,7 @@ class Loop:
         import torch
         self.entry, self.device, self.accumulation = entry, device, accumulation
         self.replicated = replicated
-        self.no_sync = replicated is not None and switches.get("no_sync", "on") == "on"
+        self.no_sync = replicated is not None and switches.get("no_sync", "off") == "on"
         self.on_gpu = device.type == "cuda"
         self.bf16 = switches.get("bf16_matmuls", "off") == "on"
         self.non_blocking = switches.get("pin_memory", "off") == "on"
@@ -631,11 +631,13 @@ class Loop:
 
 
 # ---- the check ---------------------------------------------------------------------------------------------
-def _state(model):
+def initial_state(model):
+    """A copy of the model's state: what a check returns it to."""
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _dropout_off(model) -> list:
+def dropout_off(model) -> list:
+    """Dropout switched off for a check (a random mask cannot be compared); the modules to switch on again."""
     import torch
     off = [m for m in model.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.training]
     for m in off:
@@ -702,8 +704,8 @@ def check_first_step(entry: Entry, device, switches: Dict[str, str], micro_batch
     candidate's first step's seconds (with torch.compile, its compilation) as "first_step_seconds". With
     `references` (a long-lived worker's), the reference step of `reference_key` (the initial parameters and the
     first global batch) is computed once and kept there."""
-    initial = _state(entry.model)
-    off = _dropout_off(entry.model)
+    initial = initial_state(entry.model)
+    off = dropout_off(entry.model)
     plain = {"sync": "every_step"}
     try:
         if references is not None and reference_key in references:

@@ -398,7 +398,11 @@ def entry_request(worker: Worker, op: str, request: dict) -> dict:
     asked = dict(request, entry=worker.spec, backend="cuda" if worker.on_gpu else "cpu", device=worker.device.index or 0)
     try:
         if op == "probe":
-            return probe_entry(asked)
+            probed = probe_entry(asked)
+            if worker.world and "switches" in probed:  # DDP's own, offered where there are ranks to replicate over
+                from .distributed import REPLICATED_SWITCHES
+                probed["switches"].update({k: list(v) for k, v in REPLICATED_SWITCHES.items()})
+            return probed
         # The host memory limit is the worker's already; on a GPU the search holds itself to the limit it is given
         asked["memory_limit_bytes"] = int(request.get("memory_limit_bytes", 0)) if worker.on_gpu else 0
         try:
