@@ -91,8 +91,9 @@ class TorchWorker:
     """scripts/torch-step --serve as autotune starts it (tuner/worker.cpp), over pipes: its hello, then one answer
     per request (ops open, time, counters, close)."""
 
-    def __init__(self, start, timeout=300):
-        self.proc = subprocess.Popen([sys.executable, TORCH_STEP, "--serve", json.dumps(start)], stdin=subprocess.PIPE,
+    def __init__(self, start, timeout=300, launcher=()):
+        """`launcher`: the interpreter's arguments before the script (an entry's ranks: -m torch.distributed.run ...)."""
+        self.proc = subprocess.Popen([sys.executable, *launcher, TORCH_STEP, "--serve", json.dumps(start)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.hello = self._answer(timeout)
 

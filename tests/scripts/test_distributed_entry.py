@@ -86,61 +86,35 @@ def test_static_graph_with_no_sync_is_refused_with_the_reason():
 
 # ---- the worker of an entry as torchrun starts it: rank 0 speaks, every rank runs the candidate -----------------
 def ranked_worker(spec, ranks=2):
-    """scripts/torch-step --serve under `python -m torch.distributed.run --standalone --nproc-per-node RANKS`."""
-    import json
-    import subprocess
-    import sys
-    from conftest import TORCH_STEP
-    start = json.dumps({"kind": "entry", "entry": spec, "backend": "cpu"})
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-                             TORCH_STEP, "--serve", start], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-    def request(op, **fields):
-        proc.stdin.write(json.dumps(dict(fields, op=op)) + "\n")
-        proc.stdin.flush()
-        line = proc.stdout.readline()
-        assert line, proc.stderr.read()
-        return json.loads(line)
-    hello = proc.stdout.readline()
-    assert hello, proc.stderr.read()
-    return proc, json.loads(hello), request
+    """scripts/torch-step --serve under `python -m torch.distributed.run --standalone --nproc-per-node RANKS`, over
+    pipes as autotune runs it."""
+    from conftest import TorchWorker
+    return TorchWorker({"kind": "entry", "entry": spec, "backend": "cpu"},
+                       launcher=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)))
 
 
 def test_the_worker_under_torchrun_opens_checks_and_times_a_candidate_on_every_rank():
-    proc, hello, request = ranked_worker(f"{RANKED}:loader")
-    try:
-        assert hello["ranks"] == 2
+    with ranked_worker(f"{RANKED}:loader") as w:
+        assert w.hello["ranks"] == 2
         for switches in ({"no_sync": "on"}, {"no_sync": "off", "bucket_mb": "5"}):
-            said = request("open", candidate={"global_batch": 16, "micro_batch": 4, "switches": switches})
+            said = w.request("open", candidate={"global_batch": 16, "micro_batch": 4, "switches": switches})
             assert said["disposition"] == "passed" and said["checked"], said
-            timed = request("time", calls=3)
+            timed = w.request("time", calls=3)
             assert timed["seconds"] > 0 and len(timed["rank_seconds"]) == 2, timed
             assert timed["seconds"] == max(timed["rank_seconds"]), "the slowest rank's"
-            assert request("counters")["peak_bytes"] > 0
-            assert request("close", failed=False)["restart"] is False
-        said = request("open", candidate={"global_batch": 12, "micro_batch": 4, "switches": {}})
+            assert w.request("counters")["peak_bytes"] > 0
+            assert w.request("close", failed=False)["restart"] is False
+        said = w.request("open", candidate={"global_batch": 12, "micro_batch": 4, "switches": {}})
         assert said["disposition"] == "error" and "not micro-batches of 4 on 2 ranks" in said["reason"], said
-        request("close", failed=True)
-        proc.stdin.close()
-        assert proc.wait(120) == 0, proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        w.request("close", failed=True)
+        assert w.close() == 0, "every rank ends when the conversation does"
 
 
 def test_a_rank_split_dependent_candidate_is_incorrect_as_a_group():
-    proc, _, request = ranked_worker(f"{RANKED}:batch_norm")
-    try:
-        said = request("open", candidate={"global_batch": 8, "micro_batch": 4, "switches": {}})
+    with ranked_worker(f"{RANKED}:batch_norm") as w:
+        said = w.request("open", candidate={"global_batch": 8, "micro_batch": 4, "switches": {}})
         assert said["disposition"] == "incorrect" and said["reason"].startswith("rank 0: the first step of 2 ranks"), said
-        proc.stdin.close()
-        assert proc.wait(120) == 0, proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        assert w.close() == 0
 
 
 # ---- autotune --entry --ranks: the C++ side starts the worker under torchrun -----------------------------------------

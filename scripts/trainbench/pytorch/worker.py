@@ -465,6 +465,7 @@ def serve(worker: Worker, requests: TextIO, answers: TextIO) -> int:
         return converse(requests, answers, lambda request: lead(handle, describe, request), describe)
     finally:
         hand_out(None)  # the conversation ended: so do the other ranks
+        leave()
 
 
 # ---- several ranks (torchrun) ------------------------------------------------------------------------------------
@@ -492,8 +493,17 @@ def follow(handle, describe) -> int:
     while True:
         request = hand_out(None)
         if request is None:
+            leave()
             return 0
         dist.gather_object(answered(handle, describe, request), None, dst=0)
+
+
+def leave() -> None:
+    """Every rank at once: a rank that left while another still read the last message closed its connection under it
+    (gloo's "connection closed by peer", the group's exit 1, one run in four)."""
+    import torch.distributed as dist
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def answered(handle, describe, request: dict) -> dict:
