@@ -150,8 +150,12 @@ def test_the_conversation_opens_times_counts_and_closes_a_row(tmp_path):
     assert "is not open" in talk.ask("time", row, calls=3)["error"]
     opened = talk.ask("open", row)
     assert opened["disposition"] == "passed" and opened["max_error"] >= 0, opened
-    one, many = talk.ask("time", row, calls=1)["seconds"], talk.ask("time", row, calls=200)["seconds"]
-    assert 0 < one and one < many   # seconds for the calls asked for, not per call
+    # Seconds for the calls asked for, not per call: the fastest of a few single calls (after one that pays the
+    # row's first-call costs, 11 ms once on a loaded CI machine) against 2000 calls.
+    talk.ask("time", row, calls=1)
+    one = min(talk.ask("time", row, calls=1)["seconds"] for _ in range(5))
+    many = talk.ask("time", row, calls=2000)["seconds"]
+    assert 0 < one and one < many
     assert "must be a count" in talk.ask("time", row, calls=-1)["error"]
     assert set(talk.ask("counters", row)) == {"counters", "per_unit"}
     assert talk.ask("close", row) == {}
