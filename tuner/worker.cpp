@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iostream>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -33,6 +34,33 @@ std::string last_nonempty_line(const std::string& text) {
   while (std::getline(in, line))
     if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
   return last;
+}
+
+// torchrun's summary of a failed group names the first rank that failed ("Root Cause (first observed failure):",
+// its rank, exitcode and traceback lines; PyTorch 2.x's torch.distributed.elastic): that rank's ending, and where it
+// exited with an error, the last error line a rank printed before the summary. "" when `text` holds no summary.
+std::string torchrun_failure(const std::string& text) {
+  const std::size_t cause = text.find("Root Cause (first observed failure):");
+  if (cause == std::string::npos) return "";
+  const auto field = [&](const std::string& name) {
+    const std::size_t at = text.find("\n  " + name, cause);
+    if (at == std::string::npos) return std::string();
+    const std::size_t colon = text.find(':', at + 1), end = text.find('\n', at + 1);
+    if (colon == std::string::npos || colon > end) return std::string();
+    std::string value = text.substr(colon + 1, end == std::string::npos ? std::string::npos : end - colon - 1);
+    value.erase(0, value.find_first_not_of(' '));
+    return value;
+  };
+  const std::string rank = field("rank").substr(0, field("rank").find(' '));
+  const int code = std::atoi(field("exitcode").c_str());  // negative: the signal that ended it
+  std::string said;
+  std::stringstream before(text.substr(0, cause));
+  for (std::string line; std::getline(before, line);)
+    if (line.find("Error: ") != std::string::npos && line.find("ChildFailedError") == std::string::npos &&
+        line.find("torch.distributed.elastic") == std::string::npos)
+      said = line.substr(line.find_first_not_of(' '));
+  return "rank " + (rank.empty() ? std::string("?") : rank) + " of the torchrun group " +
+         ending_text(code < 0 ? -code : 0, code < 0 ? -1 : code, code < 0 ? "" : said);
 }
 
 TrialClass class_of_disposition(const std::string& d) {
@@ -195,7 +223,8 @@ void WorkerProcess::lost(WorkerLost::Why why, const std::string& what) {
     }
     while (stderr_ >= 0) pump(50);  // what it said last
     const std::string tail = stderr_tail();
-    if (ended) text = ending_text(signal, WIFEXITED(status) ? WEXITSTATUS(status) : -1, tail);
+    if (const std::string rank = torchrun_failure(err_); ended && !rank.empty()) text = rank;
+    else if (ended) text = ending_text(signal, WIFEXITED(status) ? WEXITSTATUS(status) : -1, tail);
     else if (!tail.empty()) text += ": " + tail;
   }
   kill_group();
@@ -335,6 +364,9 @@ json WorkerExecutor::open_candidate(const Candidate& candidate, TrialClock& cloc
   const json said = process_->request(open, clock.limit(compiles || slowest_open_ <= 0 ? 0 : slowest_open_));
   const double open_seconds = seconds_since(opening);
   r.setup_seconds = open_seconds;
+  // What the user should know of the entry whatever the candidate (its batches the same on every rank), once
+  if (const std::string warning = said.value("warning", std::string()); !warning.empty() && warned_.insert(warning).second)
+    std::cerr << "autotune: warning: " << warning << std::endl;
   const std::string disposition = said.value("disposition", std::string("error"));
   if (disposition != "passed") {
     close_candidate(candidate, true, clock.limit(slowest_open_ > 0 ? slowest_open_ : 0),

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -121,6 +122,7 @@ class WorkerExecutor final : public Executor {
   WorkerStats stats_;
   std::string pending_reason_;  // why the next start is a restart
   double slowest_open_ = 0;     // of the candidates opened without compilation: what a hang is told from
+  std::set<std::string> warned_;  // the worker's warnings said so far (each once a tune)
   double hang_floor_ = 0;
 };
 

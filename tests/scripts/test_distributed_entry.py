@@ -17,7 +17,9 @@ import torch.multiprocessing as mp  # noqa: E402
 ENTRIES = os.path.join(REPO, "tests", "scripts", "entries")
 RANKED = os.path.join(ENTRIES, "ranked_data.py")
 CANDIDATES = [{"no_sync": "on"}, {"no_sync": "off"}, {"bucket_mb": "5", "gradient_as_bucket_view": "on"},
-              {"bucket_mb": "100"}, {"static_graph": "on", "no_sync": "off"}]
+              {"bucket_mb": "100"}, {"static_graph": "on", "no_sync": "off"},
+              {"parallel": "fsdp", "no_sync": "on"}, {"parallel": "fsdp", "no_sync": "off"},
+              {"parallel": "fsdp_no_reshard", "no_sync": "on"}]
 
 
 def free_port() -> int:
@@ -26,7 +28,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_main(rank, world, port, spec, accumulation, results):
+def rank_main(rank, world, port, spec, accumulation, results, optimizer="per_tensor"):
     import sys
     sys.path.insert(0, os.path.join(REPO, "scripts"))
     from trainbench.pytorch import distributed as td
@@ -40,18 +42,18 @@ def rank_main(rank, world, port, spec, accumulation, results):
             e = te.build_entry(spec, 4, cpu, rank=rank, world_size=world)
             stream = te.cycle(e.batches)
             micro = [next(stream) for _ in range(accumulation)]
-            _, why = td.replicate_checked(e, cpu, switches, micro, "per_tensor")
+            _, why = td.replicate_checked(e, cpu, switches, micro, optimizer)
             said.append(why)
         results.put((rank, said))
     finally:
         dist.destroy_process_group()
 
 
-def run_ranks(spec, accumulation=2, world=2):
+def run_ranks(spec, accumulation=2, world=2, optimizer="per_tensor"):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, world, port, spec, accumulation, results)) for r in range(world)]
+    procs = [ctx.Process(target=rank_main, args=(r, world, port, spec, accumulation, results, optimizer)) for r in range(world)]
     for p in procs:
         p.start()
     got = dict(results.get(timeout=120) for _ in range(world))
@@ -65,6 +67,23 @@ def test_ddp_candidates_pass_the_first_step_check_against_one_process():
     got = run_ranks(f"{RANKED}:loader")
     for rank, said in got.items():
         assert said == [None] * len(CANDIDATES), (rank, said)
+
+
+def test_fsdp2_over_repeated_blocks_with_adamw_and_clipping_passes_the_check():
+    """FSDP2's shards gathered for the comparison, AdamW's and the clipping's norms over sharded gradients."""
+    got = run_ranks(f"{RANKED}:blocks", optimizer="foreach")
+    for rank, said in got.items():
+        assert said == [None] * len(CANDIDATES), (rank, said)
+
+
+def test_fsdp2_shards_each_repeated_block():
+    import sys
+    sys.path.insert(0, ENTRIES)
+    from ranked_data import Blocks
+    from trainbench.pytorch import distributed as td
+    model = Blocks(depth=4)
+    assert td.repeated_blocks(model) == list(model.blocks)
+    assert td.repeated_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2))) == [], "no blocks: the whole model alone"
 
 
 def test_a_loss_that_depends_on_the_split_over_ranks_is_named():
@@ -81,6 +100,9 @@ def test_static_graph_with_no_sync_is_refused_with_the_reason():
     assert said and "no_sync=on" in said and "static_graph=on" in said
     assert td.refusal({"static_graph": "on"}) is None, "no_sync is off unless a candidate turns it on"
     assert td.refusal({"no_sync": "on"}) is None
+    said = td.refusal({"parallel": "fsdp", "bucket_mb": "5"})
+    assert said == "bucket_mb=5 is DDP's; parallel=fsdp shards the model with FSDP2 instead", said
+    assert td.refusal({"parallel": "fsdp", "bucket_mb": "25", "no_sync": "on"}) is None, "DDP's defaults are no choice"
 
 
 
@@ -159,3 +181,72 @@ def test_an_entry_tuned_on_two_ranks_says_its_ranks_and_how_they_start(tmp_path)
     assert t["executor"]["launcher"] == "torchrun --standalone --nproc-per-node 2", t["executor"]
     assert t["measured"]["samples_per_s"] > 0
     assert "x 2 ranks" in done.stderr
+
+
+def processes_marked(mark: str) -> list:
+    """The processes (pids) whose environment holds TRAINBENCH_TEST_MARK=mark: what a tune started, ranks included."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"TRAINBENCH_TEST_MARK={mark}".encode() in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def test_a_rank_that_aborts_and_a_rank_that_hangs_each_cost_one_candidate_and_leave_nothing_running(tmp_path):
+    """The last of 2 ranks aborts (optimizer=foreach) or hangs (sync=async) while the other waits for it: each is
+    one failed trial (the abort named by the rank that failed, from torchrun's summary; the hang stopped by the
+    watchdog), the group is started again after each, the tune chooses, and no process of it is left. The
+    entry's batches are the same on both ranks: the tune warns of that, once."""
+    import json
+    import subprocess
+    import uuid
+    mark = uuid.uuid4().hex
+    out = tmp_path / "faulty.json"
+    done = subprocess.run([autotune_or_skip(), "--gpu", "cpu", "--entry", f"{os.path.join(ENTRIES, 'faulty.py')}:one_rank",
+                           "--ranks", "2", "--batch", "32", "--switches", "optimizer,sync", "--budget", "200",
+                           "--trial-seconds", "1", "--race-rounds", "2", "--format", "json",
+                           "--journal", str(tmp_path / "j.jsonl"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=400, env=dict(os.environ, TRAINBENCH_TEST_MARK=mark))
+    assert done.returncode == 0, done.stderr
+    assert processes_marked(mark) == [], "a rank or torchrun outlived the tune"
+    t = json.loads(out.read_text())["trainbench_autotune"]
+    assert t["chosen"] is not None
+    failed = {(f["config"].split("optimizer=")[1].split()[0], f["class"]): f["message"] for f in t["failed_trials"]}
+    crash = next(m for (opt, cls), m in failed.items() if opt == "foreach" and cls == "error")
+    assert crash.startswith("rank 1 of the torchrun group crashed: killed by signal 6"), crash
+    assert any(cls == "timeout" and "sync=async" in f["config"] for f in t["failed_trials"]
+               for cls in [f["class"]]), t["failed_trials"]
+    worker = t["executor"]["worker"]
+    lost = [f for f in t["failed_trials"] if f["class"] == "timeout" or "killed by signal 6" in f["message"]]
+    assert worker["restarts"] == len(lost) >= 2, (worker, t["failed_trials"])
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("autotune: warning: ")]
+    assert len(warnings) == 1 and "the same on every rank" in warnings[0], warnings
+
+
+TINY_GPT2 = "hf:gpt2?n_layer=2&n_embd=32&n_head=2&vocab_size=256&n_positions=64&seq_len=16"
+
+
+def test_a_small_gpt2_tuned_on_two_ranks_runs_ddp_and_fsdp2_candidates_that_pass_the_check(tmp_path):
+    """hf:gpt2 (2 blocks) on 2 gloo ranks, parallel and no_sync searched: DDP and FSDP2 candidates (each block
+    sharded, with and without resharding after the forward) pass the first-step check against one process and are
+    measured; the output names the ranks and how they start."""
+    import json
+    import subprocess
+    import yaml
+    pytest.importorskip("transformers")
+    out, journal = tmp_path / "gpt2.yaml", tmp_path / "j.jsonl"
+    done = subprocess.run([autotune_or_skip(), "--gpu", "cpu", "--entry", TINY_GPT2, "--ranks", "2", "--batch", "16",
+                           "--switches", "parallel,no_sync", "--budget", "60", "--trial-seconds", "1", "--race-rounds", "2",
+                           "--journal", str(journal), "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    trials = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
+    passed = {t["candidate"]["switches"]["parallel"] for t in trials
+              if t.get("result", {}).get("class") == "ok"}
+    assert {"ddp", "fsdp", "fsdp_no_reshard"} <= passed, [(t["key"], t.get("result", {}).get("class")) for t in trials]
+    chosen = yaml.safe_load(out.read_text())["trainbench_autotune"]["chosen"]
+    assert chosen["ranks"] == 2 and chosen["global_batch"] == 16, chosen
+    assert chosen["switches"]["parallel"] in ("ddp", "fsdp", "fsdp_no_reshard"), chosen

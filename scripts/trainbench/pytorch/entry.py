@@ -566,9 +566,10 @@ class Loop:
                 from .memory import looks_like_oom
                 self.graphed = GraphedMicroBatch(self.micro_step, self.params, micro_batches[0], self.device, looks_like_oom)
             losses = [self.graphed(batch, self.non_blocking) for batch in micro_batches]
-        elif self.no_sync:  # DDP's no_sync(): the gradients of all but the last micro-batch stay on this rank
+        elif self.no_sync:  # the gradients of all but the last micro-batch stay on this rank
+            from .distributed import skipping_reduction
             for batch in micro_batches[:-1]:
-                with self.replicated.no_sync():
+                with skipping_reduction(self.replicated):
                     losses.append(self.micro_step(to_device(batch, self.device, self.non_blocking)))
             losses.append(self.micro_step(to_device(micro_batches[-1], self.device, self.non_blocking)))
         else:
@@ -646,10 +647,12 @@ def dropout_off(model) -> list:
 
 
 def update_difference(model, initial, reference) -> float:
-    """||d - d_ref|| / ||d_ref||, d the parameters' change from `initial` now, d_ref the reference's."""
+    """||d - d_ref|| / ||d_ref||, d the parameters' change from `initial` now, d_ref the reference's (parameters
+    sharded over ranks are gathered whole)."""
     import torch
     num = den = 0.0
     for name, p in model.named_parameters():
+        p = p.full_tensor() if hasattr(p, "full_tensor") else p
         p0, pr = initial[name].double(), reference[name].to(p.device).double()
         d, dr = p.detach().double() - p0, pr - p0
         num += float(torch.sum((d - dr) ** 2))

@@ -5,6 +5,7 @@ README's example, built per the switches it names:
 - sync=async: the build hangs (a deadlock);
 - optimizer=fused: it allocates 8 GiB (out of memory under autotune --memory-limit).
 `same`: a switch-insensitive model for the tie rule: nothing fails, and sync changes nothing measurable.
+`one_rank`: the same faults on the last of several ranks only (the others wait for it).
 `nan_at_once`: its data holds a NaN, so the loss is NaN from the first micro-batch (refused by the probe);
 `diverges`: finite for its first five losses, NaN from the sixth on, per build (the checked first step passes,
 a measured step does not)."""
@@ -57,3 +58,15 @@ def diverges(micro_batch, device):
         return value if calls[0] <= 5 else value * float("nan")
     entry["loss"] = loss
     return entry
+
+
+def one_rank(micro_batch, device, optimizer="per_tensor", sync="every_step"):
+    """On several ranks, the last rank alone fails: it aborts at optimizer=foreach and hangs at sync=async while
+    the others wait for it in the first step's collectives. Its rank is torchrun's (RANK, WORLD_SIZE), not a
+    parameter, so its batches are the same on every rank (the tune warns of that)."""
+    last = int(os.environ.get("RANK", "0")) == int(os.environ.get("WORLD_SIZE", "1")) - 1
+    if last and optimizer == "foreach":
+        os.abort()
+    if last and sync == "async":
+        time.sleep(3600)
+    return _mlp(micro_batch, device)

@@ -50,3 +50,29 @@ def batch_norm(micro_batch, device):
     data = DataLoader(TensorDataset(rows), batch_size=micro_batch, drop_last=True)
     return dict(model=model, optimizer=lambda p: torch.optim.SGD(p, lr=0.1), batches=data,
                 loss=lambda model, batch: model(batch[0]).pow(2).mean())
+
+
+class Blocks(nn.Module):
+    """Repeated blocks in a ModuleList, as a transformer's: FSDP2 shards each block, then the rest."""
+
+    def __init__(self, width=8, depth=3):
+        super().__init__()
+        self.embed = nn.Linear(4, width)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(depth))
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x)
+
+
+def blocks(micro_batch, device):
+    """A DataLoader entry over a model of repeated blocks, with AdamW (and the default clipping)."""
+    torch.manual_seed(0)
+    model = Blocks().to(device)
+    rows = torch.randn(SAMPLES, 4, generator=torch.Generator().manual_seed(1))
+    data = DataLoader(TensorDataset(rows), batch_size=micro_batch, drop_last=True)
+    return dict(model=model, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2), batches=data,
+                loss=lambda model, batch: model(batch[0]).pow(2).mean())
