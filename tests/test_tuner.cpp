@@ -1076,7 +1076,7 @@ TEST(AutotuneSteps, BadOptionsAreOneUsageErrorEach) {
            {{"--entry", "m.py:f", "--executor", "native"}, "it runs with --executor torch, not native"},
            {{"--ranks", "2", "--executor", "torch"}, "--executor torch is one process"},
            {{"--compare", "a.yaml", "b.yaml", "--ranks", "2"}, "leave out --ranks"},
-           {{"--entry", "m.py:f", "--ranks", "2", "--predict"}, "--predict models the native step only"},
+           {{"--entry", "m.py:f", "--ranks", "2", "--predict", "--batch", "65"}, "the global batch 65 is not a multiple"},
            {{"--entry", "m.py:f", "--ranks", "2", "--batch", "63"}, "the global batch 63 is not a multiple of the ranks"},
            {{"--entry", "m.py:f", "--compare", "a.yaml"}, "--entry tunes its own model: leave out --compare"},
            {{"--executor", "native,torch"}, "give it --compare FILE"}}) {
@@ -1290,6 +1290,176 @@ TEST(AutotuneAgreement, DISABLED_TwoTunesOfOneWorkloadAgreeWhenRacedInterleaved)
   std::filesystem::remove_all(dir);
   if (!cut_short.empty()) GTEST_SKIP() << "the machine was too busy to hold the tunes to agreeing: " << cut_short;
   EXPECT_TRUE(doc.at("within_noise").get<bool>()) << verdict.dump() << "\n" << why;
+}
+
+
+// ---- the frameworks' formats for an entry on ranks (DDP and FSDP2), and autotune --from ----
+
+// sample_output's choice (64 x 4 per rank) as an entry's on `ranks`, under `parallel` (none: the switch left out).
+TuneOutput entry_output(int64_t ranks, const std::string& parallel, const std::string& backend = "cpu") {
+  TuneOutput o = sample_output();
+  o.ranks = ranks;
+  o.device = {{"backend", backend}, {"name", "Test " + backend}};
+  const std::string launcher = ranks > 1 ? "torchrun --standalone --nproc-per-node " + std::to_string(ranks) : "";
+  o.executor = {{"name", "torch-entry"}, {"launcher", launcher}};
+  auto& switches = o.report.best.candidate.switches;
+  switches = {{"optimizer", "fused"}, {"bf16_matmuls", "on"}, {"no_sync", "off"}, {"bucket_mb", "5"},
+              {"gradient_as_bucket_view", "on"}, {"static_graph", "on"}, {"activation_checkpointing", "on"}};
+  if (!parallel.empty()) switches["parallel"] = parallel;
+  return o;
+}
+
+TEST(EmitRanks, HfWritesDdpArgumentsOnRanks) {
+  const auto hf = nlohmann::json::parse(emit(entry_output(2, "ddp"), OutFormat::hf));
+  EXPECT_EQ(hf["per_device_train_batch_size"], 64);  // one rank's micro-batch; the global batch is 64 x 4 x 2
+  EXPECT_EQ(hf["gradient_accumulation_steps"], 4);
+  EXPECT_EQ(hf["ddp_bucket_cap_mb"], 5);
+  EXPECT_EQ(hf["ddp_static_graph"], true);
+  EXPECT_EQ(hf["ddp_find_unused_parameters"], false);  // DDP's default, as measured
+  EXPECT_EQ(hf["gradient_checkpointing"], true);
+  EXPECT_EQ(hf["accelerator_config"]["gradient_accumulation_kwargs"]["sync_each_batch"], true);  // no_sync=off
+  EXPECT_FALSE(hf.contains("fsdp"));
+  EXPECT_FALSE(hf.contains("gradient_as_bucket_view"));  // not a TrainingArguments field: said in the yaml
+  // Without the parallel switch a candidate on ranks is DDP; with no_sync=on the Trainer's own skipping holds it.
+  TuneOutput plain = entry_output(2, "");
+  plain.report.best.candidate.switches["no_sync"] = "on";
+  const auto ddp = nlohmann::json::parse(emit(plain, OutFormat::hf));
+  EXPECT_EQ(ddp["ddp_bucket_cap_mb"], 5);
+  EXPECT_FALSE(ddp.contains("accelerator_config"));
+  // One process: no DDP or FSDP keys.
+  const auto one = nlohmann::json::parse(emit(entry_output(1, ""), OutFormat::hf));
+  for (const char* key : {"ddp_bucket_cap_mb", "ddp_static_graph", "fsdp", "fsdp_config", "accelerator_config"})
+    EXPECT_FALSE(one.contains(key)) << key;
+}
+
+TEST(EmitRanks, HfWritesFsdp2Config) {
+  const auto hf = nlohmann::json::parse(emit(entry_output(2, "fsdp"), OutFormat::hf));
+  EXPECT_EQ(hf["fsdp"], true);
+  EXPECT_EQ(hf["fsdp_config"]["version"], 2);
+  EXPECT_EQ(hf["fsdp_config"]["reshard_after_forward"], true);
+  EXPECT_EQ(hf["fsdp_config"]["auto_wrap_policy"], "TRANSFORMER_BASED_WRAP");
+  EXPECT_EQ(hf["fsdp_config"]["activation_checkpointing"], true);  // FSDP's own, not the Trainer's
+  EXPECT_FALSE(hf.contains("gradient_checkpointing"));
+  EXPECT_FALSE(hf.contains("ddp_bucket_cap_mb"));  // DDP only
+  const auto no_reshard = nlohmann::json::parse(emit(entry_output(2, "fsdp_no_reshard"), OutFormat::hf));
+  EXPECT_EQ(no_reshard["fsdp_config"]["reshard_after_forward"], false);
+}
+
+TEST(EmitRanks, LightningNamesItsStrategyClass) {
+  const std::string text = emit(entry_output(2, "ddp"), OutFormat::lightning);
+  const YAML::Node pl = YAML::Load(text);
+  EXPECT_EQ(pl["trainer"]["devices"].as<int>(), 2);
+  const YAML::Node strategy = pl["trainer"]["strategy"];
+  EXPECT_EQ(strategy["class_path"].as<std::string>(), "lightning.pytorch.strategies.DDPStrategy");
+  EXPECT_EQ(strategy["init_args"]["bucket_cap_mb"].as<int>(), 5);
+  EXPECT_TRUE(strategy["init_args"]["gradient_as_bucket_view"].as<bool>());
+  EXPECT_TRUE(strategy["init_args"]["static_graph"].as<bool>());
+  EXPECT_NE(text.find("# a Lightning configuration cannot hold:"), std::string::npos) << text;
+  EXPECT_NE(text.find("no_sync=off: Lightning skips the all-reduce"), std::string::npos) << text;
+  const std::string fsdp_text = emit(entry_output(2, "fsdp_no_reshard"), OutFormat::lightning);
+  const YAML::Node fsdp = YAML::Load(fsdp_text)["trainer"]["strategy"];
+  EXPECT_EQ(fsdp["class_path"].as<std::string>(), "lightning.pytorch.strategies.ModelParallelStrategy");
+  EXPECT_EQ(fsdp["init_args"]["data_parallel_size"].as<int>(), 2);
+  EXPECT_EQ(fsdp["init_args"]["tensor_parallel_size"].as<int>(), 1);
+  EXPECT_NE(fsdp_text.find("reshard_after_forward=False"), std::string::npos) << fsdp_text;
+  EXPECT_NE(fsdp_text.find("activation_checkpointing=on: checkpoint"), std::string::npos) << fsdp_text;
+  const YAML::Node one = YAML::Load(emit(entry_output(1, ""), OutFormat::lightning))["trainer"];
+  EXPECT_FALSE(one["strategy"]);
+  EXPECT_FALSE(one["devices"]);
+}
+
+TEST(EmitRanks, AccelerateConfigForEachWayOfRunning) {
+  // accelerate 1.15's ClusterConfig refuses keys it does not have: the ones written must be among its fields.
+  const std::set<std::string> cluster_config{"compute_environment", "distributed_type", "mixed_precision", "use_cpu",
+                                             "debug", "num_processes", "machine_rank", "num_machines", "gpu_ids",
+                                             "main_process_ip", "main_process_port", "rdzv_backend", "same_network",
+                                             "main_training_function", "enable_cpu_affinity", "fsdp_config",
+                                             "dynamo_config", "mpirun_config", "downcast_bf16"};
+  auto load = [&](const TuneOutput& o) {
+    const YAML::Node a = YAML::Load(emit(o, OutFormat::accelerate));
+    for (const auto& kv : a) {
+      const std::string key = kv.first.as<std::string>();
+      EXPECT_TRUE(cluster_config.count(key)) << key;
+    }
+    return a;
+  };
+  EXPECT_EQ(out_format_from_string("accelerate"), OutFormat::accelerate);
+  const YAML::Node one = load(entry_output(1, ""));
+  EXPECT_EQ(one["distributed_type"].as<std::string>(), "NO");
+  EXPECT_EQ(one["num_processes"].as<int>(), 1);
+  EXPECT_TRUE(one["use_cpu"].as<bool>());
+  EXPECT_EQ(one["mixed_precision"].as<std::string>(), "bf16");
+  const YAML::Node cpu = load(entry_output(2, "ddp"));
+  EXPECT_EQ(cpu["distributed_type"].as<std::string>(), "MULTI_CPU");
+  EXPECT_EQ(cpu["num_processes"].as<int>(), 2);
+  EXPECT_EQ(cpu["num_machines"].as<int>(), 1);
+  const YAML::Node gpu = load(entry_output(2, "ddp", "cuda"));
+  EXPECT_EQ(gpu["distributed_type"].as<std::string>(), "MULTI_GPU");
+  EXPECT_FALSE(gpu["use_cpu"].as<bool>());
+  EXPECT_EQ(gpu["gpu_ids"].as<std::string>(), "all");
+  const YAML::Node fsdp = load(entry_output(2, "fsdp_no_reshard", "cuda"));
+  EXPECT_EQ(fsdp["distributed_type"].as<std::string>(), "FSDP");
+  EXPECT_EQ(fsdp["fsdp_config"]["fsdp_version"].as<int>(), 2);
+  EXPECT_FALSE(fsdp["fsdp_config"]["fsdp_reshard_after_forward"].as<bool>());
+  EXPECT_EQ(fsdp["fsdp_config"]["fsdp_auto_wrap_policy"].as<std::string>(), "TRANSFORMER_BASED_WRAP");
+  EXPECT_TRUE(fsdp["fsdp_config"]["fsdp_activation_checkpointing"].as<bool>());
+  // What the file cannot hold is said in it, as comments: the accumulation, DDP's arguments.
+  const std::string text = emit(entry_output(2, "ddp"), OutFormat::accelerate);
+  EXPECT_NE(text.find("GradientAccumulationPlugin(num_steps=4, sync_each_batch=True)"), std::string::npos) << text;
+  EXPECT_NE(text.find("DistributedDataParallelKwargs(bucket_cap_mb=5, gradient_as_bucket_view=True, "
+                      "static_graph=True)"),
+            std::string::npos)
+      << text;
+}
+
+TEST(EmitRanks, TheDocumentSaysHowToLaunchAndWhatEachFormatCannotHold) {
+  const YAML::Node t = YAML::Load(emit(entry_output(2, "ddp"), OutFormat::yaml))["trainbench_autotune"];
+  EXPECT_EQ(t["chosen"]["launch"].as<std::string>(),
+            "torchrun --standalone --nproc-per-node 2 YOUR_TRAINING_SCRIPT.py");
+  EXPECT_EQ(t["chosen"]["batch_split"].as<std::string>(),
+            "global batch 512 = micro-batch 64 x accumulation 4 x 2 ranks");
+  EXPECT_DOUBLE_EQ(t["workload"]["grad_clip"].as<double>(), 1.0);
+  const YAML::Node hf_notes = t["chosen"]["format_notes"]["hf"];
+  ASSERT_TRUE(hf_notes && hf_notes.IsSequence());
+  bool said = false;
+  for (const auto& note : hf_notes) said |= note.as<std::string>().rfind("gradient_as_bucket_view=on", 0) == 0;
+  EXPECT_TRUE(said) << YAML::Dump(hf_notes);
+  EXPECT_TRUE(t["chosen"]["format_notes"]["lightning"].IsSequence());
+  EXPECT_TRUE(t["chosen"]["format_notes"]["accelerate"].IsSequence());
+  const YAML::Node one = YAML::Load(emit(entry_output(1, ""), OutFormat::yaml))["trainbench_autotune"]["chosen"];
+  EXPECT_FALSE(one["launch"]);
+  EXPECT_FALSE(one["batch_split"]);
+}
+
+TEST(AutotuneCli, FromWritesATunedFileInAnotherFormatWithoutRunning) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tb_from_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  for (const std::string parallel : {"ddp", "fsdp"}) {
+    const TuneOutput o = entry_output(2, parallel);
+    const auto tuned = dir / (parallel + ".yaml");
+    std::ofstream(tuned) << emit(o, OutFormat::yaml);
+    for (const auto& [name, format] : std::vector<std::pair<std::string, OutFormat>>{
+             {"hf", OutFormat::hf}, {"lightning", OutFormat::lightning}, {"accelerate", OutFormat::accelerate},
+             {"deepspeed", OutFormat::deepspeed}}) {
+      const Outcome from = autotune("--from " + tuned.string() + " --format " + name);
+      EXPECT_EQ(from.code, 0) << name << "\n" << from.err;
+      // The same settings as the tune itself wrote.
+      EXPECT_EQ(YAML::Dump(YAML::Load(from.out)), YAML::Dump(YAML::Load(emit(o, format)))) << parallel << " " << name;
+    }
+  }
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--from " + (dir / "ddp.yaml").string() + " --format hf --entry m.py:build", "leave out --entry"},
+           {"--from " + (dir / "ddp.yaml").string() + " --format hf --budget 9", "leave out --budget"},
+           {"--from " + (dir / "ddp.yaml").string() + " --format hf --workload tiny", "leave out --workload"},
+           {"--from " + (dir / "ddp.yaml").string(), "give --format deepspeed, lightning, hf or accelerate"},
+           {"--from /no/such/tuned.yaml --format hf", "/no/such/tuned.yaml: not a configuration autotune wrote"}}) {
+    const Outcome bad = autotune(args);
+    EXPECT_EQ(bad.code, 2) << args;
+    EXPECT_NE(bad.err.find(says), std::string::npos) << args << ": " << bad.err;
+    EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;  // one line
+    EXPECT_TRUE(bad.out.empty()) << args;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -305,6 +305,27 @@ std::string file_text(const std::string& path) {
 
 // What --predict's all-reduce probe takes (start-up of the ranks, two warm-up and seven timed calls).
 constexpr double kProbeSeconds = 5.0;
+// The least an entry's check run of --predict is given to start its ranks and validate the entry there, when the
+// budget has less left: the search's choice is not left unchecked for a second or two.
+constexpr double kEntryCheckRunSeconds = 60.0;
+
+// --predict's share of the budget, kept from the trials: the probe and, where the ranks are at hand, the check
+// run of the prediction (one trial). An entry's ranks start torch under torchrun for each, and the check run's
+// ranks validate the entry again before its trial.
+double predict_reserve(const AutotuneOptions& options, const TunePlan& plan, const TrialEstimate& shortest) {
+  if (!options.predict) return 0.0;
+  const bool check_run = options.ranks <= options.probe_ranks;
+  double seconds = kProbeSeconds + (check_run ? options.trial_seconds + shortest.seconds : 0.0);
+  if (plan.entry)
+    seconds += plan.entry->torch.import_seconds * (check_run ? 2 : 1) + (check_run ? plan.entry->probe_seconds : 0.0);
+  return seconds;
+}
+
+// An entry on ranks: the profile of the choice's communication after the race (profile_communication_step), about
+// a trial's shortest (its set-up, warm-up and two steps).
+double profile_reserve(const AutotuneOptions& options, const TunePlan& plan, const TrialEstimate& shortest) {
+  return plan.entry && options.ranks > 1 && !options.predict ? shortest.seconds : 0.0;
+}
 
 // Kept back from the trials: the output, and the exit of a trial stopped at the budget's end.
 double output_reserve(double budget) { return kill_grace_seconds + std::min(2.0, 0.05 * budget); }
@@ -785,6 +806,31 @@ void settle_on_best_so_far(Tune& tune) {
 
 }  // namespace
 
+// --ranks and how the ranks start: the native step's under MPI, an entry's under torchrun; --predict past them.
+static void add_ranks_options(CLI::App& app, AutotuneOptions& o) {
+  app.add_option(
+         "--ranks", o.ranks,
+         "data-parallel ranks: every trial runs the step on N ranks (LAUNCHER -n N; with --entry, under torchrun), the "
+         "global batch split as micro-batch x accumulation x N, DDP's bucket size a switch (with --entry also DDP or "
+         "FSDP2 and no_sync); the output's DeepSpeed / Lightning / hf / accelerate keys are for N")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--mpirun", o.launcher,
+                 "the launcher of --ranks trials, with its options (default: mpirun; e.g. "
+                 "'mpirun --hostfile hosts')");
+  app.add_option("--launcher", o.torchrun,
+                 "with --entry --ranks N: how torchrun starts the ranks, e.g. 'torchrun --nnodes 2 --rdzv-backend c10d "
+                 "--rdzv-endpoint HOST:29500' (run as the tune's python -m torch.distributed.run; --nproc-per-node "
+                 "N / nodes added when left out; default: torchrun --standalone, this node)");
+  app.add_flag("--predict", o.predict,
+               "with --ranks N: predict N ranks (more than are at hand) from trials of one rank's share of the batch on "
+               "--probe-ranks independent ranks (with --entry: in one process) and the all-reduce measured on them "
+               "(with --entry: torch.distributed's, under torchrun); measured too where N <= --probe-ranks");
+  app.add_option("--probe-ranks", o.probe_ranks,
+                 "R, the ranks at hand for --predict: the all-reduce is measured on min(N, R) of them, and N ranks run "
+                 "for real where N <= R (default 2)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+}
+
 // The options the command line sets; `format` and `memory_limit` as typed, checked after the parse.
 // Returns the --workload option, whose presence parse_options asks about.
 static CLI::Option* add_options(CLI::App& app, AutotuneOptions& o, std::string& format, std::string& memory_limit_text) {
@@ -798,6 +844,10 @@ static CLI::Option* add_options(CLI::App& app, AutotuneOptions& o, std::string& 
   app.add_option("--batch-range", o.batch_range,
                  "A:B: global batches A, 2A, 4A ... up to B (default: the workload's global_range)")
       ->excludes(batch_opt);
+  app.add_option("--micro-batch", o.micro_batch,
+                 "N: every candidate runs micro-batches of N (the accumulation makes up the global batch; with --ranks, "
+                 "one rank's share); the switches are still searched (default: the micro-batch is searched)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--budget", o.budget, "seconds for the whole run: probes, trials, the race, output (default 300)")
       ->check(CLI::Range(1.0, 1e7));
   app.add_option("--memory-limit", memory_limit_text,
@@ -823,19 +873,7 @@ static CLI::Option* add_options(CLI::App& app, AutotuneOptions& o, std::string& 
                  "gives (the largest power-of-two micro-batch that fits, accumulation = global batch / it) instead of "
                  "the entry's own, and report the ratio with its interval")
       ->check(CLI::IsMember({"largest-batch"}));
-  app.add_option(
-         "--ranks", o.ranks,
-         "data-parallel ranks: every trial runs the step on N ranks (LAUNCHER -n N), the global batch split as "
-         "micro-batch x accumulation x N, DDP's bucket size a switch; the output's DeepSpeed / Lightning keys are for N")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  app.add_option("--mpirun", o.launcher,
-                 "the launcher of --ranks trials, with its options (default: mpirun; e.g. "
-                 "'mpirun --hostfile hosts')");
-  app.add_flag("--predict", o.predict,
-               "with --ranks N: predict N ranks (more than are at hand) from trials of one rank's share of the batch on "
-               "--probe-ranks independent ranks and the all-reduce measured on them; measured too where N <= --probe-ranks");
-  app.add_option("--probe-ranks", o.probe_ranks, "ranks at hand the all-reduce is measured on for --predict (default 2)")
-      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+  add_ranks_options(app, o);
   app.add_option("--strategy", o.strategy, "auto (fast search) or grid (every candidate)")
       ->check(CLI::IsMember({"auto", "grid"}));
   app.add_option("--switches", o.switches, "comma list of switches to tune (default: all the workload has), or none");
@@ -843,8 +881,10 @@ static CLI::Option* add_options(CLI::App& app, AutotuneOptions& o, std::string& 
                  "most rounds of the finalists' interleaved race after the search (default 12; 0: no race, and no speedup "
                  "is claimed)")
       ->check(CLI::Range(0, 100));
-  app.add_option("--format", format, "yaml, json, deepspeed, lightning or hf (Hugging Face TrainingArguments)")
-      ->check(CLI::IsMember({"yaml", "json", "deepspeed", "lightning", "hf"}));
+  app.add_option("--format", format,
+                 "yaml, json, deepspeed, lightning, hf (Hugging Face TrainingArguments) or accelerate (an Accelerate "
+                 "config file for accelerate launch --config_file)")
+      ->check(CLI::IsMember({"yaml", "json", "deepspeed", "lightning", "hf", "accelerate"}));
   app.add_option("--journal", o.journal_path,
                  "append every finished trial here (default: beside --out, else under "
                  "${XDG_CACHE_HOME:-~/.cache}/trainbench/, keyed by workload and device)");
@@ -859,7 +899,21 @@ static CLI::Option* add_options(CLI::App& app, AutotuneOptions& o, std::string& 
                           ->expected(1, 64);
   for (const char* tuning_only : {"--batch", "--batch-range", "--strategy", "--switches", "--journal", "--resume"})
     compare_opt->excludes(tuning_only);
+  app.add_option("--from", o.from_file,
+                 "TUNED.yaml: write the choice of this tuned file (--format yaml or json) in another --format "
+                 "(deepspeed, lightning, hf, accelerate) without running anything");
   return workload_opt;
+}
+
+// --from re-emits a tuned file: the options that plan, probe or run trials have nothing to do with it.
+static void refuse_trial_options_with_from(const CLI::App& app) {
+  for (const char* trial_option :
+       {"--gpu", "--workload", "--batch", "--batch-range", "--micro-batch", "--budget", "--memory-limit",
+        "--trial-seconds", "--executor", "--entry", "--versus", "--ranks", "--mpirun", "--launcher", "--predict",
+        "--probe-ranks", "--strategy", "--switches", "--race-rounds", "--journal", "--resume", "--compare"})
+    if (const CLI::Option* given = app.get_option_no_throw(trial_option); given && given->count())
+      throw UsageError(std::string("--from writes a tuned file in another format without running anything: ") +
+                       "leave out " + trial_option);
 }
 
 AutotuneOptions parse_options(int argc, const char* const* argv) {
@@ -877,6 +931,7 @@ AutotuneOptions parse_options(int argc, const char* const* argv) {
   }
   o.workload_given = workload_opt->count() > 0;
   o.format = out_format_from_string(format);
+  if (!o.from_file.empty()) refuse_trial_options_with_from(app);
   if (o.predict && o.ranks < 2) throw UsageError("--predict needs --ranks N with N >= 2");
   if (!o.versus.empty() && o.entry.empty())
     throw UsageError("--versus " + o.versus +
@@ -885,16 +940,19 @@ AutotuneOptions parse_options(int argc, const char* const* argv) {
     if (app.count("--executor") && o.executor != "torch")
       throw UsageError("--entry tunes a PyTorch model: it runs with --executor torch, not " + o.executor);
     if (!o.compare_files.empty()) throw UsageError("--entry tunes its own model: leave out --compare");
-    if (o.ranks > 1 && o.predict)
-      throw UsageError("--entry --ranks measures the ranks it starts; --predict models the native step only");
     if (o.ranks > 1 && app.count("--mpirun"))
-      throw UsageError("--mpirun launches the native step's ranks; an entry's ranks start under torchrun");
+      throw UsageError("--mpirun launches the native step's ranks; an entry's ranks start under torchrun "
+                       "(--launcher 'torchrun ...')");
+    if (app.count("--launcher") && o.ranks < 2) throw UsageError("--launcher starts an entry's ranks: give --ranks N");
+    if (o.ranks > 1) torchrun_arguments(o.torchrun, o.ranks);  // a bad --launcher is refused before anything runs
     if (o.ranks > 1 && o.batch > 0 && o.batch % o.ranks)
       throw UsageError("--ranks " + std::to_string(o.ranks) + ": the global batch " + std::to_string(o.batch) +
                        " is not a multiple of the ranks");
     o.executor = "torch";
   }
   o.memory_limit = memory_limit_text.empty() ? 0 : parse_memory_limit(memory_limit_text);
+  if (app.count("--launcher") && o.entry.empty())
+    throw UsageError("--launcher starts an entry's ranks under torchrun; the native step's ranks start with --mpirun");
   if (o.ranks > 1 && o.executor == "torch" && o.entry.empty())
     throw UsageError(
         "--ranks runs the native step or an --entry on every rank; without --entry, --executor torch is one "
@@ -988,10 +1046,31 @@ void share_batches_over_ranks(const AutotuneOptions& options, step::Workload& wo
   workload.batch.micro = std::min(workload.batch.micro, workload.batch.global);
   while (workload.batch.global % workload.batch.micro) --workload.batch.micro;
   workload.distributed.ranks = options.predict ? 1 : ranks;
-  if (options.predict)
+  if (options.predict && !options.entry.empty())
+    std::cerr << "autotune: predicting " << ranks << " ranks: one rank's share (" << workload.batch.global
+              << " of each step's samples) tuned in one process here (no DDP, so its switches are not searched); "
+              << "the all-reduce measured after on " << std::min(ranks, options.probe_ranks)
+              << " ranks of torch.distributed" << std::endl;
+  else if (options.predict)
     std::cerr << "autotune: predicting " << ranks << " ranks: one rank's share (" << workload.batch.global
               << " of each step's samples) measured as " << std::min(ranks, options.probe_ranks)
               << " independent ranks here (each its own step, no all-reduce; the slowest rank's time)" << std::endl;
+}
+
+// --micro-batch N: the one micro-batch of every candidate; each global batch searched (one rank's share with --ranks)
+// must be micro-batches of N.
+void pin_micro_batch(const AutotuneOptions& options, TunePlan& plan) {
+  const int64_t m = options.micro_batch;
+  if (m <= 0) return;
+  for (const int64_t g : plan.space.global_batches)
+    if (g % m != 0)
+      throw UsageError("--micro-batch " + std::to_string(m) + " does not divide the global batch " +
+                       std::to_string(g * options.ranks) +
+                       (options.ranks > 1 ? "'s share of each of " + std::to_string(options.ranks) + " ranks (" +
+                                                std::to_string(g) + ")"
+                                          : std::string()));
+  plan.space.micro_batches = {m};
+  plan.workload.batch.micro = m;  // the workload's own configuration, at that micro-batch
 }
 
 SearchSpace search_space(const std::string& switch_list, const std::map<std::string, std::vector<std::string>>& available,
@@ -1029,13 +1108,23 @@ TunePlan plan_tune(const AutotuneOptions& options, const BudgetClock& clock) {
   if (!options.entry.empty()) {  // validated in the tune's worker before anything runs (a bad one: UsageError)
     const int64_t g = options.batch > 0 ? options.batch : kEntryDefaultBatch;
     // Under the budget, as a trial is: a probe that hangs (a build that never returns) is stopped at its end.
+    // --predict: the trials run one rank's share in one worker; the ranks at hand measure the all-reduce after.
+    const int64_t worker_ranks = options.predict ? 1 : options.ranks;
     if (options.ranks > 1) {
-      const std::string why = entry_ranks_unavailable_reason(options.ranks, machine.use_cuda);
-      if (!why.empty()) throw UsageError(why);
+      const std::string why = entry_ranks_unavailable_reason(
+          options.predict ? std::min(options.ranks, options.probe_ranks) : options.ranks, machine.use_cuda);
+      if (!why.empty())
+        throw UsageError(why + (options.predict ? " (--predict measures the all-reduce on min(N, --probe-ranks) ranks)"
+                                                : ""));
     }
-    entry = std::make_unique<EntryExecutor>(options.entry, machine.use_cuda, machine.device, g, &stop_requested,
-                                            options.memory_limit, std::max(options.budget - clock.elapsed(), 1.0),
-                                            options.ranks);
+    // --predict on the CPU: one rank's share in one process with the threads torchrun gives each of its ranks
+    // (OMP_NUM_THREADS, 1 unless set), not every core: the ranks share the cores
+    if (options.predict && options.ranks > 1 && !machine.use_cuda) ::setenv("OMP_NUM_THREADS", "1", 0);
+    entry = std::make_unique<EntryExecutor>(options.entry, machine.use_cuda, machine.device,
+                                            options.predict ? g / options.ranks : g, &stop_requested, options.memory_limit,
+                                            std::max(options.budget - clock.elapsed(), 1.0), worker_ranks,
+                                            worker_ranks > 1 ? torchrun_arguments(options.torchrun, worker_ranks)
+                                                             : std::vector<std::string>{});
     plan.entry = entry->probe();
     plan.workload = entry_workload(*plan.entry, g);
   }
@@ -1064,6 +1153,7 @@ TunePlan plan_tune(const AutotuneOptions& options, const BudgetClock& clock) {
   if (plan.entry && !machine.use_cuda && options.switches.empty() && plan.space.switches.count("cuda_graphs"))
     plan.space.switches["cuda_graphs"] = {plan.entry->switches.at("cuda_graphs").front()};
   plan.space.global_batches = plan.batches.batches;
+  pin_micro_batch(options, plan);
   plan.workload_digest = digest(plan.entry ? entry_digest_text(*plan.entry) : file_text(plan.workload.path));
   plan.own = own_candidate(plan.workload, plan.space);
   if (!plan.entry) refuse_workload_that_cannot_fit(plan, options.memory_limit);
@@ -1085,11 +1175,8 @@ Tune::Tune(const AutotuneOptions& options_in, TunePlan& plan_in, const BudgetClo
                                 options.budget, clock.elapsed());
   // --predict: the all-reduce probe after the search, and where the ranks are at hand one real N-rank
   // trial of the prediction, come out of the same budget.
-  const double predict_reserve = options.predict ? kProbeSeconds + (options.ranks <= options.probe_ranks
-                                                                        ? options.trial_seconds + shortest.seconds
-                                                                        : 0.0)
-                                                 : 0.0;
-  trial_deadline_ = options.budget - output_reserve(options.budget) - predict_reserve;
+  trial_deadline_ = options.budget - output_reserve(options.budget) - predict_reserve(options, plan, shortest) -
+                    profile_reserve(options, plan, shortest);
   search_options.seconds_left = [this] { return seconds_left() - race_reserve(); };
   search_options.min_trial_seconds = shortest.seconds;
   open_journal();
@@ -1340,6 +1427,43 @@ void account_budget(Tune& tune) {
   }
 }
 
+// An entry on ranks: the chosen configuration's step profiled on every rank (torch.profiler) for the communication
+// it waits for: the time a collective is in flight while nothing computes, as a share of the step
+// (scripts/trainbench/pytorch/distributed.py, exposed_communication), the rank that waited most speaking for the
+// step. Two steps after the warm-up, in what the budget has left; skipped, and said, without it.
+void profile_communication_step(Tune& tune) {
+  EntryExecutor* entry = tune.plan.runner.entry;
+  TuneOutput& out = tune.out;
+  if (!entry || entry->ranks() <= 1 || !out.report.found || out.interrupted || stop_requested) return;
+  constexpr int64_t kProfiledSteps = 2;
+  const double left = tune.seconds_left() + profile_reserve(tune.options, tune.plan, tune.shortest);
+  if (left < 0.5 * tune.shortest.seconds) {
+    std::cerr << "autotune: no budget left to profile the choice's communication (" << human_seconds(std::max(left, 0.0))
+              << " left, a trial takes " << human_seconds(tune.shortest.seconds) << ")" << std::endl;
+    return;
+  }
+  const nlohmann::json p = entry->profile(out.report.best.candidate, kProfiledSteps, left);
+  if (p.contains("error") || !p.contains("share")) {
+    std::cerr << "autotune: profiling the choice's communication failed: " << p.value("error", p.dump()) << std::endl;
+    return;
+  }
+  const double steps = p.value("steps", double(kProfiledSteps));
+  out.communication = {
+      {"share", p.at("share")},
+      {"step_seconds", p.value("wall_seconds", 0.0) / steps},
+      {"exposed_seconds", p.value("exposed_seconds", 0.0) / steps},
+      {"communication_seconds", p.value("communication_seconds", 0.0) / steps},
+      {"rank_shares", p.value("rank_shares", nlohmann::json::array())},
+      {"steps", p.value("steps", kProfiledSteps)},
+      {"how", "torch.profiler over the steps on every rank: the time a collective was in flight while the rank "
+              "computed nothing, per step; the rank that waited most"}};
+  std::cerr << "autotune: the chosen configuration's step waits " << std::fixed << std::setprecision(1)
+            << 100 * p.at("share").get<double>() << "% of its time for communication ("
+            << 1e3 * out.communication["exposed_seconds"].get<double>() << " ms of "
+            << 1e3 * out.communication["step_seconds"].get<double>() << " ms a step, profiled on " << entry->ranks()
+            << " ranks)" << std::defaultfloat << std::endl;
+}
+
 void search_and_race(Tune& tune) {
   try {
     search_step(tune);
@@ -1362,38 +1486,95 @@ void search_and_race(Tune& tune) {
   account_budget(tune);
 }
 
+// --predict's all-reduce on the ranks at hand, in the chosen buckets (an entry's trials in one process search no
+// bucket_mb: DDP's default, the workload's): the native step's under the launcher (MPI), an entry's under torchrun
+// (torch.distributed: gloo on the CPU, NCCL on GPUs).
+AllreduceProbe probe_prediction_allreduce(const Tune& tune, const Candidate& best, int64_t at_hand) {
+  const step::Workload& workload = tune.plan.workload;
+  const auto bucket = best.switches.find("bucket_mb");
+  const double bucket_mb = bucket == best.switches.end() ? workload.distributed.bucket_mb : std::stod(bucket->second);
+  if (tune.plan.entry) {
+    const EntryProbe& entry = *tune.plan.entry;
+    std::cerr << "autotune: measuring the gradients' all-reduce (" << static_cast<double>(entry.parameters) / 1e6
+              << "M floats, buckets of " << bucket_mb << " MB) on " << at_hand
+              << " ranks of torch.distributed (torchrun)" << std::endl;
+    return probe_torch_allreduce(entry.torch.python, entry.torch.script, at_hand, entry.parameters, bucket_mb,
+                                 tune.plan.machine.use_cuda, kTorchWorkerStartSeconds, &stop_requested);
+  }
+  std::cerr << "autotune: measuring the gradients' all-reduce (" << workload.parameter_count() / 1e6 << "M floats) on "
+            << at_hand << " ranks" << std::endl;
+  return probe_allreduce(tune.plan.launcher, std::filesystem::read_symlink("/proc/self/exe").string(), at_hand,
+                         workload.parameter_count(), bucket_mb, &stop_requested);
+}
+
+// An entry's check run: its worker on N ranks under torchrun (DDP, the entry validated there again), one trial of
+// the prediction, with no_sync on where it accumulates (the all-reduce once per step, as the model has it). A
+// group that cannot start is a failed trial, not the tune's end: the prediction stands without its check.
+TrialResult run_entry_on_ranks(const Tune& tune, const Candidate& on_ranks, const MeasurePolicy& policy) {
+  const AutotuneOptions& options = tune.options;
+  const Machine& machine = tune.plan.machine;
+  try {
+    EntryExecutor ranks(options.entry, machine.use_cuda, machine.device, on_ranks.global_batch * options.ranks,
+                        &stop_requested, options.memory_limit,
+                        std::max(options.budget - tune.clock.elapsed(), kEntryCheckRunSeconds), options.ranks);
+    return ranks.run(on_ranks, policy);
+  } catch (const std::exception& e) {
+    if (stop_requested) throw;
+    TrialResult failed;
+    failed.cls = TrialClass::error;
+    failed.message = e.what();
+    return failed;
+  }
+}
+
+// --predict where the ranks are at hand: the predicted configuration run on them; its samples/s (0: it failed).
+double measure_prediction(Tune& tune, const Candidate& best) {
+  const AutotuneOptions& options = tune.options;
+  MeasurePolicy policy = tune.search_options.measure;
+  policy.max_seconds = options.trial_seconds;
+  TrialResult r;
+  if (tune.plan.entry) {
+    // The tune's one-process worker ends first, its work done (its starts are in the output already): on a GPU it
+    // would hold memory on the device of rank 0.
+    tune.plan.runner.worker = nullptr;
+    tune.plan.runner.entry = nullptr;
+    tune.plan.runner.executor.reset();
+    Candidate on_ranks = best;
+    on_ranks.switches["no_sync"] = best.accumulation() > 1 ? "on" : "off";
+    r = run_entry_on_ranks(tune, on_ranks, policy);
+  } else {
+    ProcessExecutor measured(std::filesystem::read_symlink("/proc/self/exe").string(), tune.plan.workload.path,
+                             tune.plan.machine.use_cuda, tune.plan.machine.device, &stop_requested, options.ranks,
+                             tune.plan.launcher);
+    r = measured.run(best, policy);
+  }
+  std::cerr << "autotune: the predicted configuration on " << options.ranks << " ranks: " << result_text(r) << std::endl;
+  return r.ok() ? r.samples_per_s : 0.0;
+}
+
 void predict_step(Tune& tune) {
   const AutotuneOptions& options = tune.options;
   TuneOutput& out = tune.out;
   if (!options.predict || !out.report.found || out.interrupted) return;
-  const step::Workload& workload = tune.plan.workload;
   const Candidate& best = out.report.best.candidate;
   const int64_t ranks = options.ranks;
-  const auto bucket = best.switches.find("bucket_mb");
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  const int64_t at_hand = std::min(ranks, options.probe_ranks);
-  std::cerr << "autotune: measuring the gradients' all-reduce (" << workload.parameter_count() / 1e6 << "M floats) on "
-            << at_hand << " ranks" << std::endl;
-  const AllreduceProbe probe = probe_allreduce(tune.plan.launcher, self, at_hand, workload.parameter_count(),
-                                               bucket == best.switches.end() ? workload.distributed.bucket_mb
-                                                                             : std::stod(bucket->second),
-                                               &stop_requested);
+  std::cerr << std::defaultfloat << std::setprecision(3);  // account_budget left the stream at one decimal
+  const AllreduceProbe probe = probe_prediction_allreduce(tune, best, std::min(ranks, options.probe_ranks));
   RanksPrediction p = predict_ranks(ranks, best.global_batch * ranks, out.report.best.result.samples_per_s, probe);
-  if (ranks <= options.probe_ranks) {  // the ranks are at hand: run the predicted configuration on them
-    ProcessExecutor measured(self, workload.path, tune.plan.machine.use_cuda, tune.plan.machine.device, &stop_requested,
-                             ranks, tune.plan.launcher);
-    MeasurePolicy policy = tune.search_options.measure;
-    policy.max_seconds = options.trial_seconds;
-    const TrialResult r = measured.run(best, policy);
-    std::cerr << "autotune: the predicted configuration on " << ranks << " ranks: " << result_text(r) << std::endl;
-    if (r.ok()) p.measured_samples_per_s = r.samples_per_s;
-  }
-  std::cerr << "autotune: predicted for " << ranks << " ranks: " << p.samples_per_s << " samples/s (compute "
-            << p.step_compute_s * 1e3 << " ms + all-reduce " << p.allreduce_s * 1e3 << " ms per step)"
-            << (p.measured_samples_per_s > 0 ? ", measured " + std::to_string(p.measured_samples_per_s) + " samples/s" : "")
-            << std::endl;
+  p.share_in_one_process = tune.plan.entry.has_value();
+  if (ranks <= options.probe_ranks) p.measured_samples_per_s = measure_prediction(tune, best);
+  std::cerr << std::fixed << std::setprecision(1) << "autotune: predicted for " << ranks << " ranks: " << p.samples_per_s
+            << " samples/s (compute " << std::setprecision(2) << p.step_compute_s * 1e3 << " ms + all-reduce "
+            << p.allreduce_s * 1e3 << " ms per step"
+            << (p.share_in_one_process ? "; the share measured in one process" : "") << ")" << std::setprecision(1);
+  if (p.measured_samples_per_s > 0)
+    std::cerr << ", measured " << p.measured_samples_per_s << " samples/s" << std::endl
+              << "autotune: --predict on " << ranks << " ranks: predicted " << p.samples_per_s << " samples/s, measured "
+              << p.measured_samples_per_s << ", error " << std::showpos << p.error() * 100 << "%" << std::noshowpos;
+  std::cerr << std::defaultfloat << std::setprecision(6) << std::endl;
   out.prediction = to_json(p);
   out.prediction["config"] = {{"micro_batch", best.micro_batch}, {"accumulation", best.accumulation()}};
+  if (tune.plan.entry) out.prediction["config"]["no_sync"] = best.accumulation() > 1 ? "on" : "off";
   out.ranks = ranks;
 }
 
@@ -1417,6 +1598,47 @@ int output_step(const Tune& tune) {
             << human_seconds(tune.clock.elapsed()) << "; journal " << tune.journal_path
             << (out_path.empty() ? "" : ", config " + out_path) << std::endl;
   return out.report.found ? 0 : 1;
+}
+
+// --from: the choice of a tuned file, with what the frameworks' formats need of it (ranks, the gradient clipping,
+// the launcher, the device's backend); nothing is measured or probed.
+static TuneOutput tuned_output(const std::string& path) {
+  const TunedFile f = read_tuned_file(path);
+  TuneOutput out;
+  out.report.found = true;
+  out.report.best.candidate = f.chosen;
+  try {
+    const YAML::Node t = YAML::LoadFile(path)["trainbench_autotune"];
+    out.ranks = t["ranks"] ? t["ranks"].as<int64_t>() : 1;
+    if (out.ranks > 1) out.report.best.candidate.global_batch = t["chosen"]["per_rank_batch"].as<int64_t>();
+    if (t["measured"] && t["measured"]["samples_per_s"])
+      out.report.best.result.samples_per_s = t["measured"]["samples_per_s"].as<double>();
+    out.device = {{"backend", t["device"]["backend"].as<std::string>()},
+                  {"name", t["device"]["name"].as<std::string>()}};
+    const YAML::Node executor = t["executor"];
+    out.executor = {{"name", executor["name"].as<std::string>()}};
+    for (const char* key : {"launcher", "torch"})
+      if (executor[key] && executor[key].IsScalar()) out.executor[key] = executor[key].as<std::string>();
+    out.workload_name = t["workload"]["name"].as<std::string>();
+    if (t["workload"]["grad_clip"]) out.grad_clip = t["workload"]["grad_clip"].as<double>();
+    else
+      std::cerr << "autotune: " << path << " does not say the gradient clipping (an older autotune wrote it): the "
+                << "output clips nothing; set it by hand if the workload clips" << std::endl;
+  } catch (const YAML::Exception& e) {
+    throw UsageError(path + ": not a configuration autotune wrote (" + e.what() + ")");
+  }
+  if (out.report.best.candidate.global_batch <= 0 ||
+      out.report.best.candidate.global_batch % out.report.best.candidate.micro_batch)
+    throw UsageError(path + ": its micro-batch does not divide its per-rank batch");
+  return out;
+}
+
+static int emit_tuned_file(const AutotuneOptions& options) {
+  if (options.format == OutFormat::yaml || options.format == OutFormat::json)
+    throw UsageError("--from " + options.from_file +
+                     ": it is autotune's own document already; give --format deepspeed, lightning, hf or accelerate");
+  write_output(emit(tuned_output(options.from_file), options.format), options.out_path);
+  return 0;
 }
 
 int compare_tuned(const AutotuneOptions& options) {
@@ -1479,6 +1701,10 @@ int run(int argc, char** argv) {
     std::cout << options.help;
     return 0;
   }
+  if (!options.from_file.empty()) {
+    if (!options.out_path.empty()) check_output_path(options.out_path, "--out");
+    return emit_tuned_file(options);
+  }
   install_stop_handlers();
   // Where the results go is checked before anything is measured: a tune is not lost to a typo in a folder.
   if (!options.out_path.empty()) check_output_path(options.out_path, "--out");
@@ -1509,6 +1735,7 @@ int run(int argc, char** argv) {
     return interrupted_exit_code();
   }
   search_and_race(*tune);
+  profile_communication_step(*tune);
   try {
     predict_step(*tune);
   } catch (...) {

@@ -37,6 +37,7 @@ struct AutotuneOptions {
   bool workload_given = false;  // --workload was on the command line (--compare reads the files' otherwise)
   int64_t batch = 0;            // --batch, 0: not given
   std::string batch_range;      // --batch-range A:B, "": not given
+  int64_t micro_batch = 0;      // --micro-batch, 0: searched
   std::string strategy = "auto";
   std::string switches;  // --switches: "" all the workload has, "none", or a comma list
   OutFormat format = OutFormat::yaml;
@@ -46,8 +47,10 @@ struct AutotuneOptions {
   std::string entry;                // --entry FILE.py:NAME or hf:MODEL (implies executor torch)
   std::string versus;               // --versus largest-batch (with --entry): the baseline the choice races
   std::vector<std::string> compare_files;
+  std::string from_file;  // --from TUNED.yaml: its choice written in --format, nothing run
   int64_t ranks = 1, probe_ranks = 2;
   std::string launcher = "mpirun";
+  std::string torchrun;  // --launcher 'torchrun ARGS': how an entry's ranks start ("": torchrun --standalone)
   bool predict = false, resume = false;
   double budget = 300, trial_seconds = 10;
   int race_rounds = kDefaultRaceRounds;

@@ -95,19 +95,40 @@ int run_allreduce_probe_here(const nlohmann::json& request) {
   return 0;
 }
 
+namespace {
+
+// Rank 0's answer, the probe's last line: {"seconds", "ranks", "library"[, "torch"]}.
+AllreduceProbe probe_answer(const ChildOutcome& child, const std::string& what) {
+  const auto last = child.out.find_last_of('{');
+  if (child.timed_out || child.exit_code != 0 || last == std::string::npos)
+    throw CallError(__FILE__, __LINE__, what,
+                    child.timed_out     ? "timed out"
+                    : child.interrupted ? "interrupted"
+                                        : ending_text(child));
+  const auto j = nlohmann::json::parse(child.out.substr(last));
+  return AllreduceProbe{j.at("ranks").get<int64_t>(), j.at("seconds").get<double>(), j.value("library", std::string()),
+                        j.value("torch", std::string())};
+}
+
+}  // namespace
+
 AllreduceProbe probe_allreduce(const std::vector<std::string>& launcher, const std::string& self_exe, int64_t ranks,
                                int64_t elements, double bucket_mb, const std::atomic<bool>* stop) {
   const nlohmann::json request{{"elements", elements}, {"bucket_mb", bucket_mb}, {"repeats", 7}};
   const ChildOutcome child = run_child(under_launcher(launcher, ranks, {self_exe, "--allreduce-probe", request.dump()}), 300,
                                        stop);
-  const auto last = child.out.find_last_of('{');
-  if (child.timed_out || child.exit_code != 0 || last == std::string::npos)
-    throw CallError(__FILE__, __LINE__, "the all-reduce probe on " + std::to_string(ranks) + " ranks",
-                    child.timed_out     ? "timed out"
-                    : child.interrupted ? "interrupted"
-                                        : ending_text(child));
-  const auto j = nlohmann::json::parse(child.out.substr(last));
-  return AllreduceProbe{j.at("ranks").get<int64_t>(), j.at("seconds").get<double>(), j.value("library", std::string())};
+  return probe_answer(child, "the all-reduce probe on " + std::to_string(ranks) + " ranks");
+}
+
+AllreduceProbe probe_torch_allreduce(const std::string& python, const std::string& script, int64_t ranks,
+                                     int64_t elements, double bucket_mb, bool cuda, double timeout_s,
+                                     const std::atomic<bool>* stop) {
+  const nlohmann::json request{
+      {"elements", elements}, {"bucket_mb", bucket_mb}, {"repeats", 7}, {"backend", cuda ? "cuda" : "cpu"}};
+  const ChildOutcome child = run_child({python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                        std::to_string(ranks), script, "--allreduce-probe", request.dump()},
+                                       timeout_s, stop);
+  return probe_answer(child, "torch.distributed's all-reduce probe on " + std::to_string(ranks) + " ranks (torchrun)");
 }
 
 RanksPrediction predict_ranks(int64_t ranks, int64_t global_batch, double share_samples_per_s, const AllreduceProbe& probe) {
@@ -131,10 +152,13 @@ nlohmann::json to_json(const RanksPrediction& p) {
                    {"allreduce_seconds", p.allreduce_s},
                    {"allreduce_measured",
                     {{"ranks", p.probe.ranks}, {"seconds", p.probe.seconds}, {"library", p.probe.library}}},
-                   {"note", "a prediction, not a measurement: one rank's share of the batch measured on " +
-                                std::to_string(p.probe.ranks) +
-                                " independent ranks, plus the gradients' all-reduce measured on " +
-                                std::to_string(p.probe.ranks) + " ranks and scaled by the ring's 2(n-1)/n"}};
+                   {"note", "a prediction, not a measurement: one rank's share of the batch measured " +
+                                (p.share_in_one_process ? std::string("in one process (DDP's switches not searched)")
+                                                        : "on " + std::to_string(p.probe.ranks) + " independent ranks") +
+                                ", plus the gradients' all-reduce measured on " + std::to_string(p.probe.ranks) +
+                                " ranks and scaled by the ring's 2(n-1)/n"}};
+  if (!p.probe.torch.empty()) j["allreduce_measured"]["torch"] = p.probe.torch;
+  if (p.share_in_one_process) j["compute_measured_in"] = "one process";
   if (p.measured_samples_per_s > 0)
     j["validation"] = {{"measured_samples_per_s", p.measured_samples_per_s}, {"error", p.error()}};
   return j;

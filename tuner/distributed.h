@@ -11,6 +11,11 @@
 // all-reduce runs once per step whatever the accumulation), and the gradients' all-reduce measured on
 // R ranks (mpirun -n R autotune --allreduce-probe). Where N <= R, the predicted configuration also
 // runs as a real N-rank step and the prediction's error is measured.
+//
+// An entry (--entry ... --ranks N --predict) is predicted by the same model: its share is tuned in one process
+// (one PyTorch worker, so DDP's switches are not searched), and the all-reduce is torch.distributed's own (gloo
+// on the CPU, NCCL on GPUs) on R ranks under torchrun (torch-step --allreduce-probe); the check run where
+// N <= R is the entry's worker on N ranks, DDP with no_sync on where the prediction accumulates.
 #pragma once
 
 #include <atomic>
@@ -46,10 +51,19 @@ struct AllreduceProbe {
   int64_t ranks = 0;
   double seconds = 0;
   std::string library;
+  std::string torch;  // the version that measured it, for torch.distributed's ("" for MPI's)
 };
 // The parent: the probe under the launcher on `ranks` ranks. Throws CallError when it fails.
 AllreduceProbe probe_allreduce(const std::vector<std::string>& launcher, const std::string& self_exe, int64_t ranks,
                                int64_t elements, double bucket_mb, const std::atomic<bool>* stop);
+
+// An entry's all-reduce (`--entry --ranks N --predict`): `elements` fp32 gradients in DDP's buckets of
+// `bucket_mb` all-reduced by torch.distributed on `ranks` ranks of `python -m torch.distributed.run --standalone`
+// running `script --allreduce-probe` (scripts/trainbench/pytorch/allreduce_probe.py), NCCL where `cuda`, else
+// gloo; stopped after `timeout_s` or at `stop`. Throws CallError when it fails.
+AllreduceProbe probe_torch_allreduce(const std::string& python, const std::string& script, int64_t ranks,
+                                     int64_t elements, double bucket_mb, bool cuda, double timeout_s,
+                                     const std::atomic<bool>* stop);
 
 struct RanksPrediction {
   int64_t ranks = 0;                  // N
@@ -59,6 +73,7 @@ struct RanksPrediction {
   double allreduce_s = 0;             // predicted at N ranks
   double samples_per_s = 0;           // predicted
   double measured_samples_per_s = 0;  // where N <= R: the same configuration run on N ranks (0: not run)
+  bool share_in_one_process = false;  // an entry's share: tuned in one process, not on R independent ranks
   double error() const { return measured_samples_per_s > 0 ? samples_per_s / measured_samples_per_s - 1 : 0; }
 };
 // The model above: `share_samples_per_s` is the trial of G / N samples per step on independent ranks.

@@ -5,6 +5,8 @@
 #include <cctype>
 #include <cmath>
 #include <iomanip>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "runtime/error.h"
@@ -21,7 +23,8 @@ OutFormat out_format_from_string(const std::string& name) {
   if (name == "deepspeed") return OutFormat::deepspeed;
   if (name == "lightning") return OutFormat::lightning;
   if (name == "hf") return OutFormat::hf;
-  throw UsageError("unknown format '" + name + "' (yaml, json, deepspeed, lightning, hf)");
+  if (name == "accelerate") return OutFormat::accelerate;
+  throw UsageError("unknown format '" + name + "' (yaml, json, deepspeed, lightning, hf, accelerate)");
 }
 
 // "1.031x (95% CI 0.972-1.093 over 6 interleaved rounds)"; without an interval, "1.031x from 1
@@ -185,6 +188,263 @@ static json chosen_json(const Candidate& c, int64_t ranks) {
   return j;
 }
 
+// ---- The frameworks' settings for the choice: what each holds of it, and a line for what it cannot hold ----
+
+// One framework's settings, and a line per part of the choice they cannot hold, saying where it goes instead.
+struct FrameworkSettings {
+  json doc;
+  std::vector<std::string> not_held;
+};
+
+static std::string switch_of(const Candidate& c, const std::string& name, const std::string& otherwise = "") {
+  const auto it = c.switches.find(name);
+  return it == c.switches.end() ? otherwise : it->second;
+}
+
+// The data parallelism on ranks: "" in one process, else ddp, fsdp or fsdp_no_reshard (a candidate without the
+// switch is DDP).
+static std::string parallel_of(const TuneOutput& o, const Candidate& c) {
+  return o.ranks > 1 ? switch_of(c, "parallel", "ddp") : "";
+}
+static bool sharded(const std::string& parallel) { return parallel.rfind("fsdp", 0) == 0; }
+
+static int64_t bucket_cap_mb(const Candidate& c) {
+  const std::string mb = switch_of(c, "bucket_mb", "25");
+  if (mb.empty() || mb.find_first_not_of("0123456789") != std::string::npos)
+    throw UsageError("bucket_mb=" + mb + ": expected DDP's bucket size in whole MB");
+  return std::stoll(mb);
+}
+
+static std::string python_bool(bool b) { return b ? "True" : "False"; }
+
+// Switches of trainbench's loop that no framework's configuration holds: where each goes in a training script.
+static void add_loop_notes(const Candidate& c, std::vector<std::string>& notes) {
+  const std::string sync = switch_of(c, "sync"), sdpa = switch_of(c, "sdpa");
+  if (sync == "async")
+    notes.push_back("sync=async: read the loss on the host (loss.item()) one step late, not every step");
+  else if (sync.rfind("every_n:", 0) == 0)
+    notes.push_back("sync=" + sync + ": read the loss on the host (loss.item()) every " + sync.substr(8) +
+                    " steps, not every step");
+  if (switch_of(c, "cuda_graphs") == "on")
+    notes.push_back("cuda_graphs=on: capture the step in a CUDA graph "
+                    "(torch.compile(model, mode=\"reduce-overhead\"))");
+  static const std::map<std::string, std::string> backends{
+      {"math", "MATH"}, {"flash", "FLASH_ATTENTION"}, {"efficient", "EFFICIENT_ATTENTION"}};
+  if (backends.count(sdpa))
+    notes.push_back("sdpa=" + sdpa + ": run the step under torch.nn.attention.sdpa_kernel(SDPBackend." +
+                    backends.at(sdpa) + ")");
+}
+
+// Switches that a script sets, for the frameworks whose configuration has no key for them (Lightning, Accelerate);
+// `held`: those the configuration does hold (compile, activation_checkpointing).
+static void add_script_notes(const Candidate& c, const std::set<std::string>& held, std::vector<std::string>& notes) {
+  static const std::map<std::string, std::string> optimizers{
+      {"per_tensor", "foreach=False"}, {"foreach", "foreach=True"}, {"fused", "fused=True"}};
+  const std::string optimizer = switch_of(c, "optimizer");
+  if (optimizers.count(optimizer))
+    notes.push_back("optimizer=" + optimizer + ": build the optimizer with " + optimizers.at(optimizer) +
+                    " (e.g. torch.optim.AdamW(params, ..., " + optimizers.at(optimizer) + "))");
+  if (!held.count("compile") && switch_of(c, "compile") == "on")
+    notes.push_back("compile=on: torch.compile(model) before training (the configuration has no key for it)");
+  if (!held.count("activation_checkpointing") && switch_of(c, "activation_checkpointing") == "on")
+    notes.push_back("activation_checkpointing=on: checkpoint the model's blocks (torch.utils.checkpoint.checkpoint, or "
+                    "model.gradient_checkpointing_enable() for a transformers model)");
+  if (switch_of(c, "pin_memory") == "on") notes.push_back("pin_memory=on: DataLoader(..., pin_memory=True)");
+  add_loop_notes(c, notes);
+}
+
+// Hugging Face TrainingArguments on ranks: DDP's arguments, or FSDP2 through fsdp_config.
+static void add_hf_ranks(const Candidate& c, const std::string& parallel, FrameworkSettings& s) {
+  json& hf = s.doc;
+  if (sharded(parallel)) {
+    json config{
+        {"version", 2}, {"reshard_after_forward", parallel == "fsdp"}, {"auto_wrap_policy", "TRANSFORMER_BASED_WRAP"}};
+    // Activation checkpointing as FSDP's own, not the Trainer's (which would all-gather once more in the backward).
+    const std::string checkpointing = switch_of(c, "activation_checkpointing");
+    if (!checkpointing.empty()) config["activation_checkpointing"] = checkpointing == "on";
+    hf["fsdp"] = true;
+    hf["fsdp_config"] = config;
+    s.not_held.push_back("parallel=" + parallel +
+                         ": TRANSFORMER_BASED_WRAP shards one by one the blocks a transformers model names in "
+                         "_no_split_modules, as the tune sharded the repeated blocks; for another model name the "
+                         "block's class in fsdp_config's transformer_layer_cls_to_wrap");
+  } else {
+    // DDP's default, as measured: the Trainer would search for unused parameters in a model that is not a
+    // PreTrainedModel.
+    hf["ddp_find_unused_parameters"] = false;
+    hf["ddp_bucket_cap_mb"] = bucket_cap_mb(c);
+    hf["ddp_static_graph"] = switch_of(c, "static_graph") == "on";
+    if (switch_of(c, "gradient_as_bucket_view") == "on")
+      s.not_held.push_back("gradient_as_bucket_view=on: not a TrainingArguments field (the Trainer's "
+                           "DistributedDataParallel keeps the gradients apart from its buckets)");
+  }
+  // The Trainer skips the all-reduce of the micro-batches before the last (no_sync=on) unless told to sync each.
+  if (c.accumulation() > 1 && switch_of(c, "no_sync") == "off")
+    hf["accelerator_config"] = {{"gradient_accumulation_kwargs", {{"sync_each_batch", true}}}};
+}
+
+// Keyword arguments of transformers.TrainingArguments, loadable as `TrainingArguments(output_dir=..., **json)`.
+static FrameworkSettings hf_settings(const TuneOutput& o, const Candidate& c) {
+  FrameworkSettings s;
+  json& hf = s.doc;
+  hf = {{"per_device_train_batch_size", c.micro_batch}, {"gradient_accumulation_steps", c.accumulation()}};
+  const std::string parallel = parallel_of(o, c);
+  const std::string checkpointing = switch_of(c, "activation_checkpointing");
+  if (!checkpointing.empty() && !sharded(parallel)) hf["gradient_checkpointing"] = checkpointing == "on";
+  const std::string bf16 = switch_of(c, "bf16_matmuls");
+  if (!bf16.empty()) hf["bf16"] = bf16 == "on";
+  // TrainingArguments has no for-loop AdamW: per_tensor and foreach both map to adamw_torch, which
+  // leaves the choice to torch.optim.AdamW (foreach on CUDA, the for-loop on the CPU).
+  const std::string optimizer = switch_of(c, "optimizer");
+  if (!optimizer.empty()) hf["optim"] = optimizer == "fused" ? "adamw_torch_fused" : "adamw_torch";
+  const std::string compile = switch_of(c, "compile");  // autotune --entry's torch.compile
+  if (!compile.empty()) hf["torch_compile"] = compile == "on";
+  const std::string pin_memory = switch_of(c, "pin_memory");
+  if (!pin_memory.empty()) hf["dataloader_pin_memory"] = pin_memory == "on";
+  // Always written: TrainingArguments clips at 1.0 unless told otherwise, and 0 turns clipping off.
+  hf["max_grad_norm"] = o.grad_clip;
+  if (o.ranks > 1) add_hf_ranks(c, parallel, s);
+  add_loop_notes(c, s.not_held);
+  return s;
+}
+
+// Lightning's strategy on ranks, as LightningCLI reads it (class_path and init_args).
+static json lightning_strategy(const Candidate& c, const std::string& parallel, int64_t ranks, FrameworkSettings& s) {
+  if (sharded(parallel)) {
+    // Lightning's FSDPStrategy wraps in FSDP1; ModelParallelStrategy is its FSDP2 (fully_shard), applied by the module.
+    s.not_held.push_back("parallel=" + parallel +
+                         ": ModelParallelStrategy leaves the sharding to your LightningModule's configure_model(): "
+                         "fully_shard(block, mesh=self.device_mesh[\"data_parallel\"], reshard_after_forward=" +
+                         python_bool(parallel == "fsdp") + ") on each repeated block, then on the module itself");
+    return {{"class_path", "lightning.pytorch.strategies.ModelParallelStrategy"},
+            {"init_args", {{"data_parallel_size", ranks}, {"tensor_parallel_size", 1}}}};
+  }
+  return {{"class_path", "lightning.pytorch.strategies.DDPStrategy"},
+          {"init_args",
+           {{"bucket_cap_mb", bucket_cap_mb(c)},
+            {"gradient_as_bucket_view", switch_of(c, "gradient_as_bucket_view") == "on"},
+            {"static_graph", switch_of(c, "static_graph") == "on"}}}};
+}
+
+// A LightningCLI-style configuration: trainer and data sections.
+static FrameworkSettings lightning_settings(const TuneOutput& o, const Candidate& c) {
+  FrameworkSettings s;
+  json& pl = s.doc;
+  pl = {{"trainer", {{"accumulate_grad_batches", c.accumulation()}}}, {"data", {{"batch_size", c.micro_batch}}}};
+  const std::string parallel = parallel_of(o, c);
+  if (o.ranks > 1) {
+    // The backend the ranks were measured on: without it, "auto" would take GPUs where a CPU tune's ranks ran.
+    pl["trainer"]["accelerator"] = o.device.value("backend", std::string()) == "cuda" ? "gpu" : "cpu";
+    pl["trainer"]["devices"] = o.ranks;  // one node's worth; num_nodes x devices = ranks across nodes
+    pl["trainer"]["strategy"] = lightning_strategy(c, parallel, o.ranks, s);
+    // Lightning skips the all-reduce of the micro-batches before the last whatever it is told (no_sync=on).
+    if (c.accumulation() > 1 && switch_of(c, "no_sync") == "off")
+      s.not_held.push_back("no_sync=off: Lightning skips the all-reduce of the micro-batches before the last "
+                           "whatever it is told; the choice all-reduces every micro-batch");
+  }
+  if (o.grad_clip > 0) pl["trainer"]["gradient_clip_val"] = o.grad_clip;
+  if (switch_of(c, "bf16_matmuls") == "on") pl["trainer"]["precision"] = "bf16-mixed";
+  add_script_notes(c, {}, s.not_held);
+  return s;
+}
+
+// What an Accelerate script sets itself for the choice on ranks: the accumulation and DDP's arguments.
+static void add_accelerate_script_notes(const TuneOutput& o, const Candidate& c, const std::string& parallel,
+                                        std::vector<std::string>& notes) {
+  const std::string a = std::to_string(c.accumulation());
+  notes.push_back("micro-batch " + std::to_string(c.micro_batch) + " per process: the DataLoader's batch_size");
+  if (c.accumulation() > 1) {
+    const bool sync_each = o.ranks > 1 && switch_of(c, "no_sync") == "off";
+    notes.push_back("accumulation " + a + ": " +
+                    (sync_each ? "Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=" + a +
+                                     ", sync_each_batch=True)), which all-reduces every micro-batch (no_sync=off)"
+                               : "Accelerator(gradient_accumulation_steps=" + a + ")") +
+                    ", each micro-batch under `with accelerator.accumulate(model):`" +
+                    (sync_each || o.ranks == 1
+                         ? ""
+                         : " (skips the all-reduce of the micro-batches before the last: no_sync=on)"));
+  }
+  if (o.ranks > 1 && !sharded(parallel)) {
+    std::ostringstream ddp;
+    ddp << "DDP: Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(bucket_cap_mb=" << bucket_cap_mb(c)
+        << ", gradient_as_bucket_view=" << python_bool(switch_of(c, "gradient_as_bucket_view") == "on")
+        << ", static_graph=" << python_bool(switch_of(c, "static_graph") == "on") << ")])";
+    notes.push_back(ddp.str());
+  }
+  if (o.grad_clip > 0) {
+    std::ostringstream clip;
+    clip << "gradient clipping at " << o.grad_clip << ": accelerator.clip_grad_norm_(model.parameters(), "
+         << o.grad_clip << ") before optimizer.step()";
+    notes.push_back(clip.str());
+  }
+}
+
+// How Accelerate (1.15) runs CPU ranks: MULTI_CPU's processes start under mpirun given a hostfile, else one process
+// starts; FSDP runs on accelerators only (its CPU processes get DistributedDataParallel instead).
+static void add_accelerate_cpu_notes(int64_t ranks, const std::string& parallel, std::vector<std::string>& notes) {
+  const std::string n = std::to_string(ranks);
+  if (sharded(parallel))
+    notes.push_back("parallel=" + parallel + " on the CPU: Accelerate runs FSDP on GPUs only (CPU processes get "
+                    "DistributedDataParallel); on the CPU shard in the script with torch.distributed.fsdp.fully_shard, "
+                    "under torchrun --standalone --nproc-per-node " + n + " YOUR_TRAINING_SCRIPT.py");
+  else
+    notes.push_back("CPU ranks: accelerate launch starts the " + n +
+                    " processes under mpirun given a hostfile (mpirun_config: {mpirun_hostfile: FILE}, a line "
+                    "`localhost slots=" + n + "`), else one; or start them as the tune did, torchrun --standalone "
+                    "--nproc-per-node " + n + " YOUR_TRAINING_SCRIPT.py, with Accelerator(cpu=True)");
+}
+
+// An Accelerate config file (accelerate 1.15's ClusterConfig keys), for `accelerate launch --config_file F train.py`.
+static FrameworkSettings accelerate_settings(const TuneOutput& o, const Candidate& c) {
+  FrameworkSettings s;
+  json& a = s.doc;
+  const bool cuda = o.device.value("backend", std::string()) == "cuda";
+  const std::string parallel = parallel_of(o, c);
+  a = {{"compute_environment", "LOCAL_MACHINE"},
+       {"distributed_type", o.ranks == 1 ? "NO" : sharded(parallel) ? "FSDP" : cuda ? "MULTI_GPU" : "MULTI_CPU"},
+       {"num_processes", o.ranks},
+       {"num_machines", 1},
+       {"machine_rank", 0},
+       {"use_cpu", !cuda},
+       {"mixed_precision", switch_of(c, "bf16_matmuls") == "on" ? "bf16" : "no"}};
+  if (cuda && o.ranks > 1) a["gpu_ids"] = "all";
+  if (switch_of(c, "compile") == "on") a["dynamo_config"] = {{"dynamo_backend", "INDUCTOR"}};
+  if (sharded(parallel)) {
+    json fsdp{{"fsdp_version", 2},
+              {"fsdp_reshard_after_forward", parallel == "fsdp"},
+              {"fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"}};
+    const std::string checkpointing = switch_of(c, "activation_checkpointing");
+    if (!checkpointing.empty()) fsdp["fsdp_activation_checkpointing"] = checkpointing == "on";
+    a["fsdp_config"] = fsdp;
+    s.not_held.push_back("parallel=" + parallel +
+                         ": TRANSFORMER_BASED_WRAP shards one by one the blocks a transformers model names in "
+                         "_no_split_modules; for another model add fsdp_transformer_layer_cls_to_wrap: BLOCK_CLASS");
+  }
+  if (!cuda && o.ranks > 1) add_accelerate_cpu_notes(o.ranks, parallel, s.not_held);
+  add_accelerate_script_notes(o, c, parallel, s.not_held);
+  std::set<std::string> held{"compile"};  // dynamo_config
+  if (sharded(parallel)) held.insert("activation_checkpointing");  // fsdp_activation_checkpointing
+  add_script_notes(c, held, s.not_held);
+  return s;
+}
+
+// For an entry on ranks: the command line that starts them as the tune did (executor.launcher) and the batch's split.
+static void add_launch(json& chosen, const TuneOutput& o, const Candidate& c) {
+  if (o.ranks > 1)
+    chosen["batch_split"] = "global batch " + std::to_string(c.global_batch * o.ranks) + " = micro-batch " +
+                            std::to_string(c.micro_batch) + " x accumulation " + std::to_string(c.accumulation()) +
+                            " x " + std::to_string(o.ranks) + " ranks";
+  const auto launcher = o.executor.find("launcher");
+  if (o.ranks > 1 && launcher != o.executor.end() && launcher->is_string() && !launcher->get<std::string>().empty())
+    chosen["launch"] = launcher->get<std::string>() + " YOUR_TRAINING_SCRIPT.py";
+  if (o.executor.value("name", std::string()) != "torch-entry") return;
+  json notes = json::object();  // what each framework's format cannot hold of the choice
+  notes["hf"] = hf_settings(o, c).not_held;
+  notes["lightning"] = lightning_settings(o, c).not_held;
+  notes["accelerate"] = accelerate_settings(o, c).not_held;
+  chosen["format_notes"] = notes;
+}
+
 nlohmann::json to_json(const TuneOutput& o) { return nlohmann::json::parse(ordered(o).dump()); }
 
 // The choice with its measured numbers, or the note that nothing ran.
@@ -192,12 +452,15 @@ static void add_choice(json& t, const TuneOutput& o) {
   const SearchReport& rep = o.report;
   if (rep.found) {
     t["chosen"] = chosen_json(rep.best.candidate, o.ranks);
+    add_launch(t["chosen"], o, rep.best.candidate);
     t["measured"] = measured(rep.best.result);
     if (!o.prediction.is_null())
-      t["measured"]["of"] = "one rank's share of the batch (global_batch / ranks samples per step), ranks run independently";
+      t["measured"]["of"] = std::string("one rank's share of the batch (global_batch / ranks samples per step), ") +
+                            (o.prediction.contains("compute_measured_in") ? "in one process" : "ranks run independently");
     t["measured"]["headroom"] = rep.headroom;
     t["measured"]["confirmed"] = o.confirmed;
     t["measured"]["interleaved_rounds"] = o.confirmed && o.race ? o.race->rounds : 0;
+    if (!o.communication.is_null()) t["measured"]["communication"] = json::parse(o.communication.dump());
     if (!o.choice_note.empty()) t["choice_note"] = o.choice_note;
   } else {
     t["chosen"] = nullptr;
@@ -316,7 +579,8 @@ static json ordered(const TuneOutput& o) {
   t["workload"] = {{"name", o.workload_name},
                    {"path", o.workload_path},
                    {"digest", o.workload_digest},
-                   {"source", o.workload_source}};
+                   {"source", o.workload_source},
+                   {"grad_clip", o.grad_clip}};
   t["version"] = build::version;
   t["git_commit"] = build::git_commit;
   return doc;
@@ -367,6 +631,14 @@ static void emit_yaml(YAML::Emitter& out, const json& j) {
   }
 }
 
+// "# TITLE:" and a "#   - NOTE" line for each note; "" without notes.
+static std::string comment_lines(const std::string& title, const std::vector<std::string>& notes) {
+  if (notes.empty()) return "";
+  std::string text = "# " + title + ":\n";
+  for (const auto& note : notes) text += "#   - " + note + "\n";
+  return text;
+}
+
 static std::string yaml_text(const json& j, const std::string& comment) {
   YAML::Emitter out;
   emit_yaml(out, j);
@@ -404,36 +676,22 @@ std::string emit(const TuneOutput& o, OutFormat format) {
     }
     case OutFormat::lightning: {
       if (!c) throw UsageError("no configuration ran successfully: nothing to write as a Lightning config");
-      json pl{{"trainer", {{"accumulate_grad_batches", c->accumulation()}}}, {"data", {{"batch_size", c->micro_batch}}}};
-      if (o.ranks > 1) {
-        pl["trainer"]["devices"] = o.ranks;  // one node's worth; num_nodes x devices = ranks across nodes
-        pl["trainer"]["strategy"] = "ddp";
-      }
-      if (o.grad_clip > 0) pl["trainer"]["gradient_clip_val"] = o.grad_clip;
-      const auto bf16 = c->switches.find("bf16_matmuls");
-      if (bf16 != c->switches.end() && bf16->second == "on") pl["trainer"]["precision"] = "bf16-mixed";
-      return yaml_text(pl, comment.str());
+      const FrameworkSettings pl = lightning_settings(o, *c);
+      return yaml_text(pl.doc, comment.str() + comment_lines("a Lightning configuration cannot hold", pl.not_held));
     }
     case OutFormat::hf: {
       // Keyword arguments of transformers.TrainingArguments, loadable as
       // `TrainingArguments(output_dir=..., **json.load(f))`. It refuses keywords that are not its fields
       // and JSON has no comments, so the provenance is left out, as in the DeepSpeed config: it is in
-      // --format yaml or json.
+      // --format yaml or json, with what TrainingArguments cannot hold (chosen.format_notes.hf).
       if (!c) throw UsageError("no configuration ran successfully: nothing to write as Hugging Face TrainingArguments");
-      json hf{{"per_device_train_batch_size", c->micro_batch}, {"gradient_accumulation_steps", c->accumulation()}};
-      const auto checkpointing = c->switches.find("activation_checkpointing");
-      if (checkpointing != c->switches.end()) hf["gradient_checkpointing"] = checkpointing->second == "on";
-      const auto bf16 = c->switches.find("bf16_matmuls");
-      if (bf16 != c->switches.end()) hf["bf16"] = bf16->second == "on";
-      // TrainingArguments has no for-loop AdamW: per_tensor and foreach both map to adamw_torch, which
-      // leaves the choice to torch.optim.AdamW (foreach on CUDA, the for-loop on the CPU).
-      const auto optimizer = c->switches.find("optimizer");
-      if (optimizer != c->switches.end()) hf["optim"] = optimizer->second == "fused" ? "adamw_torch_fused" : "adamw_torch";
-      const auto compile = c->switches.find("compile");  // autotune --entry's torch.compile
-      if (compile != c->switches.end()) hf["torch_compile"] = compile->second == "on";
-      // Always written: TrainingArguments clips at 1.0 unless told otherwise, and 0 turns clipping off.
-      hf["max_grad_norm"] = o.grad_clip;
-      return hf.dump(2) + "\n";
+      return hf_settings(o, *c).doc.dump(2) + "\n";
+    }
+    case OutFormat::accelerate: {
+      if (!c) throw UsageError("no configuration ran successfully: nothing to write as an Accelerate config");
+      const FrameworkSettings a = accelerate_settings(o, *c);
+      return yaml_text(a.doc, comment.str() + "# accelerate launch --config_file THIS_FILE YOUR_TRAINING_SCRIPT.py\n" +
+                                  comment_lines("an Accelerate config file cannot hold; the script sets", a.not_held));
     }
   }
   return "";

@@ -2,15 +2,23 @@
 // workload and its digest, the measured throughput with its interval, peak memory and headroom,
 // trials and time, runners-up within noise, the speedup over the workload's own configuration with
 // the interval of the interleaved comparison that holds it, the race of the finalists), as YAML or
-// JSON, or as the keys DeepSpeed, PyTorch Lightning or Hugging Face TrainingArguments read.
+// JSON, or as the keys DeepSpeed, PyTorch Lightning, Hugging Face TrainingArguments or an Accelerate config
+// file read (on ranks: Lightning's DDPStrategy or ModelParallelStrategy, TrainingArguments' ddp_* or
+// fsdp/fsdp_config, Accelerate's MULTI_GPU, MULTI_CPU or FSDP with its fsdp_config).
 // The YAML and JSON document: trainbench_autotune: {chosen, measured, workload_config,
 // speedup_over_workload_config, speedup_significant, speedup_interval, speedup_note, global_batches,
 // search, race, runners_up_within_noise, failed_trials, executor, device, workload, version, git_commit}
 // (chosen is null, with a note, when nothing ran). With --versus the baseline and the speedup over it
 // are under `versus` instead: {name, how, ..., config, measured, speedup, speedup_significant,
 // speedup_interval, note}. With --ranks N: chosen also holds ranks and
-// per_rank_batch (its global_batch is every rank's together), the document `ranks`, and with --predict
-// `prediction` (distributed.h). `autotune --compare` writes
+// per_rank_batch (its global_batch is every rank's together) and batch_split ("global batch 64 = micro-batch
+// 32 x accumulation 1 x 2 ranks"), the document `ranks`, and with --predict `prediction` (distributed.h).
+// For an entry (executor torch-entry): chosen.format_notes {hf, lightning, accelerate}, a line for each part
+// of the choice that format cannot hold and where it goes instead (the hf JSON has no room for comments;
+// the Lightning and Accelerate files repeat theirs as comments); on ranks also chosen.launch, the command
+// that starts the ranks as the tune did (executor.launcher) followed by YOUR_TRAINING_SCRIPT.py.
+// workload.grad_clip is the gradient norm clipped at (0: none), which `autotune --from` carries over.
+// `autotune --compare` writes
 // trainbench_autotune_compare: {within_noise, comparisons, configs, race, interrupted, executor,
 // device, workload, version, git_commit}.
 #pragma once
@@ -26,7 +34,7 @@
 
 namespace tb::tune {
 
-enum class OutFormat { yaml, json, deepspeed, lightning, hf };
+enum class OutFormat { yaml, json, deepspeed, lightning, hf, accelerate };
 OutFormat out_format_from_string(const std::string& name);  // throws UsageError
 
 // The choice against the workload's own configuration, and whether that is a measured speedup.
@@ -73,6 +81,9 @@ struct TuneOutput {
   // `ranks` (global batch, DeepSpeed's train_batch_size, Lightning's devices).
   int64_t ranks = 1;
   nlohmann::json prediction;  // autotune --predict (distributed.h), or null
+  // An entry on ranks: the chosen configuration's step profiled for the communication it waits for
+  // ({share, step_seconds, exposed_seconds, communication_seconds, rank_shares, steps, how}), or null.
+  nlohmann::json communication;
   // The global batches searched (one rank's share with --ranks) and where they came from, and the
   // workload's own global batch.
   GlobalBatchPlan global_batches;

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <iterator>
 #include <sstream>
 
 #include "runtime/device_info.h"
@@ -66,13 +68,74 @@ std::string entry_ranks_unavailable_reason(int64_t ranks, bool cuda) {
   return "";
 }
 
+namespace {
+
+// The value of `--name V` or `--name=V` in `args` (torchrun also spells its options with underscores), or "".
+std::string option_value(const std::vector<std::string>& args, const std::string& name) {
+  std::string underscored = name;
+  std::replace(underscored.begin() + 2, underscored.end(), '-', '_');
+  for (std::size_t i = 0; i < args.size(); ++i)
+    for (const std::string& spelled : {name, underscored}) {
+      if (args[i] == spelled && i + 1 < args.size()) return args[i + 1];
+      if (args[i].rfind(spelled + "=", 0) == 0) return args[i].substr(spelled.size() + 1);
+    }
+  return "";
+}
+
+int64_t whole_number(const std::string& text, const std::string& what) {
+  char* end = nullptr;
+  const long long n = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || n < 1)
+    throw UsageError("--launcher: " + what + " " + text + " is not a count (autotune needs a fixed number)");
+  return n;
+}
+
+}  // namespace
+
+int64_t torchrun_nodes(const std::vector<std::string>& args) {
+  const std::string nodes = option_value(args, "--nnodes");
+  return nodes.empty() ? 1 : whole_number(nodes, "--nnodes");
+}
+
+std::vector<std::string> torchrun_arguments(const std::string& launcher, int64_t ranks) {
+  if (launcher.empty()) return {"--standalone", "--nproc-per-node", std::to_string(ranks)};
+  std::istringstream in(launcher);
+  std::vector<std::string> words{std::istream_iterator<std::string>(in), std::istream_iterator<std::string>()};
+  std::size_t skip = 0;
+  if (!words.empty() && std::filesystem::path(words[0]).filename() == "torchrun") skip = 1;
+  else if (words.size() >= 3 && words[1] == "-m" && words[2] == "torch.distributed.run") skip = 3;
+  if (skip == 0)
+    throw UsageError("--launcher '" + launcher + "': an entry's ranks start under torchrun ('torchrun ARGS', run as " +
+                     "the tune's python -m torch.distributed.run ARGS)");
+  std::vector<std::string> args(words.begin() + static_cast<std::ptrdiff_t>(skip), words.end());
+  const int64_t nodes = torchrun_nodes(args);
+  if (ranks % nodes != 0)
+    throw UsageError("--launcher: --ranks " + std::to_string(ranks) + " is not the same number of ranks on each of " +
+                     std::to_string(nodes) + " nodes");
+  const std::string per_node = option_value(args, "--nproc-per-node");
+  if (per_node.empty()) {
+    args.insert(args.end(), {"--nproc-per-node", std::to_string(ranks / nodes)});
+  } else if (whole_number(per_node, "--nproc-per-node") * nodes != ranks) {
+    throw UsageError("--launcher: --nproc-per-node " + per_node + " on " + std::to_string(nodes) + " node" +
+                     (nodes == 1 ? "" : "s") + " is not --ranks " + std::to_string(ranks));
+  }
+  return args;
+}
+
 std::string EntryExecutor::launcher() const {
-  return ranks_ > 1 ? "torchrun --standalone --nproc-per-node " + std::to_string(ranks_) : "";
+  if (ranks_ <= 1) return "";
+  std::string text = "torchrun";
+  for (const std::string& word : torchrun_args_) text += " " + word;
+  return text;
 }
 
 EntryExecutor::EntryExecutor(const std::string& spec, bool cuda, int device, int64_t global_batch,
-                             const std::atomic<bool>* stop, int64_t memory_limit, double timeout_s, int64_t ranks)
-    : cuda_(cuda), ranks_(std::max<int64_t>(ranks, 1)), capacity_(trial_memory_capacity(cuda, device)) {
+                             const std::atomic<bool>* stop, int64_t memory_limit, double timeout_s, int64_t ranks,
+                             std::vector<std::string> torchrun_args)
+    : cuda_(cuda),
+      ranks_(std::max<int64_t>(ranks, 1)),
+      torchrun_args_(torchrun_args.empty() ? torchrun_arguments("", ranks_) : std::move(torchrun_args)),
+      capacity_(trial_memory_capacity(cuda, device)) {
   probe_.spec = entry_spec(spec);
   if (probe_.spec.rfind("hf:", 0) != 0) probe_.file = probe_.spec.substr(0, probe_.spec.rfind(':'));
   probe_.torch = torch_interpreter();
@@ -86,10 +149,17 @@ EntryExecutor::EntryExecutor(const std::string& spec, bool cuda, int device, int
   // Several ranks: the worker under torchrun (its elastic agent, one node), rank 0 speaking for the group; each
   // candidate's global batch is then every rank's together.
   std::vector<std::string> command{probe_.torch.python};
-  if (ranks_ > 1)
-    command.insert(command.end(),
-                   {"-m", "torch.distributed.run", "--standalone", "--nproc-per-node", std::to_string(ranks_)});
+  if (ranks_ > 1) {
+    command.insert(command.end(), {"-m", "torch.distributed.run"});
+    command.insert(command.end(), torchrun_args_.begin(), torchrun_args_.end());
+  }
   command.insert(command.end(), {probe_.torch.script, "--serve", start.dump()});
+  if (ranks_ > 1 && torchrun_nodes(torchrun_args_) > 1) {  // the other nodes' agents join the same rendezvous
+    std::cerr << "autotune: on each other node, start its ranks with the same command (its own --node-rank where "
+                 "the rendezvous is static) and the same paths:\n ";
+    for (const std::string& word : command) std::cerr << " '" << word << "'";
+    std::cerr << std::endl;
+  }
   worker_ = std::make_unique<WorkerExecutor>(
       command,
       [ranks = ranks_](const Candidate& candidate) {

@@ -47,6 +47,14 @@ std::string entry_digest_text(const EntryProbe& p);
 // The shortest trial of `c`: the probe's start-up and steps at its measured rate.
 TrialEstimate entry_shortest_trial(const EntryProbe& p, const Candidate& c, int64_t min_steps);
 
+// `--launcher 'torchrun ARGS'` (or 'python -m torch.distributed.run ARGS'): ARGS, which the worker's torchrun is
+// given in place of --standalone, with --nproc-per-node (ranks / nodes) added when ARGS leave it out. UsageError
+// (one line) for another program, a --nnodes range, or ranks that the nodes do not divide. "" gives
+// {"--standalone", "--nproc-per-node", ranks}.
+std::vector<std::string> torchrun_arguments(const std::string& launcher, int64_t ranks);
+// The --nnodes of torchrun's ARGS (1 when they do not say).
+int64_t torchrun_nodes(const std::vector<std::string>& args);
+
 // Why `--entry --ranks N` cannot run here ("" when it can): on a GPU, one rank per GPU.
 std::string entry_ranks_unavailable_reason(int64_t ranks, bool cuda);
 
@@ -70,16 +78,22 @@ class EntryExecutor final : public Executor {
   // With ranks > 1 the worker is a torchrun group of that many ranks (scripts/trainbench/pytorch/distributed.py):
   // the candidates it is given hold one rank's share of the global batch, as the native --ranks ones.
   EntryExecutor(const std::string& spec, bool cuda, int device, int64_t global_batch, const std::atomic<bool>* stop,
-                int64_t memory_limit, double timeout_s, int64_t ranks = 1);
+                int64_t memory_limit, double timeout_s, int64_t ranks = 1,
+                std::vector<std::string> torchrun_args = {});
   TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override {
     return worker_->run(candidate, policy);
   }
   int64_t memory_capacity() const override { return capacity_; }
   const EntryProbe& probe() const { return probe_; }
   int64_t ranks() const { return ranks_; }
-  // How the ranks are started: "torchrun --standalone --nproc-per-node N" (python -m torch.distributed.run).
+  // How the ranks are started: "torchrun --standalone --nproc-per-node N" (python -m torch.distributed.run), or
+  // torchrun with --launcher's arguments.
   std::string launcher() const;
   const WorkerStats& worker_stats() const { return worker_->stats(); }
+  // The communication the step of `candidate` waits for, from `steps` profiled steps (WorkerExecutor::profile).
+  nlohmann::json profile(const Candidate& candidate, int64_t steps, double timeout_s) {
+    return worker_->profile(candidate, steps, timeout_s);
+  }
   // `--versus largest-batch`, within `memory_limit_bytes` (a GPU's; on the CPU the worker's limit holds) and
   // `timeout_s`. UsageError for a bad entry; a runtime error naming what happened when it fails otherwise.
   LargestBatch largest_batch(int64_t global_batch, int64_t memory_limit_bytes, double timeout_s);
@@ -88,6 +102,7 @@ class EntryExecutor final : public Executor {
   EntryProbe probe_;
   bool cuda_;
   int64_t ranks_ = 1;
+  std::vector<std::string> torchrun_args_;  // torch.distributed.run's arguments (ranks > 1)
   int64_t capacity_ = 0;
   std::unique_ptr<WorkerExecutor> worker_;
 };

@@ -420,6 +420,27 @@ void WorkerExecutor::close_measured(const Candidate& candidate, const json& said
   }
 }
 
+json WorkerExecutor::profile(const Candidate& candidate, int64_t steps, double timeout_s) {
+  const auto started = std::chrono::steady_clock::now();
+  const auto left = [&] { return std::max(timeout_s - seconds_since(started), 0.1); };
+  try {
+    json open = open_request_(candidate);
+    open["op"] = "open";
+    const json said = request(open, left());
+    if (said.value("disposition", std::string("error")) != "passed") {
+      process_->request({{"op", "close"}, {"failed", true}}, left());
+      return {{"error", said.value("reason", std::string("the candidate did not open"))}};
+    }
+    json profiled = process_->request({{"op", "profile"}, {"steps", steps}}, left());
+    process_->request({{"op", "close"}}, left());
+    return profiled;
+  } catch (const WorkerLost& e) {
+    process_.reset();
+    pending_reason_ = describe_switches(candidate) + ", profiled: " + e.what();
+    return {{"error", e.what()}};
+  }
+}
+
 void WorkerExecutor::close_candidate(const Candidate& candidate, bool failed, double timeout_s,
                                      const std::string& held_after) {
   json close{{"op", "close"}};

@@ -95,6 +95,10 @@ class WorkerExecutor final : public Executor {
   const nlohmann::json& start(double timeout_s);
   // A request outside a trial (an entry's probe): the worker started when it is not; WorkerLost as the process's.
   nlohmann::json request(const nlohmann::json& message, double timeout_s);
+  // `steps` steps of `candidate` (opened, its warm-up step run) under torch.profiler: the worker's "profile" answer
+  // ({wall_seconds, communication_seconds, exposed_seconds, share, ...}), or {"error"} when it did not run; the
+  // candidate is closed after. Within `timeout_s` in all.
+  nlohmann::json profile(const Candidate& candidate, int64_t steps, double timeout_s);
   // The least time a request may go unanswered before the worker is taken for hung (kHangFloorSeconds).
   void set_hang_floor(double seconds) { hang_floor_ = seconds; }
 

@@ -28,7 +28,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_main(rank, world, port, spec, accumulation, results, optimizer="per_tensor"):
+def rank_main(rank, world, port, spec, accumulation, results, optimizer="per_tensor", candidates=None):
     import sys
     sys.path.insert(0, os.path.join(REPO, "scripts"))
     from trainbench.pytorch import distributed as td
@@ -38,7 +38,7 @@ def rank_main(rank, world, port, spec, accumulation, results, optimizer="per_ten
     td.join(cpu)
     try:
         said = []
-        for switches in CANDIDATES:
+        for switches in candidates or CANDIDATES:
             e = te.build_entry(spec, 4, cpu, rank=rank, world_size=world)
             stream = te.cycle(e.batches)
             micro = [next(stream) for _ in range(accumulation)]
@@ -49,11 +49,11 @@ def rank_main(rank, world, port, spec, accumulation, results, optimizer="per_ten
         dist.destroy_process_group()
 
 
-def run_ranks(spec, accumulation=2, world=2, optimizer="per_tensor"):
+def run_ranks(spec, accumulation=2, world=2, optimizer="per_tensor", candidates=None):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, world, port, spec, accumulation, results, optimizer)) for r in range(world)]
+    procs = [ctx.Process(target=rank_main, args=(r, world, port, spec, accumulation, results, optimizer, candidates)) for r in range(world)]
     for p in procs:
         p.start()
     got = dict(results.get(timeout=120) for _ in range(world))
@@ -74,6 +74,17 @@ def test_fsdp2_over_repeated_blocks_with_adamw_and_clipping_passes_the_check():
     got = run_ranks(f"{RANKED}:blocks", optimizer="foreach")
     for rank, said in got.items():
         assert said == [None] * len(CANDIDATES), (rank, said)
+
+
+def test_a_lightning_module_on_two_ranks_passes_the_check_with_ddp_and_fsdp2():
+    """Its training_step runs inside DDP's and FSDP2's forward (distributed.with_loss), though it calls its layers,
+    not its own forward."""
+    pytest.importorskip("lightning")
+    candidates = [{"no_sync": "on"}, {"parallel": "fsdp", "no_sync": "on"}]
+    got = run_ranks(os.path.join(REPO, "tuner", "entries", "lightning_module.py") + ":build", candidates=candidates,
+                    optimizer="foreach")
+    for rank, said in got.items():
+        assert said == [None] * len(candidates), (rank, said)
 
 
 def test_fsdp2_shards_each_repeated_block():
@@ -153,8 +164,14 @@ def autotune_or_skip():
 
 @pytest.mark.parametrize("extra, said", [
     (["--batch", "63"], "--ranks 2: the global batch 63 is not a multiple of the ranks"),
-    (["--predict"], "--entry --ranks measures the ranks it starts; --predict models the native step only"),
-    (["--mpirun", "mpirun -n"], "--mpirun launches the native step's ranks; an entry's ranks start under torchrun"),
+    (["--predict", "--batch", "65"], "--ranks 2: the global batch 65 is not a multiple of the ranks"),
+    (["--mpirun", "mpirun -n"], "--mpirun launches the native step's ranks; an entry's ranks start under torchrun "
+                                "(--launcher 'torchrun ...')"),
+    (["--launcher", "mpirun -n 2"], "--launcher 'mpirun -n 2': an entry's ranks start under torchrun ('torchrun ARGS', "
+                                    "run as the tune's python -m torch.distributed.run ARGS)"),
+    (["--launcher", "torchrun --nnodes 1:2"], "--launcher: --nnodes 1:2 is not a count (autotune needs a fixed number)"),
+    (["--launcher", "torchrun --nnodes 3"], "--launcher: --ranks 2 is not the same number of ranks on each of 3 nodes"),
+    (["--launcher", "torchrun --nproc-per-node 3"], "--launcher: --nproc-per-node 3 on 1 node is not --ranks 2"),
 ])
 def test_bad_ranks_of_an_entry_are_one_line_and_exit_2(extra, said):
     import subprocess
@@ -163,14 +180,19 @@ def test_bad_ranks_of_an_entry_are_one_line_and_exit_2(extra, said):
     assert done.returncode == 2 and done.stderr.strip() == f"autotune: {said}", done.stderr
 
 
+# torchrun's own rendezvous as --launcher gives it (what --standalone sets up, spelled out): one node, c10d
+LAUNCHER = "torchrun --nnodes 1 --rdzv-backend c10d --rdzv-endpoint localhost:0"
+
+
 def test_an_entry_tuned_on_two_ranks_says_its_ranks_and_how_they_start(tmp_path):
-    """A short tune of the README's example on 2 gloo ranks: DDP's no_sync searched, the global batch every rank's
-    together, the samples/s of both ranks, and how to start them."""
+    """A short tune of the README's example on 2 gloo ranks started as --launcher says: DDP's no_sync searched, the
+    global batch every rank's together, the samples/s of both ranks, and how to start them."""
     import subprocess
     import yaml
     out = tmp_path / "ranks.yaml"
     done = subprocess.run([autotune_or_skip(), "--gpu", "cpu", "--entry", f"{EXAMPLE}:build", "--ranks", "2", "--batch", "64",
-                           "--switches", "no_sync", "--budget", "40", "--trial-seconds", "1", "--race-rounds", "2",
+                           "--launcher", LAUNCHER, "--switches", "no_sync", "--budget", "40", "--trial-seconds", "1",
+                           "--race-rounds", "2",
                            "--journal", str(tmp_path / "j.jsonl"), "--out", str(out)], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
@@ -178,9 +200,13 @@ def test_an_entry_tuned_on_two_ranks_says_its_ranks_and_how_they_start(tmp_path)
     chosen = t["chosen"]
     assert chosen["ranks"] == 2 and chosen["global_batch"] == 64 and chosen["per_rank_batch"] == 32, chosen
     assert chosen["switches"]["no_sync"] in ("on", "off"), chosen
-    assert t["executor"]["launcher"] == "torchrun --standalone --nproc-per-node 2", t["executor"]
+    assert t["executor"]["launcher"] == LAUNCHER + " --nproc-per-node 2", t["executor"]
     assert t["measured"]["samples_per_s"] > 0
     assert "x 2 ranks" in done.stderr
+    waited = t["measured"]["communication"]  # the choice's step profiled on both ranks
+    assert 0 <= waited["exposed_seconds"] <= waited["communication_seconds"] and 0 <= waited["share"] <= 1, waited
+    assert len(waited["rank_shares"]) == 2 and waited["share"] == max(waited["rank_shares"]), waited
+    assert "of its time for communication" in done.stderr
 
 
 def processes_marked(mark: str) -> list:
@@ -231,22 +257,26 @@ TINY_GPT2 = "hf:gpt2?n_layer=2&n_embd=32&n_head=2&vocab_size=256&n_positions=64&
 
 
 def test_a_small_gpt2_tuned_on_two_ranks_runs_ddp_and_fsdp2_candidates_that_pass_the_check(tmp_path):
-    """hf:gpt2 (2 blocks) on 2 gloo ranks, parallel and no_sync searched: DDP and FSDP2 candidates (each block
-    sharded, with and without resharding after the forward) pass the first-step check against one process and are
-    measured; the output names the ranks and how they start."""
+    """hf:gpt2 (2 blocks) on 2 gloo ranks, every parallel and no_sync value at micro-batch 4: DDP and FSDP2
+    candidates (each block sharded, with and without resharding after the forward), skipping the reduction of the
+    first micro-batch or not, pass the first-step check against one process and are measured."""
     import json
     import subprocess
     import yaml
     pytest.importorskip("transformers")
     out, journal = tmp_path / "gpt2.yaml", tmp_path / "j.jsonl"
+    # Every combination at one micro-batch (accumulation 2), so that each parallel value runs however loaded the
+    # machine is
     done = subprocess.run([autotune_or_skip(), "--gpu", "cpu", "--entry", TINY_GPT2, "--ranks", "2", "--batch", "16",
-                           "--switches", "parallel,no_sync", "--budget", "60", "--trial-seconds", "1", "--race-rounds", "2",
-                           "--journal", str(journal), "--out", str(out)], capture_output=True, text=True, timeout=300)
+                           "--micro-batch", "4", "--switches", "parallel,no_sync", "--strategy", "grid", "--budget", "120",
+                           "--trial-seconds", "1", "--race-rounds", "0", "--journal", str(journal), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     trials = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
-    passed = {t["candidate"]["switches"]["parallel"] for t in trials
+    passed = {(t["candidate"]["switches"]["parallel"], t["candidate"]["switches"]["no_sync"]) for t in trials
               if t.get("result", {}).get("class") == "ok"}
-    assert {"ddp", "fsdp", "fsdp_no_reshard"} <= passed, [(t["key"], t.get("result", {}).get("class")) for t in trials]
+    assert passed == {(p, n) for p in ("ddp", "fsdp", "fsdp_no_reshard") for n in ("on", "off")}, \
+        [(t["key"], t.get("result", {}).get("class")) for t in trials]
     chosen = yaml.safe_load(out.read_text())["trainbench_autotune"]["chosen"]
     assert chosen["ranks"] == 2 and chosen["global_batch"] == 16, chosen
     assert chosen["switches"]["parallel"] in ("ddp", "fsdp", "fsdp_no_reshard"), chosen

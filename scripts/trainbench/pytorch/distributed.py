@@ -20,7 +20,11 @@ does):
 Correct before fast: the first optimizer step of the ranks is checked against one process running the same global
 batch, every rank's samples of it joined into one micro-batch (entry.reference_step, fp32, the optimizer as given),
 with the single process's tolerances (entry.check_first_step's). Every rank computes that reference from the same
-gathered samples, so every rank reaches the same verdict without another message.
+gathered samples, so every rank reaches the same verdict without another message. FSDP2's shards are gathered whole
+for the comparison.
+
+The communication a step waits for (profiled_steps): the time a collective is in flight while the rank computes
+nothing, from torch.profiler's events (exposed_communication).
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ import os
 from typing import Any, Dict, List, Optional
 
 # Each switch's first value is what a loop that calls DDP's defaults does (no no_sync(): every micro-batch reduces).
-REPLICATED_SWITCHES = {"parallel": ("ddp", "fsdp", "fsdp_no_reshard"), "no_sync": ("off", "on"), "bucket_mb": ("25", "5", "100"),
-                       "gradient_as_bucket_view": ("off", "on"), "static_graph": ("off", "on")}
+REPLICATED_SWITCHES = {"parallel": ("ddp", "fsdp", "fsdp_no_reshard"), "no_sync": ("off", "on"),
+                       "bucket_mb": ("25", "5", "100"), "gradient_as_bucket_view": ("off", "on"),
+                       "static_graph": ("off", "on")}
 
 
 def world_from_environment() -> Optional[Dict[str, int]]:
@@ -55,14 +60,32 @@ def sharded(switches: Dict[str, str]) -> bool:
     return switches.get("parallel", "ddp").startswith("fsdp")
 
 
-def replicate(model, device, switches: Dict[str, str]):
-    """The model as the candidate trains it on the ranks: fully_shard'ed in place (parallel=fsdp*), else in
-    DistributedDataParallel (rank 0's parameters broadcast to all)."""
+def with_loss(entry):
+    """The entry's model with its loss as one module, whose forward takes a micro-batch and returns the loss: DDP's
+    and FSDP2's hooks run around the forward, so the whole of the entry's step goes through it, whatever the loss
+    calls of the model (a LightningModule's training_step calls its layers, not its forward)."""
+    import torch
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = entry.model
+
+        def forward(self, batch):
+            return entry.loss(self.model, batch)
+    return WithLoss()
+
+
+def replicate(entry, device, switches: Dict[str, str]):
+    """The entry's model and loss (with_loss) as the candidate trains them on the ranks: fully_shard'ed in place
+    (parallel=fsdp*: the model's parameters become its shards), else in DistributedDataParallel (rank 0's parameters
+    broadcast to all). Its forward takes a micro-batch and returns the loss."""
+    whole_step = with_loss(entry)
     if sharded(switches):
-        return shard(model, switches.get("parallel") == "fsdp")
+        return shard(whole_step, switches.get("parallel") == "fsdp")
     from torch.nn.parallel import DistributedDataParallel
     return DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None,
+        whole_step, device_ids=[device.index] if device.type == "cuda" else None,
         bucket_cap_mb=float(switches.get("bucket_mb", "25")),
         gradient_as_bucket_view=switches.get("gradient_as_bucket_view", "off") == "on",
         static_graph=switches.get("static_graph", "off") == "on")
@@ -174,7 +197,7 @@ def replicate_checked(entry, device, switches: Dict[str, str], micro_batches, ow
         one_process = (f"one process on the {world} ranks' samples in one micro-batch" if parts == 1 else
                  f"one process on the {world} ranks' samples in {parts} micro-batches (the whole did not fit)")
         restore(entry.model, initial)
-        replicated = replicate(entry.model, device, switches)
+        replicated = replicate(entry, device, switches)
         diverged = nonfinite_loss(reference_loss, 1, f" of the reference ({one_process}, fp32)")
         if diverged:
             return replicated, diverged
@@ -192,3 +215,76 @@ def replicate_checked(entry, device, switches: Dict[str, str], micro_batches, ow
         restore(entry.model, initial)
         for m in off:
             m.train()
+
+
+# ---- the communication a step waits for ----------------------------------------------------------------------------
+COMMUNICATION_PREFIXES = ("gloo:", "nccl:", "c10d::", "record_param_comms", "FSDP::all_gather",
+                          "FSDP::post_backward_reduce")
+
+
+def _union(intervals: List[tuple]) -> List[tuple]:
+    merged: List[list] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [tuple(m) for m in merged]
+
+
+def _length(intervals: List[tuple]) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+def _minus(a: List[tuple], b: List[tuple]) -> List[tuple]:
+    """The parts of the (merged) intervals `a` that no interval of (merged) `b` covers."""
+    out, j = [], 0
+    for start, end in a:
+        while j < len(b) and b[j][1] <= start:
+            j += 1
+        k, at = j, start
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > at:
+                out.append((at, b[k][0]))
+            at = max(at, b[k][1])
+            k += 1
+        if at < end:
+            out.append((at, end))
+    return out
+
+
+def exposed_communication(events, on_gpu: bool) -> Dict[str, float]:
+    """From a profiled step's events: the seconds a collective was in flight and the seconds of those during which
+    nothing computed (the step waited for it). On a GPU, kernels: NCCL's against the others'. On the CPU, gloo's
+    work runs in its own threads: its spans against the aten operators of the threads that issue the step's work
+    (the ones that record c10d calls or autograd). Times in microseconds in, seconds out."""
+    if on_gpu:
+        kernels = [e for e in events if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type)]
+        comm = _union([(e.time_range.start, e.time_range.end) for e in kernels if "nccl" in e.name.lower()])
+        compute = _union([(e.time_range.start, e.time_range.end) for e in kernels if "nccl" not in e.name.lower()])
+    else:
+        comm = _union([(e.time_range.start, e.time_range.end) for e in events if e.name.startswith(COMMUNICATION_PREFIXES)
+                       and not e.name.startswith(("c10d::", "record_param_comms"))])
+        workers = {e.thread for e in events if e.name.startswith(("c10d::", "autograd::engine", "Optimizer.step"))}
+        compute = _union([(e.time_range.start, e.time_range.end) for e in events if e.thread in workers
+                          and e.name.startswith("aten::")])
+    return {"communication_seconds": _length(comm) / 1e6, "exposed_seconds": _length(_minus(comm, compute)) / 1e6}
+
+
+def profiled_steps(step, steps: int, on_gpu: bool) -> Dict[str, float]:
+    """`steps` steps under torch.profiler: their wall seconds, the seconds a collective was in flight and those the
+    step waited for one (exposed_communication), and that share of the wall time."""
+    import time
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(activities=activities) as prof:
+        started = time.perf_counter()
+        for _ in range(steps):
+            step()
+        if on_gpu:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - started
+    said = exposed_communication(prof.events(), on_gpu)
+    said.update(wall_seconds=wall, steps=steps, share=min(said["exposed_seconds"] / wall, 1.0) if wall > 0 else 0.0)
+    return said

@@ -162,14 +162,18 @@ class Scheduled:
 
 def _optimizer_maker(optimizer, model, where: str) -> Callable:
     """A function (params) -> Optimizer from what the entry returned (an optimizer or a function of the
-    parameters); the result is rebuilt per variant by with_variant."""
+    parameters); the result is rebuilt per variant by with_variant. An optimizer is remade over its groups'
+    parameters as the model holds them now, by name: FSDP2 replaces a sharded model's parameters with its shards."""
     import torch
     if isinstance(optimizer, torch.optim.Optimizer):
         groups = [{k: v for k, v in g.items()} for g in optimizer.param_groups]
         cls, defaults = type(optimizer), dict(optimizer.defaults)
+        names = {id(p): n for n, p in model.named_parameters()}
 
         def remake(_params):
-            return cls([dict(g) for g in groups], **_accepted(cls, defaults))
+            now = dict(model.named_parameters())
+            return cls([dict(g, params=[now.get(names.get(id(p)), p) for p in g["params"]]) for g in groups],
+                       **_accepted(cls, defaults))
         return remake
     if callable(optimizer):
         def make(params):
@@ -511,8 +515,9 @@ class Loop:
     """trainbench's training step over an entry with a candidate's switches."""
 
     def __init__(self, entry: Entry, device, switches: Dict[str, str], accumulation: int, replicated=None):
-        """`replicated`: the model wrapped for data parallelism (distributed.replicate); its forward runs the
-        micro-batches, and with the no_sync switch on, those before the last skip the gradients' all-reduce."""
+        """`replicated`: the model and its loss wrapped for data parallelism (distributed.replicate); its forward
+        takes a micro-batch and returns the loss, and with the no_sync switch on, the micro-batches before the last
+        skip the gradients' all-reduce."""
         import torch
         self.entry, self.device, self.accumulation = entry, device, accumulation
         self.replicated = replicated
@@ -525,8 +530,10 @@ class Loop:
         self.graphs = switches.get("cuda_graphs", "off") == "on"
         self.graphed: Optional[GraphedMicroBatch] = None  # captured on the first step
         self.params = [p for p in entry.model.parameters() if p.requires_grad]
-        model = replicated if replicated is not None else entry.model
-        self.forward = lambda batch: entry.loss(model, batch)
+        if replicated is not None:
+            self.forward = replicated
+        else:
+            self.forward = lambda batch: entry.loss(entry.model, batch)
         self.compile_seconds = 0.0
         if switches.get("compile", "off") == "on":
             self.forward = torch.compile(self.forward)

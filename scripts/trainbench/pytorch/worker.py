@@ -16,6 +16,10 @@ worker only builds, checks and runs steps, and reads its clock around them.
             slice); a compile=on candidate keeps its compiled model for its next opening.
   time      {"calls": N}: N whole optimizer steps of the open candidate between two reads of the clock (the device
             drained before and after) -> {"seconds": S}; a failure -> {"error", "class": oom | error}.
+  profile   {"steps": N}: N steps of the open candidate under torch.profiler -> {"wall_seconds",
+            "communication_seconds" (a collective in flight), "exposed_seconds" (of those, nothing computing: the step
+            waited), "share" (exposed / wall)} (distributed.profiled_steps); on ranks, the rank that waited most's,
+            with "rank_shares".
   counters  {} -> {"peak_bytes"}: the candidate's own peak memory (the device's allocator on a GPU, reset at open;
             on the CPU the process's peak resident set, reset at open through /proc/self/clear_refs).
   close     {"failed": bool} -> {"restart": bool, "held_bytes"}: the candidate dropped, memory returned; "restart"
@@ -303,10 +307,6 @@ class Worker:
             torch.manual_seed(0)
             entry = build_entry(self.spec, micro, self.device, switches, rank=self.world["rank"] if self.world else 0,
                                 world_size=ranks)
-            if self.world and entry.label.startswith("LightningModule"):
-                said.update(disposition="error", reason="a LightningModule is not tuned on several ranks yet: its "
-                                                        "training_step would run outside DDP's forward")
-                return
             if entry.same_on_every_rank:
                 said["warning"] = entry.same_on_every_rank
             initial = {k: v.detach().clone() for k, v in entry.model.state_dict().items()} if compiled else None
@@ -322,7 +322,7 @@ class Worker:
         if self.world:  # DDP over the entry's model, its first step against one process on every rank's samples
             from .distributed import replicate, replicate_checked
             if key in self.checked:
-                replicated = replicate(entry.model, self.device, switches)
+                replicated = replicate(entry, self.device, switches)
             else:
                 said["checked"] = True
                 replicated, why = replicate_checked(entry, self.device, switches, first, own)
@@ -344,7 +344,10 @@ class Worker:
 
         def step():
             loop.step(opt, [next(stream) for _ in range(accumulation)])
-        self.opened = Opened(step, keep=(key, (entry, loop, initial)) if compiled else None, diverged=lambda: loop.diverged)
+        # A compiled model is kept for its next opening in one process; on ranks it is wrapped (DDP) or sharded
+        # in place (FSDP2) for this opening, so each opening builds its own
+        keep = (key, (entry, loop, initial)) if compiled and not self.world else None
+        self.opened = Opened(step, keep=keep, diverged=lambda: loop.diverged)
         # One warm-up step, timed: it sizes the samples (the check's steps warmed PyTorch up already, and a slice's
         # first step is at most slower than the next: its samples are then smaller, not fewer)
         said["step_seconds"] = self.time_steps(1)
@@ -431,12 +434,15 @@ def serve(worker: Worker, requests: TextIO, answers: TextIO) -> int:
             return worker.close(bool(request.get("failed", False)))
         if op in ("probe", "largest_batch"):
             return entry_request(worker, op, request)
-        if op not in ("time", "counters"):
+        if op not in ("time", "counters", "profile"):
             return {"error": f"unknown op {op!r}"}
         if worker.opened is None:
             return {"error": "no candidate is open"}
         if op == "counters":
             return {"peak_bytes": worker.peak_bytes()}
+        if op == "profile":  # the communication a step waits for (distributed.profiled_steps)
+            from .distributed import profiled_steps
+            return profiled_steps(worker.opened.step, max(int(request.get("steps", 2)), 1), worker.on_gpu)
         calls = request.get("calls")
         if not isinstance(calls, int) or calls < 0:
             return {"error": f"'calls' must be a count, not {calls!r}"}
@@ -534,6 +540,9 @@ def combined(op: str, answers: List[dict]) -> dict:
             out[field] = max(a[field] for a in answers)
     if op == "time":
         out["rank_seconds"] = [a["seconds"] for a in answers]
+    if op == "profile":  # the rank that waited most speaks for the step; every rank's share beside it
+        out = dict(max(answers, key=lambda a: a.get("share", 0.0)))
+        out["rank_shares"] = [a.get("share", 0.0) for a in answers]
     return out
 
 
@@ -588,9 +597,10 @@ def probe() -> dict:
             "cuda_devices": torch.cuda.device_count() if cuda else 0, "import_seconds": import_seconds}
 
 
-USAGE = ("usage: torch-step --serve START_JSON | --probe\n"
+USAGE = ("usage: torch-step --serve START_JSON | --probe | --allreduce-probe REQUEST_JSON\n"
          "  the PyTorch side of autotune --executor torch: the tune's worker (--serve; the twin of trainbench's step\n"
-         "  or the user's own model) and what the interpreter has (--probe)")
+         "  or the user's own model), what the interpreter has (--probe) and, on each rank under torchrun, the\n"
+         "  gradients' all-reduce of autotune --entry --ranks N --predict (--allreduce-probe, allreduce_probe.py)")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -598,6 +608,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) == 2 and args[0] == "--serve":
         return serve_main(args[1])
+    if len(args) == 2 and args[0] == "--allreduce-probe":
+        from .allreduce_probe import main as allreduce_probe_main
+        return allreduce_probe_main(args[1])
     if args in (["-h"], ["--help"]):
         print(USAGE)
         return 0
