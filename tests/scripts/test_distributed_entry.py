@@ -259,11 +259,12 @@ TINY_GPT2 = "hf:gpt2?n_layer=2&n_embd=32&n_head=2&vocab_size=256&n_positions=64&
 def test_a_small_gpt2_tuned_on_two_ranks_runs_ddp_and_fsdp2_candidates_that_pass_the_check(tmp_path):
     """hf:gpt2 (2 blocks) on 2 gloo ranks, every parallel and no_sync value at micro-batch 4: DDP and FSDP2
     candidates (each block sharded, with and without resharding after the forward), skipping the reduction of the
-    first micro-batch or not, pass the first-step check against one process and are measured."""
+    first micro-batch or not, pass the first-step check against one process and are measured; the choice, written
+    as TrainingArguments, a Lightning config and an Accelerate config, loads in each."""
     import json
     import subprocess
     import yaml
-    pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers")
     out, journal = tmp_path / "gpt2.yaml", tmp_path / "j.jsonl"
     # Every combination at one micro-batch (accumulation 2), so that each parallel value runs however loaded the
     # machine is
@@ -280,3 +281,15 @@ def test_a_small_gpt2_tuned_on_two_ranks_runs_ddp_and_fsdp2_candidates_that_pass
     chosen = yaml.safe_load(out.read_text())["trainbench_autotune"]["chosen"]
     assert chosen["ranks"] == 2 and chosen["global_batch"] == 16, chosen
     assert chosen["switches"]["parallel"] in ("ddp", "fsdp", "fsdp_no_reshard"), chosen
+    # The choice as each framework reads it (autotune --from), loaded where it is read
+    from test_entry_formats import from_file, lightning_trainer
+    with open(from_file(str(out), "hf", tmp_path)) as f:
+        args = transformers.TrainingArguments(output_dir=str(tmp_path / "run"), use_cpu=True, **json.load(f))
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (4, 2)
+    assert bool(args.fsdp) == chosen["switches"]["parallel"].startswith("fsdp"), (args.fsdp, chosen)
+    pytest.importorskip("lightning")
+    _, trainer = lightning_trainer(from_file(str(out), "lightning", tmp_path))
+    assert trainer.num_devices == 2 and trainer.accumulate_grad_batches == 2
+    pytest.importorskip("accelerate")
+    from accelerate.commands.config.config_args import load_config_from_file
+    assert load_config_from_file(from_file(str(out), "accelerate", tmp_path)).num_processes == 2
