@@ -38,7 +38,8 @@ std::string last_nonempty_line(const std::string& text) {
 
 // torchrun's summary of a failed group names the first rank that failed ("Root Cause (first observed failure):",
 // its rank, exitcode and traceback lines; PyTorch 2.x's torch.distributed.elastic): that rank's ending, and where it
-// exited with an error, the last error line a rank printed before the summary. "" when `text` holds no summary.
+// exited with an error, the last error line a rank printed before the summary (an exception's, or the worker's own
+// "torch-step --serve: ..."). "" when `text` holds no summary.
 std::string torchrun_failure(const std::string& text) {
   const std::size_t cause = text.find("Root Cause (first observed failure):");
   if (cause == std::string::npos) return "";
@@ -56,8 +57,8 @@ std::string torchrun_failure(const std::string& text) {
   std::string said;
   std::stringstream before(text.substr(0, cause));
   for (std::string line; std::getline(before, line);)
-    if (line.find("Error: ") != std::string::npos && line.find("ChildFailedError") == std::string::npos &&
-        line.find("torch.distributed.elastic") == std::string::npos)
+    if ((line.find("Error: ") != std::string::npos || line.rfind("torch-step --serve: ", 0) == 0) &&
+        line.find("ChildFailedError") == std::string::npos && line.find("torch.distributed.elastic") == std::string::npos)
       said = line.substr(line.find_first_not_of(' '));
   return "rank " + (rank.empty() ? std::string("?") : rank) + " of the torchrun group " +
          ending_text(code < 0 ? -code : 0, code < 0 ? -1 : code, code < 0 ? "" : said);

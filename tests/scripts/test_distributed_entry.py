@@ -293,3 +293,16 @@ def test_a_small_gpt2_tuned_on_two_ranks_runs_ddp_and_fsdp2_candidates_that_pass
     pytest.importorskip("accelerate")
     from accelerate.commands.config.config_args import load_config_from_file
     assert load_config_from_file(from_file(str(out), "accelerate", tmp_path)).num_processes == 2
+
+
+def test_a_pytorch_without_the_ranks_backend_is_one_line(monkeypatch):
+    """No gloo on the CPU (no NCCL on GPUs): the worker's start refuses it in a line that names the missing backend,
+    which autotune relays (exit 2) before any trial."""
+    from trainbench.errors import UsageError
+    from trainbench.pytorch import distributed as td
+    assert td.backend_missing(torch.device("cpu")) is None
+    monkeypatch.setattr(dist, "is_gloo_available", lambda: False)
+    said = td.backend_missing(torch.device("cpu"))
+    assert said and "has no gloo" in said and "is_gloo_available() is False" in said, said
+    with pytest.raises(UsageError, match="has no gloo"):
+        td.join(torch.device("cpu"))

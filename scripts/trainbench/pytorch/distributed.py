@@ -46,9 +46,26 @@ def world_from_environment() -> Optional[Dict[str, int]]:
     return {"rank": int(os.environ["RANK"]), "world_size": size, "local_rank": int(os.environ.get("LOCAL_RANK", "0"))}
 
 
+def backend_missing(device) -> Optional[str]:
+    """Why this PyTorch cannot join ranks on `device` (no torch.distributed, or no NCCL or gloo in its build), or
+    None."""
+    import torch.distributed as dist
+    if not dist.is_available():
+        return "this PyTorch has no torch.distributed (torch.distributed.is_available() is False)"
+    name, available = ("NCCL", dist.is_nccl_available) if device.type == "cuda" else ("gloo", dist.is_gloo_available)
+    if not available():
+        return (f"this PyTorch's torch.distributed has no {name} (torch.distributed.is_{name.lower()}_available() is "
+                f"False): ranks on {'GPUs' if device.type == 'cuda' else 'the CPU'} need it")
+    return None
+
+
 def join(device) -> None:
     """The process group of this rank: NCCL on GPUs (one rank per GPU), gloo on the CPU."""
     import torch.distributed as dist
+    from ..errors import UsageError
+    missing = backend_missing(device)
+    if missing:
+        raise UsageError(missing)
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
 
