@@ -281,7 +281,7 @@ TrialRunner entry_runner(std::unique_ptr<EntryExecutor> entry) {
                    {"python", p.torch.python_version},
                    {"interpreter", p.torch.python}};
   r.journal_tag = " torch-entry " + p.torch.torch_version;
-  if (entry->ranks() > 1) {
+  if (entry->distributed()) {
     r.description["step"] =
         "the user's own PyTorch model, trainbench's loop (--entry) in DistributedDataParallel, in one "
         "group of ranks (torchrun) for the tune";
@@ -820,7 +820,8 @@ static void add_ranks_options(CLI::App& app, AutotuneOptions& o) {
   app.add_option("--launcher", o.torchrun,
                  "with --entry --ranks N: how torchrun starts the ranks, e.g. 'torchrun --nnodes 2 --rdzv-backend c10d "
                  "--rdzv-endpoint HOST:29500' (run as the tune's python -m torch.distributed.run; --nproc-per-node "
-                 "N / nodes added when left out; default: torchrun --standalone, this node)");
+                 "N / nodes added when left out; default: torchrun --standalone, this node); with --ranks 1, a "
+                 "group of one rank (DDP or FSDP2 on one GPU)");
   app.add_flag("--predict", o.predict,
                "with --ranks N: predict N ranks (more than are at hand) from trials of one rank's share of the batch on "
                "--probe-ranks independent ranks (with --entry: in one process) and the all-reduce measured on them "
@@ -943,8 +944,11 @@ AutotuneOptions parse_options(int argc, const char* const* argv) {
     if (o.ranks > 1 && app.count("--mpirun"))
       throw UsageError("--mpirun launches the native step's ranks; an entry's ranks start under torchrun "
                        "(--launcher 'torchrun ...')");
-    if (app.count("--launcher") && o.ranks < 2) throw UsageError("--launcher starts an entry's ranks: give --ranks N");
-    if (o.ranks > 1) torchrun_arguments(o.torchrun, o.ranks);  // a bad --launcher is refused before anything runs
+    if (app.count("--launcher") && o.predict)
+      throw UsageError("--launcher starts the ranks a tune measures; --predict tunes one process and starts its "
+                       "probes itself");
+    // A bad --launcher is refused before anything runs; with --ranks 1 it makes a group of one rank
+    if (o.ranks > 1 || app.count("--launcher")) torchrun_arguments(o.torchrun, o.ranks);
     if (o.ranks > 1 && o.batch > 0 && o.batch % o.ranks)
       throw UsageError("--ranks " + std::to_string(o.ranks) + ": the global batch " + std::to_string(o.batch) +
                        " is not a multiple of the ranks");
@@ -1123,8 +1127,9 @@ TunePlan plan_tune(const AutotuneOptions& options, const BudgetClock& clock) {
     entry = std::make_unique<EntryExecutor>(options.entry, machine.use_cuda, machine.device,
                                             options.predict ? g / options.ranks : g, &stop_requested, options.memory_limit,
                                             std::max(options.budget - clock.elapsed(), 1.0), worker_ranks,
-                                            worker_ranks > 1 ? torchrun_arguments(options.torchrun, worker_ranks)
-                                                             : std::vector<std::string>{});
+                                            worker_ranks > 1 || !options.torchrun.empty()
+                                                ? torchrun_arguments(options.torchrun, worker_ranks)
+                                                : std::vector<std::string>{});
     plan.entry = entry->probe();
     plan.workload = entry_workload(*plan.entry, g);
   }

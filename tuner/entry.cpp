@@ -123,7 +123,7 @@ std::vector<std::string> torchrun_arguments(const std::string& launcher, int64_t
 }
 
 std::string EntryExecutor::launcher() const {
-  if (ranks_ <= 1) return "";
+  if (!distributed_) return "";
   std::string text = "torchrun";
   for (const std::string& word : torchrun_args_) text += " " + word;
   return text;
@@ -134,6 +134,7 @@ EntryExecutor::EntryExecutor(const std::string& spec, bool cuda, int device, int
                              std::vector<std::string> torchrun_args)
     : cuda_(cuda),
       ranks_(std::max<int64_t>(ranks, 1)),
+      distributed_(ranks_ > 1 || !torchrun_args.empty()),
       torchrun_args_(torchrun_args.empty() ? torchrun_arguments("", ranks_) : std::move(torchrun_args)),
       capacity_(trial_memory_capacity(cuda, device)) {
   probe_.spec = entry_spec(spec);
@@ -145,16 +146,17 @@ EntryExecutor::EntryExecutor(const std::string& spec, bool cuda, int device, int
                    {"entry", probe_.spec},
                    {"backend", cuda ? "cuda" : "cpu"},
                    {"device", device},
-                   {"memory_limit_bytes", cuda ? int64_t{0} : host_limit}};
+                   {"memory_limit_bytes", cuda ? int64_t{0} : host_limit},
+                   {"distributed", distributed_}};
   // Several ranks: the worker under torchrun (its elastic agent, one node), rank 0 speaking for the group; each
   // candidate's global batch is then every rank's together.
   std::vector<std::string> command{probe_.torch.python};
-  if (ranks_ > 1) {
+  if (distributed_) {
     command.insert(command.end(), {"-m", "torch.distributed.run"});
     command.insert(command.end(), torchrun_args_.begin(), torchrun_args_.end());
   }
   command.insert(command.end(), {probe_.torch.script, "--serve", start.dump()});
-  if (ranks_ > 1 && torchrun_nodes(torchrun_args_) > 1) {  // the other nodes' agents join the same rendezvous
+  if (distributed_ && torchrun_nodes(torchrun_args_) > 1) {  // the other nodes' agents join the same rendezvous
     std::cerr << "autotune: on each other node, start its ranks with the same command (its own --node-rank where "
                  "the rendezvous is static) and the same paths:\n ";
     for (const std::string& word : command) std::cerr << " '" << word << "'";

@@ -76,7 +76,8 @@ class EntryExecutor final : public Executor {
   // Starts the worker on `spec` and validates the entry there within `timeout_s`: UsageError (one line) when the
   // entry is bad or PyTorch is missing. `memory_limit`: bytes a CPU worker may map (0: what the host has).
   // With ranks > 1 the worker is a torchrun group of that many ranks (scripts/trainbench/pytorch/distributed.py):
-  // the candidates it is given hold one rank's share of the global batch, as the native --ranks ones.
+  // the candidates it is given hold one rank's share of the global batch, as the native --ranks ones. With
+  // `torchrun_args` (--launcher), one rank too is a torchrun group: DDP or FSDP2 on one GPU, NCCL's path checked.
   EntryExecutor(const std::string& spec, bool cuda, int device, int64_t global_batch, const std::atomic<bool>* stop,
                 int64_t memory_limit, double timeout_s, int64_t ranks = 1,
                 std::vector<std::string> torchrun_args = {});
@@ -86,6 +87,8 @@ class EntryExecutor final : public Executor {
   int64_t memory_capacity() const override { return capacity_; }
   const EntryProbe& probe() const { return probe_; }
   int64_t ranks() const { return ranks_; }
+  // The worker runs as a torchrun group (DDP or FSDP2 around the model): several ranks, or one given a launcher.
+  bool distributed() const { return distributed_; }
   // How the ranks are started: "torchrun --standalone --nproc-per-node N" (python -m torch.distributed.run), or
   // torchrun with --launcher's arguments.
   std::string launcher() const;
@@ -102,7 +105,8 @@ class EntryExecutor final : public Executor {
   EntryProbe probe_;
   bool cuda_;
   int64_t ranks_ = 1;
-  std::vector<std::string> torchrun_args_;  // torch.distributed.run's arguments (ranks > 1)
+  bool distributed_ = false;
+  std::vector<std::string> torchrun_args_;  // torch.distributed.run's arguments (distributed_)
   int64_t capacity_ = 0;
   std::unique_ptr<WorkerExecutor> worker_;
 };

@@ -120,9 +120,9 @@ def test_static_graph_with_no_sync_is_refused_with_the_reason():
 # ---- the worker of an entry as torchrun starts it: rank 0 speaks, every rank runs the candidate -----------------
 def ranked_worker(spec, ranks=2):
     """scripts/torch-step --serve under `python -m torch.distributed.run --standalone --nproc-per-node RANKS`, over
-    pipes as autotune runs it."""
+    pipes as autotune runs it (a group even of one rank, as autotune --ranks 1 --launcher starts it)."""
     from conftest import TorchWorker
-    return TorchWorker({"kind": "entry", "entry": spec, "backend": "cpu"},
+    return TorchWorker({"kind": "entry", "entry": spec, "backend": "cpu", "distributed": True},
                        launcher=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)))
 
 
@@ -141,6 +141,18 @@ def test_the_worker_under_torchrun_opens_checks_and_times_a_candidate_on_every_r
         assert said["disposition"] == "error" and "not micro-batches of 4 on 2 ranks" in said["reason"], said
         w.request("close", failed=True)
         assert w.close() == 0, "every rank ends when the conversation does"
+
+
+def test_a_group_of_one_rank_runs_ddp_and_fsdp2_as_several_would():
+    """autotune --ranks 1 --launcher torchrun: what a one-GPU machine checks of the ranks' path (NCCL there)."""
+    with ranked_worker(f"{RANKED}:blocks", ranks=1) as w:
+        assert w.hello["ranks"] == 1
+        for switches in ({"parallel": "ddp", "no_sync": "on"}, {"parallel": "fsdp"}):
+            said = w.request("open", candidate={"global_batch": 8, "micro_batch": 4, "switches": switches})
+            assert said["disposition"] == "passed" and said["checked"], said
+            assert w.request("time", calls=2)["rank_seconds"][0] > 0
+            w.request("close", failed=False)
+        assert w.close() == 0
 
 
 def test_a_rank_split_dependent_candidate_is_incorrect_as_a_group():

@@ -38,10 +38,11 @@ REPLICATED_SWITCHES = {"parallel": ("ddp", "fsdp", "fsdp_no_reshard"), "no_sync"
                        "static_graph": ("off", "on")}
 
 
-def world_from_environment() -> Optional[Dict[str, int]]:
-    """rank, world_size and local_rank as torchrun sets them, or None in a process of its own."""
+def world_from_environment(one_rank: bool = False) -> Optional[Dict[str, int]]:
+    """rank, world_size and local_rank as torchrun sets them, or None in a process of its own; with `one_rank`, a
+    torchrun group of one rank is a world too (autotune --ranks 1 --launcher ...)."""
     size = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if size <= 1:
+    if size <= 1 and not (one_rank and "RANK" in os.environ):
         return None
     return {"rank": int(os.environ["RANK"]), "world_size": size, "local_rank": int(os.environ.get("LOCAL_RANK", "0"))}
 

@@ -143,7 +143,8 @@ class Worker:
         self.spec = start.get("entry", "")
         self.on_gpu = start.get("backend") == "cuda"
         from .distributed import world_from_environment
-        self.world = world_from_environment()  # under torchrun: this rank of an entry's candidates
+        # Under torchrun: this rank of an entry's candidates (a group of one rank when autotune says so)
+        self.world = world_from_environment(one_rank=bool(start.get("distributed")))
         if self.world and self.kind != "entry":
             raise UsageError("several ranks run an entry's candidates (--entry); the twin is one process")
         if self.on_gpu:
