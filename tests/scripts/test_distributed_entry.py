@@ -184,6 +184,8 @@ def autotune_or_skip():
     (["--launcher", "torchrun --nnodes 1:2"], "--launcher: --nnodes 1:2 is not a count (autotune needs a fixed number)"),
     (["--launcher", "torchrun --nnodes 3"], "--launcher: --ranks 2 is not the same number of ranks on each of 3 nodes"),
     (["--launcher", "torchrun --nproc-per-node 3"], "--launcher: --nproc-per-node 3 on 1 node is not --ranks 2"),
+    (["--predict", "--launcher", "torchrun"], "--launcher starts the ranks a tune measures; --predict tunes one process "
+                                              "and starts its probes itself"),
 ])
 def test_bad_ranks_of_an_entry_are_one_line_and_exit_2(extra, said):
     import subprocess
