@@ -1409,17 +1409,21 @@ void account_budget(Tune& tune) {
                        tune.search_started > tune.plan_seconds ? tune.search_started - tune.plan_seconds : 0.0},
                       {"search_seconds", search},
                       {"race_seconds", race},
+                      {"profile_seconds", tune.profile_seconds},
                       {"total_seconds", now},
                       {"set_up_per_candidate_seconds",
                        after_first.empty() ? nlohmann::json(nullptr) : nlohmann::json(median_of(after_first))},
                       {"note",
                        "set_up: the plan (the PyTorch worker's start; the entry's probe in it); "
                        "versus: --versus's largest-batch search; search: the workload's own trial and the search's; "
-                       "race: the finalists' rounds; set_up_per_candidate: the median set-up of the trials after the "
+                       "race: the finalists' rounds; profile: the chosen step's communication profile (an entry on "
+                       "ranks); set_up_per_candidate: the median set-up of the trials after the "
                        "first (opening a candidate: building, checking and warming it up)"}};
   std::cerr << std::fixed << std::setprecision(1) << "autotune: the budget: " << set_up << " s set-up, " << search
             << " s search (" << tune.seen.size() << " trials), " << race << " s race (" << (out.race ? out.race->rounds : 0)
-            << " rounds), " << now << " s of " << tune.options.budget << " s" << std::defaultfloat << std::endl;
+            << " rounds), ";
+  if (tune.profile_seconds > 0) std::cerr << tune.profile_seconds << " s profile, ";
+  std::cerr << now << " s of " << tune.options.budget << " s" << std::defaultfloat << std::endl;
   if (worker) {
     out.executor["worker"] = worker->to_json();
     std::cerr << "autotune: the PyTorch worker started " << worker->starts << " time" << (worker->starts == 1 ? "" : "s");
@@ -1474,6 +1478,8 @@ void search_and_race(Tune& tune) {
     search_step(tune);
     race_step(tune);
     tune.race_ended = tune.clock.elapsed();
+    profile_communication_step(tune);
+    tune.profile_seconds = tune.clock.elapsed() - tune.race_ended;
   } catch (const OutOfBudget& e) {
     // The workload's own configuration ran into the budget's end: nothing to compare with.
     settle_on_best_so_far(tune);
@@ -1740,7 +1746,6 @@ int run(int argc, char** argv) {
     return interrupted_exit_code();
   }
   search_and_race(*tune);
-  profile_communication_step(*tune);
   try {
     predict_step(*tune);
   } catch (...) {
