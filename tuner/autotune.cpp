@@ -1188,6 +1188,7 @@ Tune::Tune(const AutotuneOptions& options_in, TunePlan& plan_in, const BudgetClo
   search_options.on_trial = [this](const Candidate& c, const TrialResult& r) { note_trial(c, r); };
   announce();
   out.global_batches = plan.batches;
+  out.pinned_micro_batch = options.micro_batch;
   out.workload_global_batch = plan.workload.batch.global;
   out.device = machine.description;
   out.executor = plan.runner.description;

@@ -147,8 +147,10 @@ std::string global_batch_note(const TuneOutput& o) {
   std::ostringstream out;
   out << std::fixed << std::setprecision(1);
   if (plan.pinned) {
-    out << "global batch " << chosen * ranks << " pinned by " << plan.source
-        << ": micro-batch, accumulation and switches were searched for it";
+    out << "global batch " << chosen * ranks << " pinned by " << plan.source << ": "
+        << (o.pinned_micro_batch > 0 ? "the switches were searched for it at micro-batch " +
+                                           std::to_string(o.pinned_micro_batch) + " (--micro-batch)"
+                                     : std::string("micro-batch, accumulation and switches were searched for it"));
     return out.str();
   }
   if (plan.batches.size() == 1) {

@@ -87,6 +87,7 @@ struct TuneOutput {
   // The global batches searched (one rank's share with --ranks) and where they came from, and the
   // workload's own global batch.
   GlobalBatchPlan global_batches;
+  int64_t pinned_micro_batch = 0;  // --micro-batch (0: searched)
   int64_t workload_global_batch = 0;
   // Why the choice is what it is where a rule other than "the fastest" decided it (a tie in the race went to
   // the simpler configuration; without a race verdict, the workload's own was kept or left): "" otherwise.
