@@ -72,7 +72,7 @@ def measure(request: dict, device) -> dict:
 
 def main(request_text: str) -> int:
     """One rank of the probe: 0 when measured (rank 0 printed the answer), 2 for a bad request or a lone process."""
-    from .worker import die_with_parent
+    from .conversation import die_with_parent
     die_with_parent()
     try:
         request = json.loads(request_text)

@@ -132,23 +132,6 @@ def shard(model, reshard_after_forward: bool):
     return fully_shard(model, reshard_after_forward=reshard_after_forward)
 
 
-def skipping_reduction(model):
-    """A context in which a backward keeps its gradients on this rank (the no_sync switch): DDP's no_sync(), or
-    FSDP2's set_requires_gradient_sync(False) (its reduce-scatter waits for the micro-batch that syncs)."""
-    import contextlib
-    if hasattr(model, "no_sync"):
-        return model.no_sync()
-
-    @contextlib.contextmanager
-    def unsynced():
-        model.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            model.set_requires_gradient_sync(True)
-    return unsynced()
-
-
 def whole(tensor):
     """A parameter as one process holds it: an FSDP2 shard (a DTensor) gathered, a plain tensor as it is."""
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor

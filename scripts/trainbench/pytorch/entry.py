@@ -574,7 +574,6 @@ class Loop:
                 self.graphed = GraphedMicroBatch(self.micro_step, self.params, micro_batches[0], self.device, looks_like_oom)
             losses = [self.graphed(batch, self.non_blocking) for batch in micro_batches]
         elif self.no_sync:  # the gradients of all but the last micro-batch stay on this rank
-            from .distributed import skipping_reduction
             for batch in micro_batches[:-1]:
                 with skipping_reduction(self.replicated):
                     losses.append(self.micro_step(to_device(batch, self.device, self.non_blocking)))
@@ -636,6 +635,23 @@ class Loop:
             read_at = 0
         if read_at and self.diverged is None:
             self.diverged = nonfinite_loss(self.last_loss, read_at)
+
+
+def skipping_reduction(model):
+    """A context in which a backward keeps its gradients on this rank (the no_sync switch): DDP's no_sync(), or
+    FSDP2's set_requires_gradient_sync(False) (its reduce-scatter waits for the micro-batch that syncs)."""
+    import contextlib
+    if hasattr(model, "no_sync"):
+        return model.no_sync()
+
+    @contextlib.contextmanager
+    def unsynced():
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    return unsynced()
 
 
 # ---- the check ---------------------------------------------------------------------------------------------

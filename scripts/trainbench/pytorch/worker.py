@@ -42,7 +42,6 @@ owns the interrupt and ends the worker) and dies with its parent (PR_SET_PDEATHS
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import hashlib
 import json
@@ -53,7 +52,7 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional, TextIO
 
-from .conversation import converse
+from .conversation import converse, die_with_parent
 from ..errors import UsageError
 
 PROTOCOL = "trainbench-torch-worker/1"   # tuner/worker.h torch_worker_protocol
@@ -69,18 +68,6 @@ def _one_line(e: BaseException) -> str:
 def _where(e: BaseException) -> str:
     frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
     return f" at {os.path.basename(frame.filename)}:{frame.lineno}" if frame else ""
-
-
-def die_with_parent() -> None:
-    """The kernel ends this process when autotune ends, however it ends (kill -9 included): a worker never outlives
-    its tune and never keeps a GPU's memory."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:          # the parent ended before the call
-            os._exit(1)
-    except (OSError, AttributeError):
-        pass
 
 
 def reset_peak_host_bytes() -> bool:
