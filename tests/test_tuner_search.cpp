@@ -837,6 +837,58 @@ TEST(TunerSearch, TiesGoToLessMemory) {
   EXPECT_TRUE(r.runners_up.empty());
 }
 
+// A micro-batch whose first trial ran high leads the descent, which tries the other optimizers there;
+// measured again as a close call it falls behind a micro-batch that never had them. The search then
+// descends from the new choice too, and finds the optimizer that wins there (as on a 2-core machine,
+// where two tunes of one workload chose per_tensor at 16 and foreach at 16 after one of them had
+// searched the optimizers at 8 only).
+class FirstTrialRunsHigh : public Executor {
+ public:
+  // (micro-batch, optimizer) -> samples/s; the first trial of micro-batch 8 with per_tensor runs at `high`.
+  std::map<std::pair<int64_t, std::string>, double> speed{
+      {{1, "per_tensor"}, 2650}, {{2, "per_tensor"}, 3000}, {{4, "per_tensor"}, 3285}, {{8, "per_tensor"}, 3426},
+      {{16, "per_tensor"}, 3750}, {{8, "foreach"}, 3444}, {{8, "fused"}, 3502}, {{16, "foreach"}, 4199},
+      {{16, "fused"}, 3900}, {{4, "foreach"}, 3300}, {{4, "fused"}, 3350}};
+  double high = 3770;
+  std::vector<std::string> ran;
+
+  TrialResult run(const Candidate& c, const MeasurePolicy&) override {
+    const std::string optimizer = c.switches.at("optimizer");
+    ran.push_back(std::to_string(c.micro_batch) + " " + optimizer);
+    TrialResult r;
+    const bool first_high = c.micro_batch == 8 && optimizer == "per_tensor" && !ran_high_;
+    if (first_high) ran_high_ = true;
+    const auto it = speed.find({c.micro_batch, optimizer});
+    r.samples_per_s = first_high ? high : it != speed.end() ? it->second : 2000;
+    const double half = first_high ? 0.06 : 0.005;  // the high trial's interval is loose
+    r.ci_low = r.samples_per_s * (1 - half);
+    r.ci_high = r.samples_per_s * (1 + half);
+    r.peak_bytes = kGiB + c.micro_batch * (kGiB / 16);
+    r.steps = 10;
+    r.seconds = 1;
+    return r;
+  }
+  int64_t memory_capacity() const override { return 100 * kGiB; }
+
+ private:
+  bool ran_high_ = false;
+};
+
+TEST(TunerSearch, AChoiceMovedByASecondMeasurementHasItsSwitchesTried) {
+  FirstTrialRunsHigh ex;
+  SearchSpace space;
+  space.global_batches = {16};
+  space.switches["optimizer"] = {"per_tensor", "foreach", "fused"};
+  const SearchReport r = search(ex, space, unlimited(SearchOptions::Strategy::auto_));
+  ASSERT_TRUE(r.found);
+  std::string trials;
+  for (const auto& t : ex.ran) trials += t + ", ";
+  ASSERT_GE(std::count(ex.ran.begin(), ex.ran.end(), "8 per_tensor"), 2) << "the high trial was a close call: " << trials;
+  EXPECT_EQ(r.best.candidate.micro_batch, 16) << trials;
+  EXPECT_EQ(r.best.candidate.switches.at("optimizer"), "foreach") << trials;
+  EXPECT_LE(ex.ran.size(), 12U) << "every trial is one candidate's first or a close call's second: " << trials;
+}
+
 // ---- the race of the finalists (tuner/race.h) ---------------------------------------------------
 
 TEST(TunerRace, StudentTQuantileMatchesTheTables) {
