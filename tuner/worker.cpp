@@ -422,18 +422,18 @@ void WorkerExecutor::close_measured(const Candidate& candidate, const json& said
 }
 
 json WorkerExecutor::profile(const Candidate& candidate, int64_t steps, double timeout_s) {
-  const auto started = std::chrono::steady_clock::now();
-  const auto left = [&] { return std::max(timeout_s - seconds_since(started), 0.1); };
+  // Opened and closed as a trial's candidate is, each request under the same hang limits; the whole within timeout_s.
+  MeasurePolicy policy;
+  policy.max_seconds = policy.wall_seconds = timeout_s;
+  TrialClock clock(policy, hang_floor_);
+  TrialResult r;
   try {
-    json open = open_request_(candidate);
-    open["op"] = "open";
-    const json said = request(open, left());
-    if (said.value("disposition", std::string("error")) != "passed") {
-      process_->request({{"op", "close"}, {"failed", true}}, left());
-      return {{"error", said.value("reason", std::string("the candidate did not open"))}};
-    }
-    json profiled = process_->request({{"op", "profile"}, {"steps", steps}}, left());
-    process_->request({{"op", "close"}}, left());
+    if (!process_) start(clock.limit(0));
+    open_candidate(candidate, clock, r);
+    if (!r.ok()) return {{"error", r.message}};
+    // torch.profiler's first use in the worker has no history to go by: the profile's own limit.
+    json profiled = process_->request({{"op", "profile"}, {"steps", steps}}, clock.limit(0));
+    close_candidate(candidate, false, clock.limit(slowest_open_), "memory held after it");
     return profiled;
   } catch (const WorkerLost& e) {
     process_.reset();
