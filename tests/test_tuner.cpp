@@ -29,6 +29,7 @@
 #include "step/workload.h"
 #include "tuner/autotune.h"
 #include "tuner/emit.h"
+#include "tuner/entry.h"
 #include "tuner/journal.h"
 #include "tuner/race.h"
 #include "tuner/trial.h"
@@ -1292,6 +1293,21 @@ TEST(AutotuneAgreement, DISABLED_TwoTunesOfOneWorkloadAgreeWhenRacedInterleaved)
   EXPECT_TRUE(doc.at("within_noise").get<bool>()) << verdict.dump() << "\n" << why;
 }
 
+
+// `--entry --ranks N --predict` on the CPU tunes one rank's share with the threads torchrun would give that rank
+// (the worker's start request carries them): OMP_NUM_THREADS where the user set it, else torchrun's 1.
+TEST(EntryRanks, APredictedRankComputesWithTheThreadsTorchrunGivesIt) {
+  const char* before = std::getenv("OMP_NUM_THREADS");
+  const std::string saved = before ? before : "";
+  ::unsetenv("OMP_NUM_THREADS");
+  EXPECT_EQ(torchrun_rank_threads(), 1);
+  for (const auto& [value, threads] : std::vector<std::pair<std::string, int>>{{"4", 4}, {"0", 1}, {"x", 1}, {"3x", 1}}) {
+    ::setenv("OMP_NUM_THREADS", value.c_str(), 1);
+    EXPECT_EQ(torchrun_rank_threads(), threads) << "OMP_NUM_THREADS=" << value;
+  }
+  if (before) ::setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+  else ::unsetenv("OMP_NUM_THREADS");
+}
 
 // ---- the frameworks' formats for an entry on ranks (DDP and FSDP2), and autotune --from ----
 

@@ -1121,15 +1121,16 @@ TunePlan plan_tune(const AutotuneOptions& options, const BudgetClock& clock) {
         throw UsageError(why + (options.predict ? " (--predict measures the all-reduce on min(N, --probe-ranks) ranks)"
                                                 : ""));
     }
-    // --predict on the CPU: one rank's share in one process with the threads torchrun gives each of its ranks
-    // (OMP_NUM_THREADS, 1 unless set), not every core: the ranks share the cores
-    if (options.predict && options.ranks > 1 && !machine.use_cuda) ::setenv("OMP_NUM_THREADS", "1", 0);
+    // --predict on the CPU: one rank's share in one process with the threads torchrun gives each of its ranks,
+    // not every core: the ranks share the cores
+    const int threads = options.predict && options.ranks > 1 && !machine.use_cuda ? torchrun_rank_threads() : 0;
     entry = std::make_unique<EntryExecutor>(options.entry, machine.use_cuda, machine.device,
                                             options.predict ? g / options.ranks : g, &stop_requested, options.memory_limit,
                                             std::max(options.budget - clock.elapsed(), 1.0), worker_ranks,
                                             worker_ranks > 1 || !options.torchrun.empty()
                                                 ? torchrun_arguments(options.torchrun, worker_ranks)
-                                                : std::vector<std::string>{});
+                                                : std::vector<std::string>{},
+                                            threads);
     plan.entry = entry->probe();
     plan.workload = entry_workload(*plan.entry, g);
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -97,6 +98,14 @@ int64_t torchrun_nodes(const std::vector<std::string>& args) {
   return nodes.empty() ? 1 : whole_number(nodes, "--nnodes");
 }
 
+int torchrun_rank_threads() {
+  const char* set = std::getenv("OMP_NUM_THREADS");
+  if (!set) return 1;
+  char* end = nullptr;
+  const long threads = std::strtol(set, &end, 10);
+  return end != set && *end == '\0' && threads > 0 && threads < 1 << 16 ? static_cast<int>(threads) : 1;
+}
+
 std::vector<std::string> torchrun_arguments(const std::string& launcher, int64_t ranks) {
   if (launcher.empty()) return {"--standalone", "--nproc-per-node", std::to_string(ranks)};
   std::istringstream in(launcher);
@@ -131,7 +140,7 @@ std::string EntryExecutor::launcher() const {
 
 EntryExecutor::EntryExecutor(const std::string& spec, bool cuda, int device, int64_t global_batch,
                              const std::atomic<bool>* stop, int64_t memory_limit, double timeout_s, int64_t ranks,
-                             std::vector<std::string> torchrun_args)
+                             std::vector<std::string> torchrun_args, int cpu_threads)
     : cuda_(cuda),
       ranks_(std::max<int64_t>(ranks, 1)),
       distributed_(ranks_ > 1 || !torchrun_args.empty()),
@@ -147,6 +156,7 @@ EntryExecutor::EntryExecutor(const std::string& spec, bool cuda, int device, int
                    {"backend", cuda ? "cuda" : "cpu"},
                    {"device", device},
                    {"memory_limit_bytes", cuda ? int64_t{0} : host_limit},
+                   {"threads", cuda ? 0 : cpu_threads},
                    {"distributed", distributed_}};
   // Several ranks: the worker under torchrun (its elastic agent, one node), rank 0 speaking for the group; each
   // candidate's global batch is then every rank's together.

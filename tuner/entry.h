@@ -54,6 +54,9 @@ TrialEstimate entry_shortest_trial(const EntryProbe& p, const Candidate& c, int6
 std::vector<std::string> torchrun_arguments(const std::string& launcher, int64_t ranks);
 // The --nnodes of torchrun's ARGS (1 when they do not say).
 int64_t torchrun_nodes(const std::vector<std::string>& args);
+// The CPU threads torchrun gives each of several ranks on a node: OMP_NUM_THREADS where it is set (a whole number
+// above 0), else 1, as torchrun sets it.
+int torchrun_rank_threads();
 
 // Why `--entry --ranks N` cannot run here ("" when it can): on a GPU, one rank per GPU.
 std::string entry_ranks_unavailable_reason(int64_t ranks, bool cuda);
@@ -78,9 +81,10 @@ class EntryExecutor final : public Executor {
   // With ranks > 1 the worker is a torchrun group of that many ranks (scripts/trainbench/pytorch/distributed.py):
   // the candidates it is given hold one rank's share of the global batch, as the native --ranks ones. With
   // `torchrun_args` (--launcher), one rank too is a torchrun group: DDP or FSDP2 on one GPU, NCCL's path checked.
+  // `cpu_threads`: the threads a CPU worker computes with (torch.set_num_threads; 0: PyTorch's default).
   EntryExecutor(const std::string& spec, bool cuda, int device, int64_t global_batch, const std::atomic<bool>* stop,
                 int64_t memory_limit, double timeout_s, int64_t ranks = 1,
-                std::vector<std::string> torchrun_args = {});
+                std::vector<std::string> torchrun_args = {}, int cpu_threads = 0);
   TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override {
     return worker_->run(candidate, policy);
   }

@@ -142,6 +142,8 @@ class Worker:
             torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
+            if int(start.get("threads", 0)) > 0:  # a rank's threads (autotune --predict), not every core's
+                torch.set_num_threads(int(start["threads"]))
             # What PyTorch imports lazily, imported before the address-space limit (memory.limit_host_memory)
             for variant in ("per_tensor", "foreach", "fused"):
                 warm_lazy_imports(variant)
@@ -536,7 +538,8 @@ def combined(op: str, answers: List[dict]) -> dict:
 
 def serve_main(start_text: str) -> int:
     """`torch-step --serve START`: START names what the worker runs ({"kind": "entry", "entry": SPEC} or {"kind":
-    "twin"}), on which device ("backend", "device") and within what host memory ("memory_limit_bytes")."""
+    "twin"}), on which device ("backend", "device"), within what host memory ("memory_limit_bytes") and, on the CPU,
+    with how many threads ("threads"; 0 or absent: PyTorch's default)."""
     started = time.perf_counter()
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
