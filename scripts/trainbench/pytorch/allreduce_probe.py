@@ -12,6 +12,7 @@ prints one JSON line: {"seconds": the median call, "ranks", "library": "gloo" | 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 from typing import List, Tuple
@@ -33,12 +34,6 @@ def buckets_from_end(elements: int, bucket_mb: float) -> List[Tuple[int, int]]:
         out.append((begin, end - begin))
         end = begin
     return out
-
-
-def median(values: List[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def measure(request: dict, device) -> dict:
@@ -66,7 +61,7 @@ def measure(request: dict, device) -> dict:
         slowest.fill_(time.perf_counter() - started)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         seconds.append(float(slowest.item()))
-    return {"seconds": median(seconds), "ranks": dist.get_world_size(), "library": dist.get_backend(),
+    return {"seconds": statistics.median(seconds), "ranks": dist.get_world_size(), "library": dist.get_backend(),
             "torch": torch.__version__}
 
 

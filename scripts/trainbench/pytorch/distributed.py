@@ -132,11 +132,6 @@ def shard(model, reshard_after_forward: bool):
     return fully_shard(model, reshard_after_forward=reshard_after_forward)
 
 
-def whole(tensor):
-    """A parameter as one process holds it: an FSDP2 shard (a DTensor) gathered, a plain tensor as it is."""
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
 def restore(model, state) -> None:
     """The model's parameters and buffers set to `state` (full tensors, the same on every rank), sharded or not."""
     import torch
