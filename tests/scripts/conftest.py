@@ -32,9 +32,24 @@ def cli(capsys):
     return run
 
 
+_python_only_test = []  # the running test's name when it is marked python_only
+
+
+@pytest.fixture(autouse=True)
+def _python_only_runs_no_built_program(request):
+    """A test marked python_only is left out of CI's sanitizer stage: one that asks for a built program is wrong."""
+    marked = request.node.get_closest_marker("python_only") is not None
+    if marked:
+        _python_only_test.append(request.node.name)
+    yield
+    if marked:
+        _python_only_test.pop()
+
+
 def built_tool(env_name, *relative):
     """A built trainbench tool: $env_name, else the newest build*/<relative> of this checkout; None when
     neither exists."""
+    assert not _python_only_test, f"{_python_only_test[-1]} is marked python_only but runs a built program"
     path = os.environ.get(env_name)
     if path:
         return path if os.access(path, os.X_OK) else None

@@ -63,12 +63,14 @@ def run_ranks(spec, accumulation=2, world=2, optimizer="per_tensor", candidates=
     return got
 
 
+@pytest.mark.python_only
 def test_ddp_candidates_pass_the_first_step_check_against_one_process():
     got = run_ranks(f"{RANKED}:loader")
     for rank, said in got.items():
         assert said == [None] * len(CANDIDATES), (rank, said)
 
 
+@pytest.mark.python_only
 def test_fsdp2_over_repeated_blocks_with_adamw_and_clipping_passes_the_check():
     """FSDP2's shards gathered for the comparison, AdamW's and the clipping's norms over sharded gradients."""
     got = run_ranks(f"{RANKED}:blocks", optimizer="foreach")
@@ -76,6 +78,7 @@ def test_fsdp2_over_repeated_blocks_with_adamw_and_clipping_passes_the_check():
         assert said == [None] * len(CANDIDATES), (rank, said)
 
 
+@pytest.mark.python_only
 def test_a_lightning_module_on_two_ranks_passes_the_check_with_ddp_and_fsdp2():
     """Its training_step runs inside DDP's and FSDP2's forward (distributed.with_loss), though it calls its layers,
     not its own forward."""
@@ -87,6 +90,7 @@ def test_a_lightning_module_on_two_ranks_passes_the_check_with_ddp_and_fsdp2():
         assert said == [None] * len(candidates), (rank, said)
 
 
+@pytest.mark.python_only
 def test_fsdp2_shards_each_repeated_block():
     import sys
     sys.path.insert(0, ENTRIES)
@@ -97,6 +101,7 @@ def test_fsdp2_shards_each_repeated_block():
     assert td.repeated_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2))) == [], "no blocks: the whole model alone"
 
 
+@pytest.mark.python_only
 def test_a_loss_that_depends_on_the_split_over_ranks_is_named():
     got = run_ranks(f"{RANKED}:batch_norm", accumulation=1)
     for rank, said in got.items():
@@ -105,6 +110,7 @@ def test_a_loss_that_depends_on_the_split_over_ranks_is_named():
                 (rank, why)
 
 
+@pytest.mark.python_only
 def test_static_graph_with_no_sync_is_refused_with_the_reason():
     from trainbench.pytorch import distributed as td
     said = td.refusal({"static_graph": "on", "no_sync": "on"})
@@ -126,6 +132,7 @@ def ranked_worker(spec, ranks=2):
                        launcher=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)))
 
 
+@pytest.mark.python_only
 def test_the_worker_under_torchrun_opens_checks_and_times_a_candidate_on_every_rank():
     with ranked_worker(f"{RANKED}:loader") as w:
         assert w.hello["ranks"] == 2
@@ -143,6 +150,7 @@ def test_the_worker_under_torchrun_opens_checks_and_times_a_candidate_on_every_r
         assert w.close() == 0, "every rank ends when the conversation does"
 
 
+@pytest.mark.python_only
 def test_a_group_of_one_rank_runs_ddp_and_fsdp2_as_several_would():
     """autotune --ranks 1 --launcher torchrun: what a one-GPU machine checks of the ranks' path (NCCL there)."""
     with ranked_worker(f"{RANKED}:blocks", ranks=1) as w:
@@ -155,6 +163,7 @@ def test_a_group_of_one_rank_runs_ddp_and_fsdp2_as_several_would():
         assert w.close() == 0
 
 
+@pytest.mark.python_only
 def test_a_rank_split_dependent_candidate_is_incorrect_as_a_group():
     with ranked_worker(f"{RANKED}:batch_norm") as w:
         said = w.request("open", candidate={"global_batch": 8, "micro_batch": 4, "switches": {}})
@@ -309,6 +318,7 @@ def test_a_small_gpt2_tuned_on_two_ranks_runs_ddp_and_fsdp2_candidates_that_pass
     assert load_config_from_file(from_file(str(out), "accelerate", tmp_path)).num_processes == 2
 
 
+@pytest.mark.python_only
 def test_a_pytorch_without_the_ranks_backend_is_one_line(monkeypatch):
     """No gloo on the CPU (no NCCL on GPUs): the worker's start refuses it in a line that names the missing backend,
     which autotune relays (exit 2) before any trial."""

@@ -42,6 +42,7 @@ def probe(spec):
     ("hf:no_such_model_type", "is not a model type of transformers"),
     ("hf:gpt2?n_layer=abc", "n_layer=abc is refused by GPT2Config"),  # the reason, past transformers' colon too
 ])
+@pytest.mark.python_only
 def test_a_bad_entry_is_one_line_naming_it(spec, expected):
     if spec.startswith("hf:"):
         pytest.importorskip("transformers")
@@ -53,6 +54,7 @@ def test_a_bad_entry_is_one_line_naming_it(spec, expected):
     assert text.startswith(f"--entry {spec.split('?')[0]}")
 
 
+@pytest.mark.python_only
 def test_the_example_and_the_cnn_probe_with_their_switches():
     for spec in (f"{EXAMPLE}:build", f"{CNN}:build"):
         p = probe(spec)
@@ -68,6 +70,7 @@ def test_the_example_and_the_cnn_probe_with_their_switches():
     lambda ps: torch.optim.Adam(ps, lr=1e-3, foreach=True),
     lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
 ])
+@pytest.mark.python_only
 def test_the_optimizer_is_rebuilt_per_variant_with_its_hyperparameters(make):
     model = torch.nn.Linear(3, 2)
     opt = make(model.parameters())
@@ -88,6 +91,7 @@ def first_micro_batches(entry, accumulation):
 
 @pytest.mark.parametrize("switches", [{}, {"optimizer": "foreach"}, {"optimizer": "fused", "sync": "async"},
                                       {"bf16_matmuls": "on"}])
+@pytest.mark.python_only
 def test_a_split_into_micro_batches_passes_the_first_step_check(switches):
     entry = te.build_entry(f"{CNN}:build", 8, CPU)
     before = {k: v.clone() for k, v in entry.model.state_dict().items()}
@@ -96,6 +100,7 @@ def test_a_split_into_micro_batches_passes_the_first_step_check(switches):
         assert torch.equal(v, before[k])
 
 
+@pytest.mark.python_only
 def test_a_loss_that_depends_on_the_split_is_named_with_its_difference():
     entry = te.build_entry(f"{CNN}:build_batchnorm", 8, CPU)
     why = te.check_first_step(entry, CPU, {}, first_micro_batches(entry, 4), "per_tensor")
@@ -105,6 +110,7 @@ def test_a_loss_that_depends_on_the_split_is_named_with_its_difference():
     assert te.check_first_step(whole, CPU, {}, first_micro_batches(whole, 1), "per_tensor") is None
 
 
+@pytest.mark.python_only
 def test_a_wrong_step_fails_the_check():
     """A loss that is not a mean (a sum) over the micro-batch: accumulation changes the step's size."""
     entry = te.build_entry(f"{CNN}:build", 8, CPU)
@@ -116,6 +122,7 @@ def test_a_wrong_step_fails_the_check():
     assert why is not None
 
 
+@pytest.mark.python_only
 def test_hf_gpt2_builds_from_its_configuration_without_downloading(monkeypatch):
     pytest.importorskip("transformers")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -130,6 +137,7 @@ def test_hf_gpt2_builds_from_its_configuration_without_downloading(monkeypatch):
         te.build_entry("hf:gpt2?n_wings=4", 2, CPU)
 
 
+@pytest.mark.python_only
 def test_a_lightning_module_is_driven_through_its_hooks():
     pytest.importorskip("lightning")
     entry = te.build_entry(f"{LIGHTNING}:build", 8, CPU)
@@ -142,6 +150,7 @@ def entry_worker(spec, limit=0):
     return TorchWorker({"kind": "entry", "entry": spec, "backend": "cpu", "device": 0, "memory_limit_bytes": limit})
 
 
+@pytest.mark.python_only
 def test_the_worker_opens_checks_and_steps_candidates_and_a_split_dependent_one_is_incorrect():
     with entry_worker(f"{CNN}:build") as w:
         for switches in ({"optimizer": "foreach"}, {"optimizer": "per_tensor", "sync": "async"}):
@@ -154,6 +163,7 @@ def test_the_worker_opens_checks_and_steps_candidates_and_a_split_dependent_one_
         assert said["disposition"] == "incorrect" and "micro-batch split" in said["reason"], said
 
 
+@pytest.mark.python_only
 def test_a_nan_loss_is_named_as_such_never_as_a_split_dependent_model():
     """A model whose loss is NaN is incorrect whatever the switches: the probe refuses one that is NaN from the start
     (before any trial is spent on it), and a step that turns NaN while measured ends its trial as incorrect, with
@@ -173,6 +183,7 @@ def test_a_nan_loss_is_named_as_such_never_as_a_split_dependent_model():
         assert "split" not in timed["error"]
 
 
+@pytest.mark.python_only
 def test_the_reference_of_a_global_batch_is_computed_once_and_kept(monkeypatch):
     """A long-lived worker keeps the reference step of each (initial parameters, first global batch): the second
     candidate of that batch is checked against it without running it again; other samples get their own."""
@@ -189,6 +200,7 @@ def test_the_reference_of_a_global_batch_is_computed_once_and_kept(monkeypatch):
     assert len(calls) == 2, "another global batch: its own reference"
 
 
+@pytest.mark.python_only
 def test_an_allocation_refused_under_the_memory_limit_is_an_oom_candidate():
     """The worker as autotune starts it, held to 64 MiB more than it has after importing PyTorch."""
     pytest.importorskip("transformers")
@@ -232,6 +244,7 @@ def test_a_crash_a_hang_and_an_out_of_memory_each_cost_their_candidate_and_the_t
     assert f"{len(lost)} restarts" in done.stderr
 
 
+@pytest.mark.python_only
 def test_a_reference_that_does_not_fit_whole_runs_in_the_fewest_parts_that_do(monkeypatch):
     entry = te.build_entry(f"{CNN}:build", 4, CPU)
     batches = first_micro_batches(entry, 8)
@@ -248,6 +261,7 @@ def test_a_reference_that_does_not_fit_whole_runs_in_the_fewest_parts_that_do(mo
     assert te.check_first_step(entry, CPU, {"optimizer": "foreach"}, batches, "per_tensor") is None
 
 
+@pytest.mark.python_only
 def test_the_largest_batch_search_doubles_until_out_of_memory():
     # BatchSizeFinder's power mode: 1, 2, 4, 8 fit, 16 does not; the global batch 32 is never reached.
     found = te.largest_batch({"entry": os.path.join(ENTRIES, "fits_eight.py") + ":build", "backend": "cpu",
@@ -258,6 +272,7 @@ def test_the_largest_batch_search_doubles_until_out_of_memory():
     assert found["tried"][-1]["outcome"].startswith("out of memory")
 
 
+@pytest.mark.python_only
 def test_the_largest_batch_stops_at_the_largest_power_of_two_dividing_the_global_batch():
     # 24 = 8 x 3: 16 would not divide it, so 8 with accumulation 3, though 16 fits
     found = te.largest_batch({"entry": f"{EXAMPLE}:build", "backend": "cpu", "global_batch": 24})
@@ -285,6 +300,7 @@ def graphs_trial(spec, backend, micro_batch=4, global_batch=16, **switches):
                                         "switches": dict(switches, cuda_graphs="on")})
 
 
+@pytest.mark.python_only
 def test_cuda_graphs_on_a_cpu_are_refused_with_the_reason():
     r = graphs_trial(f"{EXAMPLE}:build", "cpu")
     assert r["disposition"] == "error"
@@ -316,6 +332,7 @@ def test_gpu_micro_batches_that_change_shape_are_refused():
     assert r["disposition"] == "error" and "the micro-batches change shape" in r["reason"], r["reason"]
 
 
+@pytest.mark.python_only
 def test_the_unfriendly_entries_run_eagerly():
     # what the GPU tests refuse is the graph's limit, not a broken entry: eager, both run on the CPU
     for name in ("host_sync", "changing_shapes"):
@@ -333,6 +350,7 @@ def scheduled_loop(name, micro_batch, accumulation, variant="per_tensor"):
     return entry, te.Loop(entry, CPU, {}, accumulation), opt, te.cycle(entry.batches)
 
 
+@pytest.mark.python_only
 def test_a_lightning_scheduler_is_stepped_after_the_optimizer_step_in_the_first_step_check():
     # LambdaLR gives the first optimizer step the whole learning rate and every later one none: stepped per
     # micro-batch or before the optimizer step, the candidate's first step (4 micro-batches) would not move the
@@ -346,6 +364,7 @@ def test_a_lightning_scheduler_is_stepped_after_the_optimizer_step_in_the_first_
     assert any(not torch.equal(moved[k], initial[k]) for k in initial), "the first step must move the parameters"
 
 
+@pytest.mark.python_only
 def test_step_interval_schedulers_step_every_frequency_optimizer_steps_in_the_timed_loop():
     entry, loop, opt, stream = scheduled_loop("per_step", 4, 2, "foreach")
     loop.step(opt, [next(stream) for _ in range(2)])
@@ -358,6 +377,7 @@ def test_step_interval_schedulers_step_every_frequency_optimizer_steps_in_the_ti
     assert lrs == pytest.approx([0.1, 0.05, 0.05, 0.025])
 
 
+@pytest.mark.python_only
 def test_epoch_interval_schedulers_step_when_a_pass_over_the_loader_ends():
     # 64 samples in micro-batches of 8, 2 to a step: an epoch is 4 optimizer steps; StepLR halves per epoch
     entry, loop, opt, stream = scheduled_loop("per_epoch", 8, 2)
@@ -378,6 +398,7 @@ def samples_seen(entry):
 
 
 @pytest.mark.parametrize("shuffle", ["off", "on"])
+@pytest.mark.python_only
 def test_a_dataloader_is_shared_by_a_distributed_sampler(shuffle):
     """Two ranks of a DataLoader entry: their micro-batches are disjoint, and those of one step together are one
     micro-batch of a process taking both ranks' samples, over the whole dataset; one rank alone keeps the loader."""
@@ -393,6 +414,7 @@ def test_a_dataloader_is_shared_by_a_distributed_sampler(shuffle):
         assert seen[0][0] == [0, 2, 4, 6] and seen[1][0] == [1, 3, 5, 7]
 
 
+@pytest.mark.python_only
 def test_an_entry_that_names_rank_and_world_size_yields_its_own_share():
     """It is given them (rank 0 of 1 when the tune has one process) and its batches are kept as it made them."""
     one = te.build_entry(f"{RANKED}:own_share", 4, CPU)
@@ -402,6 +424,7 @@ def test_an_entry_that_names_rank_and_world_size_yields_its_own_share():
     assert samples_seen(second)[0] == [1, 3, 5, 7]
 
 
+@pytest.mark.python_only
 def test_batches_that_are_the_same_on_every_rank_are_said_with_the_fix():
     one = te.build_entry(f"{RANKED}:same_everywhere", 4, CPU)
     assert one.same_on_every_rank == ""
@@ -412,6 +435,7 @@ def test_batches_that_are_the_same_on_every_rank_are_said_with_the_fix():
     assert samples_seen(shared)[0] == [0, 1, 2, 3], "left as it is: the tune says so, it does not guess a split"
 
 
+@pytest.mark.python_only
 def test_an_hf_entrys_ranks_take_side_by_side_rows_of_one_processs_micro_batch():
     one = te.build_entry(TINY_GPT2, 8, CPU)
     ranks = [te.build_entry(TINY_GPT2, 4, CPU, rank=r, world_size=2) for r in (0, 1)]
