@@ -35,8 +35,10 @@
 // (with kDistantEvidence benefit of the doubt from settings two or more switches away).
 //  4. Close calls (at most kMaxRemeasures trials): a tie that would win on memory over the fastest
 //     and the fastest are measured a second time, then ties whose interval stayed loose; repeated
-//     trials of one candidate are pooled. When that moves the choice, the descent runs again from
-//     the new choice (at most kMaxResettles times), so its switches are tried where it runs.
+//     trials of one candidate are pooled. When that moves the choice beyond noise (the old choice no
+//     tie of the new one), the switch values are tried at the new choice, and one that wins beyond
+//     noise descends from there (at most kMaxResettles times), so the choice's switches were tried
+//     where it runs.
 // Nothing else is run twice. Resumed results (`known`) are used the first time a candidate is asked
 // for, count as measured but not as trials_run, are listed in `trials` and are not passed to
 // on_trial again (they were journaled when they ran). Trials more than kClearlyBehind below the best
@@ -76,7 +78,7 @@ namespace {
 constexpr int kMaxProbeAttempts = 6;                  // memory probes per largest_micro_batch call
 constexpr int kMaxRounds = 4;                         // coordinate-descent rounds
 constexpr int kMaxRemeasures = 3;                     // close calls measured again
-constexpr int kMaxResettles = 2;                      // descents from a choice the re-measures moved
+constexpr int kMaxResettles = 2;                      // second looks at a choice the re-measures moved
 constexpr double kGoldenSection = 0.381966011250105;  // (3 - sqrt 5) / 2
 constexpr double kPromising = 0.02;                   // a switch this close to the best is hill-climbed in micro-batch
 constexpr double kNotWorthRetrying = 0.05;  // a micro-batch step this much worse wherever it was measured is not retried
@@ -678,6 +680,7 @@ void remeasure_close_calls(Session& s) {
 struct Position {
   Point cur;
   double significant;  // 1 + kSignificant x noise_margin
+  Position(Point from, const Session& s) : cur(std::move(from)), significant(1 + kSignificant * s.options().noise_margin) {}
   bool consider(const Point& r) {
     if (r.value <= cur.value) return false;
     const bool beyond_noise = r.value > cur.value * significant;
@@ -709,6 +712,8 @@ bool try_switch_values(Planner& p, Position& at) {
         r = p.hill_climb(cur.global_batch, alt, cur.micro_batch);
       } else {
         r = Point{cur.global_batch, alt, cur.micro_batch, p.eval(cur.global_batch, alt, cur.micro_batch)};
+        // Hill-climbed when close, when its trial showed it needs more memory (fits() asked again), or when
+        // it frees memory at the wall.
         const auto before = p.feasible(cur.global_batch, cur.switches), after = p.feasible(cur.global_batch, alt);
         const bool frees = !before.empty() && !after.empty() && after.back() > before.back();
         if (!fits() || frees || r.value > cur.value * (1 - kPromising))
@@ -723,7 +728,7 @@ bool try_switch_values(Planner& p, Position& at) {
 // current micro-batch, the other global batches, a hill-climb in micro-batch; rounds until none
 // improves beyond noise.
 Point descend(Planner& p, Session& s, const SearchSpace& space, Point from) {
-  Position at{std::move(from), 1 + kSignificant * s.options().noise_margin};
+  Position at(std::move(from), s);
   // One trial at `anchor` (the nearest feasible micro-batch), hill-climbed when it comes close.
   auto retry = [&](int64_t g, const std::map<std::string, std::string>& alt, int64_t anchor) {
     const auto list = p.feasible(g, alt);
@@ -799,8 +804,7 @@ void run_auto(Planner& p, Session& s, const SearchSpace& space) {
       break;
     settled = c.best->candidate.key();
     const Candidate& at = c.best->candidate;
-    Position moved{Point{at.global_batch, at.switches, at.micro_batch, s.value(*c.best)},
-                   1 + kSignificant * s.options().noise_margin};
+    Position moved(Point{at.global_batch, at.switches, at.micro_batch, s.value(*c.best)}, s);
     if (try_switch_values(p, moved)) descend(p, s, space, moved.cur);
     remeasure_close_calls(s);
   }
