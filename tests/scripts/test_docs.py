@@ -117,7 +117,7 @@ def accepted_flags(tool):
     if tool == "benchsuite":
         return cli11_flags("benches/benchsuite.cpp") | {"--help", "--benchmark_*"}
     if tool == "autotune":
-        return cli11_flags("tuner/autotune.cpp", "tuner/autotune_main.cpp") | {"--help"}
+        return cli11_flags("tuner/autotune.cpp", "tuner/autotune_options.cpp", "tuner/autotune_main.cpp") | {"--help"}
     if not (ROOT / "scripts" / tool).is_file():
         return None
     return script_flags(tool) | {"--help"}

@@ -1,0 +1,268 @@
+// autotune --compare: tuned files' choices raced interleaved, each against the first's (in one executor, or the
+// C++ step against its PyTorch twin); --from: a tuned file's choice written in another format, nothing run.
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/device_info.h"
+#include "runtime/error.h"
+#include "step/workload.h"
+#include "tuner/autotune.h"
+#include "tuner/autotune_parts.h"
+#include "tuner/emit.h"
+#include "tuner/journal.h"
+#include "tuner/race.h"
+#include "tuner/search.h"
+#include "tuner/trial.h"
+
+namespace tb::tune {
+namespace {
+
+// Runs each candidate in the executor its "executor" switch names, without that switch: what
+// `--compare FILE --executor native,torch` races, the C++ step against its PyTorch twin on one
+// configuration, interleaved round by round like any two configurations.
+class ByExecutor final : public Executor {
+ public:
+  explicit ByExecutor(std::map<std::string, std::unique_ptr<Executor>> inner) : inner_(std::move(inner)) {}
+  TrialResult run(const Candidate& candidate, const MeasurePolicy& policy) override {
+    Candidate plain = candidate;
+    const std::string which = plain.switches.at(executor_switch);
+    plain.switches.erase(executor_switch);
+    return inner_.at(which)->run(plain, policy);
+  }
+  int64_t memory_capacity() const override {
+    int64_t least = INT64_MAX;
+    for (const auto& [name, e] : inner_) least = std::min(least, e->memory_capacity());
+    return least;
+  }
+  static constexpr const char* executor_switch = "executor";
+
+ private:
+  std::map<std::string, std::unique_ptr<Executor>> inner_;
+};
+
+// A tuned file's choice, for --compare.
+struct TunedFile {
+  std::string path;
+  Candidate chosen;
+  std::string workload_path, workload_digest;
+};
+
+TunedFile read_tuned_file(const std::string& path) {
+  TunedFile f;
+  f.path = path;
+  try {
+    const YAML::Node t = YAML::LoadFile(path)["trainbench_autotune"];
+    if (!t || !t["chosen"] || !t["chosen"].IsMap())
+      throw UsageError(path + ": no trainbench_autotune.chosen in it (autotune writes one with --format yaml or json)");
+    f.chosen.global_batch = t["chosen"]["global_batch"].as<int64_t>();
+    f.chosen.micro_batch = t["chosen"]["micro_batch"].as<int64_t>();
+    f.chosen.switches = t["chosen"]["switches"].as<std::map<std::string, std::string>>();
+    f.workload_path = t["workload"]["path"].as<std::string>();
+    f.workload_digest = t["workload"]["digest"].as<std::string>();
+  } catch (const YAML::Exception& e) {
+    throw UsageError(path + ": not a configuration autotune wrote (" + e.what() + ")");
+  }
+  if (f.chosen.global_batch <= 0 || f.chosen.micro_batch <= 0 || f.chosen.global_batch % f.chosen.micro_batch)
+    throw UsageError(path + ": its micro-batch does not divide its global batch");
+  return f;
+}
+
+// --compare's executor: the one --executor names, or with two (native,torch) each configuration run in
+// the executor its "executor" switch names.
+TrialRunner compare_runner(const std::vector<std::string>& executors, const std::string& executor_name,
+                           const step::Workload& workload, const Machine& machine) {
+  std::map<std::string, TrialRunner> runners;
+  for (const auto& name : executors) runners.emplace(name, make_runner(name, workload, machine));
+  if (executors.size() == 1) return std::move(runners.begin()->second);
+  TrialRunner runner;
+  std::map<std::string, std::unique_ptr<Executor>> inner;
+  runner.description = {{"name", executor_name}};
+  for (auto& [name, r] : runners) {
+    runner.description[name] = r.description;
+    runner.torch = runner.torch || r.torch;
+    inner.emplace(name, std::move(r.executor));
+  }
+  runner.executor = std::make_unique<ByExecutor>(std::move(inner));
+  return runner;
+}
+
+// Each file's configuration (in each executor), and the entrant in the race each is: files holding
+// one configuration share it.
+std::vector<RaceEntrant> compare_entrants(const std::vector<TunedFile>& tuned, const std::vector<std::string>& executors,
+                                          CompareOutput& out) {
+  std::vector<RaceEntrant> entrants;
+  for (const auto& t : tuned)
+    for (const auto& name : executors) {
+      Candidate c = t.chosen;
+      std::string label = t.path;
+      if (executors.size() > 1) {
+        c.switches[ByExecutor::executor_switch] = name;
+        label += name == "torch" ? " in the PyTorch twin" : " in the C++ step";
+      }
+      out.files.push_back(label);
+      out.configs.push_back(c);
+      std::size_t k = 0;
+      while (k < entrants.size() && !(entrants[k].candidate == c)) ++k;
+      if (k == entrants.size()) entrants.push_back(RaceEntrant{c, TrialResult{}, true});
+      out.raced.push_back(k);
+    }
+  return entrants;
+}
+
+// The compared configurations raced to the end (none is dropped: each is compared, none chosen).
+void race_compared(const AutotuneOptions& options, const step::Workload& workload, const Machine& machine,
+                   TrialRunner& runner, const std::vector<TunedFile>& tuned, const std::vector<RaceEntrant>& entrants,
+                   const BudgetClock& clock, CompareOutput& out) {
+  const int rounds = std::max(options.race_rounds, 2);
+  const bool both_executors = executor_names(options.executor).size() > 1;
+  SearchOptions search;
+  search.measure.max_seconds = options.trial_seconds;
+  Candidate first = entrants.front().candidate;
+  first.switches.erase(ByExecutor::executor_switch);
+  TrialEstimate shortest = shortest_trial(apply(workload, first), search.measure.min_steps, machine.use_cuda,
+                                          machine.device);
+  refuse_budget_below_one_trial(workload, first, shortest, search.measure, options.budget, clock.elapsed());
+  const double deadline = options.budget - output_reserve(options.budget);
+  if (const std::string notice = take_blas_kernel_notice(); !notice.empty()) std::cerr << notice << std::endl;
+  std::cerr << "autotune: comparing " << entrants.size() << " configurations of " << workload.name << " on " << machine.name
+            << (both_executors ? " in the C++ step and in its PyTorch twin"
+                : runner.torch ? " in the PyTorch twin"
+                               : "")
+            << ", interleaved, " << options.budget << " s budget" << std::endl;
+  for (const auto& t : tuned) std::cerr << "autotune:   " << t.path << ": " << describe(t.chosen) << std::endl;
+  RaceOptions ro = race_options(
+      search, rounds, options.trial_seconds, [&] { return deadline - clock.elapsed(); }, shortest.seconds,
+      [&] { return clock.elapsed(); }, options.budget);
+  ro.on_drop = nullptr;  // every configuration is measured to the end: each is compared, none is chosen
+  ro.min_rounds_to_drop = rounds + 1;
+  try {
+    out.race = race(*runner.executor, entrants, ro);
+    std::cerr << "autotune: the race ended after " << out.race->rounds << " round" << (out.race->rounds == 1 ? "" : "s")
+              << ": " << out.race->ended << std::endl;
+  } catch (const Interrupted&) {
+    out.interrupted = true;
+    std::cerr << "autotune: interrupted by " << stop_signal_name() << "; nothing was compared" << std::endl;
+  }
+}
+
+// Each comparison's verdict on stderr, as the written output holds it.
+void print_comparisons(const CompareOutput& out) {
+  const nlohmann::json doc = to_json(out);  // named: the loop below reads inside it
+  for (const auto& c : doc["trainbench_autotune_compare"]["comparisons"]) {
+    const std::string verdict = c["verdict"], of = c["of"], against = c["against"];
+    if (verdict == "same_configuration") std::cerr << "autotune: " << of << " holds the same configuration as " << against;
+    else
+      std::cerr << "autotune: " << c["note"].get<std::string>() << ": "
+                << (verdict == "within_noise"     ? "within noise"
+                    : verdict == "too_few_rounds" ? "too few rounds to tell"
+                                                  : verdict + " beyond noise");
+    std::cerr << std::endl;
+  }
+}
+
+}  // namespace
+
+// "native,torch" -> {"native", "torch"}.
+std::vector<std::string> executor_names(const std::string& text) {
+  std::vector<std::string> names;
+  std::stringstream in(text);
+  for (std::string name; std::getline(in, name, ',');) names.push_back(name);
+  return names;
+}
+
+// --from: the choice of a tuned file, with what the frameworks' formats need of it (ranks, the gradient clipping,
+// the launcher, the device's backend); nothing is measured or probed.
+static TuneOutput tuned_output(const std::string& path) {
+  const TunedFile f = read_tuned_file(path);
+  TuneOutput out;
+  out.report.found = true;
+  out.report.best.candidate = f.chosen;
+  try {
+    const YAML::Node t = YAML::LoadFile(path)["trainbench_autotune"];
+    out.ranks = t["ranks"] ? t["ranks"].as<int64_t>() : 1;
+    if (out.ranks > 1) out.report.best.candidate.global_batch = t["chosen"]["per_rank_batch"].as<int64_t>();
+    if (t["measured"] && t["measured"]["samples_per_s"])
+      out.report.best.result.samples_per_s = t["measured"]["samples_per_s"].as<double>();
+    out.device = {{"backend", t["device"]["backend"].as<std::string>()},
+                  {"name", t["device"]["name"].as<std::string>()}};
+    const YAML::Node executor = t["executor"];
+    out.executor = {{"name", executor["name"].as<std::string>()}};
+    for (const char* key : {"launcher", "torch"})
+      if (executor[key] && executor[key].IsScalar()) out.executor[key] = executor[key].as<std::string>();
+    out.workload_name = t["workload"]["name"].as<std::string>();
+    if (t["workload"]["grad_clip"]) out.grad_clip = t["workload"]["grad_clip"].as<double>();
+    else
+      std::cerr << "autotune: " << path << " does not say the gradient clipping (an older autotune wrote it): the "
+                << "output clips nothing; set it by hand if the workload clips" << std::endl;
+  } catch (const YAML::Exception& e) {
+    throw UsageError(path + ": not a configuration autotune wrote (" + e.what() + ")");
+  }
+  if (out.report.best.candidate.global_batch <= 0 ||
+      out.report.best.candidate.global_batch % out.report.best.candidate.micro_batch)
+    throw UsageError(path + ": its micro-batch does not divide its per-rank batch");
+  return out;
+}
+
+int emit_tuned_file(const AutotuneOptions& options) {
+  if (options.format == OutFormat::yaml || options.format == OutFormat::json)
+    throw UsageError("--from " + options.from_file +
+                     ": it is autotune's own document already; give --format deepspeed, lightning, hf or accelerate");
+  write_output(emit(tuned_output(options.from_file), options.format), options.out_path);
+  return 0;
+}
+
+int compare_tuned(const AutotuneOptions& options) {
+  const BudgetClock clock;
+  const std::vector<std::string> executors = executor_names(options.executor);
+  if (options.compare_files.size() * executors.size() < 2)
+    throw UsageError(
+        "--compare: give two tuned files or more, or one with --executor native,torch (the C++ step "
+        "against its PyTorch twin)");
+  if (options.format != OutFormat::yaml && options.format != OutFormat::json)
+    throw UsageError("--compare writes --format yaml or json");
+  std::vector<TunedFile> tuned;
+  for (const auto& p : options.compare_files) tuned.push_back(read_tuned_file(p));
+  // The workload the files were tuned for, unless --workload names it; either way the files'.
+  const step::Workload workload = step::load_workload(options.workload_given ? options.workload
+                                                                             : tuned.front().workload_path);
+  const std::string workload_digest = digest(file_text(workload.path));
+  for (const auto& t : tuned)
+    if (t.workload_digest != workload_digest)
+      throw UsageError(t.path + " was tuned for another workload file (digest " + t.workload_digest + ", " + workload.path +
+                       " has " + workload_digest + ")");
+  const Machine machine = pick_machine(options.gpu);
+  // One runner per executor; with two, every file's configuration is raced in each.
+  TrialRunner runner = compare_runner(executors, options.executor, workload, machine);
+  const auto available = available_switches(workload, machine.use_cuda);
+  for (const auto& t : tuned)
+    for (const auto& [name, value] : t.chosen.switches)
+      if (!available.count(name))
+        throw UsageError(t.path + ": its configuration sets " + name + ", which " + workload.name + " does not have on " +
+                         machine.backend);
+  CompareOutput out;
+  out.device = machine.description;
+  out.executor = runner.description;
+  out.workload_name = workload.name;
+  out.workload_path = workload.path;
+  out.workload_digest = workload_digest;
+  const std::vector<RaceEntrant> entrants = compare_entrants(tuned, executors, out);
+  if (entrants.size() >= 2) race_compared(options, workload, machine, runner, tuned, entrants, clock, out);
+  write_output(emit(out, options.format), options.out_path);
+  print_comparisons(out);
+  if (out.interrupted || stop_requested) return interrupted_exit_code();
+  if (out.race && out.race->rounds == 0) return 1;
+  return 0;
+}
+
+}  // namespace tb::tune

@@ -1,0 +1,809 @@
+// autotune's steps once planned (autotune.h): the Tune and its journal, the search, the race of its finalists
+// and what the output claims of it, where the budget went, --predict and the output; and their progress lines.
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/device_info.h"
+#include "runtime/error.h"
+#include "runtime/files.h"
+#include "runtime/stats.h"
+#include "step/workload.h"
+#include "tuner/autotune.h"
+#include "tuner/autotune_parts.h"
+#include "tuner/distributed.h"
+#include "tuner/emit.h"
+#include "tuner/entry.h"
+#include "tuner/journal.h"
+#include "tuner/race.h"
+#include "tuner/search.h"
+#include "tuner/trial.h"
+
+namespace tb::tune {
+
+std::string human_seconds(double s) {
+  std::ostringstream out;
+  if (s >= 60)
+    out << static_cast<int>(s / 60) << "m" << std::setw(2) << std::setfill('0') << static_cast<int>(s) % 60 << "s";
+  else out << std::fixed << std::setprecision(1) << s << "s";
+  return out.str();
+}
+
+// --ranks: the candidates hold one rank's share of the batch; progress lines speak of all ranks.
+int64_t described_ranks = 1;
+
+std::string describe(const Candidate& c) {
+  std::ostringstream out;
+  out << "batch " << c.global_batch * described_ranks << " = " << c.micro_batch << " x " << c.accumulation();
+  if (described_ranks > 1) out << " x " << described_ranks << " ranks";
+  for (const auto& [k, v] : c.switches) out << ", " << k << "=" << v;
+  return out.str();
+}
+
+std::string result_text(const TrialResult& r) {
+  std::ostringstream out;
+  if (!r.ok()) return std::string(to_string(r.cls)) + ": " + r.message;
+  const double mib = static_cast<double>(r.peak_bytes) / (1 << 20);
+  out << std::fixed << std::setprecision(1) << r.samples_per_s << " samples/s (" << r.ci_low << "-" << r.ci_high
+      << "), peak " << (mib >= 1024 ? mib / 1024 : mib) << (mib >= 1024 ? " GiB" : " MiB");
+  return out.str();
+}
+
+void write_output(const std::string& text, const std::string& out_path) {
+  if (out_path.empty()) std::cout << text << std::flush;
+  else write_file_atomically(out_path, text);
+}
+
+namespace {
+
+// The best of what has run, for an interrupted search: the fastest, ties (within noise) to the one
+// with less memory.
+SearchReport best_so_far(const std::vector<Ranked>& trials, double noise) {
+  SearchReport rep;
+  rep.trials = trials;
+  for (const auto& t : trials) {
+    if (!t.result.ok()) continue;
+    if (!rep.found || t.result.samples_per_s > rep.best.result.samples_per_s) rep.best = t;
+    rep.found = true;
+  }
+  if (!rep.found) return rep;
+  for (const auto& t : trials)
+    if (t.result.ok() && t.result.samples_per_s >= (1 - noise) * rep.best.result.samples_per_s &&
+        t.result.peak_bytes < rep.best.result.peak_bytes)
+      rep.best = t;
+  return rep;
+}
+
+// Where the journal goes when --journal does not say: beside --out (tuned.yaml ->
+// tuned.autotune.jsonl), else in the user's cache, keyed by the workload's digest and the device, so
+// that --resume finds it again and no run litters the current directory.
+std::string default_journal_path(const std::string& out_path, const std::string& workload_name, const std::string& backend,
+                                 const std::string& key) {
+  namespace fs = std::filesystem;
+  if (!out_path.empty()) {
+    fs::path p(out_path);
+    return (p.parent_path() / (p.stem().string() + ".autotune.jsonl")).string();
+  }
+  const std::string cache = cache_dir();
+  const fs::path dir = cache.empty() ? fs::temp_directory_path() / "trainbench" : fs::path(cache);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec)
+    throw UsageError("cannot create the journal folder " + dir.string() + ": " + ec.message() + " (give --journal FILE)");
+  // The workload's name is the user's (a YAML's `name:`): one safe file name, so that it stays in the folder.
+  return (dir / (safe_file_name(workload_name) + "." + backend + "." + key.substr(0, 12) + ".autotune.jsonl")).string();
+}
+
+// The least an entry's check run of --predict is given to start its ranks and validate the entry there, when the
+// budget has less left: the search's choice is not left unchecked for a second or two.
+constexpr double kEntryCheckRunSeconds = 60.0;
+
+// The finalists: the search's choice, its ties (runners-up), then the next fastest candidates by their
+// best trial while there is room (kMaxSearchFinalists in all), then for each value of a switch that no
+// finalist has yet, the fastest candidate with it, and the workload's own configuration when its trial
+// ran (eligible to be chosen when it kept the memory headroom). The next fastest join however far
+// behind they measured: a trial's interval covers the noise within it, not the drift between trials
+// minutes apart (25% on the machine, 20x for seconds at a time on a busy 2-core one), so the
+// search's best may be one lucky trial; the race drops whoever is behind. Each switch value races
+// because a slow spell of the machine during the few trials of one value (measured here: every
+// configuration 25% slower for a few seconds) would otherwise keep it out for good, and a second tune
+// without that spell would choose it.
+std::vector<RaceEntrant> finalists(const SearchReport& rep, const Ranked& own, double memory_limit,
+                                   const std::vector<std::string>& memory_switches) {
+  std::vector<RaceEntrant> out;
+  std::set<std::string> keys;
+  auto add = [&](const Ranked& r, bool eligible, const std::string& why) {
+    if (keys.insert(r.candidate.key()).second) out.push_back(RaceEntrant{r.candidate, r.result, eligible, why});
+  };
+  auto fits = [&](const TrialResult& r) { return r.ok() && static_cast<double>(r.peak_bytes) <= memory_limit; };
+  add(rep.best, true, "choice");
+  for (const auto& r : rep.runners_up)
+    if (out.size() < kMaxSearchFinalists) add(r, true, "tie");
+  std::map<std::string, Ranked> fastest;  // each candidate's fastest trial
+  for (const auto& t : rep.trials) {
+    if (!fits(t.result)) continue;
+    auto [it, fresh] = fastest.try_emplace(t.candidate.key(), t);
+    if (!fresh && t.result.samples_per_s > it->second.result.samples_per_s) it->second = t;
+  }
+  std::vector<Ranked> next;
+  for (const auto& [key, t] : fastest) next.push_back(t);
+  std::sort(next.begin(), next.end(),
+            [](const Ranked& a, const Ranked& b) { return a.result.samples_per_s > b.result.samples_per_s; });
+  for (const auto& t : next)
+    if (out.size() < kMaxSearchFinalists) add(t, true, "next fastest");
+  for (const auto& t : next)  // fastest first: the first trial with a value missing is its best
+    for (const auto& [name, value] : t.candidate.switches) {
+      const bool present = std::any_of(out.begin(), out.end(), [&, &name = name, &value = value](const RaceEntrant& e) {
+        const auto it = e.candidate.switches.find(name);
+        return it != e.candidate.switches.end() && it->second == value;
+      });
+      if (!present) add(t, true, "best " + name + "=" + value);
+    }
+  // The choice's switches at half and twice its micro-batch, and at the micro-batch of every finalist
+  // so far. The search does not try again a micro-batch step that one trial under other switches
+  // measured worse, and one trial is one draw of the machine's drift: two tunes then settled on
+  // neighbouring micro-batches 10% apart; and a micro-batch that ran fast under other switches is
+  // never tried with the choice's when it is two steps away (measured: a tune chose 4 x 4 with fused
+  // AdamW, never having run 16 x 1 with it, 6% faster, while its 16 x 1 with per-tensor AdamW raced).
+  // A neighbour joins where a trial at its micro-batch with the same memory switches kept the
+  // headroom, so that it fits too; never measured, it races on that trial's set-up time.
+  const Candidate& best = rep.best.candidate;
+  std::vector<int64_t> micro_batches{best.micro_batch / 2, best.micro_batch * 2};
+  for (const auto& e : out)
+    if (std::find(micro_batches.begin(), micro_batches.end(), e.candidate.micro_batch) == micro_batches.end() &&
+        e.candidate.micro_batch != best.micro_batch)
+      micro_batches.push_back(e.candidate.micro_batch);
+  auto same_memory = [&](const Candidate& a, const Candidate& b) {
+    return std::all_of(memory_switches.begin(), memory_switches.end(), [&](const std::string& name) {
+      const auto x = a.switches.find(name), y = b.switches.find(name);
+      return (x == a.switches.end()) == (y == b.switches.end()) && (x == a.switches.end() || x->second == y->second);
+    });
+  };
+  for (const int64_t micro : micro_batches) {
+    if (micro < 1 || best.global_batch % micro != 0) continue;
+    Candidate neighbour = best;
+    neighbour.micro_batch = micro;
+    const auto fitted = std::find_if(rep.trials.begin(), rep.trials.end(), [&](const Ranked& t) {
+      return t.candidate.global_batch == best.global_batch && t.candidate.micro_batch == micro && fits(t.result) &&
+             same_memory(t.candidate, neighbour);
+    });
+    if (fitted == rep.trials.end()) continue;
+    const auto measured = fastest.find(neighbour.key());
+    add(measured != fastest.end() ? measured->second : Ranked{neighbour, fitted->result}, true,
+        "micro-batch " + std::to_string(micro) + " with the choice's switches");
+  }
+  if (own.result.ok()) add(own, fits(own.result), "own");
+  // How far each is from the workload's own configuration: ties in the race go to the simpler.
+  for (auto& e : out) {
+    const auto compiles = e.candidate.switches.find("compile");
+    e.costly = compiles != e.candidate.switches.end() && compiles->second == "on" ? 1 : 0;
+    e.changed = e.candidate.micro_batch != own.candidate.micro_batch ? 1 : 0;
+    for (const auto& [name, value] : e.candidate.switches) {
+      const auto theirs = own.candidate.switches.find(name);
+      if (theirs == own.candidate.switches.end() || theirs->second != value) ++e.changed;
+    }
+  }
+  return out;
+}
+
+// What the choice is compared with: the workload's own configuration, or --versus's.
+std::string baseline_name(const TuneOutput& out) {
+  return out.versus.is_null() ? kWorkloadOwnConfig : "the largest-batch configuration";
+}
+
+// `--versus largest-batch`: the configuration Lightning's BatchSizeFinder gives (entry.h), found in a
+// child, as the baseline the choice races against; `own` takes its micro-batch.
+nlohmann::json versus_largest_batch(EntryExecutor& entry, Candidate& own, int64_t memory_capacity, double seconds_left) {
+  std::cerr << "autotune: --versus largest-batch: doubling the micro-batch from 1 while a few training steps at it fit, "
+               "as Lightning's BatchSizeFinder does (mode power), up to the global batch "
+            << own.global_batch << std::endl;
+  LargestBatch found;
+  try {
+    found = entry.largest_batch(own.global_batch, memory_capacity, seconds_left);
+  } catch (const std::runtime_error&) {
+    if (stop_requested) throw Interrupted{};
+    throw;
+  }
+  if (found.micro_batch < 1)
+    throw std::runtime_error("--versus largest-batch: " + entry.probe().label + " does not fit even one sample (" +
+                             found.tried.dump() + ")");
+  own.micro_batch = found.micro_batch;
+  std::cerr << "autotune: the largest batch that fits: micro-batch " << found.micro_batch << " x accumulation "
+            << own.accumulation() << " (" << human_seconds(found.seconds) << "); the choice races against it" << std::endl;
+  return {{"name", "largest-batch"},
+          {"how", "Lightning's BatchSizeFinder (mode power): the micro-batch doubled from 1 while " +
+                      std::to_string(found.steps_per_size) +
+                      " training steps at it fit in memory, in the entry's own configuration (its optimizer as given, "
+                      "fp32), at most the global batch and dividing it; the accumulation makes up the global batch"},
+          {"micro_batch", found.micro_batch},
+          {"accumulation", own.accumulation()},
+          {"search", {{"tried", found.tried}, {"steps_per_size", found.steps_per_size}, {"seconds", found.seconds}}}};
+}
+
+// The race's verdict in the output: the choice and the workload's own configuration (or --versus's) as
+// the race measured them, the finalists still in as runners-up, and the speedup only where the paired
+// rounds hold it.
+void take_race(TuneOutput& out, const RaceReport& race, double noise_margin) {
+  out.race = race;
+  const std::string against = baseline_name(out);
+  const std::string own_key = out.baseline->candidate.key();
+  auto from_separate_trials = [&](const std::string& why) {
+    if (out.baseline->result.ok() && out.baseline->result.samples_per_s > 0)
+      out.speedup = speedup_from_separate_trials(out.report.best.result.samples_per_s / out.baseline->result.samples_per_s,
+                                                 why);
+  };
+  if (race.choice < 0) {
+    if (out.report.best.candidate == out.baseline->candidate) out.speedup = speedup_of_own_choice(against);
+    else from_separate_trials("the race measured no round: " + race.ended);
+    return;
+  }
+  const auto chosen = static_cast<std::size_t>(race.choice);
+  out.report.best = Ranked{race.finalists[chosen].candidate, race.finalists[chosen].measured(kLevel)};
+  out.report.runners_up.clear();
+  int own = -1;
+  for (std::size_t i = 0; i < race.finalists.size(); ++i) {
+    const Finalist& f = race.finalists[i];
+    if (f.candidate.key() == own_key) own = static_cast<int>(i);
+    else if (i != chosen && !f.dropped_after) out.report.runners_up.push_back(Ranked{f.candidate, f.measured(kLevel)});
+  }
+  std::sort(out.report.runners_up.begin(), out.report.runners_up.end(),
+            [](const Ranked& a, const Ranked& b) { return a.result.samples_per_s > b.result.samples_per_s; });
+  out.confirmed = true;
+  if (own == race.choice) {
+    out.baseline->result = out.report.best.result;
+    out.speedup = speedup_of_own_choice(against);
+  } else if (own >= 0 && !race.finalists[static_cast<std::size_t>(own)].slices.empty()) {
+    out.baseline->result = race.finalists[static_cast<std::size_t>(own)].measured(kLevel);
+    out.speedup = speedup_from_rounds(race.compare(chosen, static_cast<std::size_t>(own), kLevel), noise_margin, against);
+  } else {
+    from_separate_trials(against + " did not run in the race");
+  }
+}
+
+// Says which finalists race and why each is there.
+void announce_finalists(const std::vector<RaceEntrant>& entrants, bool own_chosen, bool own_ran, const std::string& against,
+                        const AutotuneOptions& options) {
+  auto count = [&](const std::string& why) {
+    return std::count_if(entrants.begin(), entrants.end(), [&](const RaceEntrant& e) { return e.why == why; });
+  };
+  std::string values, neighbours;
+  for (const auto& e : entrants) {
+    if (e.why.rfind("best ", 0) == 0) values += (values.empty() ? "" : ", ") + e.why.substr(5);
+    if (e.why.rfind("micro-batch ", 0) == 0)
+      neighbours += (neighbours.empty() ? "" : " and ") + std::to_string(e.candidate.micro_batch);
+  }
+  std::cerr << "autotune: racing the finalists interleaved: the search's choice" << (own_chosen ? " (" + against + ")" : "")
+            << ", " << count("tie") << " within noise of it, " << count("next fastest") << " next fastest"
+            << (values.empty() ? "" : ", the fastest with " + values)
+            << (neighbours.empty() ? "" : ", its switches at micro-batch " + neighbours)
+            << (own_ran && !own_chosen ? ", " + against : "") << "; up to " << options.race_rounds << " rounds of "
+            << slice_seconds_for(options.trial_seconds) << " s slices" << std::endl;
+}
+
+// What an exhausted budget or a Ctrl-C leaves: the best of the trials so far, this run's and the
+// workload's own configuration's when --resume took it from the journal rather than running it again.
+// The largest relative spread between trials of one configuration (at least the noise margin), or
+// kDefaultTrialDrift where none was measured twice: how far trials run apart can differ for nothing.
+double drift_between_trials(const std::vector<Ranked>& trials, double noise) {
+  std::map<std::string, std::pair<double, double>> range;  // key -> (slowest, fastest)
+  std::map<std::string, int> count;
+  for (const auto& t : trials) {
+    if (!t.result.ok() || t.result.samples_per_s <= 0) continue;
+    auto [it, fresh] = range.try_emplace(t.candidate.key(), t.result.samples_per_s, t.result.samples_per_s);
+    if (!fresh)
+      it->second = {std::min(it->second.first, t.result.samples_per_s), std::max(it->second.second, t.result.samples_per_s)};
+    ++count[t.candidate.key()];
+  }
+  double drift = 0;
+  bool measured = false;
+  for (const auto& [key, r] : range)
+    if (count[key] >= 2) drift = std::max(drift, r.second / r.first - 1), measured = true;
+  return measured ? std::max(drift, noise) : kDefaultTrialDrift;
+}
+
+// Without a race verdict (no race, or fewer rounds than a verdict needs) the search's trials ran apart, and
+// compare the machine's drift as much as the configurations: its choice replaces the workload's own (or
+// --versus's) only when it is ahead of it by more than the drift seen between trials; else that configuration
+// is kept. Either way the output says which.
+void keep_own_without_verdict(Tune& tune) {
+  TuneOutput& out = tune.out;
+  if (!out.report.found || !out.baseline || !out.baseline->result.ok() || out.interrupted) return;
+  if (out.race && out.race->rounds >= PairedRounds::kMinRoundsForVerdict) return;
+  if (out.report.best.candidate == out.baseline->candidate) return;
+  const Ranked& own = *out.baseline;
+  const double memory_limit = static_cast<double>(tune.plan.runner.executor->memory_capacity()) * (1 - out.report.headroom);
+  if (static_cast<double>(own.result.peak_bytes) > memory_limit) return;  // it may not be chosen: no headroom
+  const double drift = drift_between_trials(tune.seen, tune.search_options.noise_margin);
+  const double ratio = out.report.best.result.samples_per_s / own.result.samples_per_s;
+  const std::string verdict = out.race ? "after " + std::to_string(out.race->rounds) + " race round" +
+                                             (out.race->rounds == 1 ? "" : "s") + " (a verdict needs " +
+                                             std::to_string(PairedRounds::kMinRoundsForVerdict) + ")"
+                                       : "without a race";
+  std::ostringstream note;
+  note << std::fixed << std::setprecision(2);
+  if (ratio > 1 + drift) {
+    note << verdict << ", the search's choice is ahead of " << baseline_name(out) << " by " << ratio
+         << "x in trials run apart, more than the drift seen between trials (" << 100 * drift << "%): chosen, not claimed";
+    out.choice_note = note.str();
+    return;
+  }
+  note << verdict << ", " << baseline_name(out) << " is kept: the search's best, " << out.report.best.candidate.key()
+       << ", was " << ratio << "x of it in trials run apart, within the drift seen between trials (" << 100 * drift << "%)";
+  out.choice_note = note.str();
+  out.report.runners_up.insert(out.report.runners_up.begin(), out.report.best);
+  out.report.best = own;
+  out.speedup = speedup_of_own_choice(baseline_name(out));
+}
+
+void settle_on_best_so_far(Tune& tune) {
+  std::vector<Ranked> all = tune.seen;
+  if (tune.resumed_own_trial) all.insert(all.begin(), *tune.resumed_own_trial);
+  tune.out.report = best_so_far(all, tune.search_options.noise_margin);
+  // The search's own trials: this run's, less the workload's own configuration's when it ran now.
+  const bool own_ran_now = !tune.resumed_own_trial && !tune.seen.empty() && tune.seen.front().candidate == tune.plan.own;
+  tune.out.report.trials_run = static_cast<int64_t>(tune.seen.size()) - (own_ran_now ? 1 : 0);
+  tune.out.report.seconds = tune.clock.elapsed();
+}
+
+}  // namespace
+
+Tune::Tune(const AutotuneOptions& options_in, TunePlan& plan_in, const BudgetClock& clock_in)
+    : options(options_in), plan(plan_in), clock(clock_in) {
+  plan_seconds = clock.elapsed();
+  const Machine& machine = plan.machine;
+  search_options.strategy = options.strategy == "grid" ? SearchOptions::Strategy::grid : SearchOptions::Strategy::auto_;
+  search_options.budget_seconds = options.budget;
+  search_options.measure.max_seconds = options.trial_seconds;
+  // Refused before anything runs: a budget too small for one trial.
+  shortest = plan.entry ? entry_shortest_trial(*plan.entry, plan.own, search_options.measure.min_steps)
+                        : shortest_trial(apply(plan.workload, plan.own), search_options.measure.min_steps, machine.use_cuda,
+                                         machine.device);
+  refuse_budget_below_one_trial(plan.workload, plan.entry ? Candidate{} : plan.own, shortest, search_options.measure,
+                                options.budget, clock.elapsed());
+  // --predict: the all-reduce probe after the search, and where the ranks are at hand one real N-rank
+  // trial of the prediction, come out of the same budget.
+  trial_deadline_ = options.budget - output_reserve(options.budget) - predict_reserve(options, plan, shortest) -
+                    profile_reserve(options, plan, shortest);
+  search_options.seconds_left = [this] { return seconds_left() - race_reserve(); };
+  search_options.min_trial_seconds = shortest.seconds;
+  open_journal();
+  search_options.on_trial = [this](const Candidate& c, const TrialResult& r) { note_trial(c, r); };
+  announce();
+  out.global_batches = plan.batches;
+  out.pinned_micro_batch = options.micro_batch;
+  out.workload_global_batch = plan.workload.batch.global;
+  out.device = machine.description;
+  out.executor = plan.runner.description;
+  out.workload_name = plan.workload.name;
+  out.workload_path = plan.workload.path;
+  out.workload_digest = plan.workload_digest;
+  out.workload_source = plan.workload.source;
+  out.strategy = options.strategy;
+  out.budget_seconds = options.budget;
+  out.grad_clip = plan.workload.optimizer.grad_clip;
+  out.noise_margin = search_options.noise_margin;
+  out.ranks = options.predict ? 1 : options.ranks;
+}
+
+void Tune::open_journal() {
+  const std::string key = digest(plan.workload_digest + plan.machine.backend + plan.machine.name + plan.runner.journal_tag);
+  journal_path = options.journal_path.empty()
+                     ? default_journal_path(options.out_path, plan.workload.name,
+                                            plan.machine.backend + (plan.runner.torch ? ".torch" : ""), key)
+                     : options.journal_path;
+  journal_ = std::make_unique<Journal>(journal_path, key, options.resume);
+  if (const std::string notice = take_blas_kernel_notice(); !notice.empty()) std::cerr << notice << std::endl;
+  std::cerr << "autotune: journal " << journal_path << std::endl;
+  if (journal_->torn_bytes() > 0)
+    std::cerr << "autotune: the journal's last line was cut short (" << journal_->torn_bytes()
+              << " bytes: a crash mid-write, no whole trial); cut off before this tune's first trial" << std::endl;
+  if (options.resume) {
+    search_options.known = journal_->load();
+    for (const auto& kv : search_options.known) resumed += kv.second.size();
+    std::cerr << "autotune: resuming with " << resumed << " trials from " << journal_path << std::endl;
+  } else if (journal_->dropped_lines() > 0) {
+    std::cerr << "autotune: a fresh tune starts a fresh journal: the " << journal_->dropped_lines()
+              << " trials of the last tune in it were dropped (--resume goes on from them instead)" << std::endl;
+  }
+}
+
+void Tune::announce() const {
+  const TrialRunner& runner = plan.runner;
+  std::cerr << "autotune: " << plan.workload.name << " ("
+            << static_cast<double>(plan.entry ? plan.entry->parameters : plan.workload.parameter_count()) / 1e6
+            << "M parameters) on " << plan.machine.name << ", " << search_options.budget_seconds << " s budget, "
+            << options.strategy << " search";
+  if (plan.entry)
+    std::cerr << ", your model in trainbench's PyTorch loop (torch " << plan.entry->torch.torch_version << ", "
+              << plan.entry->torch.python << ")";
+  else if (runner.torch)
+    std::cerr << ", measured in the PyTorch twin of the step (torch " << runner.description["torch"].get<std::string>()
+              << ", " << runner.description["interpreter"].get<std::string>() << ")";
+  std::cerr << std::endl;
+  std::cerr << "autotune: " << searched_batches_text(plan.batches, described_ranks) << std::endl;
+}
+
+MeasurePolicy Tune::within_budget(MeasurePolicy policy) const {
+  const double left = seconds_left();
+  if (left < shortest.seconds) throw OutOfBudget("no time left in the budget for another trial");
+  policy.max_seconds = std::min(policy.max_seconds, left);
+  policy.wall_seconds = left;
+  return policy;
+}
+
+// Kept from the search for the race: about kMinRoundsToDrop rounds of every finalist at the slice
+// time the trials so far suggest (their median set-up plus a slice: a busy machine makes both
+// longer), at most `race_share` (set once the workload's own trial ran), and nothing while that
+// share cannot buy one round of the choice against the workload's own configuration.
+double Tune::race_reserve() const {
+  if (race_share <= 0 || setups.empty()) return 0.0;
+  // A slice as the trials so far measured their candidates: the set-up (in the PyTorch worker, opening a
+  // candidate; natively, a process), then its measuring, at least a slice and at least the three samples of
+  // whole steps the measuring rule takes, with the race's safety margin. The longest: finalists gather at the
+  // global batch and micro-batch that run fastest, which are often the largest and the slowest to step (the
+  // median of small_gpt's twin's trials, at global batches 4 to 16, kept 49 s for 3 rounds that took 75 s).
+  // A compiling candidate's set-up is its compilation, which its slices do not pay again.
+  double slowest = 0;
+  for (const auto& t : seen)
+    if (t.result.ok() && t.result.samples_per_s > 0) {
+      const auto compiles = t.candidate.switches.find("compile");
+      const bool compiled = compiles != t.candidate.switches.end() && compiles->second == "on";
+      const double step = static_cast<double>(t.candidate.global_batch) / t.result.samples_per_s;
+      slowest = std::max(slowest, (compiled ? 0.0 : t.result.setup_seconds) +
+                                      std::max(slice_seconds_for(options.trial_seconds), 3 * std::max(step, 0.02)));
+    }
+  if (slowest <= 0) return 0.0;
+  const double slice = 1.1 * std::max(shortest.seconds, slowest);
+  const double rounds = std::min(options.race_rounds, kMinRoundsToDrop);
+  return race_share < 2 * slice ? 0.0 : std::min(race_share, rounds * kExpectedFinalists * slice);
+}
+
+void Tune::note_trial(const Candidate& c, const TrialResult& r) {
+  if (stop_requested) throw Interrupted{};
+  journal_->append(c, r);
+  seen.push_back(Ranked{c, r});
+  if (r.ok()) setups.push_back(r.setup_seconds);
+  std::cerr << "autotune: [trial " << seen.size() << ", " << human_seconds(clock.elapsed()) << " of "
+            << human_seconds(options.budget) << " budget] " << describe(c) << " -> " << result_text(r) << std::endl;
+}
+
+// The search chooses among the candidates it ran, and one cut short by the budget need not have run
+// the workload's own configuration (or --versus's), measured before it: a tune never recommends a
+// configuration slower than one it measured and may choose. When that trial kept the search's memory
+// headroom and ran faster than the search's choice beyond noise, it becomes the choice; the search's
+// choice and ties stay runners-up where within noise of it. A search that ran it weighed it already.
+bool own_outran_the_search(Tune& tune) {
+  SearchReport& rep = tune.out.report;
+  const Ranked& own = *tune.out.baseline;
+  const double noise = tune.search_options.noise_margin;
+  const double memory_limit = static_cast<double>(tune.plan.runner.executor->memory_capacity()) * (1 - rep.headroom);
+  if (!rep.found || !own.result.ok() || static_cast<double>(own.result.peak_bytes) > memory_limit ||
+      own.result.samples_per_s <= (1 + noise) * rep.best.result.samples_per_s ||
+      std::any_of(rep.trials.begin(), rep.trials.end(), [&](const Ranked& t) { return t.candidate == own.candidate; }))
+    return false;
+  std::vector<Ranked> ties;
+  rep.runners_up.insert(rep.runners_up.begin(), rep.best);
+  for (const auto& r : rep.runners_up)
+    if (r.result.samples_per_s >= (1 - noise) * own.result.samples_per_s) ties.push_back(r);
+  std::sort(ties.begin(), ties.end(),
+            [](const Ranked& a, const Ranked& b) { return a.result.samples_per_s > b.result.samples_per_s; });
+  std::cerr << "autotune: the search found nothing faster than " << baseline_name(tune.out)
+            << " within its budget: its best, " << describe(rep.best.candidate) << " -> " << result_text(rep.best.result)
+            << ", against " << describe(own.candidate) << " -> " << result_text(own.result) << "; choosing "
+            << baseline_name(tune.out) << std::endl;
+  rep.best = own;
+  rep.runners_up = std::move(ties);
+  return true;
+}
+
+void search_step(Tune& tune) {
+  Executor& executor = *tune.plan.runner.executor;
+  if (!tune.options.versus.empty())
+    tune.out.versus = versus_largest_batch(*tune.plan.runner.entry, tune.plan.own, executor.memory_capacity(),
+                                           tune.seconds_left());
+  tune.search_started = tune.clock.elapsed();
+  const Candidate& own = tune.plan.own;  // --versus: its micro-batch is the largest that fits
+  // The workload's own configuration (or --versus's) first: what the speedup is measured against.
+  auto& own_known = tune.search_options.known[own.key()];
+  const bool resumed_own = !own_known.empty();
+  const TrialResult own_result = resumed_own ? own_known.front()
+                                             : executor.run(own, tune.within_budget(tune.search_options.measure));
+  if (!resumed_own) {
+    tune.search_options.on_trial(own, own_result);
+    own_known.push_back(own_result);  // the search takes it as the first measurement of `own`
+  }
+  tune.out.baseline = Ranked{own, own_result};
+  if (resumed_own) tune.resumed_own_trial = Ranked{own, own_result};
+  if (resumed_own && own_result.ok()) tune.setups.push_back(own_result.setup_seconds);
+  if (tune.options.race_rounds >= 2 && own_result.ok()) tune.race_share = kRaceShare * tune.seconds_left();
+  tune.out.report = search(executor, tune.plan.space, tune.search_options);
+  tune.search_ended = tune.clock.elapsed();
+  tune.race_share = 0;
+  if (own_outran_the_search(tune)) tune.out.speedup = speedup_of_own_choice(baseline_name(tune.out));
+  // A trial of the workload's own configuration can take most of a short budget (sem_v55 at its
+  // batch of 4096: 73 s on an H100, 31 s of it set-up) and leave the search no time for one of its
+  // own: that measured configuration is then the answer, and nothing is raced against it.
+  tune.only_own = !tune.out.report.found && own_result.ok();
+  if (tune.only_own) {
+    settle_on_best_so_far(tune);
+    tune.out.report.budget_exhausted = true;
+    tune.out.speedup = speedup_of_own_choice(baseline_name(tune.out));
+    std::cerr << "autotune: the search ran no trial of its own within the budget (" << human_seconds(tune.options.budget)
+              << "; the workload's own configuration took " << human_seconds(own_result.seconds)
+              << "): reporting that configuration, measured; give a larger --budget to search" << std::endl;
+  }
+}
+
+// Trials run one after another compare the machine's drift as much as the candidates: the finalists
+// and the workload's own configuration are measured again, interleaved, and the losers dropped. The
+// race's slices are not journaled, as they repeat finished trials: a resumed tune replays the search
+// from the journal and races afresh.
+void race_step(Tune& tune) {
+  TuneOutput& out = tune.out;
+  if (!out.report.found || stop_requested || tune.only_own) return;
+  Executor& executor = *tune.plan.runner.executor;
+  const TrialResult own_result = out.baseline->result;
+  const double memory_limit = static_cast<double>(executor.memory_capacity()) * (1 - out.report.headroom);
+  const std::vector<RaceEntrant> entrants = finalists(out.report, *out.baseline, memory_limit,
+                                                      tune.plan.space.memory_switches);
+  const bool own_chosen = out.report.best.candidate == tune.plan.own;
+  const AutotuneOptions& options = tune.options;
+  if (entrants.size() < 2) {
+    std::cerr << "autotune: one configuration ran within the memory headroom: nothing to race it against" << std::endl;
+    if (own_chosen) out.speedup = speedup_of_own_choice(baseline_name(out));
+  } else if (options.race_rounds < 1) {
+    if (own_chosen) out.speedup = speedup_of_own_choice(baseline_name(out));
+    else if (own_result.ok())
+      out.speedup = speedup_from_separate_trials(out.report.best.result.samples_per_s / own_result.samples_per_s,
+                                                 "--race-rounds 0");
+  } else {
+    announce_finalists(entrants, own_chosen, own_result.ok(), baseline_name(out), options);
+    const RaceReport raced = race(executor, entrants,
+                                  race_options(
+                                      tune.search_options, options.race_rounds, options.trial_seconds,
+                                      [&] { return tune.seconds_left(); }, tune.shortest.seconds,
+                                      [&] { return tune.clock.elapsed(); }, options.budget));
+    if (raced.rounds == 0) std::cerr << "autotune: the race measured no round: " << raced.ended << std::endl;
+    else
+      std::cerr << "autotune: the race ended after " << raced.rounds << " round" << (raced.rounds == 1 ? "" : "s") << ": "
+                << raced.ended << std::endl;
+    take_race(out, raced, tune.search_options.noise_margin);
+    if (!raced.choice_why.empty()) out.choice_note = raced.choice_why;
+  }
+  keep_own_without_verdict(tune);
+  if (!out.choice_note.empty()) std::cerr << "autotune: " << out.choice_note << std::endl;
+  if (out.speedup) std::cerr << "autotune: " << out.speedup->note << std::endl;
+}
+
+// Where the budget went, and the PyTorch worker's starts: in the output and on stderr.
+void account_budget(Tune& tune) {
+  TuneOutput& out = tune.out;
+  const double now = tune.clock.elapsed();
+  const WorkerStats* worker = tune.plan.runner.worker;
+  const double search_end = tune.search_ended > 0 ? tune.search_ended : now;
+  const double race_end = tune.race_ended > 0 ? tune.race_ended : now;
+  // The worker starts in the plan; a restart within the trial or slice that lost it.
+  const double search = std::max(search_end - tune.search_started, 0.0);
+  const double race = tune.search_ended > 0 ? std::max(race_end - tune.search_ended, 0.0) : 0.0;
+  const double set_up = tune.plan_seconds;
+  std::vector<double> after_first(tune.setups.size() > 1 ? tune.setups.begin() + 1 : tune.setups.end(), tune.setups.end());
+  out.budget_spent = {{"set_up_seconds", set_up},
+                      {"versus_seconds",
+                       tune.search_started > tune.plan_seconds ? tune.search_started - tune.plan_seconds : 0.0},
+                      {"search_seconds", search},
+                      {"race_seconds", race},
+                      {"profile_seconds", tune.profile_seconds},
+                      {"total_seconds", now},
+                      {"set_up_per_candidate_seconds",
+                       after_first.empty() ? nlohmann::json(nullptr) : nlohmann::json(median_of(after_first))},
+                      {"note",
+                       "set_up: the plan (the PyTorch worker's start; the entry's probe in it); "
+                       "versus: --versus's largest-batch search; search: the workload's own trial and the search's; "
+                       "race: the finalists' rounds; profile: the chosen step's communication profile (an entry on "
+                       "ranks); set_up_per_candidate: the median set-up of the trials after the "
+                       "first (opening a candidate: building, checking and warming it up)"}};
+  std::cerr << std::fixed << std::setprecision(1) << "autotune: the budget: " << set_up << " s set-up, " << search
+            << " s search (" << tune.seen.size() << " trials), " << race << " s race (" << (out.race ? out.race->rounds : 0)
+            << " rounds), ";
+  if (tune.profile_seconds > 0) std::cerr << tune.profile_seconds << " s profile, ";
+  std::cerr << now << " s of " << tune.options.budget << " s" << std::defaultfloat << std::endl;
+  if (worker) {
+    out.executor["worker"] = worker->to_json();
+    std::cerr << "autotune: the PyTorch worker started " << worker->starts << " time" << (worker->starts == 1 ? "" : "s");
+    if (worker->restarts > 0) {
+      std::cerr << " (" << worker->restarts << " restart" << (worker->restarts == 1 ? "" : "s") << ":";
+      for (const auto& why : worker->reasons) std::cerr << " [" << why << "]";
+      std::cerr << ")";
+    }
+    std::cerr << std::endl;
+  }
+}
+
+// An entry on ranks: the chosen configuration's step profiled on every rank (torch.profiler) for the communication
+// it waits for: the time a collective is in flight while nothing computes, as a share of the step
+// (scripts/trainbench/pytorch/distributed.py, exposed_communication), the rank that waited most speaking for the
+// step. Two steps after the warm-up, in what the budget has left; skipped, and said, without it.
+void profile_communication_step(Tune& tune) {
+  EntryExecutor* entry = tune.plan.runner.entry;
+  TuneOutput& out = tune.out;
+  if (!entry || entry->ranks() <= 1 || !out.report.found || out.interrupted || stop_requested) return;
+  constexpr int64_t kProfiledSteps = 2;
+  const double left = tune.seconds_left() + profile_reserve(tune.options, tune.plan, tune.shortest);
+  if (left < 0.5 * tune.shortest.seconds) {
+    std::cerr << "autotune: no budget left to profile the choice's communication (" << human_seconds(std::max(left, 0.0))
+              << " left, a trial takes " << human_seconds(tune.shortest.seconds) << ")" << std::endl;
+    return;
+  }
+  const nlohmann::json p = entry->profile(out.report.best.candidate, kProfiledSteps, left);
+  if (p.contains("error") || !p.contains("share")) {
+    std::cerr << "autotune: profiling the choice's communication failed: " << p.value("error", p.dump()) << std::endl;
+    return;
+  }
+  const double steps = p.value("steps", double(kProfiledSteps));
+  out.communication = {
+      {"share", p.at("share")},
+      {"step_seconds", p.value("wall_seconds", 0.0) / steps},
+      {"exposed_seconds", p.value("exposed_seconds", 0.0) / steps},
+      {"communication_seconds", p.value("communication_seconds", 0.0) / steps},
+      {"rank_shares", p.value("rank_shares", nlohmann::json::array())},
+      {"steps", p.value("steps", kProfiledSteps)},
+      {"how", "torch.profiler over the steps on every rank: the time a collective was in flight while the rank "
+              "computed nothing, per step; the rank that waited most"}};
+  std::cerr << "autotune: the chosen configuration's step waits " << std::fixed << std::setprecision(1)
+            << 100 * p.at("share").get<double>() << "% of its time for communication ("
+            << 1e3 * out.communication["exposed_seconds"].get<double>() << " ms of "
+            << 1e3 * out.communication["step_seconds"].get<double>() << " ms a step, profiled on " << entry->ranks()
+            << " ranks)" << std::defaultfloat << std::endl;
+}
+
+void search_and_race(Tune& tune) {
+  try {
+    search_step(tune);
+    race_step(tune);
+    tune.race_ended = tune.clock.elapsed();
+    profile_communication_step(tune);
+    tune.profile_seconds = tune.clock.elapsed() - tune.race_ended;
+  } catch (const OutOfBudget& e) {
+    // The workload's own configuration ran into the budget's end: nothing to compare with.
+    settle_on_best_so_far(tune);
+    tune.out.report.budget_exhausted = true;
+    std::cerr << "autotune: " << e.what() << "; the budget (" << human_seconds(tune.options.budget) << ") is spent"
+              << (tune.out.report.found ? ": reporting the best so far" : ": give a larger --budget") << std::endl;
+  } catch (const Interrupted&) {
+    tune.out.interrupted = true;
+    tune.out.race.reset();
+    tune.out.speedup.reset();
+    settle_on_best_so_far(tune);
+    std::cerr << "autotune: interrupted by " << stop_signal_name() << " after " << tune.seen.size()
+              << " trials; the trial in flight was stopped; writing the best so far" << std::endl;
+  }
+  account_budget(tune);
+}
+
+// --predict's all-reduce on the ranks at hand, in the chosen buckets (an entry's trials in one process search no
+// bucket_mb: DDP's default, the workload's): the native step's under the launcher (MPI), an entry's under torchrun
+// (torch.distributed: gloo on the CPU, NCCL on GPUs).
+AllreduceProbe probe_prediction_allreduce(const Tune& tune, const Candidate& best, int64_t at_hand) {
+  const step::Workload& workload = tune.plan.workload;
+  const auto bucket = best.switches.find("bucket_mb");
+  const double bucket_mb = bucket == best.switches.end() ? workload.distributed.bucket_mb : std::stod(bucket->second);
+  if (tune.plan.entry) {
+    const EntryProbe& entry = *tune.plan.entry;
+    std::cerr << "autotune: measuring the gradients' all-reduce (" << static_cast<double>(entry.parameters) / 1e6
+              << "M floats, buckets of " << bucket_mb << " MB) on " << at_hand
+              << " ranks of torch.distributed (torchrun)" << std::endl;
+    return probe_torch_allreduce(entry.torch.python, entry.torch.script, at_hand, entry.parameters, bucket_mb,
+                                 tune.plan.machine.use_cuda, kTorchWorkerStartSeconds, &stop_requested);
+  }
+  std::cerr << "autotune: measuring the gradients' all-reduce (" << workload.parameter_count() / 1e6 << "M floats) on "
+            << at_hand << " ranks" << std::endl;
+  return probe_allreduce(tune.plan.launcher, std::filesystem::read_symlink("/proc/self/exe").string(), at_hand,
+                         workload.parameter_count(), bucket_mb, &stop_requested);
+}
+
+// An entry's check run: its worker on N ranks under torchrun (DDP, the entry validated there again), one trial of
+// the prediction, with no_sync on where it accumulates (the all-reduce once per step, as the model has it). A
+// group that cannot start is a failed trial, not the tune's end: the prediction stands without its check.
+TrialResult run_entry_on_ranks(const Tune& tune, const Candidate& on_ranks, const MeasurePolicy& policy) {
+  const AutotuneOptions& options = tune.options;
+  const Machine& machine = tune.plan.machine;
+  try {
+    EntryExecutor ranks(options.entry, machine.use_cuda, machine.device, on_ranks.global_batch * options.ranks,
+                        &stop_requested, options.memory_limit,
+                        std::max(options.budget - tune.clock.elapsed(), kEntryCheckRunSeconds), options.ranks);
+    return ranks.run(on_ranks, policy);
+  } catch (const std::exception& e) {
+    if (stop_requested) throw;
+    TrialResult failed;
+    failed.cls = TrialClass::error;
+    failed.message = e.what();
+    return failed;
+  }
+}
+
+// --predict where the ranks are at hand: the predicted configuration run on them; its samples/s (0: it failed).
+double measure_prediction(Tune& tune, const Candidate& best) {
+  const AutotuneOptions& options = tune.options;
+  MeasurePolicy policy = tune.search_options.measure;
+  policy.max_seconds = options.trial_seconds;
+  TrialResult r;
+  if (tune.plan.entry) {
+    // The tune's one-process worker ends first, its work done (its starts are in the output already): on a GPU it
+    // would hold memory on the device of rank 0.
+    tune.plan.runner.worker = nullptr;
+    tune.plan.runner.entry = nullptr;
+    tune.plan.runner.executor.reset();
+    Candidate on_ranks = best;
+    on_ranks.switches["no_sync"] = best.accumulation() > 1 ? "on" : "off";
+    r = run_entry_on_ranks(tune, on_ranks, policy);
+  } else {
+    ProcessExecutor measured(std::filesystem::read_symlink("/proc/self/exe").string(), tune.plan.workload.path,
+                             tune.plan.machine.use_cuda, tune.plan.machine.device, &stop_requested, options.ranks,
+                             tune.plan.launcher);
+    r = measured.run(best, policy);
+  }
+  std::cerr << "autotune: the predicted configuration on " << options.ranks << " ranks: " << result_text(r) << std::endl;
+  return r.ok() ? r.samples_per_s : 0.0;
+}
+
+void predict_step(Tune& tune) {
+  const AutotuneOptions& options = tune.options;
+  TuneOutput& out = tune.out;
+  if (!options.predict || !out.report.found || out.interrupted) return;
+  const Candidate& best = out.report.best.candidate;
+  const int64_t ranks = options.ranks;
+  std::cerr << std::defaultfloat << std::setprecision(3);  // account_budget left the stream at one decimal
+  const AllreduceProbe probe = probe_prediction_allreduce(tune, best, std::min(ranks, options.probe_ranks));
+  RanksPrediction p = predict_ranks(ranks, best.global_batch * ranks, out.report.best.result.samples_per_s, probe);
+  p.share_in_one_process = tune.plan.entry.has_value();
+  if (ranks <= options.probe_ranks) p.measured_samples_per_s = measure_prediction(tune, best);
+  std::cerr << std::fixed << std::setprecision(1) << "autotune: predicted for " << ranks << " ranks: " << p.samples_per_s
+            << " samples/s (compute " << std::setprecision(2) << p.step_compute_s * 1e3 << " ms + all-reduce "
+            << p.allreduce_s * 1e3 << " ms per step"
+            << (p.share_in_one_process ? "; the share measured in one process" : "") << ")" << std::setprecision(1);
+  if (p.measured_samples_per_s > 0)
+    std::cerr << ", measured " << p.measured_samples_per_s << " samples/s" << std::endl
+              << "autotune: --predict on " << ranks << " ranks: predicted " << p.samples_per_s << " samples/s, measured "
+              << p.measured_samples_per_s << ", error " << std::showpos << p.error() * 100 << "%" << std::noshowpos;
+  std::cerr << std::defaultfloat << std::setprecision(6) << std::endl;
+  out.prediction = to_json(p);
+  out.prediction["config"] = {{"micro_batch", best.micro_batch}, {"accumulation", best.accumulation()}};
+  if (tune.plan.entry) out.prediction["config"]["no_sync"] = best.accumulation() > 1 ? "on" : "off";
+  out.ranks = ranks;
+}
+
+int output_step(const Tune& tune) {
+  const TuneOutput& out = tune.out;
+  const std::string& out_path = tune.options.out_path;
+  if (out.report.found) std::cerr << "autotune: " << global_batch_note(out) << std::endl;
+  write_output(emit(out, tune.options.format), out_path);
+  if (out.interrupted || stop_requested) {  // a stop during the output: the output is whole, the exit says so
+    std::cerr << "autotune: stopped by " << stop_signal_name() << " after " << human_seconds(tune.clock.elapsed()) << ": "
+              << (out.report.found ? "the best so far (" + describe(out.report.best.candidate) + ")"
+                                   : "no configuration (none ran)")
+              << " written to " << (out_path.empty() ? "stdout" : out_path) << "; the journal " << tune.journal_path
+              << " keeps " << tune.seen.size() + tune.resumed << " finished trials (--resume goes on from them)"
+              << std::endl;
+    return interrupted_exit_code();
+  }
+  std::cerr << "autotune: " << (out.report.found ? "chose " + describe(out.report.best.candidate) : "no configuration ran")
+            << " after " << tune.seen.size() << " trials"
+            << (out.race ? " and " + std::to_string(out.race->rounds) + " race rounds" : "") << " in "
+            << human_seconds(tune.clock.elapsed()) << "; journal " << tune.journal_path
+            << (out_path.empty() ? "" : ", config " + out_path) << std::endl;
+  return out.report.found ? 0 : 1;
+}
+
+}  // namespace tb::tune
