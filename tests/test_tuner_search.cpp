@@ -889,6 +889,65 @@ TEST(TunerSearch, AChoiceMovedByASecondMeasurementHasItsSwitchesTried) {
   EXPECT_LE(ex.ran.size(), 12U) << "every trial is one candidate's first or a close call's second: " << trials;
 }
 
+// A loader's switches: prefetch_factor and persistent_workers mean something only with worker
+// processes, no_sync only with accumulation. The search never runs one of them away from its first
+// value where it means nothing (the same configuration twice), and tries them where they apply: here
+// the workers win, then prefetch 4 wins on top of them, and no_sync is tried at the micro-batch with
+// accumulation.
+class LoaderLandscape : public Executor {
+ public:
+  std::vector<Candidate> ran;
+  TrialResult run(const Candidate& c, const MeasurePolicy&) override {
+    ran.push_back(c);
+    const bool workers = c.switches.at("num_workers") != "0";
+    double v = 1000 + 50 * static_cast<double>(c.micro_batch == 8);
+    if (workers) v *= 1.5;
+    if (workers && c.switches.at("prefetch_factor") == "4") v *= 1.2;
+    if (c.accumulation() > 1 && c.switches.at("no_sync") == "on") v *= 1.1;
+    TrialResult r;
+    r.samples_per_s = v;
+    r.ci_low = v * 0.998;
+    r.ci_high = v * 1.002;
+    r.peak_bytes = kGiB + c.micro_batch * (kGiB / 16);
+    r.steps = 10;
+    r.seconds = 1;
+    return r;
+  }
+  int64_t memory_capacity() const override { return 100 * kGiB; }
+};
+
+TEST(TunerSearch, ASwitchIsTriedOnlyWhereItMeansSomething) {
+  SearchSpace space;
+  space.global_batches = {16};
+  space.micro_batches = {8, 16};
+  space.switches["num_workers"] = {"0", "2"};
+  space.switches["prefetch_factor"] = {"2", "4"};
+  space.switches["persistent_workers"] = {"off", "on"};
+  space.switches["no_sync"] = {"off", "on"};
+  space.applies_when = {{"prefetch_factor", "workers"}, {"persistent_workers", "workers"}, {"no_sync", "accumulation"}};
+  for (auto strategy : {SearchOptions::Strategy::auto_, SearchOptions::Strategy::grid}) {
+    LoaderLandscape ex;
+    const SearchReport r = search(ex, space, unlimited(strategy));
+    ASSERT_TRUE(r.found);
+    std::set<std::string> keys;
+    for (const Candidate& c : ex.ran) {
+      EXPECT_TRUE(keys.insert(c.key()).second) << "run twice: " << c.key();
+      if (c.switches.at("num_workers") == "0") {
+        EXPECT_EQ(c.switches.at("prefetch_factor"), "2") << c.key();
+        EXPECT_EQ(c.switches.at("persistent_workers"), "off") << c.key();
+      }
+      if (c.accumulation() == 1) EXPECT_EQ(c.switches.at("no_sync"), "off") << c.key();
+    }
+    EXPECT_EQ(r.best.candidate.key(), "g=16 mb=8 no_sync=on num_workers=2 persistent_workers=off prefetch_factor=4");
+  }
+  EXPECT_TRUE(switch_applies(space, "no_sync", Candidate{16, 8, {{"no_sync", "on"}}}));
+  EXPECT_FALSE(switch_applies(space, "no_sync", Candidate{16, 16, {{"no_sync", "on"}}}));
+  EXPECT_EQ(canonical(space, Candidate{16, 16, {{"no_sync", "on"}, {"num_workers", "0"}, {"prefetch_factor", "4"}}}).key(),
+            "g=16 mb=16 no_sync=off num_workers=0 prefetch_factor=2");
+  space.applies_when["no_sync"] = "sometimes";
+  EXPECT_THROW(switch_applies(space, "no_sync", Candidate{16, 8, {{"no_sync", "on"}}}), std::invalid_argument);
+}
+
 // ---- the race of the finalists (tuner/race.h) ---------------------------------------------------
 
 TEST(TunerRace, StudentTQuantileMatchesTheTables) {

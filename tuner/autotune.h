@@ -148,7 +148,7 @@ class Tune {
   // Where the budget went (seconds on the clock): the plan (probes; the twin's worker start) ends when the tune
   // starts; the search runs from search_started (after --versus's largest-batch search) to search_ended.
   double plan_seconds = 0, search_started = 0, search_ended = 0, race_ended = 0;
-  double profile_seconds = 0;  // an entry on ranks: the chosen step's communication profile, after the race
+  double profile_seconds = 0;  // an entry: the steps' time split and, on ranks, the communication profile, after the race
 
   double seconds_left() const { return trial_deadline_ - clock.elapsed(); }
   // `policy` cut to what is left of the budget; OutOfBudget when not even the shortest trial fits.

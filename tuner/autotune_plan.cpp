@@ -174,10 +174,12 @@ double predict_reserve(const AutotuneOptions& options, const TunePlan& plan, con
   return seconds;
 }
 
-// An entry on ranks: the profile of the choice's communication after the race (profile_communication_step), about
-// a trial's shortest (its set-up, warm-up and two steps).
+// An entry's step split into its parts after the race, for the choice and its own configuration (time_split_step),
+// and on ranks the profile of the choice's communication (profile_communication_step): each about a trial's shortest
+// (its set-up, warm-up and a few steps).
 double profile_reserve(const AutotuneOptions& options, const TunePlan& plan, const TrialEstimate& shortest) {
-  return plan.entry && options.ranks > 1 && !options.predict ? shortest.seconds : 0.0;
+  if (!plan.entry) return 0.0;
+  return (options.ranks > 1 && !options.predict ? 3 : 2) * shortest.seconds;
 }
 
 // Kept back from the trials: the output, and the exit of a trial stopped at the budget's end.
@@ -363,6 +365,7 @@ TunePlan plan_tune(const AutotuneOptions& options, const BudgetClock& clock) {
   // An entry's cuda_graphs on a CPU is only ever refused: tried when --switches names it, to see why.
   if (plan.entry && !machine.use_cuda && options.switches.empty() && plan.space.switches.count("cuda_graphs"))
     plan.space.switches["cuda_graphs"] = {plan.entry->switches.at("cuda_graphs").front()};
+  if (plan.entry) plan.space.applies_when = plan.entry->applies_when;
   plan.space.global_batches = plan.batches.batches;
   pin_micro_batch(options, plan);
   plan.workload_digest = digest(plan.entry ? entry_digest_text(*plan.entry) : file_text(plan.workload.path));

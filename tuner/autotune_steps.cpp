@@ -611,8 +611,8 @@ void account_budget(Tune& tune) {
                       {"note",
                        "set_up: the plan (the PyTorch worker's start; the entry's probe in it); "
                        "versus: --versus's largest-batch search; search: the workload's own trial and the search's; "
-                       "race: the finalists' rounds; profile: the chosen step's communication profile (an entry on "
-                       "ranks); set_up_per_candidate: the median set-up of the trials after the "
+                       "race: the finalists' rounds; profile: the steps split into their parts (an entry) and the "
+                       "chosen step's communication profile (an entry on ranks); set_up_per_candidate: the median set-up of the trials after the "
                        "first (opening a candidate: building, checking and warming it up)"}};
   std::cerr << std::fixed << std::setprecision(1) << "autotune: the budget: " << set_up << " s set-up, " << search
             << " s search (" << tune.seen.size() << " trials), " << race << " s race (" << (out.race ? out.race->rounds : 0)
@@ -668,11 +668,97 @@ void profile_communication_step(Tune& tune) {
             << " ranks)" << std::defaultfloat << std::endl;
 }
 
+// An entry: where the step's time goes, for the choice and the entry's own configuration, from a few steps timed part
+// by part in the worker (scripts/trainbench/pytorch/data.py PartTimer: waiting for the next micro-batches and
+// their copy to the device, forward and backward, clipping with the optimizer's step and zeroing, the loss read
+// by the host; on ranks the communication a step waits for, from a profiled step), apart from the samples speed is
+// judged on. Each part in ms and % of the profiled step, beside the step the timed samples measured.
+namespace {
+constexpr int64_t kSplitSteps = 3;
+
+nlohmann::json split_json(const Candidate& c, const nlohmann::json& said, double measured_step_seconds) {
+  const double step = said.value("step_seconds", 0.0);
+  nlohmann::json parts = nlohmann::json::object();
+  double sum = 0;
+  for (const char* name : {"data", "forward_backward", "optimizer", "communication", "sync"}) {
+    const double seconds = said.contains("parts") ? said["parts"].value(name, 0.0) : 0.0;
+    sum += seconds;
+    parts[name] = {{"ms", 1e3 * seconds}, {"percent", step > 0 ? 100 * seconds / step : 0.0}};
+  }
+  return {{"config", c.key()},
+          {"step_ms", 1e3 * step},
+          {"parts_sum_ms", 1e3 * sum},
+          {"timed_step_ms", 1e3 * measured_step_seconds},
+          {"steps", said.value("steps", kSplitSteps)},
+          {"parts", parts}};
+}
+
+std::string split_line(const nlohmann::json& s) {
+  static const std::map<std::string, std::string> words{{"data", "waiting for data"},
+                                                        {"forward_backward", "forward+backward"},
+                                                        {"optimizer", "clip+optimizer+zero"},
+                                                        {"communication", "communication"},
+                                                        {"sync", "host sync"}};
+  std::ostringstream line;
+  line << std::fixed << std::setprecision(1) << s["step_ms"].get<double>() << " ms a step: ";
+  bool first = true;
+  for (const char* name : {"data", "forward_backward", "optimizer", "communication", "sync"}) {
+    const auto& p = s["parts"][name];
+    line << (first ? "" : ", ") << words.at(name) << ' ' << p["ms"].get<double>() << " ms (" << std::setprecision(0)
+         << p["percent"].get<double>() << "%)" << std::setprecision(1);
+    first = false;
+  }
+  line << " [" << s["steps"].get<int64_t>() << " steps timed part by part; the timed samples' step: "
+       << s["timed_step_ms"].get<double>() << " ms]";
+  return line.str();
+}
+}  // namespace
+
+void time_split_step(Tune& tune) {
+  EntryExecutor* entry = tune.plan.runner.entry;
+  TuneOutput& out = tune.out;
+  if (!entry || !out.report.found || out.interrupted || stop_requested) return;
+  std::vector<std::pair<std::string, Ranked>> which{{"chosen", out.report.best}};
+  if (out.baseline && out.baseline->result.ok() && !(out.baseline->candidate == out.report.best.candidate))
+    which.emplace_back("own", *out.baseline);
+  nlohmann::json split = nlohmann::json::object();
+  for (const auto& [name, ranked] : which) {
+    const double left = tune.seconds_left() + profile_reserve(tune.options, tune.plan, tune.shortest);
+    if (left < 0.5 * tune.shortest.seconds) {
+      std::cerr << "autotune: no budget left to split the " << name << " configuration's step into its parts"
+                << std::endl;
+      break;
+    }
+    const nlohmann::json said = entry->split(ranked.candidate, kSplitSteps, left);
+    if (said.contains("error") || !said.contains("parts")) {
+      std::cerr << "autotune: splitting the " << name << " configuration's step failed: " << said.value("error", said.dump())
+                << std::endl;
+      continue;
+    }
+    const double timed = ranked.result.samples_per_s > 0
+                             ? static_cast<double>(ranked.candidate.global_batch * out.ranks) / ranked.result.samples_per_s
+                             : 0.0;
+    split[name] = split_json(ranked.candidate, said, timed);
+    if (name == "chosen" && said.contains("dataloader") && ranked.candidate.switches.count("num_workers"))
+      out.dataloader = said["dataloader"];
+    std::cerr << "autotune: where the " << (name == "chosen" ? "chosen" : "entry's own") << " configuration's "
+              << split_line(split[name]) << std::endl;
+  }
+  if (!split.empty()) {
+    split["how"] = "a few steps after the race, each part between two reads of the clock (the device drained at each): "
+                   "data is waiting for the next micro-batches (the iterable's next(), its epochs' starts spread over "
+                   "their steps) and their copy to the device; communication (ranks) is the time a collective was in "
+                   "flight while the rank computed nothing, taken out of forward_backward";
+    out.time_split = split;
+  }
+}
+
 void search_and_race(Tune& tune) {
   try {
     search_step(tune);
     race_step(tune);
     tune.race_ended = tune.clock.elapsed();
+    time_split_step(tune);
     profile_communication_step(tune);
     tune.profile_seconds = tune.clock.elapsed() - tune.race_ended;
   } catch (const OutOfBudget& e) {

@@ -203,6 +203,42 @@ static std::string switch_of(const Candidate& c, const std::string& name, const 
   return it == c.switches.end() ? otherwise : it->second;
 }
 
+static std::string python_bool(bool b);
+
+// The loader's settings of a choice with data switches ({num_workers, prefetch_factor, persistent_workers,
+// pin_memory, cpu_threads}): the worker's own words for them where the time split asked (o.dataloader, the model's
+// threads resolved), else from the switches; null for a choice without them.
+static json dataloader_of(const TuneOutput& o, const Candidate& c) {
+  if (!o.dataloader.is_null()) return json::parse(o.dataloader.dump());
+  if (switch_of(c, "num_workers").empty()) return nullptr;
+  const int64_t workers = std::stoll(switch_of(c, "num_workers"));
+  json d{{"num_workers", workers}};
+  d["prefetch_factor"] = workers ? json(std::stoll(switch_of(c, "prefetch_factor", "2"))) : json(nullptr);
+  d["persistent_workers"] = workers && switch_of(c, "persistent_workers") == "on";
+  if (!switch_of(c, "pin_memory").empty()) d["pin_memory"] = switch_of(c, "pin_memory") == "on";
+  if (!switch_of(c, "cpu_threads").empty()) d["cpu_threads"] = switch_of(c, "cpu_threads");
+  return d;
+}
+
+// The DataLoader's arguments of a choice with data switches, as a script passes them: "" without them.
+static std::string dataloader_arguments(const json& d) {
+  if (d.is_null()) return "";
+  std::string out = "DataLoader(..., num_workers=" + std::to_string(d.value("num_workers", 0));
+  if (d.value("num_workers", 0) > 0)
+    out += ", prefetch_factor=" + std::to_string(d.value("prefetch_factor", 2)) +
+           ", persistent_workers=" + python_bool(d.value("persistent_workers", false));
+  if (d.contains("pin_memory")) out += ", pin_memory=" + python_bool(d.value("pin_memory", false));
+  return out + ")";
+}
+
+// The model's intra-op threads the choice ran with beside its loader's workers, where they are a number ("" else).
+static std::string cpu_threads_note(const json& d) {
+  if (d.is_null() || !d.contains("cpu_threads") || !d["cpu_threads"].is_number_integer()) return "";
+  return "cpu_threads=" + std::to_string(d["cpu_threads"].get<int64_t>()) + ": torch.set_num_threads(" +
+         std::to_string(d["cpu_threads"].get<int64_t>()) + ") in the training process (its loader's " +
+         std::to_string(d.value("num_workers", 0)) + " worker processes have the other cores)";
+}
+
 // The data parallelism on ranks: "" in one process, else ddp, fsdp or fsdp_no_reshard (a candidate without the
 // switch is DDP).
 static std::string parallel_of(const TuneOutput& o, const Candidate& c) {
@@ -239,7 +275,8 @@ static void add_loop_notes(const Candidate& c, std::vector<std::string>& notes) 
 
 // Switches that a script sets, for the frameworks whose configuration has no key for them (Lightning, Accelerate);
 // `held`: those the configuration does hold (compile, activation_checkpointing).
-static void add_script_notes(const Candidate& c, const std::set<std::string>& held, std::vector<std::string>& notes) {
+static void add_script_notes(const TuneOutput& o, const Candidate& c, const std::set<std::string>& held,
+                             std::vector<std::string>& notes) {
   static const std::map<std::string, std::string> optimizers{
       {"per_tensor", "foreach=False"}, {"foreach", "foreach=True"}, {"fused", "fused=True"}};
   const std::string optimizer = switch_of(c, "optimizer");
@@ -251,7 +288,15 @@ static void add_script_notes(const Candidate& c, const std::set<std::string>& he
   if (!held.count("activation_checkpointing") && switch_of(c, "activation_checkpointing") == "on")
     notes.push_back("activation_checkpointing=on: checkpoint the model's blocks (torch.utils.checkpoint.checkpoint, or "
                     "model.gradient_checkpointing_enable() for a transformers model)");
-  if (switch_of(c, "pin_memory") == "on") notes.push_back("pin_memory=on: DataLoader(..., pin_memory=True)");
+  const json loader = dataloader_of(o, c);
+  if (!loader.is_null()) {
+    notes.push_back("the loader: " + dataloader_arguments(loader) +
+                    " where the training DataLoader is built (a LightningDataModule's or LightningModule's "
+                    "train_dataloader(), or the script's): the DataLoader's arguments are not Trainer settings");
+    if (!cpu_threads_note(loader).empty()) notes.push_back(cpu_threads_note(loader));
+  } else if (switch_of(c, "pin_memory") == "on") {
+    notes.push_back("pin_memory=on: DataLoader(..., pin_memory=True)");
+  }
   add_loop_notes(c, notes);
 }
 
@@ -303,6 +348,14 @@ static FrameworkSettings hf_settings(const TuneOutput& o, const Candidate& c) {
   if (!compile.empty()) hf["torch_compile"] = compile == "on";
   const std::string pin_memory = switch_of(c, "pin_memory");
   if (!pin_memory.empty()) hf["dataloader_pin_memory"] = pin_memory == "on";
+  const json loader = dataloader_of(o, c);
+  if (!loader.is_null()) {  // TrainingArguments refuses a prefetch factor without workers
+    hf["dataloader_num_workers"] = loader.value("num_workers", 0);
+    if (loader.value("num_workers", 0) > 0) hf["dataloader_prefetch_factor"] = loader["prefetch_factor"];
+    hf["dataloader_persistent_workers"] = loader.value("persistent_workers", false);
+    if (loader.contains("pin_memory")) hf["dataloader_pin_memory"] = loader.value("pin_memory", false);
+    if (!cpu_threads_note(loader).empty()) s.not_held.push_back(cpu_threads_note(loader));
+  }
   // Always written: TrainingArguments clips at 1.0 unless told otherwise, and 0 turns clipping off.
   hf["max_grad_norm"] = o.grad_clip;
   if (o.ranks > 1) add_hf_ranks(c, parallel, s);
@@ -346,7 +399,7 @@ static FrameworkSettings lightning_settings(const TuneOutput& o, const Candidate
   }
   if (o.grad_clip > 0) pl["trainer"]["gradient_clip_val"] = o.grad_clip;
   if (switch_of(c, "bf16_matmuls") == "on") pl["trainer"]["precision"] = "bf16-mixed";
-  add_script_notes(c, {}, s.not_held);
+  add_script_notes(o, c, {}, s.not_held);
   return s;
 }
 
@@ -426,7 +479,7 @@ static FrameworkSettings accelerate_settings(const TuneOutput& o, const Candidat
   add_accelerate_script_notes(o, c, parallel, s.not_held);
   std::set<std::string> held{"compile"};  // dynamo_config
   if (sharded(parallel)) held.insert("activation_checkpointing");  // fsdp_activation_checkpointing
-  add_script_notes(c, held, s.not_held);
+  add_script_notes(o, c, held, s.not_held);
   return s;
 }
 
@@ -463,6 +516,9 @@ static void add_choice(json& t, const TuneOutput& o) {
     t["measured"]["confirmed"] = o.confirmed;
     t["measured"]["interleaved_rounds"] = o.confirmed && o.race ? o.race->rounds : 0;
     if (!o.communication.is_null()) t["measured"]["communication"] = json::parse(o.communication.dump());
+    const json loader = dataloader_of(o, rep.best.candidate);
+    if (!loader.is_null()) t["chosen"]["dataloader"] = loader;
+    if (!o.time_split.is_null()) t["time_split"] = json::parse(o.time_split.dump());
     if (!o.choice_note.empty()) t["choice_note"] = o.choice_note;
   } else {
     t["chosen"] = nullptr;

@@ -13,6 +13,9 @@
 // speedup_interval, note}. With --ranks N: chosen also holds ranks and
 // per_rank_batch (its global_batch is every rank's together) and batch_split ("global batch 64 = micro-batch
 // 32 x accumulation 1 x 2 ranks"), the document `ranks`, and with --predict `prediction` (distributed.h).
+// An entry whose batches are a DataLoader: chosen.dataloader {num_workers, prefetch_factor, persistent_workers,
+// pin_memory, cpu_threads} and, after the race, time_split (where the step's time goes, for the choice and the
+// entry's own configuration).
 // For an entry (executor torch-entry): chosen.format_notes {hf, lightning, accelerate}, a line for each part
 // of the choice that format cannot hold and where it goes instead (the hf JSON has no room for comments;
 // the Lightning and Accelerate files repeat theirs as comments); on ranks also chosen.launch, the command
@@ -84,6 +87,13 @@ struct TuneOutput {
   // An entry on ranks: the chosen configuration's step profiled for the communication it waits for
   // ({share, step_seconds, exposed_seconds, communication_seconds, rank_shares, steps, how}), or null.
   nlohmann::json communication;
+  // Where a step's time goes, from steps timed part by part apart from the samples speed is judged on (the
+  // worker's "split"): {chosen: {parts: {data, forward_backward, optimizer, communication, sync} in ms and % of the
+  // step, step_ms, steps, config}, own: ...}, or null.
+  nlohmann::json time_split;
+  // The chosen loader's settings as the worker ran them ({num_workers, prefetch_factor, persistent_workers,
+  // pin_memory, cpu_threads}), or null (then taken from the choice's switches, where it has data switches).
+  nlohmann::json dataloader;
   // The global batches searched (one rank's share with --ranks) and where they came from, and the
   // workload's own global batch.
   GlobalBatchPlan global_batches;

@@ -213,6 +213,7 @@ EntryExecutor::EntryExecutor(const std::string& spec, bool cuda, int device, int
     probe_.micro_batch = j.at("micro_batch").get<int64_t>();
     probe_.step_seconds = j.at("step_seconds").get<double>();
     probe_.switches = j.at("switches").get<std::map<std::string, std::vector<std::string>>>();
+    probe_.applies_when = j.value("applies_when", json::object()).get<std::map<std::string, std::string>>();
   } catch (const std::exception& e) {
     throw UsageError("--entry " + spec + ": the worker's probe is not what autotune expects (" + e.what() + ")");
   }

@@ -30,6 +30,9 @@ struct EntryProbe {
   double step_seconds = 0;   // one step at that micro-batch, as the probe measured it
   double probe_seconds = 0;  // the probe in the worker: building the entry, a forward, backward and step
   std::map<std::string, std::vector<std::string>> switches;  // the entry's own value first
+  // Switches that mean something only where a condition holds (SearchSpace::applies_when): a loader's
+  // prefetch_factor, persistent_workers and cpu_threads with workers; no_sync with accumulation.
+  std::map<std::string, std::string> applies_when;
   TorchProbe torch;
 };
 
@@ -100,6 +103,10 @@ class EntryExecutor final : public Executor {
   // The communication the step of `candidate` waits for, from `steps` profiled steps (WorkerExecutor::profile).
   nlohmann::json profile(const Candidate& candidate, int64_t steps, double timeout_s) {
     return worker_->profile(candidate, steps, timeout_s);
+  }
+  // Where the step of `candidate` spends its time, from `steps` steps with timers (WorkerExecutor::split).
+  nlohmann::json split(const Candidate& candidate, int64_t steps, double timeout_s) {
+    return worker_->split(candidate, steps, timeout_s);
   }
   // `--versus largest-batch`, within `memory_limit_bytes` (a GPU's; on the CPU the worker's limit holds) and
   // `timeout_s`. UsageError for a bad entry; a runtime error naming what happened when it fails otherwise.

@@ -435,13 +435,20 @@ class Planner {
     return out;
   }
 
+  // Switches that mean nothing at a candidate (a loader's prefetch without workers, no_sync without
+  // accumulation) are measured at their first value: the same configuration is never run twice.
   double eval(int64_t g, const std::map<std::string, std::string>& switches, int64_t micro) {
-    return s_.value(s_.get(Candidate{g, micro, switches}, may_stop_early_));
+    return s_.value(s_.get(canonical(space_, Candidate{g, micro, switches}), may_stop_early_));
   }
 
   // The measured value, if any, without running anything.
   const Pooled* measured(int64_t g, const std::map<std::string, std::string>& switches, int64_t micro) const {
-    return s_.find(Candidate{g, micro, switches});
+    return s_.find(canonical(space_, Candidate{g, micro, switches}));
+  }
+
+  bool applies(const std::string& name, const std::map<std::string, std::string>& switches, int64_t g,
+               int64_t micro) const {
+    return switch_applies(space_, name, Candidate{g, micro, switches});
   }
 
   // Golden-section search for the best micro-batch of (g, switches), from what is measured; when
@@ -703,6 +710,7 @@ bool try_switch_values(Planner& p, Position& at) {
         continue;
       auto alt = cur.switches;
       alt[name] = v;
+      if (!p.applies(name, alt, cur.global_batch, cur.micro_batch)) continue;  // the same configuration
       auto fits = [&] {
         const auto list = p.feasible(cur.global_batch, alt);
         return std::binary_search(list.begin(), list.end(), cur.micro_batch);
@@ -811,6 +819,27 @@ void run_auto(Planner& p, Session& s, const SearchSpace& space) {
 }
 
 }  // namespace
+
+bool switch_applies(const SearchSpace& space, const std::string& name, const Candidate& candidate) {
+  const auto rule = space.applies_when.find(name);
+  if (rule == space.applies_when.end()) return true;
+  if (rule->second == "accumulation") return candidate.accumulation() > 1;
+  if (rule->second == "workers") {
+    const auto workers = candidate.switches.find("num_workers");
+    return workers != candidate.switches.end() && workers->second != "0";
+  }
+  throw std::invalid_argument("search: switch '" + name + "' applies when '" + rule->second +
+                              "', which is neither 'workers' nor 'accumulation'");
+}
+
+Candidate canonical(const SearchSpace& space, Candidate candidate) {
+  for (auto& [name, value] : candidate.switches) {
+    const auto values = space.switches.find(name);
+    if (values != space.switches.end() && !values->second.empty() && !switch_applies(space, name, candidate))
+      value = values->second.front();
+  }
+  return candidate;
+}
 
 std::string Candidate::key() const {
   std::ostringstream out;

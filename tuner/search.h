@@ -79,7 +79,17 @@ struct SearchSpace {
   // Switches that change memory per sample (e.g. activation_checkpointing): the memory model is
   // fitted once per value of these.
   std::vector<std::string> memory_switches;
+  // Switches that mean something only where a condition holds, by name: "workers" (a loader's
+  // prefetch_factor, persistent_workers, cpu_threads: where num_workers is not 0) or "accumulation"
+  // (no_sync: where a step has more than one micro-batch). Elsewhere the search keeps them at their
+  // first value and never tries another.
+  std::map<std::string, std::string> applies_when;
 };
+
+// Whether switch `name` means something in `candidate` (SearchSpace::applies_when).
+bool switch_applies(const SearchSpace& space, const std::string& name, const Candidate& candidate);
+// `candidate` with every switch that means nothing in it at its first value (the same configuration).
+Candidate canonical(const SearchSpace& space, Candidate candidate);
 
 struct SearchOptions {
   enum class Strategy { grid, auto_ } strategy = Strategy::auto_;

@@ -422,6 +422,14 @@ void WorkerExecutor::close_measured(const Candidate& candidate, const json& said
 }
 
 json WorkerExecutor::profile(const Candidate& candidate, int64_t steps, double timeout_s) {
+  return opened_request(candidate, {{"op", "profile"}, {"steps", steps}}, timeout_s);
+}
+
+json WorkerExecutor::split(const Candidate& candidate, int64_t steps, double timeout_s) {
+  return opened_request(candidate, {{"op", "split"}, {"steps", steps}}, timeout_s);
+}
+
+json WorkerExecutor::opened_request(const Candidate& candidate, const json& request, double timeout_s) {
   // Opened and closed as a trial's candidate is, each request under the same hang limits; the whole within timeout_s.
   MeasurePolicy policy;
   policy.max_seconds = policy.wall_seconds = timeout_s;
@@ -431,13 +439,13 @@ json WorkerExecutor::profile(const Candidate& candidate, int64_t steps, double t
     if (!process_) start(clock.limit(0));
     open_candidate(candidate, clock, r);
     if (!r.ok()) return {{"error", r.message}};
-    // torch.profiler's first use in the worker has no history to go by: the profile's own limit.
-    json profiled = process_->request({{"op", "profile"}, {"steps", steps}}, clock.limit(0));
+    // A request's first use in the worker (torch.profiler's) has no history to go by: the request's own limit.
+    json answered = process_->request(request, clock.limit(0));
     close_candidate(candidate, false, clock.limit(slowest_open_), "memory held after it");
-    return profiled;
+    return answered;
   } catch (const WorkerLost& e) {
     process_.reset();
-    pending_reason_ = describe_switches(candidate) + ", profiled: " + e.what();
+    pending_reason_ = describe_switches(candidate) + ", " + request.value("op", "") + ": " + e.what();
     return {{"error", e.what()}};
   }
 }

@@ -99,6 +99,10 @@ class WorkerExecutor final : public Executor {
   // ({wall_seconds, communication_seconds, exposed_seconds, share, ...}), or {"error"} when it did not run; the
   // candidate is closed after. Within `timeout_s` in all.
   nlohmann::json profile(const Candidate& candidate, int64_t steps, double timeout_s);
+  // Where `steps` steps of `candidate` spend their time: the worker's "split" answer ({parts: {data,
+  // forward_backward, optimizer, communication, sync} seconds a step, step_seconds, dataloader}), or {"error"}; as
+  // profile.
+  nlohmann::json split(const Candidate& candidate, int64_t steps, double timeout_s);
   // The least time a request may go unanswered before the worker is taken for hung (kHangFloorSeconds).
   void set_hang_floor(double seconds) { hang_floor_ = seconds; }
 
@@ -110,6 +114,8 @@ class WorkerExecutor final : public Executor {
   bool measure_candidate(const Candidate& candidate, const nlohmann::json& said, const MeasurePolicy& policy,
                          TrialClock& clock, TrialResult& r);  // false: a step failed
   void close_measured(const Candidate& candidate, const nlohmann::json& said, TrialClock& clock, TrialResult& r);
+  // `request` to `candidate` opened (as a trial opens it), then closed: the answer, or {"error"}.
+  nlohmann::json opened_request(const Candidate& candidate, const nlohmann::json& request, double timeout_s);
   // Closes the candidate; a worker that still holds memory after it is restarted for the next one, the restart's
   // reason the candidate and `held_after`.
   void close_candidate(const Candidate& candidate, bool failed, double timeout_s, const std::string& held_after);

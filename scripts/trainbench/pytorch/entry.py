@@ -565,21 +565,31 @@ class Loop:
         (loss / self.accumulation).backward()
         return loss.detach()
 
-    def step(self, optimizer, micro_batches) -> None:
+    def step(self, optimizer, micro_batches, timer=None) -> None:
+        """One optimizer step over `micro_batches`. With a `timer` (data.PartTimer, a profiled step), each part's
+        time: the copy to the device (data), forward and backward, clipping with the optimizer's step and zeroing,
+        and the loss read by the host (sync)."""
         import torch
+        mark = timer.mark if timer is not None else (lambda part: None)
         losses = []
         if self.graphs:
             if self.graphed is None:
                 from .memory import looks_like_oom
                 self.graphed = GraphedMicroBatch(self.micro_step, self.params, micro_batches[0], self.device, looks_like_oom)
-            losses = [self.graphed(batch, self.non_blocking) for batch in micro_batches]
-        elif self.no_sync:  # the gradients of all but the last micro-batch stay on this rank
-            for batch in micro_batches[:-1]:
-                with skipping_reduction(self.replicated):
-                    losses.append(self.micro_step(to_device(batch, self.device, self.non_blocking)))
-            losses.append(self.micro_step(to_device(micro_batches[-1], self.device, self.non_blocking)))
+            for batch in micro_batches:  # the graph copies each batch into its inputs as part of the replay
+                losses.append(self.graphed(batch, self.non_blocking))
+                mark("forward_backward")
         else:
-            losses = [self.micro_step(to_device(batch, self.device, self.non_blocking)) for batch in micro_batches]
+            last = len(micro_batches) - 1
+            for i, batch in enumerate(micro_batches):
+                on_device = to_device(batch, self.device, self.non_blocking)
+                mark("data")
+                if self.no_sync and i < last:  # the gradients of all but the last micro-batch stay on this rank
+                    with skipping_reduction(self.replicated):
+                        losses.append(self.micro_step(on_device))
+                else:
+                    losses.append(self.micro_step(on_device))
+                mark("forward_backward")
         if self.entry.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.entry.max_grad_norm)
         optimizer.step()
@@ -590,7 +600,9 @@ class Loop:
         self.steps += 1
         self.step_schedulers(optimizer, sum(leading_size(b) or 0 for b in micro_batches))
         self.step_loss = torch.stack(losses).float().mean()
+        mark("optimizer")
         self.read_loss(self.step_loss)
+        mark("sync")
 
     def step_schedulers(self, optimizer, samples: int) -> None:
         """After each optimizer step, as Lightning does: interval "step" schedulers every `frequency` steps;
@@ -867,15 +879,20 @@ def probe_entry(request: dict) -> dict:
                 "cuda_graphs": ["off", "on"]}  # offered on a CPU too, where a trial says why it is refused
     if calls_sdpa(entry, batch, device):
         switches["sdpa"] = ["default", "math"] + (["flash", "efficient"] if on_gpu else [])
-    if on_gpu and isinstance(entry.batches, torch.utils.data.DataLoader):
-        switches["pin_memory"] = ["on" if entry.batches.pin_memory else "off", "off" if entry.batches.pin_memory else "on"]
+    from .data import NEEDS_WORKERS, data_switches
+    offered = data_switches(entry.batches, on_gpu, int(request.get("ranks", 1)))
+    if not offered and on_gpu and isinstance(entry.batches, torch.utils.data.DataLoader):  # an iterable dataset's
+        offered["pin_memory"] = ["on" if entry.batches.pin_memory else "off", "off" if entry.batches.pin_memory else "on"]
+    switches.update(offered)
+    # When a switch means something: the search keeps it at the entry's own value elsewhere
+    applies_when = {name: "workers" for name in NEEDS_WORKERS if name in switches}
     # one timed step at the probe's micro-batch, for the budget's lower bound
     loop = Loop(entry, device, {"sync": "every_step"}, 1)
     t = time.perf_counter()
     loop.step(opt, [batch])
     step_seconds = time.perf_counter() - t
     return {"entry": spec, "label": entry.label, "parameters": count, "max_grad_norm": entry.max_grad_norm,
-            "micro_batch": micro, "switches": switches, "build_seconds": build_seconds,
+            "micro_batch": micro, "switches": switches, "applies_when": applies_when, "build_seconds": build_seconds,
             "step_seconds": step_seconds, "torch": torch.__version__, "python": sys.version.split()[0]}
 
 

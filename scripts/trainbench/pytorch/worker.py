@@ -20,6 +20,11 @@ worker only builds, checks and runs steps, and reads its clock around them.
             "communication_seconds" (a collective in flight), "exposed_seconds" (of those, nothing computing: the step
             waited), "share" (exposed / wall)} (distributed.profiled_steps); on ranks, the rank that waited most's,
             with "rank_shares".
+  split     {"steps": N}: N steps of the open candidate with a timer between their parts -> {"parts": {"data",
+            "forward_backward", "optimizer", "communication", "sync"} (seconds a step), "step_seconds", "steps",
+            "dataloader" (the candidate's loader settings and model threads)}: where the step's time goes, apart from
+            the samples speed is judged on (data.PartTimer; on ranks, the communication a step waits for is taken
+            from a profiled step and out of forward_backward; the slowest rank's).
   counters  {} -> {"peak_bytes"}: the candidate's own peak memory (the device's allocator on a GPU, reset at open;
             on the CPU the process's peak resident set, reset at open through /proc/self/clear_refs).
   close     {"failed": bool} -> {"restart": bool, "held_bytes"}: the candidate dropped, memory returned; "restart"
@@ -113,12 +118,16 @@ def fingerprint(value: Any) -> str:
 
 
 class Opened:
-    """One open candidate: its step function and what close must drop."""
+    """One open candidate: its step function (`step(timer=None)`) and what close must drop."""
 
-    def __init__(self, step, keep=None, diverged=None):
+    def __init__(self, step, keep=None, diverged=None, stream=None, accumulation=1, dataloader=None, key=""):
         self.step = step
+        self.key = key  # the candidate's (json of its request): what its kept stream is found by
         self.keep = keep  # a compiled candidate's parts, kept for its next opening
         self.diverged = diverged or (lambda: None)  # why its steps cannot be measured (a NaN loss), else None
+        self.stream = stream  # an entry's micro-batches (data.DataStream), kept by the worker between openings
+        self.accumulation = accumulation
+        self.dataloader = dataloader or {}  # the candidate's loader settings and model threads (data.loader_settings)
 
 
 class Worker:
@@ -154,6 +163,10 @@ class Worker:
         self.compiled: Dict[str, Any] = {}     # candidate key -> (entry, loop, initial state), compile=on only
         self.opened: Optional[Opened] = None
         self.before_open = 0   # memory held before the last candidate was opened
+        # candidate key -> its data.DataStream (iterator and loader workers), kept across the race's slices
+        from collections import OrderedDict
+        self.streams: "OrderedDict[str, Any]" = OrderedDict()
+        self.base_threads = torch.get_num_threads()  # what a candidate's cpu_threads=all gives the model
         if self.world:
             from .distributed import join
             join(self.device)
@@ -200,12 +213,48 @@ class Worker:
             self.torch.cuda.synchronize(self.device)
 
     def time_steps(self, calls: int) -> float:
+        """`calls` steps between two reads of the clock, the device drained before and after; with a stream, its
+        next epoch started before the clock where one would end inside it, and the epochs' starts counted."""
+        stream, micro_batches = self.opened.stream, calls * self.opened.accumulation
+        if stream is not None:
+            stream.prepare(micro_batches)
         self.sync()
         started = time.perf_counter()
         for _ in range(calls):
             self.opened.step()
         self.sync()
-        return time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        if stream is not None:
+            stream.stopped()
+            seconds += stream.amortized_seconds(micro_batches)
+        return seconds
+
+    def split_steps(self, steps: int) -> dict:
+        """Where `steps` steps of the open candidate spend their time (data.PartTimer), per step."""
+        from .data import PartTimer
+        opened = self.opened
+        micro_batches = steps * opened.accumulation
+        if opened.stream is not None:
+            opened.stream.prepare(micro_batches)
+        timer = PartTimer(self.device)
+        timer.start()
+        started = timer.last
+        for _ in range(steps):
+            opened.step(timer)
+        wall = time.perf_counter() - started
+        parts = {k: v / steps for k, v in timer.seconds.items()}
+        if opened.stream is not None:
+            opened.stream.stopped()
+            epoch = opened.stream.amortized_seconds(micro_batches) / steps
+            parts["data"] += epoch
+            wall += epoch * steps
+        parts["communication"] = 0.0
+        if self.world:  # the all-reduce a step waits for happens inside backward: taken out of forward_backward
+            from .distributed import profiled_steps
+            profiled = profiled_steps(opened.step, 1, self.on_gpu)
+            waited = min(profiled.get("share", 0.0) * wall / steps, parts["forward_backward"])
+            parts["communication"], parts["forward_backward"] = waited, parts["forward_backward"] - waited
+        return {"parts": parts, "step_seconds": wall / steps, "steps": steps, "dataloader": opened.dataloader}
 
     # ---- open --------------------------------------------------------------------------------------------------
     def open(self, request: dict) -> dict:
@@ -228,19 +277,22 @@ class Worker:
         except BaseException as e:  # noqa: B902 - any failure of the user's code is this candidate's result
             if isinstance(e, KeyboardInterrupt):
                 raise
+            from .data import NoMicroBatch
             from .entry import EntryError
             from .memory import looks_like_oom
             from .entry_graphs import GraphRefused
-            if isinstance(e, EntryError):
+            if isinstance(e, (EntryError, NoMicroBatch)):
                 said.update(disposition="error", reason=str(e))
             elif isinstance(e, GraphRefused):
                 said.update(disposition="error", reason=f"cuda_graphs refused: {e}")
             elif looks_like_oom(e):
                 said.update(disposition="oom", reason=f"out of memory ({_one_line(e)}){self.within()}")
             else:
-                said.update(disposition="error", reason=f"{_one_line(e)}{_where(e)}")
+                from .data import worker_failure
+                said.update(disposition="error", reason=worker_failure(e) or f"{_one_line(e)}{_where(e)}")
         if said["disposition"] != "passed":
             self.close_quietly()
+            self.drop_stream(json.dumps(request.get("candidate", {}), sort_keys=True))
         said["setup_seconds"] = time.perf_counter() - started
         return said
 
@@ -301,12 +353,10 @@ class Worker:
                 said["warning"] = entry.same_on_every_rank
             initial = {k: v.detach().clone() for k, v in entry.model.state_dict().items()} if compiled else None
             loop = None
-        if "pin_memory" in switches and isinstance(entry.batches, torch.utils.data.DataLoader):
-            entry.batches.pin_memory = switches["pin_memory"] == "on"
+        stream, dataloader = self.candidate_stream(key, entry, switches, ranks)
         own = own_variant(entry.make_optimizer(entry.model.parameters()), self.on_gpu)
         variant = switches.get("optimizer", own)
-        stream = cycle(entry.batches)
-        first = [next(stream) for _ in range(accumulation)]
+        first = stream.take(accumulation)
         timing: Dict[str, float] = {}
         replicated = None
         if self.world:  # DDP over the entry's model, its first step against one process on every rank's samples
@@ -332,12 +382,18 @@ class Worker:
             loop = Loop(entry, self.device, switches, accumulation, replicated=replicated)
         opt = with_variant(entry.make_optimizer(entry.model.parameters()), variant)
 
-        def step():
-            loop.step(opt, [next(stream) for _ in range(accumulation)])
+        def step(timer=None):
+            if timer is None:
+                loop.step(opt, stream.take(accumulation))
+            else:  # a profiled step: waiting for the next micro-batches is the data part
+                batches = stream.take(accumulation)
+                timer.mark("data")
+                loop.step(opt, batches, timer)
         # A compiled model is kept for its next opening in one process; on ranks it is wrapped (DDP) or sharded
         # in place (FSDP2) for this opening, so each opening builds its own
         keep = (key, (entry, loop, initial)) if compiled and not self.world else None
-        self.opened = Opened(step, keep=keep, diverged=lambda: loop.diverged)
+        self.opened = Opened(step, keep=keep, diverged=lambda: loop.diverged, stream=stream, accumulation=accumulation,
+                             dataloader=dataloader, key=key)
         # One warm-up step, timed: it sizes the samples (the check's steps warmed PyTorch up already, and a slice's
         # first step is at most slower than the next: its samples are then smaller, not fewer)
         said["step_seconds"] = self.time_steps(1)
@@ -346,6 +402,49 @@ class Worker:
             return
         if compiled and kept is None:  # compiled in its first step: the checked one
             said["compile_seconds"] = max(timing.get("first_step_seconds", 0.0) - said["step_seconds"], 0.0)
+
+    def candidate_stream(self, key: str, entry, switches: Dict[str, str], ranks: int):
+        """The candidate's micro-batches (data.DataStream), kept from its last opening when there was one (its
+        iterator and loader workers are running), else over its batches rebuilt with its data switches; its loader
+        settings; the model's intra-op threads set for it (on the CPU)."""
+        from .data import DataStream, STREAMS_KEPT, is_map_style_loader, loader_settings, rebuilt_loader, refusal
+        from .entry import EntryError
+        torch = self.torch
+        why = refusal(switches, entry.batches)
+        if why:
+            raise EntryError(why)
+        settings = loader_settings(switches, entry.batches, self.base_threads, ranks)
+        if not self.on_gpu:
+            torch.set_num_threads(settings["cpu_threads"])
+        stream = self.streams.pop(key, None)
+        if stream is None:
+            batches = entry.batches
+            # Rebuilt where it has workers too: they then die with this process (data._InWorker), however it ends
+            if is_map_style_loader(batches) and (any(k in switches for k in ("num_workers", "pin_memory"))
+                                                 or batches.num_workers > 0):
+                batches = rebuilt_loader(batches, settings)
+            elif "pin_memory" in switches and isinstance(batches, torch.utils.data.DataLoader):
+                batches.pin_memory = settings["pin_memory"]
+            stream = DataStream(batches, settings["num_workers"], settings["prefetch_factor"] or 0)
+            stream.prepare(0)  # its first epoch (the workers started) and a second, each start timed
+        self.streams[key] = stream
+        while len(self.streams) > STREAMS_KEPT:
+            _, oldest = self.streams.popitem(last=False)
+            oldest.close()
+        return stream, settings
+
+    def drop_stream(self, key: str) -> None:
+        """A failed candidate's stream ends with it (its loader workers too)."""
+        stream = self.streams.pop(key, None)
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception:  # noqa: BLE001 - workers that already died
+                pass
+
+    def close_streams(self) -> None:
+        for key in list(self.streams):
+            self.drop_stream(key)
 
     def reference_key(self, entry, first) -> str:
         """The initial parameters (by per-tensor sums on the device: one small transfer) and the first global
@@ -388,13 +487,15 @@ def entry_request(worker: Worker, op: str, request: dict) -> dict:
     from .entry import EntryError, largest_batch, probe_entry
     if worker.kind != "entry":
         return {"error": f"{op} is for an entry's worker"}
-    asked = dict(request, entry=worker.spec, backend="cuda" if worker.on_gpu else "cpu", device=worker.device.index or 0)
+    asked = dict(request, entry=worker.spec, backend="cuda" if worker.on_gpu else "cpu", device=worker.device.index or 0,
+                 ranks=worker.world["world_size"] if worker.world else 1)
     try:
         if op == "probe":
             probed = probe_entry(asked)
             if worker.world and "switches" in probed:  # DDP's own, offered where there are ranks to replicate over
                 from .distributed import REPLICATED_SWITCHES
                 probed["switches"].update({k: list(v) for k, v in REPLICATED_SWITCHES.items()})
+                probed.setdefault("applies_when", {})["no_sync"] = "accumulation"
             return probed
         # The host memory limit is the worker's already; on a GPU the search holds itself to the limit it is given
         asked["memory_limit_bytes"] = int(request.get("memory_limit_bytes", 0)) if worker.on_gpu else 0
@@ -424,7 +525,7 @@ def serve(worker: Worker, requests: TextIO, answers: TextIO) -> int:
             return worker.close(bool(request.get("failed", False)))
         if op in ("probe", "largest_batch"):
             return entry_request(worker, op, request)
-        if op not in ("time", "counters", "profile"):
+        if op not in ("time", "counters", "profile", "split"):
             return {"error": f"unknown op {op!r}"}
         if worker.opened is None:
             return {"error": "no candidate is open"}
@@ -433,6 +534,8 @@ def serve(worker: Worker, requests: TextIO, answers: TextIO) -> int:
         if op == "profile":  # the communication a step waits for (distributed.profiled_steps)
             from .distributed import profiled_steps
             return profiled_steps(worker.opened.step, max(int(request.get("steps", 2)), 1), worker.on_gpu)
+        if op == "split":  # where a step's time goes (Worker.split_steps)
+            return worker.split_steps(max(int(request.get("steps", 3)), 1))
         calls = request.get("calls")
         if not isinstance(calls, int) or calls < 0:
             return {"error": f"'calls' must be a count, not {calls!r}"}
@@ -446,22 +549,28 @@ def serve(worker: Worker, requests: TextIO, answers: TextIO) -> int:
         except BaseException as e:  # noqa: B902
             if isinstance(e, KeyboardInterrupt):
                 raise
+            from .data import worker_failure
             from .memory import looks_like_oom
             oom = looks_like_oom(e)
+            key = worker.opened.key
             worker.close_quietly()
-            return {"error": f"out of memory ({_one_line(e)}){worker.within()}" if oom else f"{_one_line(e)}{_where(e)}",
-                    "class": "oom" if oom else "error"}
+            worker.drop_stream(key)
+            return {"error": f"out of memory ({_one_line(e)}){worker.within()}" if oom else
+                    worker_failure(e) or f"{_one_line(e)}{_where(e)}", "class": "oom" if oom else "error"}
 
     describe = lambda e: f"{_one_line(e)}{_where(e)}"  # noqa: E731
-    if not worker.world:
-        return converse(requests, answers, handle, describe)
-    if worker.world["rank"] != 0:
-        return follow(handle, describe)
     try:
-        return converse(requests, answers, lambda request: lead(handle, describe, request), describe)
+        if not worker.world:
+            return converse(requests, answers, handle, describe)
+        if worker.world["rank"] != 0:
+            return follow(handle, describe)
+        try:
+            return converse(requests, answers, lambda request: lead(handle, describe, request), describe)
+        finally:
+            hand_out(None)  # the conversation ended: so do the other ranks
+            leave()
     finally:
-        hand_out(None)  # the conversation ended: so do the other ranks
-        leave()
+        worker.close_streams()  # the candidates' loader workers end with the tune
 
 
 # ---- several ranks (torchrun) ------------------------------------------------------------------------------------
@@ -530,6 +639,8 @@ def combined(op: str, answers: List[dict]) -> dict:
             out[field] = max(a[field] for a in answers)
     if op == "time":
         out["rank_seconds"] = [a["seconds"] for a in answers]
+    if op == "split":  # the slowest rank's step speaks for the step
+        out = dict(max(answers, key=lambda a: a.get("step_seconds", 0.0)))
     if op == "profile":  # the rank that waited most speaks for the step; every rank's share beside it
         out = dict(max(answers, key=lambda a: a.get("share", 0.0)))
         out["rank_shares"] = [a.get("share", 0.0) for a in answers]
