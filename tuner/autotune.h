@@ -150,11 +150,19 @@ class Tune {
   double plan_seconds = 0, search_started = 0, search_ended = 0, race_ended = 0;
   double profile_seconds = 0;  // an entry: the steps' time split and, on ranks, the communication profile, after the race
 
-  double seconds_left() const { return trial_deadline_ - clock.elapsed(); }
+  // What the search and the race may spend: the budget less the output's, --predict's and what comes after the
+  // race (after_race_reserve), less what has run.
+  double seconds_left() const { return trial_deadline_ - after_race_reserve() - clock.elapsed(); }
+  // Kept for after the race: an entry's time split and, on ranks, its communication profile (profile_reserve).
+  double after_race_reserve() const;
   // `policy` cut to what is left of the budget; OutOfBudget when not even the shortest trial fits.
   MeasurePolicy within_budget(MeasurePolicy policy) const;
   // The time kept from the search for the race.
   double race_reserve() const;
+  // The shortest a race slice can be: the quickest measured candidate's set-up, warm-up step and fewest measured
+  // steps (the plan's estimate of the shortest trial until one ran; it includes the entry's probe, which a
+  // candidate opened in the running worker does not pay again).
+  double slice_floor() const;
   // A finished trial: journaled, counted, said on stderr (Interrupted after a Ctrl-C).
   void note_trial(const Candidate& c, const TrialResult& r);
 

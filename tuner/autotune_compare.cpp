@@ -201,6 +201,16 @@ static TuneOutput tuned_output(const std::string& path) {
     for (const char* key : {"launcher", "torch"})
       if (executor[key] && executor[key].IsScalar()) out.executor[key] = executor[key].as<std::string>();
     out.workload_name = t["workload"]["name"].as<std::string>();
+    // The loader's settings as the tune ran them (the model's threads a number): the formats write them
+    const YAML::Node loader = t["chosen"]["dataloader"];
+    if (loader && loader.IsMap()) {
+      out.dataloader = nlohmann::json::object();
+      for (const char* key : {"num_workers", "prefetch_factor", "cpu_threads"})
+        if (loader[key] && !loader[key].IsNull()) out.dataloader[key] = loader[key].as<int64_t>();
+        else if (loader[key]) out.dataloader[key] = nullptr;
+      for (const char* key : {"persistent_workers", "pin_memory"})
+        if (loader[key] && !loader[key].IsNull()) out.dataloader[key] = loader[key].as<bool>();
+    }
     if (t["workload"]["grad_clip"]) out.grad_clip = t["workload"]["grad_clip"].as<double>();
     else
       std::cerr << "autotune: " << path << " does not say the gradient clipping (an older autotune wrote it): the "

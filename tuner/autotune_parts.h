@@ -29,8 +29,14 @@ constexpr double kSliceShare = 0.1;
 // start of the search, at most this share of what is left after the workload's own trial (measured: small_gpt's
 // slices of 0.2-0.75 s steps take about 4 s, and 3 rounds of 6 finalists then 75 s of a 120 s budget).
 constexpr double kRaceShare = 0.7;
+// A tune that leaves more than this share of its budget unused says why (budget_spent.unused_why).
+constexpr double kGiveBackShare = 0.10;
 // The search's, the workload's own, a switch value none of those has, the choice's neighbouring micro-batches.
 constexpr double kExpectedFinalists = kMaxSearchFinalists + 4;
+// An entry's time split runs a candidate's steps for about this long (at least 3 of them).
+constexpr double kSplitSeconds = 1.0;
+// A candidate measured at this share of the fastest or more may be a finalist: the race's reserve counts its slice.
+constexpr double kLikelyFinalist = 0.5;
 // Without a race verdict, a search's choice other than the workload's own must beat it by more than the drift
 // between trials; where no candidate was measured twice, this (a shared machine's run-to-run spread, 10-20%).
 constexpr double kDefaultTrialDrift = 0.15;
@@ -69,7 +75,7 @@ std::string file_text(const std::string& path);
 // --predict's share of the budget, kept from the trials: the probe and the check run where the ranks are at hand.
 double predict_reserve(const AutotuneOptions& options, const TunePlan& plan, const TrialEstimate& shortest);
 // An entry on ranks: the budget kept for the profile of the choice's communication after the race.
-double profile_reserve(const AutotuneOptions& options, const TunePlan& plan, const TrialEstimate& shortest);
+double profile_reserve(const AutotuneOptions& options, const TunePlan& plan, double slice);
 // Kept back from the trials: the output, and the exit of a trial stopped at the budget's end.
 double output_reserve(double budget);
 // Refused (UsageError) before anything runs: a budget too small for one trial of `c`.

@@ -175,11 +175,11 @@ double predict_reserve(const AutotuneOptions& options, const TunePlan& plan, con
 }
 
 // An entry's step split into its parts after the race, for the choice and its own configuration (time_split_step),
-// and on ranks the profile of the choice's communication (profile_communication_step): each about a trial's shortest
-// (its set-up, warm-up and a few steps).
-double profile_reserve(const AutotuneOptions& options, const TunePlan& plan, const TrialEstimate& shortest) {
+// and on ranks the profile of the choice's communication (profile_communication_step): each opens a candidate in the
+// running worker and steps it for about a second, `slice` (Tune::slice_floor) plus that second each.
+double profile_reserve(const AutotuneOptions& options, const TunePlan& plan, double slice) {
   if (!plan.entry) return 0.0;
-  return (options.ranks > 1 && !options.predict ? 3 : 2) * shortest.seconds;
+  return (options.ranks > 1 && !options.predict ? 3 : 2) * (slice + kSplitSeconds);
 }
 
 // Kept back from the trials: the output, and the exit of a trial stopped at the budget's end.

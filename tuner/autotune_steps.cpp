@@ -198,6 +198,35 @@ std::vector<RaceEntrant> finalists(const SearchReport& rep, const Ranked& own, d
   return out;
 }
 
+// As many finalists as kMinRoundsToDrop rounds of them fit in `seconds` (each slice as the race expects it: the
+// candidate's set-up and a slice, at least `floor`): the last ones in finalists()' order (neighbouring
+// micro-batches, then the best of each switch value, then the next fastest) left out first, never the choice nor
+// the workload's own configuration. A race of ten finalists that affords two rounds gives no verdict; one of five
+// that affords three does. Said on stderr; the entrants left out.
+std::size_t fit_finalists_to_time(std::vector<RaceEntrant>& entrants, const Candidate& own, double seconds,
+                                  double slice_seconds, double floor) {
+  auto expected = [&](const RaceEntrant& e) {
+    return std::max(floor, e.searched.setup_seconds + slice_seconds) * 1.1 + 0.05;
+  };
+  std::size_t left_out = 0;
+  for (;;) {
+    double round = 0;
+    for (const auto& e : entrants) round += expected(e);
+    if (kMinRoundsToDrop * round <= seconds || entrants.size() <= 2) break;
+    // the last that is neither the choice (first) nor the own configuration (under whichever reason it races)
+    auto victim = entrants.end();
+    for (auto it = entrants.end() - 1; it != entrants.begin(); --it)
+      if (!(it->candidate == own)) {
+        victim = it;
+        break;
+      }
+    if (victim == entrants.end()) break;
+    entrants.erase(victim);
+    ++left_out;
+  }
+  return left_out;
+}
+
 // What the choice is compared with: the workload's own configuration, or --versus's.
 std::string baseline_name(const TuneOutput& out) {
   return out.versus.is_null() ? kWorkloadOwnConfig : "the largest-batch configuration";
@@ -292,8 +321,6 @@ void announce_finalists(const std::vector<RaceEntrant>& entrants, bool own_chose
             << slice_seconds_for(options.trial_seconds) << " s slices" << std::endl;
 }
 
-// What an exhausted budget or a Ctrl-C leaves: the best of the trials so far, this run's and the
-// workload's own configuration's when --resume took it from the journal rather than running it again.
 // The largest relative spread between trials of one configuration (at least the noise margin), or
 // kDefaultTrialDrift where none was measured twice: how far trials run apart can differ for nothing.
 double drift_between_trials(const std::vector<Ranked>& trials, double noise) {
@@ -347,6 +374,8 @@ void keep_own_without_verdict(Tune& tune) {
   out.speedup = speedup_of_own_choice(baseline_name(out));
 }
 
+// What an exhausted budget or a Ctrl-C leaves: the best of the trials so far, this run's and the
+// workload's own configuration's when --resume took it from the journal rather than running it again.
 void settle_on_best_so_far(Tune& tune) {
   std::vector<Ranked> all = tune.seen;
   if (tune.resumed_own_trial) all.insert(all.begin(), *tune.resumed_own_trial);
@@ -374,8 +403,7 @@ Tune::Tune(const AutotuneOptions& options_in, TunePlan& plan_in, const BudgetClo
                                 options.budget, clock.elapsed());
   // --predict: the all-reduce probe after the search, and where the ranks are at hand one real N-rank
   // trial of the prediction, come out of the same budget.
-  trial_deadline_ = options.budget - output_reserve(options.budget) - predict_reserve(options, plan, shortest) -
-                    profile_reserve(options, plan, shortest);
+  trial_deadline_ = options.budget - output_reserve(options.budget) - predict_reserve(options, plan, shortest);
   search_options.seconds_left = [this] { return seconds_left() - race_reserve(); };
   search_options.min_trial_seconds = shortest.seconds;
   open_journal();
@@ -443,31 +471,73 @@ MeasurePolicy Tune::within_budget(MeasurePolicy policy) const {
   return policy;
 }
 
-// Kept from the search for the race: about kMinRoundsToDrop rounds of every finalist at the slice
-// time the trials so far suggest (their median set-up plus a slice: a busy machine makes both
-// longer), at most `race_share` (set once the workload's own trial ran), and nothing while that
-// share cannot buy one round of the choice against the workload's own configuration.
+// Kept from the search for the race: about kMinRoundsToDrop rounds of kExpectedFinalists at the mean slice of
+// the likely finalists (the fastest measured and the workload's own: each one's set-up plus a slice or three
+// steps; a busy machine makes both longer), at most `race_share` (set once the workload's own trial ran), and
+// nothing while that share cannot buy one round of the choice against the workload's own configuration.
+double Tune::after_race_reserve() const { return profile_reserve(options, plan, slice_floor()); }
+
+double Tune::slice_floor() const {
+  double floor = 0;
+  for (const auto& t : seen)
+    if (t.result.ok() && t.result.samples_per_s > 0) {
+      const double step = static_cast<double>(t.candidate.global_batch) / t.result.samples_per_s;
+      const double slice = t.result.setup_seconds + (1 + search_options.measure.min_steps) * step;
+      floor = floor > 0 ? std::min(floor, slice) : slice;
+    }
+  return floor > 0 ? std::min(floor, shortest.seconds) : shortest.seconds;
+}
+
 double Tune::race_reserve() const {
   if (race_share <= 0 || setups.empty()) return 0.0;
   // A slice as the trials so far measured their candidates: the set-up (in the PyTorch worker, opening a
   // candidate; natively, a process), then its measuring, at least a slice and at least the three samples of
-  // whole steps the measuring rule takes, with the race's safety margin. The longest: finalists gather at the
-  // global batch and micro-batch that run fastest, which are often the largest and the slowest to step (the
-  // median of small_gpt's twin's trials, at global batches 4 to 16, kept 49 s for 3 rounds that took 75 s).
-  // A compiling candidate's set-up is its compilation, which its slices do not pay again.
-  double slowest = 0;
+  // whole steps the measuring rule takes, with the race's safety margin. Finalists gather at the global batch
+  // and micro-batch that run fastest, which are often the largest and the slowest to step (a median over all
+  // of small_gpt's twin's trials, at global batches 4 to 16, kept 49 s for 3 rounds that took 75 s): their own
+  // slices count. A compiling candidate's set-up is its compilation, which its slices do not pay again.
+  // A slice of each likely finalist: the fastest distinct candidates measured so far (the race takes the search's
+  // choice, its ties, the next fastest and the fastest of each switch value: the fast end of what ran), and the
+  // workload's own configuration, which every race has. Not the slowest candidate measured: one slow micro-batch
+  // (a 2-rank tune's 1 x 64 at 3.8 s a step) would keep a reserve no finalist needs, and end the search with its
+  // budget a third unused.
+  auto slice_of = [&](const Ranked& t) {
+    const auto compiles = t.candidate.switches.find("compile");
+    const bool compiled = compiles != t.candidate.switches.end() && compiles->second == "on";
+    const double step = static_cast<double>(t.candidate.global_batch) / t.result.samples_per_s;
+    return (compiled ? 0.0 : t.result.setup_seconds) +
+           std::max(slice_seconds_for(options.trial_seconds), 3 * std::max(step, 0.02));
+  };
+  std::vector<const Ranked*> ok;
   for (const auto& t : seen)
-    if (t.result.ok() && t.result.samples_per_s > 0) {
-      const auto compiles = t.candidate.switches.find("compile");
-      const bool compiled = compiles != t.candidate.switches.end() && compiles->second == "on";
-      const double step = static_cast<double>(t.candidate.global_batch) / t.result.samples_per_s;
-      slowest = std::max(slowest, (compiled ? 0.0 : t.result.setup_seconds) +
-                                      std::max(slice_seconds_for(options.trial_seconds), 3 * std::max(step, 0.02)));
-    }
-  if (slowest <= 0) return 0.0;
-  const double slice = 1.1 * std::max(shortest.seconds, slowest);
+    if (t.result.ok() && t.result.samples_per_s > 0) ok.push_back(&t);
+  if (ok.empty()) return 0.0;
+  std::stable_sort(ok.begin(), ok.end(), [](const Ranked* a, const Ranked* b) {
+    return a->result.samples_per_s > b->result.samples_per_s;
+  });
+  std::set<std::string> counted;
+  double round = 0;
+  for (const Ranked* t : ok) {  // the own configuration's slice, wherever it ranks
+    if (!(t->candidate == plan.own)) continue;
+    round += slice_of(*t);
+    counted.insert(t->candidate.key());
+    break;
+  }
+  // Of the others, those within kLikelyFinalist of the fastest: one far behind is no finalist (a 2-rank tune's
+  // 1 x 64 ran at 4% of the fastest, and its slice would have been 13 s against 2 s for the fast ones)
+  const double fastest = ok.front()->result.samples_per_s;
+  for (const Ranked* t : ok) {
+    if (static_cast<double>(counted.size()) >= kExpectedFinalists || t->result.samples_per_s < kLikelyFinalist * fastest)
+      break;
+    if (counted.insert(t->candidate.key()).second) round += slice_of(*t);
+  }
+  const double slice = 1.1 * std::max(slice_floor(), round / static_cast<double>(counted.size()));
   const double rounds = std::min(options.race_rounds, kMinRoundsToDrop);
-  return race_share < 2 * slice ? 0.0 : std::min(race_share, rounds * kExpectedFinalists * slice);
+  // As many finalists as the race would take of what ran (at least the choice and the workload's own, at most
+  // kExpectedFinalists), at their mean slice: a search that ran few candidates is not held back for finalists it
+  // has not found, and its reserve grows as it finds them.
+  const double finalists = std::clamp(static_cast<double>(counted.size()), 2.0, kExpectedFinalists);
+  return race_share < 2 * slice ? 0.0 : std::min(race_share, rounds * finalists * slice);
 }
 
 void Tune::note_trial(const Candidate& c, const TrialResult& r) {
@@ -556,8 +626,16 @@ void race_step(Tune& tune) {
   Executor& executor = *tune.plan.runner.executor;
   const TrialResult own_result = out.baseline->result;
   const double memory_limit = static_cast<double>(executor.memory_capacity()) * (1 - out.report.headroom);
-  const std::vector<RaceEntrant> entrants = finalists(out.report, *out.baseline, memory_limit,
-                                                      tune.plan.space.memory_switches);
+  std::vector<RaceEntrant> entrants = finalists(out.report, *out.baseline, memory_limit,
+                                                tune.plan.space.memory_switches);
+  if (const std::size_t left_out =
+          fit_finalists_to_time(entrants, out.baseline->candidate, tune.seconds_left(),
+                                slice_seconds_for(tune.options.trial_seconds),
+                                tune.slice_floor());
+      left_out > 0)
+    std::cerr << "autotune: " << left_out << " finalist" << (left_out == 1 ? "" : "s")
+              << " left out of the race: " << kMinRoundsToDrop << " rounds of every one would not fit in the "
+              << human_seconds(tune.seconds_left()) << " left" << std::endl;
   const bool own_chosen = out.report.best.candidate == tune.plan.own;
   const AutotuneOptions& options = tune.options;
   if (entrants.size() < 2) {
@@ -573,7 +651,7 @@ void race_step(Tune& tune) {
     const RaceReport raced = race(executor, entrants,
                                   race_options(
                                       tune.search_options, options.race_rounds, options.trial_seconds,
-                                      [&] { return tune.seconds_left(); }, tune.shortest.seconds,
+                                      [&] { return tune.seconds_left(); }, tune.slice_floor(),
                                       [&] { return tune.clock.elapsed(); }, options.budget));
     if (raced.rounds == 0) std::cerr << "autotune: the race measured no round: " << raced.ended << std::endl;
     else
@@ -612,13 +690,31 @@ void account_budget(Tune& tune) {
                        "set_up: the plan (the PyTorch worker's start; the entry's probe in it); "
                        "versus: --versus's largest-batch search; search: the workload's own trial and the search's; "
                        "race: the finalists' rounds; profile: the steps split into their parts (an entry) and the "
-                       "chosen step's communication profile (an entry on ranks); set_up_per_candidate: the median set-up of the trials after the "
+                       "chosen step's communication profile (an entry on ranks); unused (where more than a tenth): why; "
+                       "set_up_per_candidate: the median set-up of the trials after the "
                        "first (opening a candidate: building, checking and warming it up)"}};
   std::cerr << std::fixed << std::setprecision(1) << "autotune: the budget: " << set_up << " s set-up, " << search
             << " s search (" << tune.seen.size() << " trials), " << race << " s race (" << (out.race ? out.race->rounds : 0)
             << " rounds), ";
   if (tune.profile_seconds > 0) std::cerr << tune.profile_seconds << " s profile, ";
   std::cerr << now << " s of " << tune.options.budget << " s" << std::defaultfloat << std::endl;
+  // More than kGiveBackShare of the budget unused: why
+  const double unused = tune.options.budget - now;
+  if (unused > kGiveBackShare * tune.options.budget && !out.interrupted) {
+    std::string why;
+    if (out.race && out.race->budget_exhausted)
+      why = "what is left is less than the race's next round would take (" + out.race->ended + ")";
+    else if (!out.report.budget_exhausted)
+      why = std::string("the search was exhausted: it measured every candidate its rules would try") +
+            (out.race ? "; the race ended " + out.race->ended : "");
+    else if (out.race)
+      why = "the race ended before the budget (" + out.race->ended + ") and the search had no time left of its own";
+    else
+      why = "what is left is less than the next trial would take";
+    out.budget_spent["unused_seconds"] = unused;
+    out.budget_spent["unused_why"] = why;
+    std::cerr << "autotune: " << human_seconds(unused) << " of the budget unused: " << why << std::endl;
+  }
   if (worker) {
     out.executor["worker"] = worker->to_json();
     std::cerr << "autotune: the PyTorch worker started " << worker->starts << " time" << (worker->starts == 1 ? "" : "s");
@@ -640,7 +736,7 @@ void profile_communication_step(Tune& tune) {
   TuneOutput& out = tune.out;
   if (!entry || entry->ranks() <= 1 || !out.report.found || out.interrupted || stop_requested) return;
   constexpr int64_t kProfiledSteps = 2;
-  const double left = tune.seconds_left() + profile_reserve(tune.options, tune.plan, tune.shortest);
+  const double left = tune.seconds_left() + tune.after_race_reserve();
   if (left < 0.5 * tune.shortest.seconds) {
     std::cerr << "autotune: no budget left to profile the choice's communication (" << human_seconds(std::max(left, 0.0))
               << " left, a trial takes " << human_seconds(tune.shortest.seconds) << ")" << std::endl;
@@ -674,7 +770,10 @@ void profile_communication_step(Tune& tune) {
 // by the host; on ranks the communication a step waits for, from a profiled step), apart from the samples speed is
 // judged on. Each part in ms and % of the profiled step, beside the step the timed samples measured.
 namespace {
+// At least this many steps, and as many as about kSplitSeconds take: a few milliseconds' steps vary with what the
+// machine does meanwhile.
 constexpr int64_t kSplitSteps = 3;
+constexpr int64_t kMaxSplitSteps = 200;
 
 nlohmann::json split_json(const Candidate& c, const nlohmann::json& said, double measured_step_seconds) {
   const double step = said.value("step_seconds", 0.0);
@@ -708,7 +807,7 @@ std::string split_line(const nlohmann::json& s) {
          << p["percent"].get<double>() << "%)" << std::setprecision(1);
     first = false;
   }
-  line << " [" << s["steps"].get<int64_t>() << " steps timed part by part; the timed samples' step: "
+  line << " [" << s["steps"].get<int64_t>() << " steps timed part by part; timed whole for its samples/s: "
        << s["timed_step_ms"].get<double>() << " ms]";
   return line.str();
 }
@@ -723,21 +822,23 @@ void time_split_step(Tune& tune) {
     which.emplace_back("own", *out.baseline);
   nlohmann::json split = nlohmann::json::object();
   for (const auto& [name, ranked] : which) {
-    const double left = tune.seconds_left() + profile_reserve(tune.options, tune.plan, tune.shortest);
+    const double left = tune.seconds_left() + tune.after_race_reserve();
     if (left < 0.5 * tune.shortest.seconds) {
       std::cerr << "autotune: no budget left to split the " << name << " configuration's step into its parts"
                 << std::endl;
       break;
     }
-    const nlohmann::json said = entry->split(ranked.candidate, kSplitSteps, left);
+    const double timed = ranked.result.samples_per_s > 0
+                             ? static_cast<double>(ranked.candidate.global_batch * out.ranks) / ranked.result.samples_per_s
+                             : 0.0;
+    const int64_t steps =
+        timed > 0 ? std::clamp<int64_t>(std::llround(kSplitSeconds / timed), kSplitSteps, kMaxSplitSteps) : kSplitSteps;
+    const nlohmann::json said = entry->split(ranked.candidate, steps, left);
     if (said.contains("error") || !said.contains("parts")) {
       std::cerr << "autotune: splitting the " << name << " configuration's step failed: " << said.value("error", said.dump())
                 << std::endl;
       continue;
     }
-    const double timed = ranked.result.samples_per_s > 0
-                             ? static_cast<double>(ranked.candidate.global_batch * out.ranks) / ranked.result.samples_per_s
-                             : 0.0;
     split[name] = split_json(ranked.candidate, said, timed);
     if (name == "chosen" && said.contains("dataloader") && ranked.candidate.switches.count("num_workers"))
       out.dataloader = said["dataloader"];

@@ -233,7 +233,9 @@ static std::string dataloader_arguments(const json& d) {
 
 // The model's intra-op threads the choice ran with beside its loader's workers, where they are a number ("" else).
 static std::string cpu_threads_note(const json& d) {
-  if (d.is_null() || !d.contains("cpu_threads") || !d["cpu_threads"].is_number_integer()) return "";
+  if (d.is_null() || !d.contains("cpu_threads") || !d["cpu_threads"].is_number_integer() ||
+      d.value("num_workers", 0) == 0)
+    return "";
   return "cpu_threads=" + std::to_string(d["cpu_threads"].get<int64_t>()) + ": torch.set_num_threads(" +
          std::to_string(d["cpu_threads"].get<int64_t>()) + ") in the training process (its loader's " +
          std::to_string(d.value("num_workers", 0)) + " worker processes have the other cores)";

@@ -536,6 +536,22 @@ class Planner {
     return micro;
   }
 
+  // The fastest micro-batch measured with exactly `switches` at g where switch `name` means something (0: none):
+  // where a switch that means nothing at the current micro-batch (no_sync without accumulation) is tried instead.
+  int64_t best_micro_where_applies(int64_t g, const std::map<std::string, std::string>& switches,
+                                   const std::string& name) const {
+    int64_t micro = 0;
+    double best = 0;
+    for (const auto& [key, pooled] : s_.pooled) {
+      const Candidate& c = pooled.candidate;
+      if (c.global_batch != g || c.switches != canonical(space_, Candidate{g, c.micro_batch, switches}).switches ||
+          !switch_applies(space_, name, c) || s_.value(pooled) <= best)
+        continue;
+      best = s_.value(pooled), micro = c.micro_batch;
+    }
+    return micro;
+  }
+
   static bool clearly_worse(double evidence, double by = kNotWorthRetrying) { return evidence >= 0 && evidence < 1 - by; }
 
   // Moves to a better neighbouring micro-batch while there is one; a neighbour that was clearly worse
@@ -710,7 +726,13 @@ bool try_switch_values(Planner& p, Position& at) {
         continue;
       auto alt = cur.switches;
       alt[name] = v;
-      if (!p.applies(name, alt, cur.global_batch, cur.micro_batch)) continue;  // the same configuration
+      if (!p.applies(name, alt, cur.global_batch, cur.micro_batch)) {
+        // The same configuration here: tried once at the fastest micro-batch measured where it means something
+        const int64_t there = p.best_micro_where_applies(cur.global_batch, cur.switches, name);
+        if (there && !p.measured(cur.global_batch, alt, there))
+          improved |= at.consider(Point{cur.global_batch, alt, there, p.eval(cur.global_batch, alt, there)});
+        continue;
+      }
       auto fits = [&] {
         const auto list = p.feasible(cur.global_batch, alt);
         return std::binary_search(list.begin(), list.end(), cur.micro_batch);

@@ -234,6 +234,12 @@ def test_a_hung_and_a_failing_loader_worker_each_cost_one_candidate_and_leave_no
     assert processes_marked(mark) == [], "a process of the tune outlived it"
     t = json.loads(out.read_text())["trainbench_autotune"]
     assert t["chosen"]["switches"]["num_workers"] == "0"
+    assert t["chosen"]["dataloader"]["num_workers"] == 0 and t["chosen"]["dataloader"]["prefetch_factor"] is None
+    split = t["time_split"]["chosen"]   # the step's parts, timed after the race
+    assert set(split["parts"]) == {"data", "forward_backward", "optimizer", "communication", "sync"}
+    assert abs(split["parts_sum_ms"] - split["step_ms"]) <= 0.05 * split["step_ms"], split
+    assert split["timed_step_ms"] > 0 and split["steps"] >= 3
+    assert "where the chosen configuration's" in done.stderr
     failed = {f["config"].split("num_workers=")[1].split()[0]: f for f in t["failed_trials"]}
     assert failed["1"]["class"] == "error" and "sample" in failed["1"]["message"], failed
     assert failed["2"]["class"] == "timeout", failed

@@ -93,6 +93,38 @@ def test_hf_loads_in_training_arguments(tmp_path, variant):
         assert args.ddp_bucket_cap_mb is None and not args.fsdp
 
 
+def with_loader(workers):
+    """The choice with the DataLoader's switches (a tune of a loader-fed entry): `workers` worker processes."""
+    def edit(t):
+        as_one_process(t)
+        t["chosen"]["switches"].update(num_workers=str(workers), prefetch_factor="4", persistent_workers="on",
+                                       cpu_threads="left")
+        t["chosen"]["dataloader"] = {"num_workers": workers, "prefetch_factor": 4 if workers else None,
+                                     "persistent_workers": bool(workers), "pin_memory": False,
+                                     "cpu_threads": 1 if workers else 2}
+    return edit
+
+
+@pytest.mark.parametrize("workers", [2, 0])
+def test_the_loaders_switches_load_in_training_arguments_and_are_said_where_trainers_have_no_key(tmp_path, workers):
+    transformers = pytest.importorskip("transformers")
+    tuned = tuned_copy(tmp_path, "tuned.yaml", with_loader(workers))
+    with open(from_file(tuned, "hf", tmp_path)) as f:
+        keywords = json.load(f)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "run"), use_cpu=True, **keywords)
+    assert args.dataloader_num_workers == workers
+    assert args.dataloader_prefetch_factor == (4 if workers else None)
+    assert args.dataloader_persistent_workers is bool(workers)
+    assert "dataloader_prefetch_factor" in keywords or not workers  # refused by TrainingArguments without workers
+    formats = ["lightning", "accelerate"]
+    for fmt in formats:
+        text = open(from_file(tuned, fmt, tmp_path)).read()
+        expected = (f"DataLoader(..., num_workers={workers}, prefetch_factor=4, persistent_workers=True)" if workers
+                    else "DataLoader(..., num_workers=0)")
+        assert expected in text and "not Trainer settings" in text, text
+        assert ("torch.set_num_threads(1)" in text) is bool(workers), text
+
+
 def lightning_trainer(config_path):
     """lightning.pytorch.Trainer(**cfg["trainer"]), the strategy built from its class_path and init_args."""
     import importlib
