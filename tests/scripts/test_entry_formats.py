@@ -119,8 +119,8 @@ def test_the_loaders_switches_load_in_training_arguments_and_are_said_where_trai
     formats = ["lightning", "accelerate"]
     for fmt in formats:
         text = open(from_file(tuned, fmt, tmp_path)).read()
-        expected = (f"DataLoader(..., num_workers={workers}, prefetch_factor=4, persistent_workers=True)" if workers
-                    else "DataLoader(..., num_workers=0)")
+        expected = (f"DataLoader(..., num_workers={workers}, prefetch_factor=4, persistent_workers=True, "
+                    "pin_memory=False)" if workers else "DataLoader(..., num_workers=0, pin_memory=False)")
         assert expected in text and "not Trainer settings" in text, text
         assert ("torch.set_num_threads(1)" in text) is bool(workers), text
 
