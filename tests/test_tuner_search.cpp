@@ -944,6 +944,19 @@ TEST(TunerSearch, ASwitchIsTriedOnlyWhereItMeansSomething) {
   EXPECT_FALSE(switch_applies(space, "no_sync", Candidate{16, 16, {{"no_sync", "on"}}}));
   EXPECT_EQ(canonical(space, Candidate{16, 16, {{"no_sync", "on"}, {"num_workers", "0"}, {"prefetch_factor", "4"}}}).key(),
             "g=16 mb=16 no_sync=off num_workers=0 prefetch_factor=2");
+  // The order a descent tries the switches in: by name (no_sync, at the micro-batch with accumulation), or
+  // tried_first's first
+  for (const std::vector<std::string>& first : {std::vector<std::string>{}, std::vector<std::string>{"num_workers"}}) {
+    space.tried_first = first;
+    LoaderLandscape ex;
+    search(ex, space, unlimited(SearchOptions::Strategy::auto_));
+    const auto away = std::find_if(ex.ran.begin(), ex.ran.end(), [](const Candidate& c) {
+      return c.switches.at("no_sync") != "off" || c.switches.at("num_workers") != "0";
+    });
+    ASSERT_NE(away, ex.ran.end());
+    EXPECT_EQ(away->switches.at(first.empty() ? "no_sync" : "num_workers"), first.empty() ? "on" : "2") << away->key();
+  }
+  space.tried_first.clear();
   space.applies_when["no_sync"] = "sometimes";
   EXPECT_THROW(switch_applies(space, "no_sync", Candidate{16, 8, {{"no_sync", "on"}}}), std::invalid_argument);
 }

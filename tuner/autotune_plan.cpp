@@ -366,6 +366,9 @@ TunePlan plan_tune(const AutotuneOptions& options, const BudgetClock& clock) {
   if (plan.entry && !machine.use_cuda && options.switches.empty() && plan.space.switches.count("cuda_graphs"))
     plan.space.switches["cuda_graphs"] = {plan.entry->switches.at("cuda_graphs").front()};
   if (plan.entry) plan.space.applies_when = plan.entry->applies_when;
+  // On ranks DDP's and FSDP2's switches first: each is tried where it applies before the budget goes to the others
+  if (plan.entry && options.ranks > 1 && !options.predict)
+    plan.space.tried_first = {"parallel", "no_sync", "static_graph", "bucket_mb", "gradient_as_bucket_view"};
   plan.space.global_batches = plan.batches.batches;
   pin_micro_batch(options, plan);
   plan.workload_digest = digest(plan.entry ? entry_digest_text(*plan.entry) : file_text(plan.workload.path));

@@ -737,9 +737,9 @@ void profile_communication_step(Tune& tune) {
   if (!entry || entry->ranks() <= 1 || !out.report.found || out.interrupted || stop_requested) return;
   constexpr int64_t kProfiledSteps = 2;
   const double left = tune.seconds_left() + tune.after_race_reserve();
-  if (left < 0.5 * tune.shortest.seconds) {
+  if (left < 0.5 * tune.slice_floor()) {
     std::cerr << "autotune: no budget left to profile the choice's communication (" << human_seconds(std::max(left, 0.0))
-              << " left, a trial takes " << human_seconds(tune.shortest.seconds) << ")" << std::endl;
+              << " left, opening and stepping a candidate takes " << human_seconds(tune.slice_floor()) << ")" << std::endl;
     return;
   }
   const nlohmann::json p = entry->profile(out.report.best.candidate, kProfiledSteps, left);
@@ -823,7 +823,7 @@ void time_split_step(Tune& tune) {
   nlohmann::json split = nlohmann::json::object();
   for (const auto& [name, ranked] : which) {
     const double left = tune.seconds_left() + tune.after_race_reserve();
-    if (left < 0.5 * tune.shortest.seconds) {
+    if (left < 0.5 * tune.slice_floor()) {
       std::cerr << "autotune: no budget left to split the " << name << " configuration's step into its parts"
                 << std::endl;
       break;

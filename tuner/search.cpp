@@ -365,6 +365,12 @@ class Planner {
       (is_memory(name) ? memory_ : plain_).emplace_back(name, values);
       own_[name] = values.front();
     }
+    // The switches a descent tries first (SearchSpace::tried_first), in that order; the others by name
+    auto rank = [&](const std::string& name) {
+      const auto it = std::find(space.tried_first.begin(), space.tried_first.end(), name);
+      return it == space.tried_first.end() ? space.tried_first.size() : std::size_t(it - space.tried_first.begin());
+    };
+    std::stable_sort(plain_.begin(), plain_.end(), [&](const auto& a, const auto& b) { return rank(a.first) < rank(b.first); });
   }
 
   const std::map<std::string, std::string>& own() const { return own_; }

@@ -84,6 +84,9 @@ struct SearchSpace {
   // (no_sync: where a step has more than one micro-batch). Elsewhere the search keeps them at their
   // first value and never tries another.
   std::map<std::string, std::string> applies_when;
+  // Switches a descent tries before the others, in this order (the others by name): on ranks, the data
+  // parallelism's own (parallel, no_sync, ...), so that a budget that buys few trials still tries each.
+  std::vector<std::string> tried_first;
 };
 
 // Whether switch `name` means something in `candidate` (SearchSpace::applies_when).
