@@ -1069,6 +1069,20 @@ TEST(AutotuneSteps, OptionsParseIntoTheStruct) {
   EXPECT_NE(parse({"--help"}).help.find("--budget"), std::string::npos);
 }
 
+TEST(AutotuneSteps, ATrialOnRanksIsSizedFromTheBudgetUnlessGiven) {
+  // One process: the default length, whatever the budget.
+  EXPECT_EQ(parse({"--budget", "60"}).trial_seconds, 10);
+  EXPECT_FALSE(parse({"--budget", "60"}).trial_seconds_given);
+  // On ranks a step rarely gets its interval to 1%: the trials share the budget (a thirtieth, 3-10 s).
+  EXPECT_EQ(parse({"--ranks", "2", "--budget", "180"}).trial_seconds, 6);
+  EXPECT_EQ(parse({"--ranks", "2", "--budget", "30"}).trial_seconds, 3);
+  EXPECT_EQ(parse({"--ranks", "2", "--budget", "900"}).trial_seconds, 10);
+  // The user's own length is kept.
+  const AutotuneOptions given = parse({"--ranks", "2", "--budget", "180", "--trial-seconds", "10"});
+  EXPECT_EQ(given.trial_seconds, 10);
+  EXPECT_TRUE(given.trial_seconds_given);
+}
+
 TEST(AutotuneSteps, BadOptionsAreOneUsageErrorEach) {
   for (const auto& [words, says] : std::vector<std::pair<std::vector<const char*>, std::string>>{
            {{"--no-such-flag"}, "Run 'autotune --help' for the options."},

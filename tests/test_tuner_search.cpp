@@ -1377,5 +1377,38 @@ TEST(TunerRace, ARoundStartsOnlyWithTimeForItAndAStoppedRoundDoesNotCount) {
   EXPECT_GE(cut.choice, 0);
 }
 
+// Time for a round of some finalists only: the leader, the incumbent and the workload's own configuration race on
+// with those closest to the leader that fit; the others are set aside, their rounds kept, and say why.
+TEST(TunerRace, ARoundOfSomeFinalistsRunsWhereAllDoNotFit) {
+  std::vector<RaceEntrant> entrants;
+  int changed = 1;
+  for (int64_t micro : {2, 1, 4, 8, 16}) {  // ClockExecutor: 100 + micro samples/s, micro-batch 16 the leader
+    entrants.push_back(RaceEntrant{Candidate{16, micro, {}}, {}, true});
+    entrants.back().changed = micro == 1 ? 0 : changed++;  // micro-batch 1: the workload's own
+  }
+  ClockExecutor machine;
+  machine.trial_seconds = 1;
+  RaceOptions o;
+  o.max_rounds = 10;
+  o.min_rounds_to_drop = 11;  // none is dropped for being slower
+  o.slice.max_seconds = 1;
+  o.seconds_left = [&] { return 19 - machine.now; };  // 3 rounds of 5 (15 s), then 4 s: 3 finalists a slice of 1.15 s
+  const RaceReport r = race(machine, entrants, o);
+  EXPECT_EQ(r.rounds, 4);
+  EXPECT_EQ(r.leader, 4);
+  for (std::size_t i : {0u, 1u, 4u}) {
+    EXPECT_EQ(r.finalists[i].slices.size(), 4u) << i;
+    EXPECT_EQ(r.finalists[i].dropped_after, 0) << i;
+  }
+  for (std::size_t i : {2u, 3u}) {
+    EXPECT_EQ(r.finalists[i].slices.size(), 3u) << i;
+    EXPECT_EQ(r.finalists[i].dropped_after, 3) << i;
+    EXPECT_EQ(r.finalists[i].why_dropped.rfind("set aside for time: round 4 holds 3 of the 5 finalists", 0), 0u)
+        << r.finalists[i].why_dropped;
+  }
+  EXPECT_EQ(r.ended.rfind("no time left in the budget for round 5, about", 0), 0u) << r.ended;
+  EXPECT_TRUE(r.budget_exhausted);
+}
+
 }  // namespace
 }  // namespace tb::tune

@@ -47,6 +47,7 @@ int run(int argc, char** argv) {
     std::cout << options.help;
     return 0;
   }
+  if (!options.report_path.empty()) check_output_path(options.report_path, "--report");
   if (!options.from_file.empty()) {
     if (!options.out_path.empty()) check_output_path(options.out_path, "--out");
     return emit_tuned_file(options);

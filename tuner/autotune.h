@@ -48,14 +48,25 @@ struct AutotuneOptions {
   std::string versus;               // --versus largest-batch (with --entry): the baseline the choice races
   std::vector<std::string> compare_files;
   std::string from_file;  // --from TUNED.yaml: its choice written in --format, nothing run
+  std::string report_path;  // --report PAGE.html: the tune's page (scripts/tune-page), or --from's file's
+  bool format_given = false;
+  std::string command_line;  // how autotune was called, shell-quoted: the output says how to tune again
   int64_t ranks = 1, probe_ranks = 2;
   std::string launcher = "mpirun";
   std::string torchrun;  // --launcher 'torchrun ARGS': how an entry's ranks start ("": torchrun --standalone)
   bool predict = false, resume = false;
   double budget = 300, trial_seconds = 10;
+  // --trial-seconds was given. Without it, a tune on ranks sizes its trials from the budget
+  // (ranks_trial_seconds): a step on N ranks rarely gets its interval to 1%, so every trial would run the whole
+  // length and the search would end before it reached the ranks' switches.
+  bool trial_seconds_given = false;
   int race_rounds = kDefaultRaceRounds;
   std::string help;  // --help: the text to print, and nothing else to do
 };
+
+// A trial's longest measurement on ranks without --trial-seconds: a thirtieth of the budget, between 3 s and 10 s
+// (at --budget 180, 6 s: room for the dozen trials that reach every DDP switch).
+double ranks_trial_seconds(double budget);
 
 // Throws UsageError, with one line saying what is wrong, for an unknown option, a value out of range
 // or options that cannot go together.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <filesystem>
 #include <cstdint>
 #include <iostream>
 #include <map>
@@ -224,10 +225,46 @@ static TuneOutput tuned_output(const std::string& path) {
   return out;
 }
 
+// The journal of a tuned file for its page: the one it names (as written, else beside the file), else the default
+// beside it (tuned.yaml -> tuned.autotune.jsonl); "" when none is there.
+static std::string journal_of(const std::string& tuned_path) {
+  namespace fs = std::filesystem;
+  const fs::path tuned(tuned_path);
+  std::vector<fs::path> candidates;
+  try {
+    const YAML::Node named = YAML::LoadFile(tuned_path)["trainbench_autotune"]["journal"];
+    if (named && named.IsScalar()) {
+      candidates.emplace_back(named.as<std::string>());
+      candidates.push_back(tuned.parent_path() / fs::path(named.as<std::string>()).filename());
+    }
+  } catch (const YAML::Exception&) {
+    // tune-page says what is wrong with the file
+  }
+  candidates.push_back(tuned.parent_path() / (tuned.stem().string() + ".autotune.jsonl"));
+  std::error_code ec;
+  for (const auto& c : candidates)
+    if (fs::is_regular_file(c, ec)) return c.string();
+  return "";
+}
+
 int emit_tuned_file(const AutotuneOptions& options) {
-  if (options.format == OutFormat::yaml || options.format == OutFormat::json)
+  const bool page_only = !options.report_path.empty() && !options.format_given;
+  if (page_only && !options.out_path.empty())
+    throw UsageError("--from " + options.from_file + " --report writes the page; --out needs a --format to write");
+  if (!page_only && (options.format == OutFormat::yaml || options.format == OutFormat::json))
     throw UsageError("--from " + options.from_file +
-                     ": it is autotune's own document already; give --format deepspeed, lightning, hf or accelerate");
+                     ": it is autotune's own document already; give --format deepspeed, lightning, hf or accelerate, "
+                     "or --report PAGE.html");
+  if (!options.report_path.empty()) {
+    const std::string journal = journal_of(options.from_file);
+    if (journal.empty())
+      std::cerr << "autotune: no journal found for " << options.from_file
+                << ": the page shows what the tuned file holds (its finalists and failed trials), not every trial"
+                << std::endl;
+    if (!write_tune_page(options.from_file, journal, options.report_path)) return 1;
+    std::cerr << "autotune: the page of " << options.from_file << ": " << options.report_path << std::endl;
+    if (page_only) return 0;
+  }
   write_output(emit(tuned_output(options.from_file), options.format), options.out_path);
   return 0;
 }

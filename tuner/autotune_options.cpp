@@ -2,6 +2,7 @@
 // machine and --memory-limit's bytes.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdint>
@@ -100,8 +101,8 @@ static CLI::Option* add_options(CLI::App& app, AutotuneOptions& o, std::string& 
                  "plan for at most this much memory, e.g. 16G (the GPU you will train on, or what this host can spare; "
                  "default: what the device has free)");
   app.add_option("--trial-seconds", o.trial_seconds,
-                 "longest a trial measures before its interval is tight (default 10; a race slice measures a quarter of it, "
-                 "at least a second)")
+                 "longest a trial measures before its interval is tight (default 10; with --ranks, a thirtieth of --budget "
+                 "between 3 and 10; a race slice measures a tenth of it, at least a second)")
       ->check(CLI::Range(0.1, 3600.0));
   app.add_option("--executor", o.executor,
                  "native (trainbench's C++ step, the default) or torch (the PyTorch twin of the step, scripts/torch-step: "
@@ -145,6 +146,10 @@ static CLI::Option* add_options(CLI::App& app, AutotuneOptions& o, std::string& 
                           ->expected(1, 64);
   for (const char* tuning_only : {"--batch", "--batch-range", "--strategy", "--switches", "--journal", "--resume"})
     compare_opt->excludes(tuning_only);
+  app.add_option("--report", o.report_path,
+                 "PAGE.html: also write the tune as one self-contained page (the search, memory, the race, the step's "
+                 "time split, the switches' effects, the budget; scripts/tune-page, docs/reading-a-tune-page.md); with "
+                 "--from, the page of that tuned file and its journal, nothing run");
   app.add_option("--from", o.from_file,
                  "TUNED.yaml: write the choice of this tuned file (--format yaml or json) in another --format "
                  "(deepspeed, lightning, hf, accelerate) without running anything");
@@ -162,6 +167,23 @@ static void refuse_trial_options_with_from(const CLI::App& app) {
                        "leave out " + trial_option);
 }
 
+// argv as a shell would take it back: each word that holds more than [A-Za-z0-9_./:=,+-] in single quotes.
+static std::string shell_quoted(int argc, const char* const* argv) {
+  std::string line;
+  for (int i = 0; i < argc; ++i) {
+    const std::string word = i == 0 ? std::string("autotune") : std::string(argv[i]);
+    const bool plain = !word.empty() && std::all_of(word.begin(), word.end(), [](char ch) {
+      return std::isalnum(static_cast<unsigned char>(ch)) || std::string("_./:=,+-@%").find(ch) != std::string::npos;
+    });
+    std::string quoted = "'";
+    for (char ch : word) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    line += (i ? " " : "") + (plain ? word : quoted + "'");
+  }
+  return line;
+}
+
+double ranks_trial_seconds(double budget) { return std::clamp(budget / 30, 3.0, 10.0); }
+
 AutotuneOptions parse_options(int argc, const char* const* argv) {
   AutotuneOptions o;
   std::string format = "yaml", memory_limit_text;
@@ -176,6 +198,10 @@ AutotuneOptions parse_options(int argc, const char* const* argv) {
     throw UsageError(std::string(e.what()) + "\nRun 'autotune --help' for the options.");
   }
   o.workload_given = workload_opt->count() > 0;
+  o.trial_seconds_given = app.count("--trial-seconds") > 0;
+  o.format_given = app.count("--format") > 0;
+  o.command_line = shell_quoted(argc, argv);
+  if (!o.trial_seconds_given && o.ranks > 1) o.trial_seconds = ranks_trial_seconds(o.budget);
   o.format = out_format_from_string(format);
   if (!o.from_file.empty()) refuse_trial_options_with_from(app);
   if (o.predict && o.ranks < 2) throw UsageError("--predict needs --ranks N with N >= 2");

@@ -66,6 +66,10 @@ std::string result_text(const TrialResult& r);
 // `text` to stdout, or to `out_path` atomically.
 void write_output(const std::string& text, const std::string& out_path);
 
+// --report: the page of a tuned file (autotune's own document, YAML or JSON) and its journal ("": none), written by
+// scripts/tune-page to `page` (atomically). False, its reason said on stderr by tune-page or here, when it was not.
+bool write_tune_page(const std::string& tuned_path, const std::string& journal_path, const std::string& page);
+
 // The plan (autotune_plan.cpp).
 // The executor `which` names (native or torch) for `workload` on `machine`, with its output description.
 TrialRunner make_runner(const std::string& which, const step::Workload& workload, const Machine& machine, int64_t ranks = 1,

@@ -19,6 +19,7 @@
 #include "runtime/device_info.h"
 #include "runtime/error.h"
 #include "runtime/files.h"
+#include "runtime/python.h"
 #include "runtime/stats.h"
 #include "step/workload.h"
 #include "tuner/autotune.h"
@@ -64,6 +65,21 @@ std::string result_text(const TrialResult& r) {
 void write_output(const std::string& text, const std::string& out_path) {
   if (out_path.empty()) std::cout << text << std::flush;
   else write_file_atomically(out_path, text);
+}
+
+bool write_tune_page(const std::string& tuned_path, const std::string& journal_path, const std::string& page) {
+  const std::string script = tune_page_script();
+  std::vector<std::string> argv{script, tuned_path, "--out", page};
+  if (!journal_path.empty()) argv.insert(argv.end(), {"--journal", journal_path});
+  const int code = run_to_stderr(argv);
+  if (code == 0) return true;
+  if (code == 127)
+    std::cerr << "autotune: the page " << page << " was not written: " << script
+              << " could not be started (python3 with matplotlib and PyYAML: scripts/install-deps)" << std::endl;
+  else
+    std::cerr << "autotune: the page " << page << " was not written (scripts/tune-page exited with " << code << ")"
+              << std::endl;
+  return false;
 }
 
 namespace {
@@ -418,6 +434,8 @@ Tune::Tune(const AutotuneOptions& options_in, TunePlan& plan_in, const BudgetClo
   out.workload_path = plan.workload.path;
   out.workload_digest = plan.workload_digest;
   out.workload_source = plan.workload.source;
+  out.command = options.command_line;
+  out.journal_path = journal_path;
   out.strategy = options.strategy;
   out.budget_seconds = options.budget;
   out.grad_clip = plan.workload.optimizer.grad_clip;
@@ -461,6 +479,9 @@ void Tune::announce() const {
               << ", " << runner.description["interpreter"].get<std::string>() << ")";
   std::cerr << std::endl;
   std::cerr << "autotune: " << searched_batches_text(plan.batches, described_ranks) << std::endl;
+  if (options.ranks > 1 && !options.trial_seconds_given)
+    std::cerr << "autotune: a trial measures up to " << options.trial_seconds << " s on " << options.ranks
+              << " ranks (a thirtieth of the budget, 3-10 s; --trial-seconds sets it)" << std::endl;
 }
 
 MeasurePolicy Tune::within_budget(MeasurePolicy policy) const {
@@ -768,10 +789,12 @@ void profile_communication_step(Tune& tune) {
 // by part in the worker (scripts/trainbench/pytorch/data.py PartTimer: waiting for the next micro-batches and
 // their copy to the device, forward and backward, clipping with the optimizer's step and zeroing, the loss read
 // by the host; on ranks the communication a step waits for, from a profiled step), apart from the samples speed is
-// judged on. Each part in ms and % of the profiled step, beside the step the timed samples measured.
+// judged on. Each part in ms and % of the profiled step, beside the same number of steps timed whole between the
+// profiled ones (what a clock between the parts costs, and whether the parts add up) and the step the timed samples
+// measured.
 namespace {
-// At least this many steps, and as many as about kSplitSeconds take: a few milliseconds' steps vary with what the
-// machine does meanwhile.
+// At least this many steps part by part (and as many timed whole), and as many as about kSplitSeconds hold in all:
+// a few milliseconds' steps vary with what the machine does meanwhile.
 constexpr int64_t kSplitSteps = 3;
 constexpr int64_t kMaxSplitSteps = 200;
 
@@ -787,6 +810,7 @@ nlohmann::json split_json(const Candidate& c, const nlohmann::json& said, double
   return {{"config", c.key()},
           {"step_ms", 1e3 * step},
           {"parts_sum_ms", 1e3 * sum},
+          {"whole_step_ms", 1e3 * said.value("whole_step_seconds", 0.0)},
           {"timed_step_ms", 1e3 * measured_step_seconds},
           {"steps", said.value("steps", kSplitSteps)},
           {"parts", parts}};
@@ -807,8 +831,8 @@ std::string split_line(const nlohmann::json& s) {
          << p["percent"].get<double>() << "%)" << std::setprecision(1);
     first = false;
   }
-  line << " [" << s["steps"].get<int64_t>() << " steps timed part by part; timed whole for its samples/s: "
-       << s["timed_step_ms"].get<double>() << " ms]";
+  line << " [" << s["steps"].get<int64_t>() << " steps timed part by part, as many timed whole between them: "
+       << s["whole_step_ms"].get<double>() << " ms; in the race: " << s["timed_step_ms"].get<double>() << " ms]";
   return line.str();
 }
 }  // namespace
@@ -832,7 +856,7 @@ void time_split_step(Tune& tune) {
                              ? static_cast<double>(ranked.candidate.global_batch * out.ranks) / ranked.result.samples_per_s
                              : 0.0;
     const int64_t steps =
-        timed > 0 ? std::clamp<int64_t>(std::llround(kSplitSeconds / timed), kSplitSteps, kMaxSplitSteps) : kSplitSteps;
+        timed > 0 ? std::clamp<int64_t>(std::llround(kSplitSeconds / (2 * timed)), kSplitSteps, kMaxSplitSteps) : kSplitSteps;
     const nlohmann::json said = entry->split(ranked.candidate, steps, left);
     if (said.contains("error") || !said.contains("parts")) {
       std::cerr << "autotune: splitting the " << name << " configuration's step failed: " << said.value("error", said.dump())
@@ -971,11 +995,31 @@ void predict_step(Tune& tune) {
   out.ranks = ranks;
 }
 
+// --report after a tune: the page of the tune's own document (written beside the page for the time it takes, since
+// --format may be a framework's) and its journal. A page that cannot be written costs the exit status, nothing else.
+bool report_step(const Tune& tune) {
+  const std::string& page = tune.options.report_path;
+  if (page.empty()) return true;
+  const std::string document = page + ".tuned.json.tmp";
+  bool written = false;
+  try {
+    write_file_atomically(document, emit(tune.out, OutFormat::json));
+    written = write_tune_page(document, tune.journal_path, page);
+  } catch (const std::exception& e) {
+    std::cerr << "autotune: the page " << page << " was not written: " << e.what() << std::endl;
+  }
+  std::error_code ignored;
+  std::filesystem::remove(document, ignored);
+  if (written) std::cerr << "autotune: the tune's page: " << page << std::endl;
+  return written;
+}
+
 int output_step(const Tune& tune) {
   const TuneOutput& out = tune.out;
   const std::string& out_path = tune.options.out_path;
   if (out.report.found) std::cerr << "autotune: " << global_batch_note(out) << std::endl;
   write_output(emit(out, tune.options.format), out_path);
+  const bool page_written = report_step(tune);
   if (out.interrupted || stop_requested) {  // a stop during the output: the output is whole, the exit says so
     std::cerr << "autotune: stopped by " << stop_signal_name() << " after " << human_seconds(tune.clock.elapsed()) << ": "
               << (out.report.found ? "the best so far (" + describe(out.report.best.candidate) + ")"
@@ -990,7 +1034,7 @@ int output_step(const Tune& tune) {
             << (out.race ? " and " + std::to_string(out.race->rounds) + " race rounds" : "") << " in "
             << human_seconds(tune.clock.elapsed()) << "; journal " << tune.journal_path
             << (out_path.empty() ? "" : ", config " + out_path) << std::endl;
-  return out.report.found ? 0 : 1;
+  return out.report.found && page_written ? 0 : 1;
 }
 
 }  // namespace tb::tune

@@ -641,6 +641,8 @@ static json ordered(const TuneOutput& o) {
                    {"digest", o.workload_digest},
                    {"source", o.workload_source},
                    {"grad_clip", o.grad_clip}};
+  if (!o.command.empty()) t["command"] = o.command;
+  if (!o.journal_path.empty()) t["journal"] = o.journal_path;
   t["version"] = build::version;
   t["git_commit"] = build::git_commit;
   return doc;

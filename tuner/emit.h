@@ -103,6 +103,8 @@ struct TuneOutput {
   // the simpler configuration; without a race verdict, the workload's own was kept or left): "" otherwise.
   std::string choice_note;
   nlohmann::json budget_spent;  // {set_up_seconds, search_seconds, race_seconds, ...}, or null
+  std::string command;       // how autotune was called (the page shows it: the command that tunes again)
+  std::string journal_path;  // the tune's journal: every trial (autotune --report --from finds it here)
 };
 
 // "searching global batches 4, 8 and 16 (the workload's global_range [4, 16]; ...)": said before the search.

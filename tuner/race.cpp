@@ -6,7 +6,8 @@
 // 1 - noise_margin is dropped: it is slower beyond noise, by the same rule that grants a speedup (an
 // interval wholly above 1 + noise_margin). The race ends when one finalist is left, when every
 // finalist still in is shown within noise of the leader, after `max_rounds`, or when the budget has
-// no room for another round.
+// no room for another round of even the leader, the incumbent and the workload's own configuration (where it holds
+// a round of some, those farthest behind the leader are set aside and the others race on).
 //
 // Estimates are Hodges-Lehmann (runtime/stats.h: the median of the pairwise averages), as in the
 // interleaved compare of scripts/trainbench/tracking/interleave.py: on a shared machine one slice now
@@ -89,8 +90,13 @@ class Race {
   RaceReport run() {
     const auto started = std::chrono::steady_clock::now();
     for (;;) {
-      const std::vector<std::size_t> racing = still_in();
+      std::vector<std::size_t> racing = still_in();
       rep_.ended = why_no_round(racing);
+      if (rep_.budget_exhausted && set_aside_for_time(racing)) {
+        rep_.budget_exhausted = false;
+        racing = still_in();
+        rep_.ended = why_no_round(racing);
+      }
       if (!rep_.ended.empty()) break;
       const int round = rep_.rounds + 1;
       if (o_.on_round) o_.on_round(round, o_.max_rounds, racing.size());
@@ -153,14 +159,55 @@ class Race {
     if (racing.size() < 2) return racing.empty() ? "every finalist failed" : "one finalist left";
     if (rep_.rounds >= o_.max_rounds) return "after the most rounds (" + std::to_string(o_.max_rounds) + ")";
     if (!o_.seconds_left) return "";
-    double need = 0;
-    for (std::size_t i : racing) need += expected_[i];
+    const double need = round_seconds(racing);
     if (need <= o_.seconds_left()) return "";
     rep_.budget_exhausted = true;
     std::ostringstream why;
     why.precision(2);
     why << std::fixed << "no time left in the budget for round " << rep_.rounds + 1 << ", about " << need << " s";
     return why.str();
+  }
+
+  double round_seconds(const std::vector<std::size_t>& racing) const {
+    double need = 0;
+    for (std::size_t i : racing) need += expected_[i];
+    return need;
+  }
+
+  // Where the time left holds a round of some of the finalists only: the leader, the first entrant (the incumbent),
+  // the workload's own configuration and the others closest to the leader that fit race on; the rest are set
+  // aside, their standing against the leader kept. One more paired round of the finalists that can still win tells
+  // more than the time left unused. True when a smaller round fits.
+  bool set_aside_for_time(const std::vector<std::size_t>& racing) {
+    if (!o_.seconds_left || rep_.rounds < 1 || racing.size() <= 2 || rep_.rounds >= o_.max_rounds) return false;
+    const double left = o_.seconds_left();
+    const std::size_t leader = leader_of(racing);
+    std::vector<std::size_t> keep, others;
+    for (std::size_t i : racing) {
+      const bool kept = i == leader || i == 0 || rep_.finalists[i].changed == 0;
+      (kept ? keep : others).push_back(i);
+      if (i != leader) rep_.finalists[i].vs_leader = rep_.compare(i, leader, o_.level);
+    }
+    double need = round_seconds(keep);
+    if (keep.size() < 2 || need > left) return false;
+    std::stable_sort(others.begin(), others.end(), [&](std::size_t a, std::size_t b) {
+      return rep_.finalists[a].vs_leader.ratio > rep_.finalists[b].vs_leader.ratio;
+    });
+    std::vector<std::size_t> set_aside;
+    for (std::size_t i : others) {
+      if (need + expected_[i] <= left) {
+        keep.push_back(i);
+        need += expected_[i];
+      } else {
+        set_aside.push_back(i);
+      }
+    }
+    if (set_aside.empty()) return false;
+    std::ostringstream why;
+    why << "set aside for time: round " << rep_.rounds + 1 << " holds " << keep.size() << " of the " << racing.size()
+        << " finalists, those closest to the leader; ";
+    for (std::size_t i : set_aside) drop(i, rep_.rounds, why.str() + ratio_text(rep_.finalists[i].vs_leader));
+    return true;
   }
 
   // One slice of every finalist racing, in the round's order. The round's slices count only once all of

@@ -19,16 +19,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Runs argv quietly (its stdout and stderr to /dev/null) and waits for it: its exit code, 127 when it
-// could not be started at all.
-int run_quietly(const std::vector<std::string>& argv) {
+// Runs argv and waits for it, its stdout and stderr as `quiet` says (/dev/null, or its stdout to this process's
+// stderr): its exit code, 127 when it could not be started at all.
+int run_and_wait(const std::vector<std::string>& argv, bool quiet) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  if (quiet) {
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  } else {
+    posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
+  }
   pid_t pid = 0;
   const int spawned = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
@@ -39,7 +43,11 @@ int run_quietly(const std::vector<std::string>& argv) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
+int run_quietly(const std::vector<std::string>& argv) { return run_and_wait(argv, true); }
+
 }  // namespace
+
+int run_to_stderr(const std::vector<std::string>& argv) { return run_and_wait(argv, false); }
 
 std::string torch_python() {
   if (const char* env = std::getenv("TRAINBENCH_PYTHON"); env && *env) return env;
@@ -71,6 +79,7 @@ std::string script_path(const char* env_name, const std::string& name) {
 
 std::string torch_peers_script() { return script_path("TRAINBENCH_TORCH_PEERS", "torch-peers"); }
 std::string torch_step_script() { return script_path("TRAINBENCH_TORCH_STEP", "torch-step"); }
+std::string tune_page_script() { return script_path("TRAINBENCH_TUNE_PAGE", "tune-page"); }
 
 void require_torch(const std::string& who, const std::string& script) {
   const std::string python = torch_python();

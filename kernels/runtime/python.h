@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace tb {
 
@@ -15,6 +16,11 @@ std::string torch_python();
 std::string torch_peers_script();
 // scripts/torch-step (autotune --executor torch's worker): $TRAINBENCH_TORCH_STEP, else found as above.
 std::string torch_step_script();
+// scripts/tune-page (autotune --report): $TRAINBENCH_TUNE_PAGE, else found as above.
+std::string tune_page_script();
+// Runs argv (its first word a program found on PATH, or a path) with its stdout sent to this process's stderr,
+// its stderr as this process's, and waits for it: its exit code, 127 when it could not be started.
+int run_to_stderr(const std::vector<std::string>& argv);
 // Throws UsageError, saying how to install it, when the interpreter cannot import torch or `script` is
 // missing: checked before anything is measured, so a missing PyTorch costs no run. `who` names the
 // option in the message ("--backend torch").

@@ -238,7 +238,7 @@ def test_a_hung_and_a_failing_loader_worker_each_cost_one_candidate_and_leave_no
     split = t["time_split"]["chosen"]   # the step's parts, timed after the race
     assert set(split["parts"]) == {"data", "forward_backward", "optimizer", "communication", "sync"}
     assert abs(split["parts_sum_ms"] - split["step_ms"]) <= 0.05 * split["step_ms"], split
-    assert split["timed_step_ms"] > 0 and split["steps"] >= 3
+    assert split["timed_step_ms"] > 0 and split["whole_step_ms"] > 0 and split["steps"] >= 3
     assert "where the chosen configuration's" in done.stderr
     failed = {f["config"].split("num_workers=")[1].split()[0]: f for f in t["failed_trials"]}
     assert failed["1"]["class"] == "error" and "sample" in failed["1"]["message"], failed

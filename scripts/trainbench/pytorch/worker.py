@@ -212,49 +212,49 @@ class Worker:
         if self.on_gpu:
             self.torch.cuda.synchronize(self.device)
 
-    def time_steps(self, calls: int) -> float:
-        """`calls` steps between two reads of the clock, the device drained before and after; with a stream, its
-        next epoch started before the clock where one would end inside it, and the epochs' starts counted."""
+    def time_steps(self, calls: int, timer=None) -> float:
+        """`calls` steps between two reads of the clock, the device drained before and after (with a `timer`,
+        data.PartTimer, at each part too, which adds each part's seconds to it); with a stream, its next epoch
+        started before the clock where one would end inside it, and the epochs' starts counted (in the data part)."""
         stream, micro_batches = self.opened.stream, calls * self.opened.accumulation
         if stream is not None:
             stream.prepare(micro_batches)
         self.sync()
         started = time.perf_counter()
+        if timer is not None:
+            timer.last = started
         for _ in range(calls):
-            self.opened.step()
+            self.opened.step(timer) if timer is not None else self.opened.step()
         self.sync()
         seconds = time.perf_counter() - started
         if stream is not None:
             stream.stopped()
-            seconds += stream.amortized_seconds(micro_batches)
+            epochs = stream.amortized_seconds(micro_batches)
+            seconds += epochs
+            if timer is not None:
+                timer.seconds["data"] += epochs
         return seconds
 
     def split_steps(self, steps: int) -> dict:
-        """Where `steps` steps of the open candidate spend their time (data.PartTimer), per step."""
+        """Where `steps` steps of the open candidate spend their time (data.PartTimer), per step, and the same
+        number of steps timed whole between them (two blocks of each, alternated): what the parts add up to is
+        checked against the step as it runs without a clock between its parts, at the same moment."""
         from .data import PartTimer
-        opened = self.opened
-        micro_batches = steps * opened.accumulation
-        if opened.stream is not None:
-            opened.stream.prepare(micro_batches)
         timer = PartTimer(self.device)
-        timer.start()
-        started = timer.last
-        for _ in range(steps):
-            opened.step(timer)
-        wall = time.perf_counter() - started
+        blocks = [steps // 2, steps - steps // 2] if steps >= 4 else [steps]
+        split = whole = 0.0
+        for n in blocks:
+            split += self.time_steps(n, timer)
+            whole += self.time_steps(n)
         parts = {k: v / steps for k, v in timer.seconds.items()}
-        if opened.stream is not None:
-            opened.stream.stopped()
-            epoch = opened.stream.amortized_seconds(micro_batches) / steps
-            parts["data"] += epoch
-            wall += epoch * steps
         parts["communication"] = 0.0
         if self.world:  # the all-reduce a step waits for happens inside backward: taken out of forward_backward
             from .distributed import profiled_steps
-            profiled = profiled_steps(opened.step, 1, self.on_gpu)
-            waited = min(profiled.get("share", 0.0) * wall / steps, parts["forward_backward"])
+            profiled = profiled_steps(self.opened.step, 1, self.on_gpu)
+            waited = min(profiled.get("share", 0.0) * split / steps, parts["forward_backward"])
             parts["communication"], parts["forward_backward"] = waited, parts["forward_backward"] - waited
-        return {"parts": parts, "step_seconds": wall / steps, "steps": steps, "dataloader": opened.dataloader}
+        return {"parts": parts, "step_seconds": split / steps, "whole_step_seconds": whole / steps, "steps": steps,
+                "dataloader": self.opened.dataloader}
 
     # ---- open --------------------------------------------------------------------------------------------------
     def open(self, request: dict) -> dict:
