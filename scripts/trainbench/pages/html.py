@@ -132,3 +132,29 @@ def page(title: str, sections: Sequence[str]) -> str:
 def write_page(path: str, text: str) -> None:
     """Whole or not at all: a page being written never replaces the last good one half-way."""
     write_atomically(path, text.encode("utf-8"))
+
+
+def page_command(prog: str, source: str, out: str, build) -> int:
+    """A page tool's run after its arguments: `build()` the page's text, write it to `out` atomically, and say so;
+    any failure is one line on stderr and exit status 2, the page at `out` left as it was. `source` names the input
+    a shape the checks did not foresee is blamed on (a file a person may have edited)."""
+    import sys
+    from ..errors import ResultFileError, UsageError
+
+    def fail(message: str) -> int:
+        print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
+        return 2
+    try:
+        text = build()
+        try:
+            write_page(out, text)
+        except OSError as e:  # its filename may be the temporary file beside --out
+            raise UsageError(f"{out}: cannot write the page ({e.strerror})") from None
+    except (ResultFileError, UsageError) as e:
+        return fail(str(e))
+    except OSError as e:
+        return fail(f"{e.filename}: {e.strerror}")
+    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as e:
+        return fail(f"{source}: unexpected content ({type(e).__name__}: {e})")
+    print(f"{prog}: wrote {out}")
+    return 0

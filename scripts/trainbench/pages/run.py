@@ -658,26 +658,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("run", metavar="RUN.json", help="a benchsuite result file (trainbench-results/1)")
     parser.add_argument("--out", metavar="PAGE.html", required=True, help="the page to write (atomically)")
     args = parser.parse_args(argv)
-    try:
-        text = page_of_run(load_run(args.run))
-        try:
-            markup.write_page(args.out, text)
-        except OSError as e:  # its filename may be the temporary file beside --out
-            raise UsageError(f"{args.out}: cannot write the page ({e.strerror})") from None
-    except (ResultFileError, UsageError) as e:
-        return fail(str(e))
-    except OSError as e:
-        return fail(f"{e.filename}: {e.strerror}")
-    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as e:
-        # A result file may have been edited by hand: a shape the checks did not foresee still ends in one line.
-        return fail(f"{args.run}: unexpected content ({type(e).__name__}: {e})")
-    print(f"{PROG}: wrote {args.out}")
-    return EXIT_OK
-
-
-def fail(message: str) -> int:
-    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
-    return EXIT_USAGE
+    return markup.page_command(PROG, args.run, args.out, lambda: page_of_run(load_run(args.run)))
 
 
 if __name__ == "__main__":

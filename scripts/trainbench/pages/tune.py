@@ -991,29 +991,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "tuned file records")
     parser.add_argument("--out", metavar="PAGE.html", required=True, help="the page to write (atomically)")
     args = parser.parse_args(argv)
-    try:
-        tuned = load_tuned(args.tuned)
-        journal = load_journal(args.journal) if args.journal else None
-        text = tune_page(tuned, journal, tuned_name=args.tuned, journal_name=args.journal or "the journal")
-        try:
-            markup.write_page(args.out, text)
-        except OSError as e:  # its filename may be the temporary file beside --out
-            raise UsageError(f"{args.out}: cannot write the page ({e.strerror})") from None
-    except (ResultFileError, UsageError) as e:
-        return fail(str(e))
-    except OSError as e:
-        return fail(f"{e.filename}: {e.strerror}")
-    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as e:
-        # A tuned file is text a person may have edited: a shape the checks above did not foresee still ends in
-        # one line, not a traceback.
-        return fail(f"{args.tuned}: unexpected content ({type(e).__name__}: {e})")
-    print(f"{PROG}: wrote {args.out}")
-    return EXIT_OK
-
-
-def fail(message: str) -> int:
-    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
-    return EXIT_USAGE
+    return markup.page_command(PROG, args.tuned, args.out, lambda: tune_page(
+        load_tuned(args.tuned), load_journal(args.journal) if args.journal else None, tuned_name=args.tuned,
+        journal_name=args.journal or "the journal"))
 
 
 if __name__ == "__main__":
