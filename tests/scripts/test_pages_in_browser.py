@@ -24,6 +24,9 @@ BLANK_SHARE = 0.985          # a screenshot with more of its background colour t
 TUNE_FIXTURES = [("tune_page_tiny.json", "tune_page_tiny.jsonl"),
                  ("tune_page_entry_dataloader.json", "tune_page_entry_dataloader.jsonl"),
                  ("tune_page_ranks2.json", "tune_page_ranks2.jsonl"),
+                 ("tune_page_ranks2_readme.json", "tune_page_ranks2_readme.jsonl"),
+                 ("tune_page_my_train.json", "tune_page_my_train.jsonl"),
+                 ("tune_page_small_gpt.json", "tune_page_small_gpt.jsonl"),
                  ("tuned_entry_ranks2_ddp.yaml", None)]
 SHOTS = os.environ.get("TRAINBENCH_SCREENSHOTS")   # a folder to keep the screenshots in (docs/), else tmp_path
 

@@ -235,11 +235,16 @@ def test_the_ranks2_page_says_why_it_has_no_time_split_and_no_switch_effects():
 # ---- Real tunes (autotune's own output): any tuned file and journal, read back ----
 
 # (tuned file, journal or None): autotune --workload tiny (a race, no time split), an --entry whose batches are a
-# DataLoader (a time split, no race round), an --entry on 2 ranks (every DDP switch, the tie rule, communication)
+# DataLoader (a time split, no race round), an --entry on 2 ranks (every DDP switch, the tie rule, communication),
+# the README's three examples as run on 2026-12-03 (`--entry tuner/entries/my_train.py:build` on 2 ranks at
+# --budget 180 and in one process at --budget 150, `--workload small_gpt` at --budget 120: docs/images/tune-page-*)
 # and the committed 2-rank entry without its journal.
 REAL_TUNES = [("tune_page_tiny.json", "tune_page_tiny.jsonl"),
               ("tune_page_entry_dataloader.json", "tune_page_entry_dataloader.jsonl"),
               ("tune_page_ranks2.json", "tune_page_ranks2.jsonl"),
+              ("tune_page_ranks2_readme.json", "tune_page_ranks2_readme.jsonl"),
+              ("tune_page_my_train.json", "tune_page_my_train.jsonl"),
+              ("tune_page_small_gpt.json", "tune_page_small_gpt.jsonl"),
               ("tuned_entry_ranks2_ddp.yaml", None)]
 
 
