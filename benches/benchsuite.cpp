@@ -1,7 +1,7 @@
 // benchsuite: run the stage benchmarks and print what they measured, with % of this machine's
 // measured peaks and the declared pairs' ratios. Exit codes: 0 done, 1 a variant was incorrect or a
-// benchmark failed, 2 bad usage, 130 interrupted by Ctrl-C (SIGINT), 143 by SIGTERM (what was measured
-// is still written).
+// benchmark failed, 2 bad usage or an --out that could not be written (a full disk), 130 interrupted by
+// Ctrl-C (SIGINT), 143 by SIGTERM (what was measured is still written).
 #include <benchmark/benchmark.h>
 
 #include <CLI/CLI.hpp>
@@ -20,6 +20,7 @@
 #include "cache_threshold.h"
 #include "harness.h"
 #include "progress.h"
+#include "runner.h"
 #include "time_estimate.h"
 #include "torch_rows.h"
 #include "runtime/comm.h"
@@ -440,14 +441,10 @@ class PyTorchSide {
   std::unique_ptr<tb::TorchRows> rows_;
 };
 
-// Measures the entries, with Ctrl-C or a job's time limit (SIGTERM) asking the row in hand to stop after
-// the call it is in, and what was measured kept. (A repeated signal changes nothing: `timeout` sends
-// its SIGTERM twice.)
+// Measures the entries; a stop (main's signal handlers) ends the row in hand after the call it is in.
 // The leader announces what the run will take (time_estimate.h), keeps what each row took for the next
 // announcement, and says at the end what it took beside what it announced.
 tb::Results measure(const tb::Registry& registry, const std::vector<tb::Entry>& entries, const Plan& plan) {
-  std::signal(SIGINT, [](int signal) { tb::request_stop(signal); });
-  std::signal(SIGTERM, [](int signal) { tb::request_stop(signal); });
   std::ostream quiet(nullptr);  // the other ranks' progress: rank 0 says it
   if (!plan.leader) return tb::run_entries(registry, entries, plan.settings, quiet);
   if (const std::string notice = tb::take_blas_kernel_notice(); !notice.empty()) std::cerr << notice << std::endl;
@@ -469,13 +466,23 @@ tb::Results measure(const tb::Registry& registry, const std::vector<tb::Entry>& 
 }
 
 // The results to --out and stdout (with the key under a console table); the exit code.
+// A file that cannot be written (a full disk) is said after the table, which still shows what was measured.
 int write_results(const tb::Results& results, const Plan& plan, const std::string& out_path) {
+  std::string not_written;  // why --out was not written; "": it was, or there is none
   if (!out_path.empty()) {
-    tb::write_file_atomically(out_path, tb::render(results, plan.file_format));
-    std::cerr << "benchsuite: wrote " << out_path << std::endl;
+    try {
+      tb::write_file_atomically(out_path, tb::render(results, plan.file_format));
+      std::cerr << "benchsuite: wrote " << out_path << std::endl;
+    } catch (const tb::UsageError& e) {
+      not_written = e.what();
+    }
   }
   const std::string key = plan.stdout_format == tb::Format::console ? tb::table_key(results, plan.settings) : "";
   std::cout << tb::render(results, plan.stdout_format) << key << std::flush;
+  if (!not_written.empty()) {
+    std::cerr << "benchsuite: " << not_written << " (the table above is what was measured)" << std::endl;
+    return 2;
+  }
   if (tb::stop_requested()) {
     std::cerr << "benchsuite: interrupted; the results above are what was measured before" << std::endl;
     return 128 + tb::stop_signal();
@@ -519,16 +526,30 @@ int run(int argc, char** argv) {
 
   Plan plan = plan_run(options);
   if (options.list) return write_list_json(registry, plan, options.out_path);
-  if (plan.with_torch) tb::require_torch();  // before anything is measured
+  if (plan.with_torch) {  // before anything is measured
+    try {
+      tb::require_torch();
+    } catch (const tb::UsageError&) {
+      // Ctrl-C or a closed terminal reaches the interpreter being asked too: that is the stop, not a missing PyTorch
+      if (!tb::stop_requested()) throw;
+    }
+  }
   std::vector<tb::Entry> entries = tb::select_entries(registry, plan.settings);
   find_cpu_cache_threshold(entries, options.cache_sweep, plan.settings);
   std::optional<PyTorchSide> torch;  // started before anything is measured: a script that fails costs nothing
-  if (plan.with_torch) {
+  if (plan.with_torch && !tb::stop_requested()) {
     torch.emplace(registry, plan.settings, plan.torch_device, entries);
     entries.insert(entries.end(), torch->entries().begin(), torch->entries().end());
   }
 
   tb::Results results = measure(registry, entries, plan);
+  if (tb::stop_requested() && std::none_of(results.rows.begin(), results.rows.end(), [](const tb::Row& r) {
+        return !r.samples_ns.empty();
+      })) {  // nothing to keep: an earlier --out stays as it was
+    std::cerr << "benchsuite: interrupted (" << tb::signal_name(tb::stop_signal())
+              << ") before any row was measured; nothing written" << std::endl;
+    return 128 + tb::stop_signal();
+  }
   if (!plan.leader)
     return tb::stop_requested() ? 128 + tb::stop_signal() : tb::exit_code_for(results);  // verdicts are agreed
   if (torch) torch->finish(results);
@@ -538,6 +559,11 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Ctrl-C, a job's time limit (SIGTERM) or a closed terminal (SIGHUP), at any moment: the row in hand stops after
+  // the call it is in and what was measured is kept. (A repeated signal changes nothing: `timeout` sends its
+  // SIGTERM twice.)
+  for (const int signal : {SIGINT, SIGTERM, SIGHUP}) std::signal(signal, [](int s) { tb::request_stop(s); });
+  tb::file_size_limit_fails_the_write();
   tb::use_matching_blas_kernels(argv, "benchsuite");
   try {
     return run(argc, argv);

@@ -53,8 +53,20 @@ std::string cache_sweep_key() {
          std::to_string(h.l3_bytes);
 }
 
+// The file's own: an object of this schema (value() would throw its type_error on a schema of another type).
+static bool ours(const nlohmann::json& file) {
+  if (!file.is_object()) return false;
+  const auto schema = file.find("schema");
+  return schema != file.end() && schema->is_string() && schema->get<std::string>() == kSchema;
+}
+
+nlohmann::json cache_sweep_document(const std::string& text) {
+  nlohmann::json file = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return ours(file) ? file : nlohmann::json::object();
+}
+
 const nlohmann::json* kept_sweep(const nlohmann::json& file, const std::string& key) {
-  if (!file.is_object() || file.value("schema", std::string()) != kSchema) return nullptr;
+  if (!ours(file)) return nullptr;
   const auto machines = file.find("machines");
   if (machines == file.end() || !machines->is_object()) return nullptr;
   const auto entry = machines->find(key);
@@ -67,7 +79,8 @@ const nlohmann::json* kept_sweep(const nlohmann::json& file, const std::string& 
 CacheThreshold threshold_of(const nlohmann::json& entry, const std::string& path) {
   CacheThreshold t;
   t.bytes = entry["threshold_bytes"].get<double>();
-  const std::string measured = entry.value("measured", std::string("an earlier run"));
+  const auto when = entry.find("measured");
+  const std::string measured = when != entry.end() && when->is_string() ? when->get<std::string>() : "an earlier run";
   if (t.bytes > 0)
     t.how = "where a copy's bandwidth fell to DRAM's in this machine's size sweep (" + measured + ", kept in " + path + ")";
   return t;
@@ -78,9 +91,9 @@ CacheThreshold cpu_cache_threshold(const std::string& path, bool measure_again, 
   const std::string key = cache_sweep_key();
   if (!path.empty()) {
     std::ifstream in(path);
-    if (in) file = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (file.is_discarded() || !file.is_object() || file.value("schema", std::string()) != kSchema)
-      file = nlohmann::json::object();  // unreadable or foreign: measured again and rewritten
+    std::stringstream text;
+    if (in) text << in.rdbuf();
+    file = cache_sweep_document(text.str());  // unreadable or foreign: measured again and rewritten
     if (!measure_again)
       if (const nlohmann::json* entry = kept_sweep(file, key)) return threshold_of(*entry, path);
   }

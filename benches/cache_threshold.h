@@ -22,6 +22,9 @@ std::string cache_sweep_path();
 // What decides the threshold, as the file's key: CPU model, CPUs, OpenMP threads, reported cache.
 std::string cache_sweep_key();
 
+// The document cache-sweep.json holds, from its text: an empty object when the text is not JSON or not such a
+// document (then measured again and rewritten).
+nlohmann::json cache_sweep_document(const std::string& text);
 // The figure kept in `file` (the document cache-sweep.json holds) for `key`, or null when it holds
 // none or is not such a document.
 const nlohmann::json* kept_sweep(const nlohmann::json& file, const std::string& key);

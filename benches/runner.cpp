@@ -21,7 +21,8 @@
 namespace tb {
 
 std::string signal_name(int signal) {
-  return signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "signal " + std::to_string(signal);
+  return signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : signal == SIGHUP ? "SIGHUP"
+                                                                                     : "signal " + std::to_string(signal);
 }
 
 namespace {
@@ -311,8 +312,9 @@ void Runner::finish(Group& group) {
       m->watch.finish(row, m->sampler, pids);
       row.configuration = m->sampler.instance().configuration();
       for (const auto& [key, value] : m->observations.counters(m->sampler.instance())) {
+        // `key` captured under a name: a C++17 lambda cannot capture a structured binding (clang refuses).
         const auto same = std::find_if(row.counters.begin(), row.counters.end(),
-                                       [&](const auto& c) { return c.first == key; });
+                                       [&name = key](const auto& c) { return c.first == name; });
         if (same != row.counters.end()) same->second = value;
         else row.counters.emplace_back(key, value);
       }

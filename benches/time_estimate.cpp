@@ -21,10 +21,19 @@ double number(const nlohmann::json& o, const char* key) {
   return it != o.end() && it->is_number() ? it->get<double>() : -1;
 }
 
+// A text field, "" when it is absent or not a string (value() would throw its type_error).
+std::string text(const nlohmann::json& o, const char* key) {
+  const auto it = o.find(key);
+  return it != o.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+// The file's own: an object of this schema.
+bool ours(const nlohmann::json& file) { return file.is_object() && text(file, "schema") == kSchema; }
+
 // A kept row is used only when every figure is there and sane (a hand-edited file costs the estimate).
 bool usable(const nlohmann::json& r) {
-  return r.is_object() && r.value("stage", std::string()).size() > 0 && number(r, "setup_s") >= 0 &&
-         number(r, "measure_s") >= 0 && number(r, "expected_measure_s") > 0;
+  return r.is_object() && !text(r, "stage").empty() && number(r, "setup_s") >= 0 && number(r, "measure_s") >= 0 &&
+         number(r, "expected_measure_s") > 0;
 }
 
 }  // namespace
@@ -39,7 +48,7 @@ double expected_measure_seconds(const Settings& settings) {
 RowCosts RowCosts::from_json(const nlohmann::json& file, const std::string& machine) {
   RowCosts costs;
   costs.machine_ = machine;
-  if (!file.is_object() || file.value("schema", std::string()) != kSchema) return costs;
+  if (!ours(file)) return costs;
   const auto machines = file.find("machines");
   if (machines == file.end() || !machines->is_object() || !machines->contains(machine)) return costs;
   const nlohmann::json& rows = (*machines)[machine];
@@ -49,10 +58,16 @@ RowCosts RowCosts::from_json(const nlohmann::json& file, const std::string& mach
   return costs;
 }
 
+RowCosts RowCosts::from_text(const std::string& text, const std::string& machine) {
+  return from_json(nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false), machine);
+}
+
 RowCosts RowCosts::load(const std::string& path, const std::string& machine) {
   std::ifstream in(path);
   if (path.empty() || !in) return from_json(nlohmann::json(), machine);
-  return from_json(nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false), machine);
+  std::stringstream text;
+  text << in.rdbuf();
+  return from_text(text.str(), machine);
 }
 
 std::optional<RowCost> RowCosts::row(const std::string& name) const {
@@ -65,7 +80,7 @@ bool RowCosts::stage_mean(const std::string& stage, double& setup_s, double& mea
   double setup = 0, ratio = 0;
   int n = 0;
   for (const auto& [name, r] : rows_.items()) {
-    if (r.value("stage", std::string()) != stage) continue;
+    if (text(r, "stage") != stage) continue;
     setup += number(r, "setup_s");
     ratio += number(r, "measure_s") / number(r, "expected_measure_s");
     ++n;
@@ -93,7 +108,7 @@ void RowCosts::record(const std::string& name, const std::string& stage, const R
 }
 
 nlohmann::json RowCosts::merged_into(nlohmann::json file) const {
-  if (!file.is_object() || file.value("schema", std::string()) != kSchema) file = {{"schema", kSchema}};
+  if (!ours(file)) file = {{"schema", kSchema}};
   if (!file["machines"].is_object()) file["machines"] = nlohmann::json::object();
   nlohmann::json& mine = file["machines"][machine_];
   if (!mine.is_object()) mine = nlohmann::json::object();

@@ -34,6 +34,8 @@ class RowCosts {
   // Read from `path` (row-costs.json); empty when the file is absent, unreadable or of another
   // schema: a bad file costs only the estimate.
   static RowCosts load(const std::string& path, const std::string& machine);
+  // From the file's text: empty when it is not JSON or not such a document.
+  static RowCosts from_text(const std::string& text, const std::string& machine);
   // From a document as the file holds it (tests).
   static RowCosts from_json(const nlohmann::json& file, const std::string& machine);
 

@@ -25,6 +25,7 @@
 #include "launch/launch.h"
 #include "runtime/defaults.h"
 #include "runtime/error.h"
+#include "runtime/json_fields.h"
 #include "runtime/registry.h"
 #include "runtime/tolerance.h"
 #include "spmv/laplacian.h"
@@ -334,6 +335,98 @@ nlohmann::json torch_benches_json(const std::vector<TorchBench>& benches, const 
   return {{"device", device}, {"rows", rows}};
 }
 
+// ---- the script's answers ------------------------------------------------------------------------------
+
+namespace {
+
+// A field of the script's answer to `op`, read strictly (runtime/json_fields.h): one of another type is an answer
+// this benchsuite cannot read.
+template <class Read>
+auto answer_field(const std::string& op, Read&& read) {
+  try {
+    return read();
+  } catch (const json_field::FieldError& e) {
+    throw std::runtime_error("scripts/torch-peers' " + op + " answer is not what benchsuite expects: " + e.what());
+  }
+}
+
+}  // namespace
+
+nlohmann::ordered_json parse_torch_peers_line(const std::string& line) {
+  nlohmann::ordered_json said;
+  try {
+    said = nlohmann::ordered_json::parse(line);
+  } catch (const nlohmann::json::exception& e) {
+    // nlohmann quotes what it last read, any bytes: the row's reason is written as JSON.
+    throw std::runtime_error("scripts/torch-peers answered something that is not JSON (" +
+                             json_field::utf8_or_replaced(e.what()) + ")");
+  }
+  if (!said.is_object())
+    throw std::runtime_error("scripts/torch-peers answered " + std::string(said.type_name()) + ", not an object");
+  return said;
+}
+
+void throw_torch_peers_error(const nlohmann::ordered_json& said) {
+  if (!said.contains("error")) return;
+  const std::string why = answer_field("error", [&] { return json_field::text(said, "error").value_or(""); });
+  throw std::runtime_error("scripts/torch-peers: " + (why.empty() ? std::string("an error it gave no words for") : why));
+}
+
+TorchPeersHello read_torch_peers_hello(const nlohmann::ordered_json& said) {
+  return answer_field("hello", [&] {
+    TorchPeersHello h;
+    h.protocol = json_field::text(said, "protocol").value_or("");
+    if (const auto* torch = json_field::present(said, "torch")) {
+      if (!torch->is_object()) throw json_field::FieldError("'torch' is not an object");
+      h.torch = nlohmann::json::parse(torch->dump());
+    }
+    return h;
+  });
+}
+
+Verdict read_torch_peers_open(const nlohmann::ordered_json& said, const std::string& row) {
+  Verdict verdict;
+  const auto [disposition, reason] = answer_field("open", [&] {
+    verdict.max_error = json_field::number(said, "max_error").value_or(0.0);
+    return std::pair{json_field::text(said, "disposition").value_or(""), json_field::text(said, "reason").value_or("")};
+  });
+  if (disposition == "unsupported") throw CannotRun(reason.empty() ? "scripts/torch-peers gave no reason" : reason);
+  if (disposition == "failed")
+    throw std::runtime_error(reason.empty() ? "scripts/torch-peers failed and gave no reason" : reason);
+  if (disposition != "passed" && disposition != "incorrect")
+    throw std::runtime_error("scripts/torch-peers opened " + row + " as '" + disposition + "'");
+  verdict.passed = disposition == "passed";
+  verdict.detail = reason;
+  return verdict;
+}
+
+std::vector<std::pair<std::string, double>> read_torch_peers_counters(const nlohmann::ordered_json& said,
+                                                                      std::map<std::string, double>& per_unit) {
+  return answer_field("counters", [&] {
+    std::vector<std::pair<std::string, double>> counters;
+    for (const char* field : {"counters", "per_unit"}) {
+      const auto* listed = json_field::present(said, field);
+      if (!listed) continue;
+      if (!listed->is_object()) throw json_field::FieldError(std::string("'") + field + "' is not an object");
+      for (const auto& [key, value] : listed->items()) {
+        if (!value.is_number()) continue;  // a count it keeps for itself (a name, a list)
+        const double v = json_field::number(*listed, key).value_or(0.0);
+        if (std::string(field) == "counters") counters.emplace_back(key, v);
+        else per_unit[key] = v;
+      }
+    }
+    return counters;
+  });
+}
+
+double read_torch_peers_time(const nlohmann::ordered_json& said) {
+  return answer_field("time", [&] {
+    const auto seconds = json_field::number(said, "seconds");
+    if (!seconds || *seconds < 0) throw json_field::FieldError("it gives no 'seconds' the calls took");
+    return *seconds;
+  });
+}
+
 // ---- the script, serving ------------------------------------------------------------------------------
 
 namespace {
@@ -390,10 +483,11 @@ class TorchServer {
       if (code == 2) throw UsageError("scripts/torch-peers rejected the run (its message is above)");
       throw std::runtime_error("scripts/torch-peers exited " + std::to_string(code) + " before it answered");
     }
-    if (hello->value("protocol", std::string()) != torch_serve_protocol)
+    const TorchPeersHello said = read_torch_peers_hello(*hello);
+    if (said.protocol != torch_serve_protocol)
       throw std::runtime_error(std::string("scripts/torch-peers does not speak ") + torch_serve_protocol +
                                " (it is not the script this benchsuite was built with)");
-    torch_context_ = nlohmann::json::parse(hello->value("torch", nlohmann::ordered_json::object()).dump());
+    torch_context_ = said.torch;
   }
 
   // The end of the conversation: the script closes its rows and exits; one that does not within a few
@@ -428,8 +522,7 @@ class TorchServer {
     }
     const std::optional<nlohmann::ordered_json> answer = read_answer();
     if (!answer) fail_ended();
-    if (answer->contains("error"))
-      throw std::runtime_error("scripts/torch-peers: " + answer->at("error").get<std::string>());
+    throw_torch_peers_error(*answer);
     return *answer;
   }
 
@@ -443,12 +536,7 @@ class TorchServer {
       if (const auto end = buffer_.find('\n'); end != std::string::npos) {
         const std::string line = buffer_.substr(0, end);
         buffer_.erase(0, end + 1);
-        try {
-          return nlohmann::ordered_json::parse(line);
-        } catch (const nlohmann::json::exception& e) {
-          throw std::runtime_error("scripts/torch-peers answered something that is not JSON (" + std::string(e.what()) +
-                                   ")");
-        }
+        return parse_torch_peers_line(line);
       }
       char chunk[4096];
       const ssize_t n = ::recv(ours_->get(), chunk, sizeof chunk, 0);
@@ -489,16 +577,7 @@ class TorchRowInstance final : public Instance {
 
   TorchRowInstance(TorchServer& server, std::string name, std::shared_ptr<UnitsSink> units)
       : server_(server), name_(std::move(name)), units_(std::move(units)), timer_(*this) {
-    const nlohmann::ordered_json said = server_.request({{"op", "open"}, {"row", name_}});
-    const std::string disposition = said.value("disposition", std::string());
-    const std::string reason = said.value("reason", std::string());
-    if (disposition == "unsupported") throw CannotRun(reason);
-    if (disposition == "failed") throw std::runtime_error(reason);
-    if (disposition != "passed" && disposition != "incorrect")
-      throw std::runtime_error("scripts/torch-peers opened " + name_ + " as '" + disposition + "'");
-    verdict_.passed = disposition == "passed";
-    verdict_.detail = reason;
-    if (said.contains("max_error") && said["max_error"].is_number()) verdict_.max_error = said["max_error"].get<double>();
+    verdict_ = read_torch_peers_open(server_.request({{"op", "open"}, {"row", name_}}), name_);
     open_ = verdict_.passed;  // the script keeps only a case that passed: an incorrect one is never timed
   }
 
@@ -516,15 +595,7 @@ class TorchRowInstance final : public Instance {
   // What the case counted (cg: iterations per solve), and its units per call, kept for finish().
   std::vector<std::pair<std::string, double>> observed() const override {
     if (!open_) return {};
-    const nlohmann::ordered_json said = server_.request({{"op", "counters"}, {"row", name_}});
-    const nlohmann::ordered_json counted = said.value("counters", nlohmann::ordered_json::object());
-    const nlohmann::ordered_json per_unit = said.value("per_unit", nlohmann::ordered_json::object());
-    std::vector<std::pair<std::string, double>> counters;
-    for (const auto& [key, value] : counted.items())
-      if (value.is_number()) counters.emplace_back(key, value.get<double>());
-    for (const auto& [key, value] : per_unit.items())
-      if (value.is_number()) (*units_)[name_][key] = value.get<double>();
-    return counters;
+    return read_torch_peers_counters(server_.request({{"op", "counters"}, {"row", name_}}), (*units_)[name_]);
   }
 
   SampleTimer* own_timer() override { return &timer_; }
@@ -538,7 +609,7 @@ class TorchRowInstance final : public Instance {
     double stop() override {
       const int64_t calls = std::exchange(row_.queued_, 0);
       if (!row_.open_ || calls == 0) return 0;
-      return row_.server_.request({{"op", "time"}, {"row", row_.name_}, {"calls", calls}}).at("seconds").get<double>();
+      return read_torch_peers_time(row_.server_.request({{"op", "time"}, {"row", row_.name_}, {"calls", calls}}));
     }
 
    private:

@@ -56,6 +56,27 @@ void attach_torch_inputs(nlohmann::json& listing, const std::string& dir);
 // What benchsuite and scripts/torch-peers --serve say to each other: a JSON object a line each way.
 inline constexpr const char* torch_serve_protocol = "trainbench-torch-serve/1";
 
+// Its answers, as benchsuite reads them. Each throws std::runtime_error saying what is wrong for a line that is not a
+// JSON object or an answer that is not what the protocol says there.
+// One line: a JSON object, its keys in the script's order.
+nlohmann::ordered_json parse_torch_peers_line(const std::string& line);
+// An answer to a request: throws std::runtime_error with the script's words when it says "error".
+void throw_torch_peers_error(const nlohmann::ordered_json& said);
+// The hello: the protocol it speaks, and PyTorch's versions for the results' context (an object).
+struct TorchPeersHello {
+  std::string protocol;
+  nlohmann::json torch = nlohmann::json::object();
+};
+TorchPeersHello read_torch_peers_hello(const nlohmann::ordered_json& said);
+// "open" of `row`: its check's verdict (passed or incorrect); CannotRun (unsupported, with the reason) or
+// std::runtime_error (failed, with the reason) when it was not opened.
+Verdict read_torch_peers_open(const nlohmann::ordered_json& said, const std::string& row);
+// "counters": what the case counted (numbers only, in the script's order) and its units per call into `per_unit`.
+std::vector<std::pair<std::string, double>> read_torch_peers_counters(const nlohmann::ordered_json& said,
+                                                                      std::map<std::string, double>& per_unit);
+// "time": the seconds the queued calls took.
+double read_torch_peers_time(const nlohmann::ordered_json& said);
+
 struct TorchRun {
   std::string device = "cpu";  // cpu (rows `torch`) or cuda (rows `torch_cuda`)
   std::string listing_path;    // this run's `--list --format json` document, with its rows' inputs

@@ -1220,6 +1220,32 @@ TEST(AutotuneSteps, SearchRaceAndOutputRunOnThePlansExecutor) {
   std::filesystem::remove_all(dir);
 }
 
+// An entry whose probe was slow (its first build on a busy machine: 20 s) and whose steps are fast: the reserve for
+// the profile after the race is sized from what the trials measure, so the first trial of a 70 s budget runs (it
+// was refused as "no time left in the budget for another trial", the reserve being twice the probe).
+TEST(AutotuneSteps, ASlowProbeLeavesTheFirstTrialItsBudget) {
+  const auto dir = fresh_dir("tb_steps_probe");
+  const std::string journal = (dir / "j.jsonl").string();
+  const AutotuneOptions o = parse({"--gpu", "cpu", "--workload", "tiny", "--batch", "16", "--switches", "none",
+                                   "--budget", "70", "--journal", journal.c_str()});
+  const BudgetClock clock;
+  TunePlan plan = plan_tune(o);
+  EntryProbe probe;
+  probe.label = "slow_probe.py:build";
+  probe.micro_batch = 16;
+  probe.step_seconds = 0.01;
+  probe.probe_seconds = 20;
+  plan.entry = probe;
+  Tune tune(o, plan, clock);
+  EXPECT_EQ(tune.after_race_reserve(), 0.0) << "nothing measured, nothing to profile";
+  EXPECT_GT(tune.seconds_left(), 55.0);
+  EXPECT_NO_THROW(tune.within_budget(MeasurePolicy{}));
+  tune.seen.push_back({plan.own, exact_trial(plan.own, 1600)});  // a trial measured: 10 ms a step
+  EXPECT_GT(tune.after_race_reserve(), 0.0) << "the time split after the race is kept for";
+  EXPECT_LT(tune.after_race_reserve(), 20.0) << "sized from the trial's slice, not the probe's build";
+  std::filesystem::remove_all(dir);
+}
+
 // A machine where the workload's own configuration (tiny's micro-batch 8) is clearly fastest, whose
 // budget ends after its trial and one trial of the search: every later trial, the race's included, is
 // stopped by it (OutOfBudget), as on an H100 where a short budget left the race no round.

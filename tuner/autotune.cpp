@@ -5,7 +5,8 @@
 // races the choices of tuned files against each other. `--executor torch` measures every trial in the
 // PyTorch twin of the step (trial.h's TorchExecutor) instead of the C++ step; with `--entry`, the user's
 // own PyTorch model (entry.h's EntryExecutor).
-// Exit codes: 0 a configuration was chosen (or compared), 1 none ran successfully, 2 bad usage, 128 + the
+// Exit codes: 0 a configuration was chosen (or compared), 1 none ran successfully (or the journal or the tuned
+// file could not be written: a full disk; the configuration then goes to stdout), 2 bad usage, 128 + the
 // signal when stopped by SIGINT, SIGTERM or SIGHUP (130, 143, 129: the best so far and the journal are still
 // written). The steps are in autotune.h.
 // The command's parts: its options (autotune_options.cpp), stop signals (autotune_signals.cpp), the plan

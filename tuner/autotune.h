@@ -154,6 +154,9 @@ class Tune {
   std::vector<double> setups;               // of the ok trials so far, seconds
   double race_share = 0;                    // of the time left, kept for the race while the search runs (0: none)
   std::string journal_path;
+  // Why a trial's line could not be journaled ("": every one was), and how many lines the journal kept then.
+  std::string journal_error;
+  std::size_t journal_kept = 0;
   TuneOutput out;
   bool only_own = false;  // the search ran nothing but the workload's own configuration
   // Where the budget went (seconds on the clock): the plan (probes; the twin's worker start) ends when the tune
@@ -164,7 +167,8 @@ class Tune {
   // What the search and the race may spend: the budget less the output's, --predict's and what comes after the
   // race (after_race_reserve), less what has run.
   double seconds_left() const { return trial_deadline_ - after_race_reserve() - clock.elapsed(); }
-  // Kept for after the race: an entry's time split and, on ranks, its communication profile (profile_reserve).
+  // Kept for after the race: an entry's time split and, on ranks, its communication profile (profile_reserve);
+  // nothing until a trial has measured something to profile.
   double after_race_reserve() const;
   // `policy` cut to what is left of the budget; OutOfBudget when not even the shortest trial fits.
   MeasurePolicy within_budget(MeasurePolicy policy) const;
@@ -174,7 +178,8 @@ class Tune {
   // steps (the plan's estimate of the shortest trial until one ran; it includes the entry's probe, which a
   // candidate opened in the running worker does not pay again).
   double slice_floor() const;
-  // A finished trial: journaled, counted, said on stderr (Interrupted after a Ctrl-C).
+  // A finished trial: counted, said on stderr, journaled (Interrupted after a Ctrl-C; JournalNotWritten, the trial
+  // counted, when its line could not be written).
   void note_trial(const Candidate& c, const TrialResult& r);
 
  private:
@@ -198,6 +203,19 @@ int output_step(const Tune& tune);
 
 // `autotune --compare A B ...`: the files' choices raced interleaved, each against the first's.
 int compare_tuned(const AutotuneOptions& options);
+
+// A tuned file (autotune's own document, YAML or JSON) as --compare and --from read it. `text` is the file's
+// content and `path` names it in messages; UsageError "PATH: ..." for anything that is not such a document.
+// --compare's part: the chosen configuration and the workload it was tuned for.
+struct TunedFile {
+  std::string path;
+  Candidate chosen;
+  std::string workload_path, workload_digest;
+};
+TunedFile parse_tuned_file(const std::string& text, const std::string& path);
+// --from's part: the choice with what the frameworks' formats need of it (ranks, the gradient clipping, the
+// launcher, the device's backend, the loader's settings). A file without the gradient clipping is said on stderr.
+TuneOutput tuned_output_from_text(const std::string& text, const std::string& path);
 
 // The whole command; throws UsageError for bad usage (exit 2).
 int run(int argc, char** argv);

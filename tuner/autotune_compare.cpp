@@ -3,8 +3,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <cstdint>
 #include <iostream>
 #include <map>
@@ -17,6 +20,7 @@
 
 #include "runtime/device_info.h"
 #include "runtime/error.h"
+#include "runtime/json_fields.h"
 #include "step/workload.h"
 #include "tuner/autotune.h"
 #include "tuner/autotune_parts.h"
@@ -52,31 +56,34 @@ class ByExecutor final : public Executor {
   std::map<std::string, std::unique_ptr<Executor>> inner_;
 };
 
-// A tuned file's choice, for --compare.
-struct TunedFile {
-  std::string path;
-  Candidate chosen;
-  std::string workload_path, workload_digest;
-};
+// A tuned file's text; UsageError saying that it is not one when it cannot be read.
+std::string tuned_file_text(const std::string& path) {
+  std::error_code ec;
+  const auto type = std::filesystem::status(path, ec).type();
+  if (type == std::filesystem::file_type::character || type == std::filesystem::file_type::block ||
+      type == std::filesystem::file_type::socket)  // read whole: /dev/zero would never end
+    throw UsageError(path + ": not a configuration autotune wrote (a device, not a file)");
+  std::ifstream file(path);
+  if (!file) throw UsageError(path + ": not a configuration autotune wrote (cannot read it: " + std::strerror(errno) + ")");
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
 
-TunedFile read_tuned_file(const std::string& path) {
-  TunedFile f;
-  f.path = path;
+// The document's trainbench_autotune mapping; UsageError when the text is not YAML or holds none.
+YAML::Node tuned_document(const std::string& text, const std::string& path) {
+  // What it holds is written again as JSON (--from's formats), which takes UTF-8 only; autotune writes nothing else.
+  if (!json_field::is_utf8(text)) throw UsageError(path + ": not a configuration autotune wrote (not UTF-8 text)");
+  YAML::Node root;
   try {
-    const YAML::Node t = YAML::LoadFile(path)["trainbench_autotune"];
-    if (!t || !t["chosen"] || !t["chosen"].IsMap())
-      throw UsageError(path + ": no trainbench_autotune.chosen in it (autotune writes one with --format yaml or json)");
-    f.chosen.global_batch = t["chosen"]["global_batch"].as<int64_t>();
-    f.chosen.micro_batch = t["chosen"]["micro_batch"].as<int64_t>();
-    f.chosen.switches = t["chosen"]["switches"].as<std::map<std::string, std::string>>();
-    f.workload_path = t["workload"]["path"].as<std::string>();
-    f.workload_digest = t["workload"]["digest"].as<std::string>();
+    root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     throw UsageError(path + ": not a configuration autotune wrote (" + e.what() + ")");
   }
-  if (f.chosen.global_batch <= 0 || f.chosen.micro_batch <= 0 || f.chosen.global_batch % f.chosen.micro_batch)
-    throw UsageError(path + ": its micro-batch does not divide its global batch");
-  return f;
+  const YAML::Node t = root.IsMap() ? root["trainbench_autotune"] : YAML::Node();
+  if (!t || !t.IsMap() || !t["chosen"] || !t["chosen"].IsMap())
+    throw UsageError(path + ": no trainbench_autotune.chosen in it (autotune writes one with --format yaml or json)");
+  return t;
 }
 
 // --compare's executor: the one --executor names, or with two (native,torch) each configuration run in
@@ -182,26 +189,81 @@ std::vector<std::string> executor_names(const std::string& text) {
   return names;
 }
 
-// --from: the choice of a tuned file, with what the frameworks' formats need of it (ranks, the gradient clipping,
-// the launcher, the device's backend); nothing is measured or probed.
-static TuneOutput tuned_output(const std::string& path) {
-  const TunedFile f = read_tuned_file(path);
+// A text of the document as --from writes it again (JSON: UTF-8 only). yaml-cpp decodes the escapes "\_" and "\N" to
+// single bytes (0xA0, 0x85), not UTF-8, so what it decoded is checked, not only the file.
+static std::string utf8_text(const YAML::Node& node, const std::string& path) {
+  std::string text = node.as<std::string>();
+  if (!json_field::is_utf8(text))
+    throw UsageError(path + ": not a configuration autotune wrote (a text that is not UTF-8 at line " +
+                     std::to_string(node.Mark().line + 1) + ")");
+  return text;
+}
+
+// --compare's part of a tuned document (its trainbench_autotune mapping).
+static TunedFile tuned_file_of(const YAML::Node& t, const std::string& path) {
+  TunedFile f;
+  f.path = path;
+  try {
+    f.chosen.global_batch = t["chosen"]["global_batch"].as<int64_t>();
+    f.chosen.micro_batch = t["chosen"]["micro_batch"].as<int64_t>();
+    f.chosen.switches = t["chosen"]["switches"].as<std::map<std::string, std::string>>();
+    for (const auto& [name, value] : f.chosen.switches)
+      if (!json_field::is_utf8(name) || !json_field::is_utf8(value))
+        throw UsageError(path + ": not a configuration autotune wrote (a switch that is not UTF-8 text)");
+    f.workload_path = utf8_text(t["workload"]["path"], path);
+    f.workload_digest = utf8_text(t["workload"]["digest"], path);
+  } catch (const YAML::Exception& e) {
+    throw UsageError(path + ": not a configuration autotune wrote (" + e.what() + ")");
+  }
+  if (f.chosen.global_batch <= 0 || f.chosen.micro_batch <= 0 || f.chosen.global_batch % f.chosen.micro_batch)
+    throw UsageError(path + ": its micro-batch does not divide its global batch");
+  return f;
+}
+
+TunedFile parse_tuned_file(const std::string& text, const std::string& path) {
+  return tuned_file_of(tuned_document(text, path), path);
+}
+
+// The loader as the formats write it (emit.cpp): a count of workers and, with workers, a prefetch factor, from the
+// chosen dataloader or else from the data switches. UsageError for a file that holds something else there.
+static void refuse_loader_the_formats_cannot_write(const TuneOutput& out, const std::string& path) {
+  const auto is_count = [](const std::string& text) {
+    return !text.empty() && text.size() <= 9 && text.find_first_not_of("0123456789") == std::string::npos;
+  };
+  const auto& switches = out.report.best.candidate.switches;
+  for (const char* name : {"num_workers", "prefetch_factor"})
+    if (const auto it = switches.find(name); it != switches.end() && !is_count(it->second))
+      throw UsageError(path + ": its switch " + name + "=" + it->second + " is not a count");
+  const nlohmann::json& d = out.dataloader;
+  if (!d.is_object()) return;
+  const auto count_at_least = [&](const char* key, int64_t least) {
+    return d.contains(key) && d[key].is_number_integer() && d[key].get<int64_t>() >= least;
+  };
+  const bool workers = count_at_least("num_workers", 1);
+  if ((d.contains("num_workers") && !count_at_least("num_workers", 0)) || (workers && !count_at_least("prefetch_factor", 1)))
+    throw UsageError(path +
+                     ": its chosen dataloader needs num_workers (0 or more) and, with workers, a prefetch_factor "
+                     "of 1 or more");
+}
+
+TuneOutput tuned_output_from_text(const std::string& text, const std::string& path) {
+  const YAML::Node t = tuned_document(text, path);
+  const TunedFile f = tuned_file_of(t, path);
   TuneOutput out;
   out.report.found = true;
   out.report.best.candidate = f.chosen;
+  bool says_grad_clip = false;
   try {
-    const YAML::Node t = YAML::LoadFile(path)["trainbench_autotune"];
     out.ranks = t["ranks"] ? t["ranks"].as<int64_t>() : 1;
     if (out.ranks > 1) out.report.best.candidate.global_batch = t["chosen"]["per_rank_batch"].as<int64_t>();
     if (t["measured"] && t["measured"]["samples_per_s"])
       out.report.best.result.samples_per_s = t["measured"]["samples_per_s"].as<double>();
-    out.device = {{"backend", t["device"]["backend"].as<std::string>()},
-                  {"name", t["device"]["name"].as<std::string>()}};
+    out.device = {{"backend", utf8_text(t["device"]["backend"], path)}, {"name", utf8_text(t["device"]["name"], path)}};
     const YAML::Node executor = t["executor"];
-    out.executor = {{"name", executor["name"].as<std::string>()}};
+    out.executor = {{"name", utf8_text(executor["name"], path)}};
     for (const char* key : {"launcher", "torch"})
-      if (executor[key] && executor[key].IsScalar()) out.executor[key] = executor[key].as<std::string>();
-    out.workload_name = t["workload"]["name"].as<std::string>();
+      if (executor[key] && executor[key].IsScalar()) out.executor[key] = utf8_text(executor[key], path);
+    out.workload_name = utf8_text(t["workload"]["name"], path);
     // The loader's settings as the tune ran them (the model's threads a number): the formats write them
     const YAML::Node loader = t["chosen"]["dataloader"];
     if (loader && loader.IsMap()) {
@@ -212,16 +274,26 @@ static TuneOutput tuned_output(const std::string& path) {
       for (const char* key : {"persistent_workers", "pin_memory"})
         if (loader[key] && !loader[key].IsNull()) out.dataloader[key] = loader[key].as<bool>();
     }
-    if (t["workload"]["grad_clip"]) out.grad_clip = t["workload"]["grad_clip"].as<double>();
-    else
-      std::cerr << "autotune: " << path << " does not say the gradient clipping (an older autotune wrote it): the "
-                << "output clips nothing; set it by hand if the workload clips" << std::endl;
+    says_grad_clip = static_cast<bool>(t["workload"]["grad_clip"]);
+    if (says_grad_clip) out.grad_clip = t["workload"]["grad_clip"].as<double>();
   } catch (const YAML::Exception& e) {
     throw UsageError(path + ": not a configuration autotune wrote (" + e.what() + ")");
   }
   if (out.report.best.candidate.global_batch <= 0 ||
       out.report.best.candidate.global_batch % out.report.best.candidate.micro_batch)
     throw UsageError(path + ": its micro-batch does not divide its per-rank batch");
+  // The formats write the global batch again as the per-rank batch x the ranks: as autotune wrote them, that product
+  // is the file's own global batch (and so no overflow).
+  const int64_t per_rank = out.report.best.candidate.global_batch;
+  if (out.ranks < 1 ||
+      (out.ranks > 1 && (f.chosen.global_batch % out.ranks || f.chosen.global_batch / out.ranks != per_rank)))
+    throw UsageError(path + ": its global batch (" + std::to_string(f.chosen.global_batch) +
+                     ") is not its per-rank batch (" + std::to_string(per_rank) + ") x its ranks (" +
+                     std::to_string(out.ranks) + ")");
+  refuse_loader_the_formats_cannot_write(out, path);
+  if (!says_grad_clip)
+    std::cerr << "autotune: " << path << " does not say the gradient clipping (an older autotune wrote it): the "
+              << "output clips nothing; set it by hand if the workload clips" << std::endl;
   return out;
 }
 
@@ -265,8 +337,10 @@ int emit_tuned_file(const AutotuneOptions& options) {
     std::cerr << "autotune: the page of " << options.from_file << ": " << options.report_path << std::endl;
     if (page_only) return 0;
   }
-  write_output(emit(tuned_output(options.from_file), options.format), options.out_path);
-  return 0;
+  return write_output(emit(tuned_output_from_text(tuned_file_text(options.from_file), options.from_file), options.format),
+                      options.out_path)
+             ? 0
+             : 1;
 }
 
 int compare_tuned(const AutotuneOptions& options) {
@@ -279,7 +353,7 @@ int compare_tuned(const AutotuneOptions& options) {
   if (options.format != OutFormat::yaml && options.format != OutFormat::json)
     throw UsageError("--compare writes --format yaml or json");
   std::vector<TunedFile> tuned;
-  for (const auto& p : options.compare_files) tuned.push_back(read_tuned_file(p));
+  for (const auto& p : options.compare_files) tuned.push_back(parse_tuned_file(tuned_file_text(p), p));
   // The workload the files were tuned for, unless --workload names it; either way the files'.
   const step::Workload workload = step::load_workload(options.workload_given ? options.workload
                                                                              : tuned.front().workload_path);
@@ -291,12 +365,22 @@ int compare_tuned(const AutotuneOptions& options) {
   const Machine machine = pick_machine(options.gpu);
   // One runner per executor; with two, every file's configuration is raced in each.
   TrialRunner runner = compare_runner(executors, options.executor, workload, machine);
+  // Names and values: a value the tune could not have chosen (a hand-edited "sync: every_n:x") would reach the step's
+  // own parsing of it (apply(), std::stoll) in the race.
   const auto available = available_switches(workload, machine.use_cuda);
   for (const auto& t : tuned)
-    for (const auto& [name, value] : t.chosen.switches)
-      if (!available.count(name))
+    for (const auto& [name, value] : t.chosen.switches) {
+      const auto values = available.find(name);
+      if (values == available.end())
         throw UsageError(t.path + ": its configuration sets " + name + ", which " + workload.name + " does not have on " +
                          machine.backend);
+      if (std::find(values->second.begin(), values->second.end(), value) == values->second.end()) {
+        std::string known;
+        for (const auto& v : values->second) known += (known.empty() ? "" : ", ") + v;
+        throw UsageError(t.path + ": its configuration sets " + name + "=" + value + ", which " + workload.name +
+                         " does not have on " + machine.backend + " (" + name + ": " + known + ")");
+      }
+    }
   CompareOutput out;
   out.device = machine.description;
   out.executor = runner.description;
@@ -305,10 +389,10 @@ int compare_tuned(const AutotuneOptions& options) {
   out.workload_digest = workload_digest;
   const std::vector<RaceEntrant> entrants = compare_entrants(tuned, executors, out);
   if (entrants.size() >= 2) race_compared(options, workload, machine, runner, tuned, entrants, clock, out);
-  write_output(emit(out, options.format), options.out_path);
+  const bool written = write_output(emit(out, options.format), options.out_path);
   print_comparisons(out);
   if (out.interrupted || stop_requested) return interrupted_exit_code();
-  if (out.race && out.race->rounds == 0) return 1;
+  if ((out.race && out.race->rounds == 0) || !written) return 1;
   return 0;
 }
 

@@ -47,6 +47,8 @@ constexpr double kLevel = 0.95;  // of every interval the race reports
 extern std::atomic<bool> stop_requested;
 // Thrown where a stop is seen within the tune: the best so far is written.
 struct Interrupted {};
+// Thrown where a trial's line could not be journaled (a full disk): the tune stops, the best so far is written.
+struct JournalNotWritten {};
 // SIGINT, SIGTERM and SIGHUP stop a tune alike (the trial in flight stopped, the best so far written).
 void install_stop_handlers();
 // 128 + the first stop signal (SIGINT when none came).
@@ -63,8 +65,9 @@ extern int64_t described_ranks;
 std::string describe(const Candidate& c);
 // A trial's samples/s with its interval and peak memory, or its class and message.
 std::string result_text(const TrialResult& r);
-// `text` to stdout, or to `out_path` atomically.
-void write_output(const std::string& text, const std::string& out_path);
+// `text` to stdout, or to `out_path` atomically; where out_path cannot be written (a full disk), that is said on
+// stderr, `text` goes to stdout instead, and the answer is false.
+bool write_output(const std::string& text, const std::string& out_path);
 
 // --report: the page of a tuned file (autotune's own document, YAML or JSON) and its journal ("": none), written by
 // scripts/tune-page to `page` (atomically). False, its reason said on stderr by tune-page or here, when it was not.

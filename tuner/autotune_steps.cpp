@@ -62,9 +62,21 @@ std::string result_text(const TrialResult& r) {
   return out.str();
 }
 
-void write_output(const std::string& text, const std::string& out_path) {
-  if (out_path.empty()) std::cout << text << std::flush;
-  else write_file_atomically(out_path, text);
+bool write_output(const std::string& text, const std::string& out_path) {
+  if (!out_path.empty()) {
+    try {
+      write_file_atomically(out_path, text);
+      return true;
+    } catch (const UsageError& e) {
+      // A full disk at the end of a tune: what it measured goes to stdout rather than nowhere, the earlier file at
+      // out_path left as it was.
+      std::cerr << "autotune: " << e.what() << "; the configuration follows on stdout instead" << std::endl;
+      std::cout << text << std::flush;
+      return false;
+    }
+  }
+  std::cout << text << std::flush;
+  return true;
 }
 
 bool write_tune_page(const std::string& tuned_path, const std::string& journal_path, const std::string& page) {
@@ -496,7 +508,13 @@ MeasurePolicy Tune::within_budget(MeasurePolicy policy) const {
 // the likely finalists (the fastest measured and the workload's own: each one's set-up plus a slice or three
 // steps; a busy machine makes both longer), at most `race_share` (set once the workload's own trial ran), and
 // nothing while that share cannot buy one round of the choice against the workload's own configuration.
-double Tune::after_race_reserve() const { return profile_reserve(options, plan, slice_floor()); }
+double Tune::after_race_reserve() const {
+  // Nothing measured yet: nothing to profile after a race. The plan's shortest trial holds the entry's probe (its
+  // first build: 20-30 s on a busy machine), and a reserve of twice that would keep the first trial from running.
+  const bool measured = std::any_of(seen.begin(), seen.end(),
+                                    [](const Ranked& t) { return t.result.ok() && t.result.samples_per_s > 0; });
+  return measured ? profile_reserve(options, plan, slice_floor()) : 0.0;
+}
 
 double Tune::slice_floor() const {
   double floor = 0;
@@ -563,11 +581,18 @@ double Tune::race_reserve() const {
 
 void Tune::note_trial(const Candidate& c, const TrialResult& r) {
   if (stop_requested) throw Interrupted{};
-  journal_->append(c, r);
   seen.push_back(Ranked{c, r});
   if (r.ok()) setups.push_back(r.setup_seconds);
   std::cerr << "autotune: [trial " << seen.size() << ", " << human_seconds(clock.elapsed()) << " of "
             << human_seconds(options.budget) << " budget] " << describe(c) << " -> " << result_text(r) << std::endl;
+  try {
+    journal_->append(c, r);
+  } catch (const JournalWriteError& e) {
+    // A full disk ends the tune as a stop does, but not its measurements: this trial counts for the best so far.
+    journal_error = e.what();
+    journal_kept = seen.size() - 1 + resumed;
+    throw JournalNotWritten{};
+  }
 }
 
 // The search chooses among the candidates it ran, and one cut short by the budget need not have run
@@ -899,6 +924,14 @@ void search_and_race(Tune& tune) {
     settle_on_best_so_far(tune);
     std::cerr << "autotune: interrupted by " << stop_signal_name() << " after " << tune.seen.size()
               << " trials; the trial in flight was stopped; writing the best so far" << std::endl;
+  } catch (const JournalNotWritten&) {
+    tune.out.interrupted = true;
+    tune.out.race.reset();
+    tune.out.speedup.reset();
+    settle_on_best_so_far(tune);
+    std::cerr << "autotune: " << tune.journal_error << "; the tune stops after " << tune.seen.size()
+              << " trials: the journal keeps " << tune.journal_kept
+              << " finished trials (--resume goes on from them once there is room); writing the best so far" << std::endl;
   }
   account_budget(tune);
 }
@@ -1018,14 +1051,25 @@ int output_step(const Tune& tune) {
   const TuneOutput& out = tune.out;
   const std::string& out_path = tune.options.out_path;
   if (out.report.found) std::cerr << "autotune: " << global_batch_note(out) << std::endl;
-  write_output(emit(out, tune.options.format), out_path);
+  const bool out_written = write_output(emit(out, tune.options.format), out_path);
+  const std::string written_to = out_written && !out_path.empty() ? out_path : "stdout";
   const bool page_written = report_step(tune);
+  if (!tune.journal_error.empty() && !stop_requested) {
+    std::cerr << "autotune: stopped after " << human_seconds(tune.clock.elapsed()) << " as the journal "
+              << tune.journal_path << " could not be written: "
+              << (out.report.found ? "the best so far (" + describe(out.report.best.candidate) + ")"
+                                   : "no configuration (none ran)")
+              << " written to " << written_to << "; the journal keeps " << tune.journal_kept << " finished trials"
+              << std::endl;
+    return 1;
+  }
   if (out.interrupted || stop_requested) {  // a stop during the output: the output is whole, the exit says so
     std::cerr << "autotune: stopped by " << stop_signal_name() << " after " << human_seconds(tune.clock.elapsed()) << ": "
               << (out.report.found ? "the best so far (" + describe(out.report.best.candidate) + ")"
                                    : "no configuration (none ran)")
-              << " written to " << (out_path.empty() ? "stdout" : out_path) << "; the journal " << tune.journal_path
-              << " keeps " << tune.seen.size() + tune.resumed << " finished trials (--resume goes on from them)"
+              << " written to " << written_to << "; the journal " << tune.journal_path << " keeps "
+              << (tune.journal_error.empty() ? tune.seen.size() + tune.resumed : tune.journal_kept)
+              << " finished trials (--resume goes on from them)"
               << std::endl;
     return interrupted_exit_code();
   }
@@ -1033,8 +1077,8 @@ int output_step(const Tune& tune) {
             << " after " << tune.seen.size() << " trials"
             << (out.race ? " and " + std::to_string(out.race->rounds) + " race rounds" : "") << " in "
             << human_seconds(tune.clock.elapsed()) << "; journal " << tune.journal_path
-            << (out_path.empty() ? "" : ", config " + out_path) << std::endl;
-  return out.report.found && page_written ? 0 : 1;
+            << (out_path.empty() ? "" : ", config " + written_to) << std::endl;
+  return out.report.found && page_written && out_written ? 0 : 1;
 }
 
 }  // namespace tb::tune

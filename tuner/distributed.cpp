@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
@@ -13,6 +14,7 @@
 #include "runtime/comm.h"
 #include "runtime/device_info.h"
 #include "runtime/error.h"
+#include "runtime/json_fields.h"
 #include "runtime/stats.h"
 #include "tuner/trial.h"
 
@@ -99,18 +101,40 @@ namespace {
 
 // Rank 0's answer, the probe's last line: {"seconds", "ranks", "library"[, "torch"]}.
 AllreduceProbe probe_answer(const ChildOutcome& child, const std::string& what) {
-  const auto last = child.out.find_last_of('{');
-  if (child.timed_out || child.exit_code != 0 || last == std::string::npos)
+  if (child.timed_out || child.exit_code != 0 || child.out.find('{') == std::string::npos)
     throw CallError(__FILE__, __LINE__, what,
                     child.timed_out     ? "timed out"
                     : child.interrupted ? "interrupted"
                                         : ending_text(child));
-  const auto j = nlohmann::json::parse(child.out.substr(last));
-  return AllreduceProbe{j.at("ranks").get<int64_t>(), j.at("seconds").get<double>(), j.value("library", std::string()),
-                        j.value("torch", std::string())};
+  return read_allreduce_probe_answer(child.out, what);
 }
 
 }  // namespace
+
+AllreduceProbe read_allreduce_probe_answer(const std::string& out, const std::string& what) {
+  const auto last = out.find_last_of('{');
+  if (last == std::string::npos) throw CallError(__FILE__, __LINE__, what, "it gave no answer");
+  // The answer is one flat object: from its only '{' to the end of its line.
+  const auto end = out.find('\n', last);
+  const std::string line = out.substr(last, end == std::string::npos ? std::string::npos : end - last);
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  try {
+    if (j.is_discarded())
+      throw json_field::FieldError("it is not JSON: " + json_field::utf8_or_replaced(line.substr(0, 200)));
+    AllreduceProbe p;
+    const auto ranks = json_field::integer(j, "ranks");
+    const auto seconds = json_field::number(j, "seconds");
+    if (!ranks || *ranks < 1 || *ranks > INT_MAX) throw json_field::FieldError("'ranks' is missing or not a count of ranks");
+    if (!seconds || *seconds < 0) throw json_field::FieldError("'seconds' is missing or negative");
+    p.ranks = *ranks;
+    p.seconds = *seconds;
+    p.library = json_field::text(j, "library").value_or("");
+    p.torch = json_field::text(j, "torch").value_or("");
+    return p;
+  } catch (const json_field::FieldError& e) {
+    throw CallError(__FILE__, __LINE__, what, std::string("its answer is not what autotune expects: ") + e.what());
+  }
+}
 
 AllreduceProbe probe_allreduce(const std::vector<std::string>& launcher, const std::string& self_exe, int64_t ranks,
                                int64_t elements, double bucket_mb, const std::atomic<bool>* stop) {

@@ -53,6 +53,9 @@ struct AllreduceProbe {
   std::string library;
   std::string torch;  // the version that measured it, for torch.distributed's ("" for MPI's)
 };
+// A probe's answer as the parent reads it: the last JSON object the probe's standard output holds (rank 0's
+// {"seconds", "ranks", "library"[, "torch"]}). CallError naming `what` when there is none or it is not such an answer.
+AllreduceProbe read_allreduce_probe_answer(const std::string& out, const std::string& what);
 // The parent: the probe under the launcher on `ranks` ranks. Throws CallError when it fails.
 AllreduceProbe probe_allreduce(const std::vector<std::string>& launcher, const std::string& self_exe, int64_t ranks,
                                int64_t elements, double bucket_mb, const std::atomic<bool>* stop);

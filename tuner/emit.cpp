@@ -250,7 +250,7 @@ static bool sharded(const std::string& parallel) { return parallel.rfind("fsdp",
 
 static int64_t bucket_cap_mb(const Candidate& c) {
   const std::string mb = switch_of(c, "bucket_mb", "25");
-  if (mb.empty() || mb.find_first_not_of("0123456789") != std::string::npos)
+  if (mb.empty() || mb.size() > 9 || mb.find_first_not_of("0123456789") != std::string::npos)
     throw UsageError("bucket_mb=" + mb + ": expected DDP's bucket size in whole MB");
   return std::stoll(mb);
 }

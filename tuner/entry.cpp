@@ -12,6 +12,7 @@
 
 #include "runtime/device_info.h"
 #include "runtime/error.h"
+#include "runtime/json_fields.h"
 #include "runtime/python.h"
 
 namespace tb::tune {
@@ -202,20 +203,85 @@ EntryExecutor::EntryExecutor(const std::string& spec, bool cuda, int device, int
     throw UsageError("--entry " + spec + ": the worker failed validating it: " + e.what());
   }
   probe_.probe_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - probe_started).count();
-  if (j.contains("error")) {
-    if (j.value("usage", false)) throw UsageError(j.at("error").get<std::string>());
-    throw std::runtime_error("--entry " + spec + ": " + j.at("error").get<std::string>());
+  read_probe_answer(j, spec, probe_);
+}
+
+namespace {
+
+// The error an answer reports ({"error": WHY, "usage": true when it is the user's to fix}): UsageError with its words,
+// or std::runtime_error `context` + its words. Nothing when it reports none.
+void throw_reported_error(const json& said, const std::string& context) {
+  const auto error = json_field::text(said, "error");
+  if (!error) return;
+  const std::string why = error->empty() ? "the worker gave no reason" : *error;
+  if (json_field::flag(said, "usage").value_or(false)) throw UsageError(why);
+  throw std::runtime_error(context + why);
+}
+
+// A list of texts (a switch's values).
+std::vector<std::string> texts(const json& list, const std::string& name) {
+  if (!list.is_array()) throw json_field::FieldError("'" + name + "' is not a list");
+  std::vector<std::string> out;
+  for (const auto& v : list) {
+    if (!v.is_string()) throw json_field::FieldError("'" + name + "' holds a value that is not a string");
+    out.push_back(v.get<std::string>());
   }
+  return out;
+}
+
+}  // namespace
+
+void read_probe_answer(const json& said, const std::string& spec, EntryProbe& probe) {
+  const std::string context = "--entry " + spec + ": ";
   try {
-    probe_.label = j.at("label").get<std::string>();
-    probe_.parameters = j.at("parameters").get<int64_t>();
-    probe_.max_grad_norm = j.at("max_grad_norm").get<double>();
-    probe_.micro_batch = j.at("micro_batch").get<int64_t>();
-    probe_.step_seconds = j.at("step_seconds").get<double>();
-    probe_.switches = j.at("switches").get<std::map<std::string, std::vector<std::string>>>();
-    probe_.applies_when = j.value("applies_when", json::object()).get<std::map<std::string, std::string>>();
-  } catch (const std::exception& e) {
-    throw UsageError("--entry " + spec + ": the worker's probe is not what autotune expects (" + e.what() + ")");
+    throw_reported_error(said, context);
+    const auto required = [](auto value, const char* key) {
+      if (!value) throw json_field::FieldError(std::string("it has no '") + key + "'");
+      return *value;
+    };
+    probe.label = required(json_field::text(said, "label"), "label");
+    probe.parameters = required(json_field::integer(said, "parameters"), "parameters");
+    probe.max_grad_norm = required(json_field::number(said, "max_grad_norm"), "max_grad_norm");
+    probe.micro_batch = required(json_field::integer(said, "micro_batch"), "micro_batch");
+    probe.step_seconds = required(json_field::number(said, "step_seconds"), "step_seconds");
+    if (probe.parameters < 0 || probe.micro_batch < 1 || probe.step_seconds < 0)
+      throw json_field::FieldError("its parameters, micro-batch or step time is out of range");
+    const json* switches = json_field::present(said, "switches");
+    if (!switches || !switches->is_object()) throw json_field::FieldError("'switches' is not an object");
+    probe.switches.clear();
+    for (const auto& [name, values] : switches->items()) {
+      probe.switches[name] = texts(values, name);
+      if (probe.switches[name].empty()) throw json_field::FieldError("switch '" + name + "' has no values");
+    }
+    probe.applies_when.clear();
+    if (const json* when = json_field::present(said, "applies_when")) {
+      if (!when->is_object()) throw json_field::FieldError("'applies_when' is not an object");
+      for (const auto& [name, condition] : when->items())
+        probe.applies_when[name] = required(json_field::text(*when, name), name.c_str());
+    }
+  } catch (const json_field::FieldError& e) {
+    throw UsageError(context + "the worker's probe is not what autotune expects (" + e.what() + ")");
+  }
+}
+
+LargestBatch read_largest_batch_answer(const json& said, const std::string& label, int64_t global_batch) {
+  const std::string context = "--entry " + label + ": the largest-batch search failed: ";
+  try {
+    throw_reported_error(said, context);
+    LargestBatch found;
+    found.micro_batch = json_field::integer(said, "micro_batch").value_or(-1);
+    found.steps_per_size = json_field::integer(said, "steps_per_size").value_or(-1);
+    found.seconds = json_field::number(said, "seconds").value_or(-1);
+    if (found.micro_batch < 0 || found.micro_batch > global_batch ||
+        (found.micro_batch > 0 && global_batch % found.micro_batch) || found.steps_per_size < 0 || found.seconds < 0)
+      throw json_field::FieldError("its micro_batch, steps_per_size or seconds is missing or out of range (a micro-batch "
+                                   "from 0 to the global batch " + std::to_string(global_batch) + ", dividing it)");
+    const json* tried = json_field::present(said, "tried");
+    if (!tried || !tried->is_array()) throw json_field::FieldError("'tried' is not a list");
+    found.tried = *tried;
+    return found;
+  } catch (const json_field::FieldError& e) {
+    throw std::runtime_error(context + "its answer is not what autotune expects (" + e.what() + ")");
   }
 }
 
@@ -231,17 +297,7 @@ LargestBatch EntryExecutor::largest_batch(int64_t global_batch, int64_t memory_l
                                " s of the budget (give a larger --budget)");
     throw std::runtime_error("--entry " + probe_.label + ": the largest-batch search failed: " + e.what());
   }
-  if (j.contains("error")) {
-    if (j.value("usage", false)) throw UsageError(j.at("error").get<std::string>());
-    throw std::runtime_error("--entry " + probe_.label +
-                             ": the largest-batch search failed: " + j.at("error").get<std::string>());
-  }
-  LargestBatch found;
-  found.micro_batch = j.at("micro_batch").get<int64_t>();
-  found.steps_per_size = j.at("steps_per_size").get<int64_t>();
-  found.seconds = j.at("seconds").get<double>();
-  found.tried = j.at("tried");
-  return found;
+  return read_largest_batch_answer(j, probe_.label, global_batch);
 }
 
 }  // namespace tb::tune

@@ -74,6 +74,14 @@ struct LargestBatch {
   nlohmann::json tried;  // [{micro_batch, outcome, peak_bytes}], in the order tried
 };
 
+// The worker's answers about an entry, as this side reads them: "probe" (the entry's label, parameters, clipping,
+// switches and one step's time) into `probe`, and "largest_batch" for a global batch of `global_batch`. An error the
+// worker reports: UsageError when it says it is the user's to fix, else std::runtime_error with its words. An answer
+// that is not what autotune expects: UsageError (the probe) or std::runtime_error (the largest-batch search), naming
+// what is wrong.
+void read_probe_answer(const nlohmann::json& said, const std::string& spec, EntryProbe& probe);
+LargestBatch read_largest_batch_answer(const nlohmann::json& said, const std::string& label, int64_t global_batch);
+
 // The user's model in the tune's worker (worker.h): the entry's module imported once, each candidate rebuilt
 // from the entry function (same seed, fresh parameters, optimizer and loader), its first step checked against
 // the reference of its global batch (computed once in the worker and kept), then stepped as measure_steps asks.

@@ -113,11 +113,25 @@ void Journal::append(const Candidate& c, const TrialResult& r) const {
   const std::string line =
       nlohmann::json{{"context", context_}, {"key", c.key()}, {"candidate", to_json(c)}, {"result", to_json(r)}}.dump() +
       "\n";
-  ssize_t n = 0;
-  while ((n = ::write(fd_, line.data(), line.size())) < 0 && errno == EINTR) {
+  // A full disk (ENOSPC) or a file-size limit (EFBIG) can take part of the line: the write goes on until one call
+  // fails with the reason, and the part written is cut off again, so the journal keeps only whole trials.
+  const off_t before = ::lseek(fd_, 0, SEEK_END);
+  std::size_t done = 0;
+  int err = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : EIO;
+      break;
+    }
+    done += static_cast<std::size_t>(n);
   }
-  if (n != static_cast<ssize_t>(line.size()) || ::fsync(fd_) != 0)
-    throw UsageError("cannot write the journal " + path_ + ": " + (n < 0 ? std::strerror(errno) : "a short write"));
+  if (err == 0 && ::fsync(fd_) != 0) err = errno;
+  if (err == 0) return;
+  const bool cut_off = before >= 0 && ::ftruncate(fd_, before) == 0;
+  throw JournalWriteError("cannot write the journal " + path_ + ": " + std::strerror(err) +
+                          (cut_off ? "" : " (a part of the line stays: the next open cuts it off)"));
 }
 
 std::map<std::string, std::vector<TrialResult>> Journal::load() const {

@@ -5,12 +5,18 @@
 #pragma once
 
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "tuner/search.h"
 
 namespace tb::tune {
+
+// A trial's line the journal could not take (a full disk, a file-size limit): the journal holds what it held before.
+struct JournalWriteError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 class Journal {
  public:
@@ -24,7 +30,8 @@ class Journal {
   Journal(const Journal&) = delete;
   Journal& operator=(const Journal&) = delete;
 
-  // One write of the whole line, then fsync. Throws UsageError when it cannot write.
+  // The whole line, then fsync. JournalWriteError (the file and the reason) when it cannot: the part written is cut
+  // off again.
   void append(const Candidate& c, const TrialResult& r) const;
   // The trials of this context, every measurement of a candidate in the order they were appended.
   std::map<std::string, std::vector<TrialResult>> load() const;

@@ -18,6 +18,7 @@
 #include "runtime/defaults.h"
 #include "runtime/device_info.h"
 #include "runtime/error.h"
+#include "runtime/json_fields.h"
 #include "runtime/registry.h"
 #include "runtime/session.h"
 #include "runtime/stats.h"
@@ -169,12 +170,35 @@ json to_json(const Candidate& c) {
               {"switches", c.switches}};
 }
 
+namespace {
+
+// `read` over a candidate's or a result's fields, a wrong one said as UsageError naming `what`.
+template <class Read>
+auto read_fields(const char* what, Read&& read) {
+  try {
+    return read();
+  } catch (const json_field::FieldError& e) {
+    throw UsageError(std::string("not ") + what + ": " + e.what());
+  }
+}
+
+}  // namespace
+
 Candidate candidate_from_json(const json& j) {
-  Candidate c;
-  c.global_batch = j.at("global_batch").get<int64_t>();
-  c.micro_batch = j.at("micro_batch").get<int64_t>();
-  c.switches = j.at("switches").get<std::map<std::string, std::string>>();
-  return c;
+  return read_fields("a candidate", [&] {
+    Candidate c;
+    c.global_batch = json_field::integer(j, "global_batch").value_or(0);
+    c.micro_batch = json_field::integer(j, "micro_batch").value_or(0);
+    if (c.global_batch < 1 || c.micro_batch < 1)
+      throw json_field::FieldError("'global_batch' and 'micro_batch' must be counts of at least 1");
+    const json* switches = json_field::present(j, "switches");
+    if (!switches || !switches->is_object()) throw json_field::FieldError("'switches' is not an object");
+    for (const auto& [name, value] : switches->items()) {
+      if (!value.is_string()) throw json_field::FieldError("switch '" + name + "' is not a string");
+      c.switches[name] = value.get<std::string>();
+    }
+    return c;
+  });
 }
 
 json to_json(const TrialResult& r) {
@@ -184,17 +208,25 @@ json to_json(const TrialResult& r) {
 }
 
 TrialResult trial_result_from_json(const json& j) {
-  TrialResult r;
-  r.cls = trial_class_from_string(j.at("class").get<std::string>());
-  r.samples_per_s = j.value("samples_per_s", 0.0);
-  r.ci_low = j.value("ci_low", 0.0);
-  r.ci_high = j.value("ci_high", 0.0);
-  r.peak_bytes = j.value("peak_bytes", int64_t{0});
-  r.steps = j.value("steps", int64_t{0});
-  r.seconds = j.value("seconds", 0.0);
-  r.setup_seconds = j.value("setup_seconds", 0.0);
-  r.message = j.value("message", std::string());
-  return r;
+  return read_fields("a trial's result", [&] {
+    TrialResult r;
+    const auto cls = json_field::text(j, "class");
+    if (!cls) throw json_field::FieldError("it has no 'class'");
+    try {
+      r.cls = trial_class_from_string(*cls);
+    } catch (const std::invalid_argument& e) {
+      throw json_field::FieldError(e.what());
+    }
+    r.samples_per_s = json_field::number(j, "samples_per_s").value_or(0.0);
+    r.ci_low = json_field::number(j, "ci_low").value_or(0.0);
+    r.ci_high = json_field::number(j, "ci_high").value_or(0.0);
+    r.peak_bytes = json_field::integer(j, "peak_bytes").value_or(0);
+    r.steps = json_field::integer(j, "steps").value_or(0);
+    r.seconds = json_field::number(j, "seconds").value_or(0.0);
+    r.setup_seconds = json_field::number(j, "setup_seconds").value_or(0.0);
+    r.message = json_field::text(j, "message").value_or("");
+    return r;
+  });
 }
 
 void measure_steps(const StepSampler& sampler, double sizing_step_seconds, const MeasurePolicy& policy,
@@ -397,7 +429,7 @@ TrialResult classify(const ChildOutcome& o) {
       return trial_result_from_json(json::parse(last));
     } catch (const std::exception& e) {
       r.cls = TrialClass::error;
-      r.message = std::string("unreadable trial result: ") + e.what();
+      r.message = "unreadable trial result: " + json_field::utf8_or_replaced(e.what());  // quotes the child's bytes
       return r;
     }
   }
@@ -412,7 +444,8 @@ std::string ending_text(int signal, int exit_code, const std::string& said, cons
   if (signal) text = std::string("crashed: killed by signal ") + std::to_string(signal) + " (" + strsignal(signal) + ")";
   else if (exit_code >= 0) text = "exited with code " + std::to_string(exit_code) + after_exit;
   else text = "ended";
-  return said.empty() ? text : text + ": " + said;
+  // What it said is any bytes (a tail cut mid-character, a locale's): the message is journaled as JSON.
+  return said.empty() ? text : text + ": " + json_field::utf8_or_replaced(said);
 }
 
 std::string ending_text(const ChildOutcome& o) {
@@ -535,10 +568,11 @@ void start_torch_worker(WorkerExecutor& worker, TorchProbe& probe, const std::st
     require_torch(who, probe.script);
     throw UsageError(who + ": " + probe.script + " --serve failed under " + probe.python + " (" + e.what() + ")");
   }
-  probe.torch_version = hello.value("torch", std::string());
-  probe.python_version = hello.value("python", std::string());
-  probe.cuda = hello.value("cuda", false);
-  probe.import_seconds = hello.value("start_seconds", 0.0);
+  const WorkerHello said = read_hello(hello);  // read once already, when the worker started
+  probe.torch_version = said.torch_version;
+  probe.python_version = said.python_version;
+  probe.cuda = said.cuda;
+  probe.import_seconds = said.start_seconds;
 }
 
 TorchExecutor::TorchExecutor(const step::Workload& workload, bool cuda, int device, const std::atomic<bool>* stop,

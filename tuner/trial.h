@@ -44,6 +44,9 @@ struct TrialEstimate {
 };
 TrialEstimate shortest_trial(const step::Workload& w, int64_t min_steps, bool cuda, int device);
 
+// A candidate and a trial's result as a trial's child, the journal and a request carry them. The readers take what
+// another process or an earlier run wrote: UsageError naming the field for anything that is not one (a batch below
+// 1, a class that does not exist, a field of another type).
 nlohmann::json to_json(const Candidate& c);
 Candidate candidate_from_json(const nlohmann::json& j);
 nlohmann::json to_json(const TrialResult& r);
@@ -79,12 +82,14 @@ struct ChildOutcome {
 };
 // Runs argv in its own process group; kills the group after `timeout_s`, or when `stop` turns true.
 ChildOutcome run_child(const std::vector<std::string>& argv, double timeout_s, const std::atomic<bool>* stop);
-// What a child's outcome means as a trial.
+// What a child's outcome means as a trial: its last line of standard output read as its result, or how it ended.
+// Never throws: an unreadable result is an error trial saying so.
 TrialResult classify(const ChildOutcome& outcome);
 // How a process ended, in words, for a trial's child and the PyTorch worker alike: "killed by SIGKILL (the
 // kernel's out-of-memory killer, most likely)", "crashed: killed by signal 15 (Terminated)", "exited with code 3"
 // followed by `after_exit`, or "ended" when it neither exited nor was signalled (exit_code < 0); then, but for
-// SIGKILL, what it said last on its standard error (`said`) after a colon when it said anything.
+// SIGKILL, what it said last on its standard error (`said`, its bytes that are not UTF-8 replaced by '?') after a
+// colon when it said anything.
 std::string ending_text(int signal, int exit_code, const std::string& said, const std::string& after_exit = "");
 // How a child that gave no result ended: "crashed: killed by signal 15 (Terminated)", "exited with code 3 and no
 // result", with the end of its standard error after a colon when it said anything.

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/json_fields.h"
 #include "tuner/trial.h"
 
 namespace tb::tune {
@@ -76,7 +77,84 @@ std::string describe_switches(const Candidate& c) {
   return s;
 }
 
+// A field of the worker's answer to `op`, read strictly (runtime/json_fields.h): one of another type is the worker's
+// fault, as an answer that is not JSON is.
+template <class Read>
+auto answer_field(const std::string& op, Read&& read) {
+  try {
+    return read();
+  } catch (const json_field::FieldError& e) {
+    throw WorkerLost(WorkerLost::Why::died, "the worker's " + op + " answer is not what autotune expects: " + e.what());
+  }
+}
+
 }  // namespace
+
+// ---- the answers --------------------------------------------------------------------------------------------------
+
+json parse_worker_line(const std::string& line) {
+  json said;
+  try {
+    said = json::parse(line);
+  } catch (const json::exception& e) {
+    // nlohmann quotes what it last read: any bytes.
+    throw WorkerLost(WorkerLost::Why::died,
+                     "the worker answered something that is not JSON (" + json_field::utf8_or_replaced(e.what()) + ")");
+  }
+  if (!said.is_object())
+    throw WorkerLost(WorkerLost::Why::died, "the worker answered " + std::string(said.type_name()) + ", not an object");
+  return said;
+}
+
+WorkerHello read_hello(const json& said) {
+  return answer_field("hello", [&] {
+    WorkerHello h;
+    h.protocol = json_field::text(said, "protocol").value_or("");
+    h.torch_version = json_field::text(said, "torch").value_or("");
+    h.python_version = json_field::text(said, "python").value_or("");
+    h.cuda = json_field::flag(said, "cuda").value_or(false);
+    h.start_seconds = json_field::number(said, "start_seconds").value_or(0.0);
+    return h;
+  });
+}
+
+OpenAnswer read_open_answer(const json& said) {
+  return answer_field("open", [&] {
+    OpenAnswer a;
+    a.disposition = json_field::text(said, "disposition").value_or("error");
+    // An answer of another op's shape ({"error": ...}) says why in "error".
+    a.reason = json_field::text(said, "reason")
+                   .value_or(json_field::text(said, "error").value_or("the worker gave no reason"));
+    a.warning = json_field::text(said, "warning").value_or("");
+    a.step_seconds = json_field::number(said, "step_seconds").value_or(0.0);
+    a.compile_seconds = json_field::number(said, "compile_seconds").value_or(0.0);
+    return a;
+  });
+}
+
+TimeAnswer read_time_answer(const json& said) {
+  return answer_field("time", [&] {
+    TimeAnswer a;
+    if (const auto error = json_field::text(said, "error")) {
+      a.failed = true;
+      a.error = error->empty() ? "the worker's steps failed and it gave no reason" : *error;
+      a.failed_class = json_field::text(said, "class").value_or("error");
+      return a;
+    }
+    const auto seconds = json_field::number(said, "seconds");
+    if (!seconds || *seconds < 0) throw json_field::FieldError("it gives no 'seconds' the steps took");
+    a.seconds = *seconds;
+    return a;
+  });
+}
+
+int64_t read_counters_answer(const json& said) {
+  return answer_field("counters", [&] { return json_field::integer(said, "peak_bytes").value_or(0); });
+}
+
+bool read_close_answer(const json& said) {
+  return answer_field("close", [&] { return json_field::flag(said, "restart").value_or(false); });
+}
 
 // ---- the process ------------------------------------------------------------------------------------------------
 
@@ -148,10 +226,21 @@ WorkerProcess::WorkerProcess(const std::vector<std::string>& argv, double timeou
       throw UsageError(last_nonempty_line(err_));
     throw;
   }
-  if (hello_.value("protocol", std::string()) != torch_worker_protocol)
-    throw std::runtime_error(argv.size() > 1 ? argv[1] + " does not speak " + torch_worker_protocol +
-                                                   " (it is not the script this autotune was built with)"
-                                             : "the worker does not speak " + std::string(torch_worker_protocol));
+  std::string refused;
+  try {
+    if (read_hello(hello_).protocol != torch_worker_protocol)
+      refused = (argv.size() > 1 ? argv[1] : std::string("the worker")) + " does not speak " + torch_worker_protocol +
+                " (it is not the script this autotune was built with)";
+  } catch (const WorkerLost& e) {
+    refused = e.what();
+  }
+  if (!refused.empty()) {
+    // Not constructed: no destructor ends the worker.
+    kill_group();
+    ::close(socket_);
+    ::close(stderr_);
+    throw WorkerLost(WorkerLost::Why::died, refused);
+  }
 }
 
 WorkerProcess::~WorkerProcess() {
@@ -181,7 +270,8 @@ void WorkerProcess::kill_group() {
   pid_ = 0;
 }
 
-std::string WorkerProcess::stderr_tail() const { return last_nonempty_line(err_); }
+// Any bytes the worker wrote: a trial's message (journaled as JSON) takes UTF-8 only.
+std::string WorkerProcess::stderr_tail() const { return json_field::utf8_or_replaced(last_nonempty_line(err_)); }
 
 void WorkerProcess::pump(int wait_ms) {
   pollfd fds[2] = {{socket_closed_ ? -1 : socket_, POLLIN, 0}, {stderr_, POLLIN, 0}};
@@ -224,7 +314,7 @@ void WorkerProcess::lost(WorkerLost::Why why, const std::string& what) {
     }
     while (stderr_ >= 0) pump(50);  // what it said last
     const std::string tail = stderr_tail();
-    if (const std::string rank = torchrun_failure(err_); ended && !rank.empty()) text = rank;
+    if (const std::string rank = json_field::utf8_or_replaced(torchrun_failure(err_)); ended && !rank.empty()) text = rank;
     else if (ended) text = ending_text(signal, WIFEXITED(status) ? WEXITSTATUS(status) : -1, tail);
     else if (!tail.empty()) text += ": " + tail;
   }
@@ -241,9 +331,9 @@ json WorkerProcess::read_line(double timeout_s) {
       const std::string line = in_.substr(0, end);
       in_.erase(0, end + 1);
       try {
-        return json::parse(line);
-      } catch (const json::exception& e) {
-        lost(WorkerLost::Why::died, std::string("the worker answered something that is not JSON (") + e.what() + ")");
+        return parse_worker_line(line);
+      } catch (const WorkerLost& e) {
+        lost(WorkerLost::Why::died, e.what());
       }
     }
     if (socket_closed_) lost(WorkerLost::Why::died, "the worker ended");
@@ -365,15 +455,15 @@ json WorkerExecutor::open_candidate(const Candidate& candidate, TrialClock& cloc
   const json said = process_->request(open, clock.limit(compiles || slowest_open_ <= 0 ? 0 : slowest_open_));
   const double open_seconds = seconds_since(opening);
   r.setup_seconds = open_seconds;
+  const OpenAnswer answer = read_open_answer(said);
   // What the user should know of the entry whatever the candidate (its batches the same on every rank), once
-  if (const std::string warning = said.value("warning", std::string()); !warning.empty() && warned_.insert(warning).second)
-    std::cerr << "autotune: warning: " << warning << std::endl;
-  const std::string disposition = said.value("disposition", std::string("error"));
-  if (disposition != "passed") {
+  if (!answer.warning.empty() && warned_.insert(answer.warning).second)
+    std::cerr << "autotune: warning: " << answer.warning << std::endl;
+  if (answer.disposition != "passed") {
     close_candidate(candidate, true, clock.limit(slowest_open_ > 0 ? slowest_open_ : 0),
-                    disposition + ", memory held after it");
-    r.cls = class_of_disposition(disposition);
-    r.message = said.value("reason", std::string("the worker gave no reason"));
+                    answer.disposition + ", memory held after it");
+    r.cls = class_of_disposition(answer.disposition);
+    r.message = answer.reason;
     return said;
   }
   if (!compiles) slowest_open_ = std::max(slowest_open_, open_seconds);
@@ -382,38 +472,36 @@ json WorkerExecutor::open_candidate(const Candidate& candidate, TrialClock& cloc
 
 bool WorkerExecutor::measure_candidate(const Candidate& candidate, const json& said, const MeasurePolicy& policy,
                                        TrialClock& clock, TrialResult& r) {
-  double step_seconds = std::max(said.value("step_seconds", 0.0), 1e-6);
-  std::string failed_class, failed_why;
+  const double opened_step_seconds = read_open_answer(said).step_seconds;
+  double step_seconds = std::max(opened_step_seconds, 1e-6);
+  // The steps' failure as the worker said it: thrown out of the sampler to end the measuring.
+  struct StepsFailed {
+    TimeAnswer answer;
+  };
   StepSampler sampler;
   sampler.elapsed = [&] { return clock.elapsed(); };
   sampler.time_steps = [&](int64_t steps) {
-    const json t = process_->request({{"op", "time"}, {"calls", steps}},
-                                     clock.limit(step_seconds * static_cast<double>(steps)));
-    if (t.contains("error")) {
-      failed_class = t.value("class", std::string("error"));
-      failed_why = t.at("error").get<std::string>();
-      throw std::runtime_error(failed_why);
-    }
-    const double s = t.at("seconds").get<double>();
-    step_seconds = std::max(step_seconds, s / static_cast<double>(std::max<int64_t>(steps, 1)));
-    return s;
+    const TimeAnswer t = read_time_answer(
+        process_->request({{"op", "time"}, {"calls", steps}}, clock.limit(step_seconds * static_cast<double>(steps))));
+    if (t.failed) throw StepsFailed{t};
+    step_seconds = std::max(step_seconds, t.seconds / static_cast<double>(std::max<int64_t>(steps, 1)));
+    return t.seconds;
   };
   try {
-    measure_steps(sampler, said.value("step_seconds", 0.0), policy, static_cast<double>(candidate.global_batch * ranks_), r);
+    measure_steps(sampler, opened_step_seconds, policy, static_cast<double>(candidate.global_batch * ranks_), r);
     return true;
-  } catch (const std::runtime_error& e) {
-    if (failed_why.empty()) throw;
-    close_candidate(candidate, true, clock.limit(slowest_open_), failed_class + " while stepping");
-    r.cls = class_of_disposition(failed_class);  // oom, incorrect (a NaN loss), or an error
-    r.message = failed_why;
+  } catch (const StepsFailed& failed) {
+    close_candidate(candidate, true, clock.limit(slowest_open_), failed.answer.failed_class + " while stepping");
+    r.cls = class_of_disposition(failed.answer.failed_class);  // oom, incorrect (a NaN loss), or an error
+    r.message = failed.answer.error;
     return false;
   }
 }
 
 void WorkerExecutor::close_measured(const Candidate& candidate, const json& said, TrialClock& clock, TrialResult& r) {
-  r.peak_bytes = process_->request({{"op", "counters"}}, clock.limit(1)).value("peak_bytes", int64_t{0});
+  r.peak_bytes = read_counters_answer(process_->request({{"op", "counters"}}, clock.limit(1)));
   close_candidate(candidate, false, clock.limit(slowest_open_), "memory held after it");
-  if (const double compiled = said.value("compile_seconds", 0.0); compiled > 0) {
+  if (const double compiled = read_open_answer(said).compile_seconds; compiled > 0) {
     std::ostringstream note;
     note.precision(1);
     note << std::fixed << "torch.compile: " << compiled << " s of compilation in its first step (not in the step time)";
@@ -454,7 +542,7 @@ void WorkerExecutor::close_candidate(const Candidate& candidate, bool failed, do
                                      const std::string& held_after) {
   json close{{"op", "close"}};
   if (failed) close["failed"] = true;
-  if (process_->request(close, timeout_s).value("restart", false)) {
+  if (read_close_answer(process_->request(close, timeout_s))) {
     pending_reason_ = describe_switches(candidate) + ": " + held_after;
     process_.reset();
   }

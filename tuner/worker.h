@@ -35,6 +35,42 @@ struct WorkerLost : std::runtime_error {
   int signal = 0;  // the signal that ended it, when one did
 };
 
+// ---- the worker's answers, as this side reads them ---------------------------------------------------------------
+// Each throws WorkerLost (died), saying what is wrong, when an answer is not what the protocol says there: the
+// candidate in hand is lost and the worker started again, as after a crash.
+
+// One line the worker wrote: a JSON object.
+nlohmann::json parse_worker_line(const std::string& line);
+
+// Its first line: the protocol it speaks and what it runs.
+struct WorkerHello {
+  std::string protocol, torch_version, python_version;
+  bool cuda = false;
+  double start_seconds = 0;  // importing torch and the twin or the entry
+};
+WorkerHello read_hello(const nlohmann::json& said);
+
+// "open": the candidate built and its first step checked ("passed", else why not: incorrect, oom, error), one step's
+// time as the worker saw it, what it says once a tune (a warning) and torch.compile's seconds in the first step.
+struct OpenAnswer {
+  std::string disposition = "error", reason, warning;
+  double step_seconds = 0, compile_seconds = 0;
+};
+OpenAnswer read_open_answer(const nlohmann::json& said);
+
+// "time": the seconds the asked steps took, or the steps' failure and its class (oom, incorrect, error).
+struct TimeAnswer {
+  bool failed = false;
+  std::string failed_class, error;
+  double seconds = 0;
+};
+TimeAnswer read_time_answer(const nlohmann::json& said);
+
+// "counters": the candidate's peak memory in bytes (0 when it does not say).
+int64_t read_counters_answer(const nlohmann::json& said);
+// "close": whether the worker asks to be started again (memory it could not give back).
+bool read_close_answer(const nlohmann::json& said);
+
 // One worker process: its own process group, one socket as its stdin and stdout, its stderr kept (the tail, for
 // the message of a death). Killed with its group when this object goes.
 class WorkerProcess {

@@ -238,7 +238,19 @@ std::string to_string(CpuKernel kernel) {
 
 std::vector<CpuKernel> cpu_fused_kernels(int64_t head_dim) {
   std::vector<CpuKernel> kernels;
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__clang__)
+  // clang (14) names no x86-64-v3/v4 level here: the features of each level it can name (F16C, LZCNT and MOVBE,
+  // which it cannot, came with AVX2 and BMI2 on every CPU that has those).
+  static const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") &&
+                         __builtin_cpu_supports("fma");
+  static const bool v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+                         __builtin_cpu_supports("avx512vl");
+  static const bool avx512 = blocked::avx512::built() && v4;
+  static const bool avx2 = blocked::avx2::built() && v3;
+  if (avx512 && head_dim % 16 == 0) kernels.push_back(CpuKernel::avx512);
+  if (avx2 && head_dim % 8 == 0) kernels.push_back(CpuKernel::avx2);
+#elif defined(__x86_64__) && defined(__GNUC__)
   static const bool avx512 = blocked::avx512::built() && __builtin_cpu_supports("x86-64-v4");
   static const bool avx2 = blocked::avx2::built() && __builtin_cpu_supports("x86-64-v3");
   if (avx512 && head_dim % 16 == 0) kernels.push_back(CpuKernel::avx512);

@@ -187,7 +187,9 @@ class CpuCg final : public WindowSolver {
       if (rr_ <= limit) break;
 #pragma omp parallel
       {
-        const auto [lo, hi] = thread_range(n_);
+        // Named, not bound: clang's `omp simd` cannot capture a structured binding (C++17).
+        const std::pair<int64_t, int64_t> range = thread_range(n_);
+        const int64_t lo = range.first, hi = range.second;
 #pragma omp simd
         for (int64_t i = lo; i < hi; ++i) p[i] = r[i] + beta * p[i];
       }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -59,13 +60,20 @@ void write_file_atomically(const std::string& path, const std::string& text) {
     done += static_cast<std::size_t>(n);
   }
   if (::fsync(fd) != 0) fail(errno);
-  ::close(fd);
+  // A file system that reports a full disk only when the file is closed (NFS) says it here.
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw UsageError("cannot write " + path + ": " + std::strerror(err));
+  }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
     throw UsageError("cannot write " + path + ": " + std::strerror(err));
   }
 }
+
+void file_size_limit_fails_the_write() { std::signal(SIGXFSZ, SIG_IGN); }
 
 void check_output_path(const std::string& path, const std::string& flag) {
   const fs::path p(path);

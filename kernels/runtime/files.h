@@ -14,6 +14,11 @@ namespace tb {
 // UsageError naming `path` when the folder is missing or not writable.
 void write_file_atomically(const std::string& path, const std::string& text);
 
+// A file-size limit (`ulimit -f`, a batch job's) fails the write that would pass it with EFBIG ("File too large"),
+// said and handled as a full disk is, instead of killing the process unsaid (SIGXFSZ's default action); Python's
+// scripts do the same. Children inherit it. Called first thing in a tool's main.
+void file_size_limit_fails_the_write();
+
 // Refuses, before any work, an output path that cannot be written when the work is done: a folder, a
 // path whose folder is missing, or a folder where no file can be created (read-only, /proc). `flag`
 // names the option in the message ("--out"). Creates nothing that stays.

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/json_fields.h"
 #include "runtime/registry.h"
 
 namespace tb::step {
@@ -78,6 +79,9 @@ class Parser {
 
   std::string text(const YAML::Node& n, const std::string& key) const {
     if (!n.IsScalar()) fail(n, key + " must be a single value");
+    // What yaml-cpp decoded, checked again: it decodes the escapes "\_" and "\N" to single bytes (0xA0, 0x85), not
+    // UTF-8, and the resolved workload is written as JSON.
+    if (!json_field::is_utf8(n.Scalar())) fail(n, key + " is not UTF-8 text");
     return n.Scalar();
   }
   int64_t integer(const YAML::Node& n, const std::string& key, int64_t min) const {
@@ -119,6 +123,30 @@ class Parser {
 
 }  // namespace
 
+// The step counts in int64 what it derives from the sizes (the parameters, a step's tokens, one micro-batch's
+// attention scores per position): sizes whose products pass 9e15 (2^53, where the sizes themselves stop) are typos,
+// not models, and would overflow there. Counted here in long double, before anything multiplies them.
+static void refuse_counts_past_int64(const Parser& p, const Workload& w, const YAML::Node& model_node,
+                                     const YAML::Node& batch_node) {
+  constexpr long double most = 9e15L;
+  const long double C = w.model.d_model, h = static_cast<long double>(w.model.mlp_ratio) * C, T = w.model.seq_len;
+  const long double per_layer = 2 * C + C * 3 * C + 3 * C + C * C + C + 2 * C + C * h + h + h * C + C;
+  const long double parameters = w.model.vocab * C + T * C + w.model.layers * per_layer + 2 * C;
+  if (parameters > most) {
+    std::ostringstream msg;
+    msg << "the model would have " << static_cast<double>(parameters) << " parameters (at most 9e15 are counted)";
+    p.fail(model_node, msg.str());
+  }
+  const long double tokens = static_cast<long double>(w.batch.global) * T;
+  const long double scores = static_cast<long double>(w.batch.micro) * static_cast<long double>(w.model.heads) * T;
+  if (tokens > most || scores > most) {
+    std::ostringstream msg;
+    msg << "the global batch x seq_len (" << static_cast<double>(tokens) << ") or the micro-batch x heads x seq_len ("
+        << static_cast<double>(scores) << ") is past 9e15";
+    p.fail(batch_node, msg.str());
+  }
+}
+
 int64_t Workload::parameter_count() const {
   const int64_t C = model.d_model, h = model.mlp_ratio * C;
   const int64_t per_layer = 2 * C + C * 3 * C + 3 * C + C * C + C + 2 * C + C * h + h + h * C + C;
@@ -127,6 +155,15 @@ int64_t Workload::parameter_count() const {
 
 Workload parse_workload(const std::string& yaml_text, const std::string& path) {
   Parser p(path);
+  // A workload's texts go into JSON (the resolved workload the PyTorch twin is built from), which takes UTF-8 only;
+  // yaml-cpp checks nothing.
+  if (const std::size_t bad = json_field::first_invalid_utf8(yaml_text); bad != std::string::npos) {
+    const std::size_t line_start = yaml_text.rfind('\n', bad == 0 ? 0 : bad - 1);
+    const std::size_t column = line_start == std::string::npos || bad == 0 ? bad : bad - line_start - 1;
+    const auto line = std::count(yaml_text.begin(), yaml_text.begin() + static_cast<std::ptrdiff_t>(bad), '\n');
+    throw UsageError(path + ":" + std::to_string(line + 1) + ":" + std::to_string(column + 1) +
+                     ": not UTF-8 text (a YAML file is UTF-8)");
+  }
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -249,6 +286,7 @@ Workload parse_workload(const std::string& yaml_text, const std::string& path) {
     p.fail(root["propagator"], "propagator.sparsity must be below d_model");
   if (w.logging.sync == "every_step" && w.logging.interval != 1 && sync_node.IsDefined())
     p.fail(sync_node, "sync every_step reads the loss every step; use every_n with an interval");
+  refuse_counts_past_int64(p, w, model_node, batch_node);
   return w;
 }
 
@@ -272,13 +310,16 @@ std::vector<std::string> preset_names() {
   return names;
 }
 
-// Why a file cannot be read as a workload ("not found", "is a directory", "not readable: Permission
+// Why a file cannot be read as a workload ("not found", "is a directory", "is a device", "not readable: Permission
 // denied"), or "" when it can.
 static std::string unreadable_reason(const fs::path& path) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (st.type() == fs::file_type::not_found) return "not found";
   if (st.type() == fs::file_type::directory) return "is a directory (give a .yaml file)";
+  // Read whole: /dev/zero would never end.
+  if (st.type() == fs::file_type::character || st.type() == fs::file_type::block || st.type() == fs::file_type::socket)
+    return "is a device, not a file (give a .yaml file)";
   if (ec) return ec.message();
   if (::access(path.c_str(), R_OK) != 0) return std::string("not readable: ") + std::strerror(errno);
   return "";

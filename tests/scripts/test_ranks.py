@@ -44,10 +44,16 @@ def test_allreduce_stage_on_two_ranks_reports_bus_bandwidth(tmp_path):
     # Bus bandwidth as nccl-tests: 2(n-1)/n of the buffer per call, 1x with two ranks.
     flat = rows["flat"]
     assert flat["bytes"] == pytest.approx(flat["counters"]["buffer_mb"] * 2**20, rel=1e-9)
-    assert "cpu.allreduce" in doc["context"]["peaks"]
+    # The link row sets the all-reduce's peak, unless its buffer fits twice in this CPU's last-level cache (a VM may
+    # report 480 MiB of L3): then it is no ceiling, the row says "cache", and no peak is kept.
+    if rows["link"].get("pct_of_peak_note") == "cache":
+        assert "cpu.allreduce" not in doc["context"]["peaks"]
+    else:
+        assert "cpu.allreduce" in doc["context"]["peaks"]
     assert rows["overlap"]["counters"]["hidden_share"] is not None
-    # One process writes the results: rank 1 said nothing.
-    assert run.stdout.count("Measured peaks") == 1
+    # One process writes the results: rank 1 said nothing (one table, one list of peaks where there is one).
+    assert [line.split()[0] for line in run.stdout.splitlines() if line.startswith("benchmark ")] == ["benchmark"]
+    assert run.stdout.count("Measured peaks") == (1 if doc["context"]["peaks"] else 0)
 
 
 def tune(*args, timeout=600):

@@ -49,6 +49,7 @@ TOLERANCE_BF16 = 2.5e-1
 HF_SEQ_LEN = 64            # synthetic tokens per sample of an hf: entry, unless ?seq_len= says
 HF_SAMPLES = 256           # rows of its synthetic dataset (cycled)
 HF_SEED = 1234
+HF_LR = 3e-4               # AdamW's learning rate for an hf: entry, unless ?lr= says
 DEFAULT_MAX_GRAD_NORM = 1.0
 SYNC_EVERY_N = 16
 LARGEST_BATCH_STEPS = 3     # training steps at each size of the largest-batch search (BatchSizeFinder's steps_per_trial)
@@ -65,6 +66,8 @@ class EntryError(Exception):
 # ---- loading -----------------------------------------------------------------------------------------------
 def parse_spec(spec: str) -> Tuple[str, str, Dict[str, str]]:
     """'FILE.py:NAME' -> ('file', path, {}), 'hf:MODEL?k=v&k=v' -> ('hf', MODEL, {k: v})."""
+    if not spec.isprintable():  # a newline or a NUL: no file is named so, and the message would not be one line
+        raise EntryError(f"--entry {spec!r}: a control character in it; expected FILE.py:NAME or hf:MODEL")
     if spec.startswith("hf:"):
         name, _, query = spec[3:].partition("?")
         overrides = {}
@@ -346,8 +349,20 @@ def build_file_entry(path: str, name: str, micro_batch: int, device, switches: D
         raise EntryError(f"{where}: 'batches' is a {type(batches).__name__}; expected an iterable or a DataLoader of "
                          "micro-batches")
     entry = Entry(model, _optimizer_maker(got["optimizer"], model, where), batches, got["loss"],
-                  float(got.get("max_grad_norm", DEFAULT_MAX_GRAD_NORM) or 0.0), f"{os.path.basename(path)}:{name}")
+                  _max_grad_norm(got.get("max_grad_norm", DEFAULT_MAX_GRAD_NORM), where), f"{os.path.basename(path)}:{name}")
     return share_over_ranks(entry, rank, world_size, where, takes_rank)
+
+
+def _max_grad_norm(value, where: str) -> float:
+    """The entry's clipping as a number >= 0 (None, 0 or False: off); EntryError for anything else."""
+    try:
+        clip = float(value or 0.0)
+    except (TypeError, ValueError, OverflowError, RuntimeError):  # not a number; RuntimeError: a tensor of several elements
+        clip = math.nan
+    if not math.isfinite(clip) or clip < 0:
+        shown = repr(value) if isinstance(value, (int, float, str)) else f"a {type(value).__name__}"
+        raise EntryError(f"{where}: 'max_grad_norm' is {shown[:80]}; expected a number >= 0 (0 turns clipping off)")
+    return clip
 
 
 def share_over_ranks(entry: Entry, rank: int, world_size: int, where: str, takes_rank: bool) -> Entry:
@@ -390,6 +405,20 @@ def distributed_loader(loader, rank: int, world_size: int):
                       generator=torch.Generator().manual_seed(0))
 
 
+def hf_settings(name: str, overrides: Dict[str, str]) -> Tuple[int, float, Dict[str, Any]]:
+    """An hf: entry's query (parse_spec's overrides) as (seq_len, lr, the configuration's fields typed): seq_len a
+    positive count of tokens, lr a positive finite number; EntryError naming the one that is not."""
+    where = f"--entry hf:{name}"
+    opts = {k: _typed(v) for k, v in overrides.items()}
+    seq_len = opts.pop("seq_len", HF_SEQ_LEN)
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
+        raise EntryError(f"{where}: seq_len={overrides['seq_len']} is not a positive count of tokens (e.g. seq_len=128)")
+    lr = opts.pop("lr", HF_LR)
+    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not math.isfinite(lr) or lr <= 0:
+        raise EntryError(f"{where}: lr={overrides['lr']} is not a positive learning rate (e.g. lr=3e-4)")
+    return seq_len, float(lr), opts
+
+
 def build_hf_entry(name: str, overrides: Dict[str, str], micro_batch: int, device, rank: int = 0,
                    world_size: int = 1) -> Entry:
     """A transformers causal LM from its configuration class (random weights, nothing downloaded), trained on
@@ -406,9 +435,7 @@ def build_hf_entry(name: str, overrides: Dict[str, str], micro_batch: int, devic
     if name not in CONFIG_MAPPING:
         raise EntryError(f"{where}: '{name}' is not a model type of transformers {transformers.__version__} "
                          "(hf:MODEL takes a configuration's model_type, e.g. gpt2, llama, bert)")
-    opts = {k: _typed(v) for k, v in overrides.items()}
-    seq_len = int(opts.pop("seq_len", HF_SEQ_LEN))
-    lr = float(opts.pop("lr", 3e-4))
+    seq_len, lr, opts = hf_settings(name, overrides)
     config = CONFIG_MAPPING[name]()
     for key, value in opts.items():
         if not hasattr(config, key):

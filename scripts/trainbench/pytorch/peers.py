@@ -169,9 +169,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         for b in benches:
             print(b.name)
         return 0
-    # The conversation is benchsuite's: a stop request (Ctrl-C reaches the whole terminal's group) ends it
-    # when benchsuite closes it, after the sample in hand; what a case prints goes to stderr, not into it.
+    # The conversation is benchsuite's: a stop request (Ctrl-C, or a closed terminal's SIGHUP, reaches the whole
+    # group) ends it when benchsuite closes it, after the sample in hand; a benchsuite killed outright (kill -9)
+    # takes this process with it. What a case prints goes to stderr, not into the conversation.
+    from .conversation import die_with_parent
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     try:
@@ -182,4 +186,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                      "(scripts/install-deps --torch, or python3 -m pip install torch numpy)")
     except UsageError as e:
         return _fail(str(e))
-    return serve(benches, sys.stdin, answers)
+    try:
+        return serve(benches, sys.stdin, answers)
+    except BrokenPipeError:  # benchsuite went away mid-answer: nobody is left to tell
+        os._exit(1)

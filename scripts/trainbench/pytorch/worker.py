@@ -516,6 +516,16 @@ def entry_request(worker: Worker, op: str, request: dict) -> dict:
         gc.collect()
 
 
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _shown(value: Any) -> str:
+    """A request's value as an answer names it: its repr, cut at 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def serve(worker: Worker, requests: TextIO, answers: TextIO) -> int:
     def handle(request: dict) -> dict:
         op = request.get("op")
@@ -531,14 +541,17 @@ def serve(worker: Worker, requests: TextIO, answers: TextIO) -> int:
             return {"error": "no candidate is open"}
         if op == "counters":
             return {"peak_bytes": worker.peak_bytes()}
-        if op == "profile":  # the communication a step waits for (distributed.profiled_steps)
-            from .distributed import profiled_steps
-            return profiled_steps(worker.opened.step, max(int(request.get("steps", 2)), 1), worker.on_gpu)
-        if op == "split":  # where a step's time goes (Worker.split_steps)
-            return worker.split_steps(max(int(request.get("steps", 3)), 1))
+        if op in ("profile", "split"):
+            steps = request.get("steps", 2 if op == "profile" else 3)
+            if not _is_count(steps):
+                return {"error": f"'steps' must be a count, not {_shown(steps)}"}
+            if op == "profile":  # the communication a step waits for (distributed.profiled_steps)
+                from .distributed import profiled_steps
+                return profiled_steps(worker.opened.step, max(steps, 1), worker.on_gpu)
+            return worker.split_steps(max(steps, 1))  # where a step's time goes
         calls = request.get("calls")
-        if not isinstance(calls, int) or calls < 0:
-            return {"error": f"'calls' must be a count, not {calls!r}"}
+        if not _is_count(calls):
+            return {"error": f"'calls' must be a count, not {_shown(calls)}"}
         try:
             seconds = worker.time_steps(calls)
             diverged = worker.opened.diverged()
@@ -647,17 +660,56 @@ def combined(op: str, answers: List[dict]) -> dict:
     return out
 
 
+# The start request's counts: device index, CPU threads (0: PyTorch's default), host memory limit (0: none).
+START_COUNTS = ("device", "threads", "memory_limit_bytes")
+
+
+def read_start(text: str) -> dict:
+    """The start request (`torch-step --serve START`) as the worker reads it, checked before torch is imported:
+    {"kind": "entry" | "twin", "entry": SPEC (an entry's, valid), "backend": "cpu" | "cuda", "device", "threads",
+    "memory_limit_bytes": counts, "distributed": bool}, absent fields at their defaults, others left out. UsageError
+    with one line naming what is wrong."""
+    from .entry import EntryError, parse_spec
+    try:
+        start = json.loads(text)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError; an integer of too many digits; too deep a nesting
+        raise UsageError(f"the start request is not JSON: {' '.join(str(e).split())}") from None
+    if not isinstance(start, dict):
+        raise UsageError(f"the start request is a JSON {type(start).__name__}, not an object")
+    read = {"kind": start.get("kind", "entry"), "entry": start.get("entry", ""), "backend": start.get("backend", "cpu"),
+            "distributed": start.get("distributed", False)}
+    if read["kind"] not in ("entry", "twin"):
+        raise UsageError(f"the start request's 'kind' is {_shown(read['kind'])}; expected 'entry' or 'twin'")
+    if read["backend"] not in ("cpu", "cuda"):
+        raise UsageError(f"the start request's 'backend' is {_shown(read['backend'])}; expected 'cpu' or 'cuda'")
+    if not isinstance(read["distributed"], bool):
+        raise UsageError(f"the start request's 'distributed' is {_shown(read['distributed'])}; expected true or false")
+    for name in START_COUNTS:
+        value = start.get(name, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise UsageError(f"the start request's '{name}' is {_shown(value)}; expected a count (0, 1, 2, ...)")
+        read[name] = value
+    if read["kind"] == "entry":
+        if not isinstance(read["entry"], str):
+            raise UsageError(f"the start request's 'entry' is {_shown(read['entry'])}; expected FILE.py:NAME or hf:MODEL")
+        try:
+            parse_spec(read["entry"])
+        except EntryError as e:
+            raise UsageError(str(e)) from None
+    return read
+
+
 def serve_main(start_text: str) -> int:
     """`torch-step --serve START`: START names what the worker runs ({"kind": "entry", "entry": SPEC} or {"kind":
     "twin"}), on which device ("backend", "device"), within what host memory ("memory_limit_bytes") and, on the CPU,
-    with how many threads ("threads"; 0 or absent: PyTorch's default)."""
+    with how many threads ("threads"; 0 or absent: PyTorch's default) (read_start)."""
     started = time.perf_counter()
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        start = json.loads(start_text)
-    except json.JSONDecodeError as e:
-        print(f"torch-step --serve: the start request is not JSON: {e}", file=sys.stderr)
+        start = read_start(start_text)
+    except UsageError as e:
+        print(f"torch-step --serve: {e}", file=sys.stderr)
         return 2
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())   # what the user's code prints stays out of the conversation
@@ -665,8 +717,6 @@ def serve_main(start_text: str) -> int:
         import torch
         worker = Worker(start)
         if worker.kind == "entry":
-            from .entry import parse_spec
-            parse_spec(worker.spec)
             worker.import_entry()
         worker.limit_memory()
     except UsageError as e:

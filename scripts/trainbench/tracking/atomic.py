@@ -4,6 +4,7 @@ at, under names no other user can have planted a symlink at."""
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import shutil
@@ -28,18 +29,32 @@ def _create_beside(folder: str, prefix: str):
 
 
 def write_atomically(path: str, data: bytes) -> None:
-    """A temporary file beside `path`, flushed to disk, then renamed over it; removed if anything fails."""
-    fd, tmp = _create_beside(os.path.dirname(os.path.abspath(path)), "." + os.path.basename(path) + ".")
+    """A temporary file beside `path`, flushed to disk, then renamed over it; removed if anything fails. An OSError
+    (a full disk: ENOSPC; a file-size limit: EFBIG) names `path`, not the temporary file nor nothing, so that the
+    caller's one line says which file was not written."""
+    try:
+        fd, tmp = _create_beside(os.path.dirname(os.path.abspath(path)), "." + os.path.basename(path) + ".")
+    except OSError as e:
+        raise _naming(e, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise _naming(e, path) from None
         raise
+
+
+def _naming(error: OSError, path: str) -> OSError:
+    """`error` as the OSError of writing `path` (its errno and reason kept)."""
+    if error.errno is None:   # one made with a message only (no free temporary name)
+        return OSError(errno.EEXIST, str(error), path)
+    return OSError(error.errno, error.strerror, path)
 
 
 def keep_copy(source: str, prefix: str) -> str:

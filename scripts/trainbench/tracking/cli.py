@@ -17,7 +17,7 @@ from typing import List, Optional
 from .constants import (DEFAULT_ALPHA, DEFAULT_CP_ALPHA, DEFAULT_MAX_HISTORY, DEFAULT_MIN_SAMPLES, DEFAULT_PERSIST,
                         DEFAULT_REPETITIONS, DEFAULT_ROUNDS, DEFAULT_SETTLE_RUNS, DEFAULT_THRESHOLD)
 from .argtypes import positive_int
-from .atomic import keep_copy
+from .atomic import keep_copy, write_atomically
 from ..errors import ResultFileError, UsageError
 from .history import load_history, machine_keys_in, store_run
 from .resultfile import load_run
@@ -118,8 +118,7 @@ def _emit(a, fmt: str, markdown_path: Optional[str]) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
     if markdown_path:
-        with open(markdown_path, "w", encoding="utf-8") as f:
-            f.write(render.markdown(a))
+        write_atomically(markdown_path, render.markdown(a).encode("utf-8"))
 
 
 def _fail(prog: str, message: str) -> int:
@@ -398,8 +397,11 @@ def nightly_main(argv: Optional[List[str]] = None) -> int:
         _emit(a, args.format, args.markdown)
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary:
-            with open(summary, "a", encoding="utf-8") as f:
-                f.write(render.markdown(a) + "\n")
+            try:
+                with open(summary, "a", encoding="utf-8") as f:
+                    f.write(render.markdown(a) + "\n")
+            except OSError as e:   # a full disk's error comes from the flush, which names no file
+                raise OSError(e.errno, e.strerror, summary) from None
         if not args.no_report:
             report_dir = args.report_dir or os.path.join(folder, "report")
             try:

@@ -4,6 +4,7 @@ of each level, change points, and the latest run's verdict."""
 from __future__ import annotations
 
 import html
+import io
 import math
 import os
 import re
@@ -12,6 +13,7 @@ from typing import Dict, List
 
 import numpy as np
 
+from .atomic import write_atomically
 from .render import counts_line, fmt_time, note_text, summary_title, verdict_text
 from .constants import BAND_MIN_RUNS, BAND_TAIL
 from .stats import FASTER, SLOWER, NightSpread
@@ -139,7 +141,8 @@ def _safe(name: str) -> str:
 
 
 def write_report(a: Analysis, out_dir: str) -> List[str]:
-    """Writes <stage>.png (or <stage>-2.png ... for large stages) and index.html; returns their paths."""
+    """Writes <stage>.png (or <stage>-2.png ... for large stages) and index.html, each atomically (a full disk leaves
+    the earlier file whole, and the OSError names the file); returns their paths."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -163,13 +166,14 @@ def write_report(a: Analysis, out_dir: str) -> List[str]:
             fig.tight_layout()
             name = _safe(stage) + (f"-{part // PLOTS_PER_FIGURE + 1}" if part else "") + ".png"
             path = os.path.join(out_dir, name)
-            fig.savefig(path, dpi=90)
+            png = io.BytesIO()
+            fig.savefig(png, format="png", dpi=90)
             plt.close(fig)
+            write_atomically(path, png.getvalue())
             written.append(path)
             images.append((stage, name))
     page = os.path.join(out_dir, "index.html")
-    with open(page, "w", encoding="utf-8") as f:
-        f.write(_html(a, images))
+    write_atomically(page, _html(a, images).encode("utf-8"))
     written.append(page)
     return written
 

@@ -101,8 +101,9 @@ class Run:
         """The clock that bounds this row's speed: the GPU's SM clock for GPU rows, the CPU clock otherwise."""
         ctx = self.data.get("context", {})
         if row.backend in GPU_BACKENDS:
-            devices = ctx.get("devices") or []
-            want = (ctx.get("settings") or {}).get("device")
+            devices = ctx.get("devices") if isinstance(ctx.get("devices"), list) else []
+            settings = ctx.get("settings") if isinstance(ctx.get("settings"), dict) else {}
+            want = settings.get("device")
             dev = next((d for d in devices if isinstance(d, dict) and d.get("index") == want), None)
             if dev is None and devices and isinstance(devices[0], dict):
                 dev = devices[0]
@@ -156,16 +157,19 @@ def parse_date(text) -> Optional[datetime]:
         return None
     try:
         d = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+        return (d if d.tzinfo else d.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+    except (ValueError, OverflowError):  # OverflowError: a date at the calendar's edge, moved past it to UTC
         return None
-    return (d if d.tzinfo else d.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
 
 
 def _date_from_name(path: str) -> Optional[datetime]:
     m = STORED_NAME.match(os.path.basename(path))
     if not m:
         return None
-    return datetime.strptime(m.group(1), TIMESTAMP_FORMAT).replace(tzinfo=timezone.utc)
+    try:
+        return datetime.strptime(m.group(1), TIMESTAMP_FORMAT).replace(tzinfo=timezone.utc)
+    except ValueError:  # the shape of a stored name, not a date (month 13)
+        return None
 
 
 def _is_number(x) -> bool:
@@ -181,7 +185,7 @@ def _parse_row(i: int, r, where: str) -> Optional[Row]:
     # Google Benchmark may add mean/stddev/cv aggregate rows; trainbench's row is the median.
     if r.get("run_type") == "aggregate" and r.get("aggregate_name") not in (None, "median"):
         return None
-    at = f"{where}: benchmarks[{i}] ({name})"
+    at = f"{where}: benchmarks[{i}] ({name if name.isprintable() else repr(name)})"  # a newline in it: still one line
     disp = r.get("disposition")
     if disp not in DISPOSITIONS:
         raise ResultFileError(f"{at}: 'disposition' is {disp!r}, expected one of {', '.join(DISPOSITIONS)}")
@@ -248,6 +252,10 @@ def load_run(path: str) -> Run:
         raise ResultFileError(f"{path}: not UTF-8 text") from None
     except json.JSONDecodeError as e:
         raise ResultFileError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    except ValueError:   # an integer of more digits than Python converts (4300)
+        raise ResultFileError(f"{path}: not a result file (an integer too long to read)") from None
+    except RecursionError:
+        raise ResultFileError(f"{path}: not a result file (JSON nested too deeply)") from None
     return parse_run(data, path)
 
 
