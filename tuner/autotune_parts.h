@@ -35,6 +35,10 @@ constexpr double kGiveBackShare = 0.10;
 constexpr double kExpectedFinalists = kMaxSearchFinalists + 4;
 // An entry's time split runs a candidate's steps for about this long (at least 3 of them).
 constexpr double kSplitSeconds = 1.0;
+// ... and a loader-fed candidate's (num_workers > 0) for this long: its steps swing as the workers run ahead and
+// fall behind, and the steps timed part by part met those timed whole between them within -10% to +13% over 1 s
+// in all, -3% to +5% over 3 s (ten splits each on the 2-core Xeon).
+constexpr double kLoaderSplitSeconds = 3.0;
 // A candidate measured at this share of the fastest or more may be a finalist: the race's reserve counts its slice.
 constexpr double kLikelyFinalist = 0.5;
 // Without a race verdict, a search's choice other than the workload's own must beat it by more than the drift

@@ -179,7 +179,9 @@ double predict_reserve(const AutotuneOptions& options, const TunePlan& plan, con
 // running worker and steps it for about a second, `slice` (Tune::slice_floor) plus that second each.
 double profile_reserve(const AutotuneOptions& options, const TunePlan& plan, double slice) {
   if (!plan.entry) return 0.0;
-  return (options.ranks > 1 && !options.predict ? 3 : 2) * (slice + kSplitSeconds);
+  const double split = plan.entry->switches.count("num_workers") ? kLoaderSplitSeconds : kSplitSeconds;
+  const bool profiled = options.ranks > 1 && !options.predict;
+  return (profiled ? 3 : 2) * slice + 2 * split + (profiled ? kSplitSeconds : 0.0);
 }
 
 // Kept back from the trials: the output, and the exit of a trial stopped at the budget's end.

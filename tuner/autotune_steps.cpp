@@ -818,7 +818,8 @@ void profile_communication_step(Tune& tune) {
 // profiled ones (what a clock between the parts costs, and whether the parts add up) and the step the timed samples
 // measured.
 namespace {
-// At least this many steps part by part (and as many timed whole), and as many as about kSplitSeconds hold in all:
+// At least this many steps part by part (and as many timed whole), and as many as about kSplitSeconds hold in all
+// (kLoaderSplitSeconds for a loader-fed candidate):
 // a few milliseconds' steps vary with what the machine does meanwhile.
 constexpr int64_t kSplitSteps = 3;
 constexpr int64_t kMaxSplitSteps = 200;
@@ -880,8 +881,11 @@ void time_split_step(Tune& tune) {
     const double timed = ranked.result.samples_per_s > 0
                              ? static_cast<double>(ranked.candidate.global_batch * out.ranks) / ranked.result.samples_per_s
                              : 0.0;
+    const auto workers = ranked.candidate.switches.find("num_workers");
+    const bool loader_fed = workers != ranked.candidate.switches.end() && workers->second != "0";
+    const double seconds = loader_fed ? kLoaderSplitSeconds : kSplitSeconds;
     const int64_t steps =
-        timed > 0 ? std::clamp<int64_t>(std::llround(kSplitSeconds / (2 * timed)), kSplitSteps, kMaxSplitSteps) : kSplitSteps;
+        timed > 0 ? std::clamp<int64_t>(std::llround(seconds / (2 * timed)), kSplitSteps, kMaxSplitSteps) : kSplitSteps;
     const nlohmann::json said = entry->split(ranked.candidate, steps, left);
     if (said.contains("error") || !said.contains("parts")) {
       std::cerr << "autotune: splitting the " << name << " configuration's step failed: " << said.value("error", said.dump())

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -229,6 +230,31 @@ TrialResult trial_result_from_json(const json& j) {
   });
 }
 
+namespace {
+
+// A step time from a trial's samples (seconds per step, every sample of the same steps): the median with its
+// distribution-free interval, or for a pipelined sampler the mean with Student's t interval.
+Summary step_summary(const std::vector<double>& step_seconds, double noise_target, bool pipelined) {
+  if (!pipelined || step_seconds.size() < 2) return summarize(step_seconds, noise_target);
+  const double n = static_cast<double>(step_seconds.size());
+  double sum = 0, squares = 0;
+  for (const double x : step_seconds) sum += x;
+  const double mean = sum / n;
+  for (const double x : step_seconds) squares += (x - mean) * (x - mean);
+  const double half = student_t_quantile(0.975, n - 1) * std::sqrt(squares / (n - 1) / n);
+  Summary s;
+  s.n = step_seconds.size();
+  s.median = mean;  // the centre the rate is taken from
+  s.ci_low = std::max(mean - half, *std::min_element(step_seconds.begin(), step_seconds.end()));
+  s.ci_high = mean + half;
+  s.ci_level = 0.95;
+  s.rel_half_width = half / mean;
+  s.noisy = s.rel_half_width > noise_target;
+  return s;
+}
+
+}  // namespace
+
 void measure_steps(const StepSampler& sampler, double sizing_step_seconds, const MeasurePolicy& policy,
                    double samples_per_step, TrialResult& r) {
   // Samples of whole steps, each at least ~20 ms so that timer noise does not dominate.
@@ -249,7 +275,7 @@ void measure_steps(const StepSampler& sampler, double sizing_step_seconds, const
       break;
     }
     if (step_seconds.size() < 3 || steps < policy.min_steps) continue;
-    const Summary s = summarize(step_seconds, policy.target_rel_ci);
+    const Summary s = step_summary(step_seconds, policy.target_rel_ci, sampler.pipelined);
     if (!s.noisy || sampler.agree_max(sampler.elapsed() - measuring) >= policy.max_seconds) break;
     // Clearly behind the best so far: even the fast end of the interval is slower.
     if (policy.stop_below > 0 && samples_per_step / s.ci_low < policy.stop_below) {
@@ -257,7 +283,7 @@ void measure_steps(const StepSampler& sampler, double sizing_step_seconds, const
       break;
     }
   }
-  const Summary s = summarize(step_seconds, policy.target_rel_ci);
+  const Summary s = step_summary(step_seconds, policy.target_rel_ci, sampler.pipelined);
   r.samples_per_s = samples_per_step / s.median;
   r.ci_low = samples_per_step / s.ci_high;
   r.ci_high = samples_per_step / s.ci_low;

@@ -58,10 +58,15 @@ TrialResult trial_result_from_json(const nlohmann::json& j);
 // max_seconds pass, the candidate is clearly behind the best so far (stop_below), or the budget's end
 // (wall_seconds) would come before the next sample. Fills `r`'s samples_per_s and interval (of
 // `samples_per_step`), steps, setup_seconds (when unset: the time before the first sample) and message.
+// A pipelined sampler's steps take batches other processes make (a DataLoader's workers): a sample's time
+// depends on how far ahead the workers stood when it began (a run of ready batches, then a wait), so its rate
+// is its samples' steps over their whole time (the mean step, with Student's t interval), not the median
+// sample, which lands on one side of that alternation or the other.
 struct StepSampler {
   std::function<double(int64_t steps)> time_steps;                       // seconds for that many whole steps
   std::function<double()> elapsed;                                       // seconds since the trial started
   std::function<double(double)> agree_max = [](double x) { return x; };  // over the ranks, on several
+  bool pipelined = false;
 };
 void measure_steps(const StepSampler& sampler, double sizing_step_seconds, const MeasurePolicy& policy,
                    double samples_per_step, TrialResult& r);

@@ -128,6 +128,7 @@ OpenAnswer read_open_answer(const json& said) {
     a.warning = json_field::text(said, "warning").value_or("");
     a.step_seconds = json_field::number(said, "step_seconds").value_or(0.0);
     a.compile_seconds = json_field::number(said, "compile_seconds").value_or(0.0);
+    a.pipelined = json_field::flag(said, "pipelined").value_or(false);
     return a;
   });
 }
@@ -472,7 +473,8 @@ json WorkerExecutor::open_candidate(const Candidate& candidate, TrialClock& cloc
 
 bool WorkerExecutor::measure_candidate(const Candidate& candidate, const json& said, const MeasurePolicy& policy,
                                        TrialClock& clock, TrialResult& r) {
-  const double opened_step_seconds = read_open_answer(said).step_seconds;
+  const OpenAnswer opened = read_open_answer(said);
+  const double opened_step_seconds = opened.step_seconds;
   double step_seconds = std::max(opened_step_seconds, 1e-6);
   // The steps' failure as the worker said it: thrown out of the sampler to end the measuring.
   struct StepsFailed {
@@ -480,6 +482,7 @@ bool WorkerExecutor::measure_candidate(const Candidate& candidate, const json& s
   };
   StepSampler sampler;
   sampler.elapsed = [&] { return clock.elapsed(); };
+  sampler.pipelined = opened.pipelined;
   sampler.time_steps = [&](int64_t steps) {
     const TimeAnswer t = read_time_answer(
         process_->request({{"op", "time"}, {"calls", steps}}, clock.limit(step_seconds * static_cast<double>(steps))));

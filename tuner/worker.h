@@ -55,6 +55,7 @@ WorkerHello read_hello(const nlohmann::json& said);
 struct OpenAnswer {
   std::string disposition = "error", reason, warning;
   double step_seconds = 0, compile_seconds = 0;
+  bool pipelined = false;  // its batches come from loader worker processes (StepSampler::pipelined)
 };
 OpenAnswer read_open_answer(const nlohmann::json& said);
 

@@ -102,23 +102,50 @@ def test_an_epoch_starts_outside_the_clock_and_its_cost_is_spread_over_its_micro
     assert len(stream.take(20)) == 20
 
 
+def process_state(pid):
+    """The state letter of /proc/PID/stat: T where the process is stopped."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def settled_state(pid, wanted, seconds=2.0):
+    """The process's state once it is `wanted` or `seconds` passed (a signal is delivered when it is next scheduled)."""
+    deadline = time.monotonic() + seconds
+    state = process_state(pid)
+    while state != wanted and time.monotonic() < deadline:
+        time.sleep(0.01)
+        state = process_state(pid)
+    return state
+
+
 @pytest.mark.python_only
-def test_the_batches_workers_prefetched_while_idle_are_taken_before_the_clock():
-    own, _ = loader(workers=1, shuffle=False, prefetch_factor=2)
-    stream = td.DataStream(own, workers=1, prefetch_factor=2)
+def test_the_loaders_workers_stand_still_between_clocks_and_go_on_where_they_were():
+    """Between two clocks the workers are stopped, so that a candidate's slices add up to one run of its steps: the
+    batches they made stay theirs to hand out, in order, and a stopped stream still ends its workers."""
+    own, _ = loader(workers=2, shuffle=False, prefetch_factor=2)
+    stream = td.DataStream(own, workers=2, prefetch_factor=2)
+    pids = []
     try:
         stream.prepare(1)
+        pids = stream.worker_pids()
+        assert len(pids) == 2
         first = stream.take(1)[0][1].tolist()
         stream.stopped()
-        stream.prepare(1)   # at once: nothing taken
-        second = stream.take(1)[0][1].tolist()
-        assert second[0] == first[0] + 8
+        assert [settled_state(pid, "T") for pid in pids] == ["T", "T"]
+        time.sleep(0.3)
+        stream.prepare(3)
+        assert all(settled_state(pid, "S") != "T" for pid in pids)
+        assert [b[1].tolist()[0] for b in stream.take(3)] == [first[0] + 8 * k for k in (1, 2, 3)]
         stream.stopped()
-        time.sleep(td.IDLE_SECONDS + 0.2)
-        stream.prepare(1)   # idle: the 2 prefetched micro-batches are taken first
-        assert stream.take(1)[0][1].tolist()[0] == first[0] + 8 * 4
+        assert stream.take(1)[0][1].tolist()[0] == first[0] + 8 * 4, "a batch taken outside a clock thaws them"
+        assert not stream.frozen
+        stream.stopped()
     finally:
         stream.close()
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in pids), "a stopped stream's workers outlived its close"
 
 
 def entry_worker(spec):
@@ -138,10 +165,12 @@ def test_a_candidates_loader_workers_stay_across_its_openings_and_its_step_split
         candidate = {"global_batch": 64, "micro_batch": 32, "switches": {"num_workers": "1", "persistent_workers": "on"}}
         said = w.open({"candidate": candidate})
         assert said["disposition"] == "passed" and said["checked"], said
+        assert said["pipelined"], "its batches come from a worker process: autotune rates it by its mean step"
         stream = w.opened.stream
         pids = loader_worker_pids(stream)
         assert len(pids) == 1
         w.time_steps(2)
+        assert settled_state(pids[0], "T") == "T", "the loader's worker stands still between clocks"
         w.close()
         said = w.open({"candidate": candidate})
         assert said["disposition"] == "passed" and not said["checked"]
@@ -155,6 +184,9 @@ def test_a_candidates_loader_workers_stay_across_its_openings_and_its_step_split
                                        "pin_memory": False, "cpu_threads": split["dataloader"]["cpu_threads"]}
         assert split["dataloader"]["cpu_threads"] == max(1, min(w.base_threads, td.cores_per_rank(1) - 1)) \
             or split["dataloader"]["cpu_threads"] == w.base_threads
+        w.close()
+        said = w.open({"candidate": {"global_batch": 64, "micro_batch": 32, "switches": {"num_workers": "0"}}})
+        assert said["disposition"] == "passed" and said["pipelined"] is False, said
         w.close()
     finally:
         w.close_streams()

@@ -12,8 +12,13 @@ The stream (DataStream): a candidate's micro-batches for its whole life in the w
 loader's worker processes, is kept across the race's slices, so a slice times steps of a loader that is already
 running. An epoch starts outside a slice's clock (where an epoch holds a slice) and what starting it cost (the
 iterator, new worker processes where they are not persistent, the first batch) is counted in each step's time,
-spread over the epoch's steps: persistent_workers is chosen for what it saves. The batches the workers prefetched
-while the candidate waited between slices are taken before the clock starts.
+spread over the epoch's steps: persistent_workers is chosen for what it saves.
+
+Between two clocks the loader's workers are stopped (SIGSTOP) and go on where they were when the next clock starts
+(SIGCONT), so that the clocks of a candidate add up to one run of its steps. Left running, they would work while
+nothing is timed: in the gaps between a trial's samples (a few per cent of a slice of 20 ms samples: the shorter the
+samples, the faster a loader-fed candidate looked) and, while other candidates ran, on batches that then made its
+next slice fast and slowed the others' with work of its own.
 
 Workers are the tune's processes: each dies with the worker that forked it (die_with_parent in its init), and one
 that fails (a dataset that cannot be pickled, raises in __getitem__, holds a CUDA tensor) fails its candidate with
@@ -22,6 +27,7 @@ the worker's own reason (worker_failure)."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any, Dict, List, Optional
 
@@ -31,10 +37,6 @@ NEEDS_WORKERS = ("prefetch_factor", "persistent_workers", "cpu_threads")
 PREFETCH_FACTORS = ("2", "4")
 DEFAULT_PREFETCH_FACTOR = 2      # torch.utils.data.DataLoader's, with workers
 STREAMS_KEPT = 8                 # candidates whose stream (iterator and workers) a worker keeps between openings
-# A stream unused this long has a full prefetch queue (its workers made the batches while other candidates ran): the
-# batches in it are taken before the next clock. A shorter pause (between a trial's samples: autotune's next request)
-# leaves the queue as training would, where it fills while the model computes.
-IDLE_SECONDS = 0.25
 
 
 def cores_per_rank(ranks: int) -> int:
@@ -166,7 +168,6 @@ class DataStream:
     def __init__(self, batches, workers: int = 0, prefetch_factor: int = 0):
         self.batches = batches
         self.workers = workers
-        self.prefetched = workers * (prefetch_factor or DEFAULT_PREFETCH_FACTOR) if workers else 0
         try:
             self.per_epoch: Optional[int] = len(batches)
         except TypeError:
@@ -176,10 +177,34 @@ class DataStream:
         self.left: Optional[int] = None   # micro-batches left in this epoch after `held`
         self.first_start = 0.0            # the candidate's first epoch start (its workers started from nothing)
         self.restarts: List[float] = []   # seconds of each later epoch start
-        self.stopped_at: Optional[float] = None  # when the last clock stopped: the workers prefetch meanwhile
+        self.frozen: List[int] = []       # the loader workers' pids, stopped between clocks
+
+    def worker_pids(self) -> List[int]:
+        """The live worker processes of the current iterator (a DataLoader's with num_workers > 0)."""
+        workers = getattr(self.iterator, "_workers", None) or []
+        return [w.pid for w in workers if w.pid is not None and w.is_alive()]
+
+    def freeze(self) -> None:
+        """Stops the loader's workers where they are (what they hold and their queues kept) until thaw()."""
+        self.thaw()
+        for pid in self.worker_pids():
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                self.frozen.append(pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def thaw(self) -> None:
+        frozen, self.frozen = self.frozen, []
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def start_epoch(self) -> float:
         """A new iterator and its first micro-batch (held): the seconds that took."""
+        self.thaw()  # the previous iterator's workers end (where not persistent): stopped, they could not
         started = time.perf_counter()
         self.iterator = None  # the previous epoch's iterator (and its workers, where not persistent) go first
         self.iterator = iter(self.batches)
@@ -198,6 +223,8 @@ class DataStream:
         self.restarts.append(self.start_epoch())
 
     def next(self):
+        if self.frozen:  # batches taken outside a clock (a candidate's check at its opening)
+            self.thaw()
         if self.held:
             return self.held.pop(0)
         try:
@@ -216,17 +243,11 @@ class DataStream:
         return None if self.left is None else len(self.held) + self.left
 
     def prepare(self, n: int) -> None:
-        """Before a clock that takes `n` micro-batches: the batches prefetched while the stream stood idle (more
-        than IDLE_SECONDS) are taken, so that the workers are as busy as in training, and a new epoch starts here
-        when this one would end inside the clock."""
+        """Before a clock that takes `n` micro-batches: the workers go on where the last clock stopped them, and a
+        new epoch starts here when this one would end inside the clock."""
+        self.thaw()
         if self.iterator is None:
             self.open()
-        elif (self.prefetched and self.stopped_at is not None
-              and time.perf_counter() - self.stopped_at > IDLE_SECONDS):
-            drain = self.prefetched if self.left is None else min(self.prefetched, self.left)
-            for _ in range(drain):
-                self.next()
-        self.stopped_at = None
         left = self.available()
         if left is not None and left < n <= self.per_epoch:
             self.restarts.append(self.start_epoch())
@@ -239,10 +260,12 @@ class DataStream:
         return n * (sum(self.restarts) / len(self.restarts)) / self.per_epoch
 
     def stopped(self) -> None:
-        self.stopped_at = time.perf_counter()
+        """A clock stopped: the workers stop with it."""
+        self.freeze()
 
     def close(self) -> None:
         """Ends the iterator and its worker processes (persistent ones are the loader's: dropped with it)."""
+        self.thaw()  # a stopped worker would not see its end
         iterator, self.iterator = self.iterator, None
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is not None:

@@ -354,9 +354,14 @@ class Worker:
             initial = {k: v.detach().clone() for k, v in entry.model.state_dict().items()} if compiled else None
             loop = None
         stream, dataloader = self.candidate_stream(key, entry, switches, ranks)
+        # Its steps take batches its loader's workers make meanwhile: autotune rates it by its samples' mean step
+        said["pipelined"] = stream.workers > 0
         own = own_variant(entry.make_optimizer(entry.model.parameters()), self.on_gpu)
         variant = switches.get("optimizer", own)
-        first = stream.take(accumulation)
+        # The first step's micro-batches, for the check (an opening already checked takes none: the stream goes on
+        # as if its slices were one run); the loader's workers stand still while the check computes
+        first = stream.take(accumulation) if key not in self.checked else None
+        stream.freeze()
         timing: Dict[str, float] = {}
         replicated = None
         if self.world:  # DDP over the entry's model, its first step against one process on every rank's samples
@@ -427,6 +432,7 @@ class Worker:
                 batches.pin_memory = settings["pin_memory"]
             stream = DataStream(batches, settings["num_workers"], settings["prefetch_factor"] or 0)
             stream.prepare(0)  # its first epoch (the workers started) and a second, each start timed
+            stream.freeze()
         self.streams[key] = stream
         while len(self.streams) > STREAMS_KEPT:
             _, oldest = self.streams.popitem(last=False)
