@@ -432,7 +432,6 @@ class Worker:
                 batches.pin_memory = settings["pin_memory"]
             stream = DataStream(batches, settings["num_workers"], settings["prefetch_factor"] or 0)
             stream.prepare(0)  # its first epoch (the workers started) and a second, each start timed
-            stream.freeze()
         self.streams[key] = stream
         while len(self.streams) > STREAMS_KEPT:
             _, oldest = self.streams.popitem(last=False)
