@@ -157,6 +157,13 @@ TEST(Worker, ALoaderFedCandidateIsRatedByItsMeanStepNotItsMedianSample) {
   EXPECT_NEAR(r.samples_per_s, 64 / 0.001, 64 / 0.001 * 0.08);
   EXPECT_LT(r.ci_low, r.samples_per_s);
   EXPECT_GT(r.ci_high, r.samples_per_s);
+  // The race gives it longer slices for it: the result says so, and a journal line keeps it for a resumed tune.
+  EXPECT_TRUE(r.pipelined);
+  EXPECT_TRUE(trial_result_from_json(to_json(r)).pipelined);
+  const TrialResult steady = worker->run(fake("steady"), quick_policy());
+  ASSERT_TRUE(steady.ok()) << steady.message;
+  EXPECT_FALSE(steady.pipelined);
+  EXPECT_FALSE(to_json(steady).contains("pipelined"));
 }
 
 TEST(Worker, ACrashOrAnExitCostsThatCandidateAndTheWorkerIsStartedAgain) {

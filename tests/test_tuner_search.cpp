@@ -734,8 +734,10 @@ class ClockExecutor : public Executor {
   double trial_seconds = 3;  // each trial's wall time
   double stop_at = 1e9;      // a trial that would pass this is stopped
   std::vector<double> wall_limits;
+  std::map<int64_t, std::vector<double>> measuring;  // micro-batch -> each trial's max_seconds
   TrialResult run(const Candidate& c, const MeasurePolicy& policy) override {
     wall_limits.push_back(policy.wall_seconds);
+    measuring[c.micro_batch].push_back(policy.max_seconds);
     // As the process executor does: a trial that would run past its wall limit is stopped there.
     const double end = std::min(stop_at, policy.wall_seconds > 0 ? now + policy.wall_seconds : 1e18);
     if (now + trial_seconds > end) {
@@ -1408,6 +1410,36 @@ TEST(TunerRace, ARoundOfSomeFinalistsRunsWhereAllDoNotFit) {
   }
   EXPECT_EQ(r.ended.rfind("no time left in the budget for round 5, about", 0), 0u) << r.ended;
   EXPECT_TRUE(r.budget_exhausted);
+}
+
+// A finalist whose searched trial was pipelined (its batches from loader workers) measures longer slices, and the race
+// counts them in its time: a round that fits 1 s slices of each does not start where one of them takes 2 s.
+TEST(TunerRace, ALoaderFedFinalistMeasuresLongerSlicesAndTheRoundCountsThem) {
+  std::vector<RaceEntrant> entrants;
+  for (int64_t micro : {1, 2}) entrants.push_back(RaceEntrant{Candidate{4, micro, {}}, {}, true});
+  entrants[1].searched.pipelined = true;
+  RaceOptions o;
+  o.max_rounds = 3;
+  o.min_rounds_to_drop = 4;
+  o.slice.max_seconds = 1;
+  o.pipelined_slice_seconds = 2;
+  ClockExecutor machine;
+  machine.trial_seconds = 1;
+  const RaceReport r = race(machine, entrants, o);
+  EXPECT_EQ(r.rounds, 3);
+  EXPECT_EQ(machine.measuring[1], std::vector<double>(3, 1.0));
+  EXPECT_EQ(machine.measuring[2], std::vector<double>(3, 2.0));
+
+  // 3 s left: a round of two 1 s slices (2.3 s expected) fits, one of a 1 s and a 2 s slice (3.4 s) does not.
+  ClockExecutor tight;
+  tight.trial_seconds = 1;
+  o.seconds_left = [&] { return 3 - tight.now; };
+  EXPECT_EQ(race(tight, entrants, o).rounds, 0);
+  entrants[1].searched.pipelined = false;
+  ClockExecutor plain;
+  plain.trial_seconds = 1;
+  o.seconds_left = [&] { return 3 - plain.now; };
+  EXPECT_EQ(race(plain, entrants, o).rounds, 1);
 }
 
 }  // namespace

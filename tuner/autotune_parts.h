@@ -39,6 +39,10 @@ constexpr double kSplitSeconds = 1.0;
 // fall behind, and the steps timed part by part met those timed whole between them within -10% to +13% over 1 s
 // in all, -3% to +5% over 3 s (ten splits each on the 2-core Xeon).
 constexpr double kLoaderSplitSeconds = 3.0;
+// A loader-fed candidate's race slice measures at least this long, for the same reason: over 9 interleaved rounds
+// on the 2-core Xeon, a 2-worker candidate's slices, the machine's level each round taken out, spread 2.6-2.8%
+// (standard deviation) at 1 s, 1.0-1.2% at 2 s and 1.1-1.2% at 3 s; in-memory batches' 1 s slices 1.05%.
+constexpr double kLoaderSliceSeconds = 2.0;
 // A candidate measured at this share of the fastest or more may be a finalist: the race's reserve counts its slice.
 constexpr double kLikelyFinalist = 0.5;
 // Without a race verdict, a search's choice other than the workload's own must beat it by more than the drift
@@ -93,7 +97,9 @@ double output_reserve(double budget);
 void refuse_budget_below_one_trial(const step::Workload& workload, const Candidate& c, const TrialEstimate& shortest,
                                    const MeasurePolicy& measure, double budget, double elapsed);
 // A race slice's seconds for --trial-seconds.
-double slice_seconds_for(double trial_seconds);
+// A race slice's measuring time at --trial-seconds: of a pipelined candidate (TrialResult::pipelined), at least
+// kLoaderSliceSeconds.
+double slice_seconds_for(double trial_seconds, bool pipelined = false);
 // The race's settings and its progress lines on stderr.
 RaceOptions race_options(const SearchOptions& search, int rounds, double trial_seconds, std::function<double()> seconds_left,
                          double min_trial_seconds, std::function<double()> elapsed, double budget);

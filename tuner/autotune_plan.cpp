@@ -203,8 +203,9 @@ void refuse_budget_below_one_trial(const step::Workload& workload, const Candida
   throw UsageError(why.str());
 }
 
-double slice_seconds_for(double trial_seconds) {
-  return std::max(kSliceShare * trial_seconds, std::min(trial_seconds, 1.0));
+double slice_seconds_for(double trial_seconds, bool pipelined) {
+  const double slice = std::max(kSliceShare * trial_seconds, std::min(trial_seconds, 1.0));
+  return pipelined ? std::max(slice, std::min(trial_seconds, kLoaderSliceSeconds)) : slice;
 }
 
 // The race's settings and its progress lines on stderr.
@@ -217,6 +218,7 @@ RaceOptions race_options(const SearchOptions& search, int rounds, double trial_s
   o.level = kLevel;
   o.slice = search.measure;
   o.slice.max_seconds = slice_seconds_for(trial_seconds);
+  o.pipelined_slice_seconds = slice_seconds_for(trial_seconds, true);
   o.slice.stop_below = 0;  // a slice measures fully: the race, not the slice, decides who is behind
   o.seconds_left = std::move(seconds_left);
   o.min_trial_seconds = min_trial_seconds;

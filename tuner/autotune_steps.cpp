@@ -227,14 +227,15 @@ std::vector<RaceEntrant> finalists(const SearchReport& rep, const Ranked& own, d
 }
 
 // As many finalists as kMinRoundsToDrop rounds of them fit in `seconds` (each slice as the race expects it: the
-// candidate's set-up and a slice, at least `floor`): the last ones in finalists()' order (neighbouring
+// candidate's set-up and its slice at --trial-seconds `trial_seconds`, at least `floor`): the last ones in finalists()' order (neighbouring
 // micro-batches, then the best of each switch value, then the next fastest) left out first, never the choice nor
 // the workload's own configuration. A race of ten finalists that affords two rounds gives no verdict; one of five
 // that affords three does. Said on stderr; the entrants left out.
 std::size_t fit_finalists_to_time(std::vector<RaceEntrant>& entrants, const Candidate& own, double seconds,
-                                  double slice_seconds, double floor) {
+                                  double trial_seconds, double floor) {
   auto expected = [&](const RaceEntrant& e) {
-    return std::max(floor, e.searched.setup_seconds + slice_seconds) * 1.1 + 0.05;
+    return std::max(floor, e.searched.setup_seconds + slice_seconds_for(trial_seconds, e.searched.pipelined)) * 1.1 +
+           0.05;
   };
   std::size_t left_out = 0;
   for (;;) {
@@ -346,7 +347,12 @@ void announce_finalists(const std::vector<RaceEntrant>& entrants, bool own_chose
             << (values.empty() ? "" : ", the fastest with " + values)
             << (neighbours.empty() ? "" : ", its switches at micro-batch " + neighbours)
             << (own_ran && !own_chosen ? ", " + against : "") << "; up to " << options.race_rounds << " rounds of "
-            << slice_seconds_for(options.trial_seconds) << " s slices" << std::endl;
+            << slice_seconds_for(options.trial_seconds) << " s slices";
+  const double loader_slice = slice_seconds_for(options.trial_seconds, true);
+  const bool loader_fed = std::any_of(entrants.begin(), entrants.end(), [](const RaceEntrant& e) { return e.searched.pipelined; });
+  if (loader_fed && loader_slice > slice_seconds_for(options.trial_seconds))
+    std::cerr << " (" << loader_slice << " s for a candidate whose loader has workers)";
+  std::cerr << std::endl;
 }
 
 // The largest relative spread between trials of one configuration (at least the noise margin), or
@@ -545,7 +551,7 @@ double Tune::race_reserve() const {
     const bool compiled = compiles != t.candidate.switches.end() && compiles->second == "on";
     const double step = static_cast<double>(t.candidate.global_batch) / t.result.samples_per_s;
     return (compiled ? 0.0 : t.result.setup_seconds) +
-           std::max(slice_seconds_for(options.trial_seconds), 3 * std::max(step, 0.02));
+           std::max(slice_seconds_for(options.trial_seconds, t.result.pipelined), 3 * std::max(step, 0.02));
   };
   std::vector<const Ranked*> ok;
   for (const auto& t : seen)
@@ -675,8 +681,7 @@ void race_step(Tune& tune) {
   std::vector<RaceEntrant> entrants = finalists(out.report, *out.baseline, memory_limit,
                                                 tune.plan.space.memory_switches);
   if (const std::size_t left_out =
-          fit_finalists_to_time(entrants, out.baseline->candidate, tune.seconds_left(),
-                                slice_seconds_for(tune.options.trial_seconds),
+          fit_finalists_to_time(entrants, out.baseline->candidate, tune.seconds_left(), tune.options.trial_seconds,
                                 tune.slice_floor());
       left_out > 0)
     std::cerr << "autotune: " << left_out << " finalist" << (left_out == 1 ? "" : "s")

@@ -83,7 +83,10 @@ class Race {
       f.why = e.why;
       rep_.finalists.push_back(f);
       const double setup = e.searched.setup_seconds > 0 ? e.searched.setup_seconds : o.min_trial_seconds;
-      expected_.push_back(std::max(o.min_trial_seconds, setup + o.slice.max_seconds) * kSliceSafety + kProcessStartSeconds);
+      slice_seconds_.push_back(e.searched.pipelined ? std::max(o.slice.max_seconds, o.pipelined_slice_seconds)
+                                                    : o.slice.max_seconds);
+      expected_.push_back(std::max(o.min_trial_seconds, setup + slice_seconds_.back()) * kSliceSafety +
+                          kProcessStartSeconds);
     }
   }
 
@@ -218,6 +221,7 @@ class Race {
       const std::size_t i = racing[position];
       const Candidate& c = rep_.finalists[i].candidate;
       MeasurePolicy policy = o_.slice;
+      policy.max_seconds = slice_seconds_[i];
       if (o_.seconds_left) {
         const double left = o_.seconds_left();
         if (left <= 0 || left < o_.min_trial_seconds) return false;
@@ -317,7 +321,8 @@ class Race {
   Executor& executor_;
   const RaceOptions& o_;
   RaceReport rep_;
-  std::vector<double> expected_;  // each finalist's next slice, wall seconds
+  std::vector<double> slice_seconds_;  // each finalist's measuring time a slice
+  std::vector<double> expected_;       // each finalist's next slice, wall seconds
 };
 
 }  // namespace

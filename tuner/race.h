@@ -65,6 +65,9 @@ struct RaceOptions {
   double noise_margin = 0.01;  // ratios within 1 +- this are the same configuration's speed
   double level = 0.95;
   MeasurePolicy slice;  // each slice is a short trial
+  // A finalist whose searched trial was pipelined (its batches from loader workers) measures its slices at least this
+  // long (0: as every other): its steps swing as the workers run ahead and fall behind.
+  double pipelined_slice_seconds = 0;
   // When set, wall-clock seconds left: a round starts only when every slice of it is expected to fit,
   // and each slice must end in time (MeasurePolicy::wall_seconds).
   std::function<double()> seconds_left;

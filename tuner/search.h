@@ -38,6 +38,9 @@ struct TrialResult {
   double seconds = 0;              // wall time the trial took, setup included
   std::string message;             // why, when not ok
   double setup_seconds = 0;        // of `seconds`, before the first timed sample (set-up, check, warm-up)
+  // Its batches came from loader worker processes (a DataLoader's workers: StepSampler::pipelined): its rate is
+  // its mean step, and its race slices run longer (slice_seconds_for).
+  bool pipelined = false;
   bool ok() const { return cls == TrialClass::ok; }
 };
 

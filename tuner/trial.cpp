@@ -203,9 +203,11 @@ Candidate candidate_from_json(const json& j) {
 }
 
 json to_json(const TrialResult& r) {
-  return json{{"class", to_string(r.cls)}, {"samples_per_s", r.samples_per_s}, {"ci_low", r.ci_low},
-              {"ci_high", r.ci_high},      {"peak_bytes", r.peak_bytes},       {"steps", r.steps},
-              {"seconds", r.seconds},      {"setup_seconds", r.setup_seconds}, {"message", r.message}};
+  json j{{"class", to_string(r.cls)}, {"samples_per_s", r.samples_per_s}, {"ci_low", r.ci_low},
+         {"ci_high", r.ci_high},      {"peak_bytes", r.peak_bytes},       {"steps", r.steps},
+         {"seconds", r.seconds},      {"setup_seconds", r.setup_seconds}, {"message", r.message}};
+  if (r.pipelined) j["pipelined"] = true;  // written only where it holds: most trials' lines stay as they were
+  return j;
 }
 
 TrialResult trial_result_from_json(const json& j) {
@@ -226,6 +228,7 @@ TrialResult trial_result_from_json(const json& j) {
     r.seconds = json_field::number(j, "seconds").value_or(0.0);
     r.setup_seconds = json_field::number(j, "setup_seconds").value_or(0.0);
     r.message = json_field::text(j, "message").value_or("");
+    r.pipelined = json_field::flag(j, "pipelined").value_or(false);
     return r;
   });
 }

@@ -482,7 +482,7 @@ bool WorkerExecutor::measure_candidate(const Candidate& candidate, const json& s
   };
   StepSampler sampler;
   sampler.elapsed = [&] { return clock.elapsed(); };
-  sampler.pipelined = opened.pipelined;
+  sampler.pipelined = r.pipelined = opened.pipelined;
   sampler.time_steps = [&](int64_t steps) {
     const TimeAnswer t = read_time_answer(
         process_->request({{"op", "time"}, {"calls", steps}}, clock.limit(step_seconds * static_cast<double>(steps))));
