@@ -166,6 +166,56 @@ TEST(Worker, ALoaderFedCandidateIsRatedByItsMeanStepNotItsMedianSample) {
   EXPECT_FALSE(to_json(steady).contains("pipelined"));
 }
 
+// The time split and the communication profile are read after the race, for the output: a failure or an answer of
+// the wrong shape is the answer's error (the tune keeps what it measured), never an exception out of the tune, and
+// the loader settings that go into the tuned file are each of their kind.
+TEST(Worker, TheSplitAndProfileAnswersAreReadStrictlyAndAWrongShapeIsTheirError) {
+  using nlohmann::json;
+  const json loader{{"num_workers", 2}, {"prefetch_factor", 2}, {"persistent_workers", false}, {"pin_memory", false},
+                    {"cpu_threads", 1}};
+  const json split{{"parts", {{"data", 0.005}, {"forward_backward", 0.008}, {"optimizer", 0.002}}},
+                   {"step_seconds", 0.015}, {"whole_step_seconds", 0.0152}, {"steps", 98}, {"dataloader", loader}};
+  const SplitAnswer good = read_split_answer(split);
+  ASSERT_EQ(good.error, "");
+  EXPECT_DOUBLE_EQ(good.parts.at("data"), 0.005);
+  EXPECT_DOUBLE_EQ(good.parts.at("sync"), 0.0) << "a part not said is 0";
+  EXPECT_DOUBLE_EQ(good.whole_step_seconds, 0.0152);
+  EXPECT_EQ(good.steps, 98);
+  EXPECT_EQ(good.dataloader, loader);
+  EXPECT_TRUE(read_split_answer(json{{"parts", json::object()}}).dataloader.is_null());
+
+  auto with = [](json j, const json::json_pointer& at, const json& value) {
+    j[at] = value;
+    return j;
+  };
+  const std::vector<std::pair<json, std::string>> wrong{
+      {json{{"error", "the loader's worker died"}}, "the loader's worker died"},
+      {json{{"step_seconds", 0.01}}, "the worker's split answer is not what autotune expects: it has no 'parts' object"},
+      {with(split, json::json_pointer("/parts/data"), "slow"), "'data' is not a number"},
+      {with(split, json::json_pointer("/step_seconds"), -1), "'step_seconds' is negative"},
+      {with(split, json::json_pointer("/dataloader/num_workers"), "2"), "'num_workers' is not a whole number"},
+      {with(split, json::json_pointer("/dataloader/num_workers"), -3), "'dataloader.num_workers' is out of range"},
+      {with(split, json::json_pointer("/dataloader/persistent_workers"), "yes"), "'persistent_workers' is not true or false"},
+      {with(split, json::json_pointer("/dataloader"), 4), "'dataloader' is not an object"}};
+  for (const auto& [said, why] : wrong) {
+    const SplitAnswer a = read_split_answer(said);
+    EXPECT_NE(a.error.find(why), std::string::npos) << said.dump() << " -> " << a.error;
+    EXPECT_TRUE(a.dataloader.is_null()) << "a wrong answer keeps nothing of it";
+  }
+
+  const json profile{{"wall_seconds", 0.28}, {"exposed_seconds", 0.07}, {"communication_seconds", 0.09},
+                     {"steps", 2},           {"share", 0.25},           {"rank_shares", {0.25, 0.19}}};
+  const ProfileAnswer p = read_profile_answer(profile);
+  ASSERT_EQ(p.error, "");
+  EXPECT_DOUBLE_EQ(p.share, 0.25);
+  EXPECT_EQ(p.rank_shares, (std::vector<double>{0.25, 0.19}));
+  EXPECT_NE(read_profile_answer(with(profile, json::json_pointer("/share"), 1.5)).error.find("'share' is not between 0 and 1"),
+            std::string::npos);
+  EXPECT_NE(read_profile_answer(with(profile, json::json_pointer("/rank_shares"), {0.2, "x"})).error.find("non-number"),
+            std::string::npos);
+  EXPECT_NE(read_profile_answer(json{{"steps", 2}}).error.find("it has no 'share'"), std::string::npos);
+}
+
 TEST(Worker, ACrashOrAnExitCostsThatCandidateAndTheWorkerIsStartedAgain) {
   auto worker = fake_worker();
   ASSERT_TRUE(worker->run(fake("steady"), quick_policy()).ok());

@@ -793,23 +793,23 @@ void profile_communication_step(Tune& tune) {
               << " left, opening and stepping a candidate takes " << human_seconds(tune.slice_floor()) << ")" << std::endl;
     return;
   }
-  const nlohmann::json p = entry->profile(out.report.best.candidate, kProfiledSteps, left);
-  if (p.contains("error") || !p.contains("share")) {
-    std::cerr << "autotune: profiling the choice's communication failed: " << p.value("error", p.dump()) << std::endl;
+  const ProfileAnswer p = read_profile_answer(entry->profile(out.report.best.candidate, kProfiledSteps, left));
+  if (!p.error.empty()) {
+    std::cerr << "autotune: profiling the choice's communication failed: " << p.error << std::endl;
     return;
   }
-  const double steps = p.value("steps", double(kProfiledSteps));
+  const int64_t steps = p.steps > 0 ? p.steps : kProfiledSteps;
   out.communication = {
-      {"share", p.at("share")},
-      {"step_seconds", p.value("wall_seconds", 0.0) / steps},
-      {"exposed_seconds", p.value("exposed_seconds", 0.0) / steps},
-      {"communication_seconds", p.value("communication_seconds", 0.0) / steps},
-      {"rank_shares", p.value("rank_shares", nlohmann::json::array())},
-      {"steps", p.value("steps", kProfiledSteps)},
+      {"share", p.share},
+      {"step_seconds", p.wall_seconds / static_cast<double>(steps)},
+      {"exposed_seconds", p.exposed_seconds / static_cast<double>(steps)},
+      {"communication_seconds", p.communication_seconds / static_cast<double>(steps)},
+      {"rank_shares", p.rank_shares},
+      {"steps", steps},
       {"how", "torch.profiler over the steps on every rank: the time a collective was in flight while the rank "
               "computed nothing, per step; the rank that waited most"}};
   std::cerr << "autotune: the chosen configuration's step waits " << std::fixed << std::setprecision(1)
-            << 100 * p.at("share").get<double>() << "% of its time for communication ("
+            << 100 * p.share << "% of its time for communication ("
             << 1e3 * out.communication["exposed_seconds"].get<double>() << " ms of "
             << 1e3 * out.communication["step_seconds"].get<double>() << " ms a step, profiled on " << entry->ranks()
             << " ranks)" << std::defaultfloat << std::endl;
@@ -829,21 +829,21 @@ namespace {
 constexpr int64_t kSplitSteps = 3;
 constexpr int64_t kMaxSplitSteps = 200;
 
-nlohmann::json split_json(const Candidate& c, const nlohmann::json& said, double measured_step_seconds) {
-  const double step = said.value("step_seconds", 0.0);
+nlohmann::json split_json(const Candidate& c, const SplitAnswer& said, double measured_step_seconds) {
+  const double step = said.step_seconds;
   nlohmann::json parts = nlohmann::json::object();
   double sum = 0;
   for (const char* name : {"data", "forward_backward", "optimizer", "communication", "sync"}) {
-    const double seconds = said.contains("parts") ? said["parts"].value(name, 0.0) : 0.0;
+    const double seconds = said.parts.at(name);
     sum += seconds;
     parts[name] = {{"ms", 1e3 * seconds}, {"percent", step > 0 ? 100 * seconds / step : 0.0}};
   }
   return {{"config", c.key()},
           {"step_ms", 1e3 * step},
           {"parts_sum_ms", 1e3 * sum},
-          {"whole_step_ms", 1e3 * said.value("whole_step_seconds", 0.0)},
+          {"whole_step_ms", 1e3 * said.whole_step_seconds},
           {"timed_step_ms", 1e3 * measured_step_seconds},
-          {"steps", said.value("steps", kSplitSteps)},
+          {"steps", said.steps > 0 ? said.steps : kSplitSteps},
           {"parts", parts}};
 }
 
@@ -891,15 +891,14 @@ void time_split_step(Tune& tune) {
     const double seconds = loader_fed ? kLoaderSplitSeconds : kSplitSeconds;
     const int64_t steps =
         timed > 0 ? std::clamp<int64_t>(std::llround(seconds / (2 * timed)), kSplitSteps, kMaxSplitSteps) : kSplitSteps;
-    const nlohmann::json said = entry->split(ranked.candidate, steps, left);
-    if (said.contains("error") || !said.contains("parts")) {
-      std::cerr << "autotune: splitting the " << name << " configuration's step failed: " << said.value("error", said.dump())
-                << std::endl;
+    const SplitAnswer said = read_split_answer(entry->split(ranked.candidate, steps, left));
+    if (!said.error.empty()) {
+      std::cerr << "autotune: splitting the " << name << " configuration's step failed: " << said.error << std::endl;
       continue;
     }
     split[name] = split_json(ranked.candidate, said, timed);
-    if (name == "chosen" && said.contains("dataloader") && ranked.candidate.switches.count("num_workers"))
-      out.dataloader = said["dataloader"];
+    if (name == "chosen" && !said.dataloader.is_null() && ranked.candidate.switches.count("num_workers"))
+      out.dataloader = said.dataloader;
     std::cerr << "autotune: where the " << (name == "chosen" ? "chosen" : "entry's own") << " configuration's "
               << split_line(split[name]) << std::endl;
   }

@@ -157,6 +157,89 @@ bool read_close_answer(const json& said) {
   return answer_field("close", [&] { return json_field::flag(said, "restart").value_or(false); });
 }
 
+namespace {
+
+// An answer read for the output only (split, profile): its error, or what is wrong with its shape, as `error`.
+template <class Answer, class Read>
+Answer output_answer(const std::string& op, const json& said, Read read) {
+  Answer a;
+  try {
+    if (const auto error = json_field::text(said, "error")) {
+      a.error = error->empty() ? "the worker gave no reason" : *error;
+      return a;
+    }
+    read(a);
+  } catch (const json_field::FieldError& e) {
+    a = Answer{};
+    a.error = "the worker's " + op + " answer is not what autotune expects: " + e.what();
+  }
+  return a;
+}
+
+double seconds_field(const json& said, const std::string& key) {
+  const double s = json_field::number(said, key).value_or(0.0);
+  if (s < 0) throw json_field::FieldError("'" + key + "' is negative");
+  return s;
+}
+
+// The candidate's loader settings as the worker said them (data.loader_settings), each of its kind, or null.
+json loader_settings_field(const json& said) {
+  const json* d = json_field::present(said, "dataloader");
+  if (!d) return nullptr;
+  if (!d->is_object()) throw json_field::FieldError("'dataloader' is not an object");
+  json out = json::object();
+  const auto count = [&](const std::string& key, bool nullable) -> json {
+    const auto n = json_field::integer(*d, key);
+    if (!n) {
+      if (nullable) return nullptr;
+      throw json_field::FieldError("'dataloader' has no '" + key + "'");
+    }
+    if (*n < 0 || *n > 1 << 20) throw json_field::FieldError("'dataloader." + key + "' is out of range");
+    return *n;
+  };
+  out["num_workers"] = count("num_workers", false);
+  out["prefetch_factor"] = count("prefetch_factor", true);
+  out["persistent_workers"] = json_field::flag(*d, "persistent_workers").value_or(false);
+  out["pin_memory"] = json_field::flag(*d, "pin_memory").value_or(false);
+  out["cpu_threads"] = count("cpu_threads", true);
+  return out;
+}
+
+}  // namespace
+
+SplitAnswer read_split_answer(const json& said) {
+  return output_answer<SplitAnswer>("split", said, [&](SplitAnswer& a) {
+    const json* parts = json_field::present(said, "parts");
+    if (!parts || !parts->is_object()) throw json_field::FieldError("it has no 'parts' object");
+    for (const char* name : {"data", "forward_backward", "optimizer", "communication", "sync"})
+      a.parts[name] = seconds_field(*parts, name);
+    a.step_seconds = seconds_field(said, "step_seconds");
+    a.whole_step_seconds = seconds_field(said, "whole_step_seconds");
+    a.steps = std::max<int64_t>(json_field::integer(said, "steps").value_or(0), 0);
+    a.dataloader = loader_settings_field(said);
+  });
+}
+
+ProfileAnswer read_profile_answer(const json& said) {
+  return output_answer<ProfileAnswer>("profile", said, [&](ProfileAnswer& a) {
+    const auto share = json_field::number(said, "share");
+    if (!share) throw json_field::FieldError("it has no 'share'");
+    if (*share < 0 || *share > 1) throw json_field::FieldError("'share' is not between 0 and 1");
+    a.share = *share;
+    a.wall_seconds = seconds_field(said, "wall_seconds");
+    a.exposed_seconds = seconds_field(said, "exposed_seconds");
+    a.communication_seconds = seconds_field(said, "communication_seconds");
+    a.steps = std::max<int64_t>(json_field::integer(said, "steps").value_or(0), 0);
+    if (const json* shares = json_field::present(said, "rank_shares")) {
+      if (!shares->is_array()) throw json_field::FieldError("'rank_shares' is not a list");
+      for (const json& s : *shares) {
+        if (!s.is_number() || !std::isfinite(s.get<double>())) throw json_field::FieldError("'rank_shares' holds a non-number");
+        a.rank_shares.push_back(s.get<double>());
+      }
+    }
+  });
+}
+
 // ---- the process ------------------------------------------------------------------------------------------------
 
 WorkerProcess::WorkerProcess(const std::vector<std::string>& argv, double timeout_s, const std::atomic<bool>* stop)

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <stdexcept>
@@ -71,6 +72,30 @@ TimeAnswer read_time_answer(const nlohmann::json& said);
 int64_t read_counters_answer(const nlohmann::json& said);
 // "close": whether the worker asks to be started again (memory it could not give back).
 bool read_close_answer(const nlohmann::json& said);
+
+// "split": where the open candidate's steps spend their time (autotune's time split): each part's seconds a step,
+// the step as its parts add up and as as many steps timed whole, and the candidate's loader settings. Read after the
+// race, for the output only: a failure or an answer of the wrong shape is `error` (never thrown), and the tune
+// keeps what it measured.
+struct SplitAnswer {
+  std::string error;                     // not empty: no split (the worker's words, or what is wrong with its answer)
+  std::map<std::string, double> parts;   // data, forward_backward, optimizer, communication, sync (0 when not said)
+  double step_seconds = 0, whole_step_seconds = 0;
+  int64_t steps = 0;                     // 0 when not said
+  // {num_workers, prefetch_factor (null without workers), persistent_workers, pin_memory, cpu_threads}, or null
+  nlohmann::json dataloader;
+};
+SplitAnswer read_split_answer(const nlohmann::json& said);
+
+// "profile": the communication the open candidate's steps wait for (on ranks: the rank that waited most, every rank's
+// share beside it), seconds over all the profiled steps. As the split: a failure or a wrong shape is `error`.
+struct ProfileAnswer {
+  std::string error;
+  double share = 0, wall_seconds = 0, exposed_seconds = 0, communication_seconds = 0;
+  int64_t steps = 0;  // 0 when not said
+  std::vector<double> rank_shares;
+};
+ProfileAnswer read_profile_answer(const nlohmann::json& said);
 
 // One worker process: its own process group, one socket as its stdin and stdout, its stderr kept (the tail, for
 // the message of a death). Killed with its group when this object goes.

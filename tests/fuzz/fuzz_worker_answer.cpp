@@ -1,8 +1,9 @@
 // The PyTorch worker's answers (scripts/torch-step --serve, tuner/worker.h) as autotune reads them: each line of the
 // input is one answer, read as every answer the protocol has (hello, open, time, counters, close, an entry's probe
-// and its largest-batch search). A line that is not such an answer throws WorkerLost (the worker is taken for lost
-// and the candidate with it); an entry's answers throw UsageError or std::runtime_error with the worker's words or
-// saying what is wrong.
+// and its largest-batch search, the time split and the communication profile). A line that is not such an answer
+// throws WorkerLost (the worker is taken for lost and the candidate with it); an entry's answers throw UsageError or
+// std::runtime_error with the worker's words or saying what is wrong; the split and the profile, read for the output
+// after the race, throw nothing: what is wrong is their `error`, which the output and stderr carry.
 #include <sstream>
 
 #include "fuzz_contract.h"
@@ -44,6 +45,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     });
     tb::fuzz::check_reader("read_largest_batch_answer", Errors<tb::UsageError, tb::fuzz::PlainRuntimeError>{},
                            [&] { (void)tb::tune::read_largest_batch_answer(said, "fuzz.py:build", 64); });
+    tb::fuzz::check_reader("read_split_answer", Errors<>{}, [&] {
+      const tb::tune::SplitAnswer split = tb::tune::read_split_answer(said);
+      (void)split.dataloader.dump();  // written in the output: it must be writable
+      if (split.error.empty() && split.parts.size() != 5) tb::fuzz::finding("read_split_answer", "a part is missing");
+      if (!tb::json_field::is_utf8(split.error)) tb::fuzz::finding("read_split_answer", "its error is not UTF-8");
+    });
+    tb::fuzz::check_reader("read_profile_answer", Errors<>{}, [&] {
+      const tb::tune::ProfileAnswer profile = tb::tune::read_profile_answer(said);
+      if (profile.error.empty() && (profile.share < 0 || profile.share > 1))
+        tb::fuzz::finding("read_profile_answer", "a share outside 0-1");
+      if (!tb::json_field::is_utf8(profile.error)) tb::fuzz::finding("read_profile_answer", "its error is not UTF-8");
+    });
   }
   return 0;
 }

@@ -148,10 +148,12 @@ def test_a_tune_whose_journal_cannot_be_appended_stops_and_prints_its_best_on_st
 def test_a_tuned_file_that_cannot_be_written_goes_to_stdout_and_the_earlier_one_stays(disk, tmp_path, tune_env):
     out = put_earlier(disk.path / "tuned.yaml")
     disk.fill()
-    # The journal is elsewhere on a full tmpfs; under the limit it is written too, well within it (a line a trial).
+    # The journal is elsewhere on a full tmpfs; under the limit it is written too, well within it: a search of a
+    # fixed few candidates (the optimizer at one micro-batch: 4 trials, about 2.1 KB of journal whatever the machine's
+    # speed; a search by time on a fast machine ran 8 trials, 4.4 KB), and the tuned YAML about 4 KB.
     journal = (tmp_path if disk.kind == "tmpfs" else disk.path) / "tuned.autotune.jsonl"
-    p = disk.run([AUTOTUNE, *TINY_TUNE, "--budget", "3", "--journal", journal, "--out", out], limit=4096,
-                 env=tune_env)   # the tuned YAML is about 5 KB
+    p = disk.run([AUTOTUNE, *TINY_TUNE, "--budget", "3", "--batch", "8", "--micro-batch", "8", "--switches", "optimizer",
+                  "--journal", journal, "--out", out], limit=3072, env=tune_env)
     line = assert_said_once(p, out, disk.reason, "autotune")
     assert line == f"autotune: cannot write {out}: {disk.reason}; the configuration follows on stdout instead"
     assert p.returncode == 1
