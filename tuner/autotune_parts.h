@@ -96,7 +96,6 @@ double output_reserve(double budget);
 // Refused (UsageError) before anything runs: a budget too small for one trial of `c`.
 void refuse_budget_below_one_trial(const step::Workload& workload, const Candidate& c, const TrialEstimate& shortest,
                                    const MeasurePolicy& measure, double budget, double elapsed);
-// A race slice's seconds for --trial-seconds.
 // A race slice's measuring time at --trial-seconds: of a pipelined candidate (TrialResult::pipelined), at least
 // kLoaderSliceSeconds.
 double slice_seconds_for(double trial_seconds, bool pipelined = false);
