@@ -39,9 +39,11 @@ constexpr double kSplitSeconds = 1.0;
 // fall behind, and the steps timed part by part met those timed whole between them within -10% to +13% over 1 s
 // in all, -3% to +5% over 3 s (ten splits each on the 2-core Xeon).
 constexpr double kLoaderSplitSeconds = 3.0;
-// A loader-fed candidate's race slice measures at least this long, for the same reason: over 9 interleaved rounds
-// on the 2-core Xeon, a 2-worker candidate's slices, the machine's level each round taken out, spread 2.6-2.8%
-// (standard deviation) at 1 s, 1.0-1.2% at 2 s and 1.1-1.2% at 3 s; in-memory batches' 1 s slices 1.05%.
+// A loader-fed candidate's race slice measures at least this long, for the same reason. On the 2-core Xeon, the
+// per-sample entry's race finalists, their slices in the same rounds as the in-memory entry's 1 s ones, spread
+// 0.75-1.03x as much at 2 s (the residual standard deviation once finalist and round are taken out; scripts/
+// loader-bench, docs/measured/cpu-vm-2026-12-03-whole-step.md); in races of their own, run minutes apart, 0.7-3.4x.
+// At 1 s, in one such drive, 0.77x: the longer slice is a margin the noise did not show a need for there.
 constexpr double kLoaderSliceSeconds = 2.0;
 // A candidate measured at this share of the fastest or more may be a finalist: the race's reserve counts its slice.
 constexpr double kLikelyFinalist = 0.5;

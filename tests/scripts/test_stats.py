@@ -1,10 +1,12 @@
 """The per-benchmark verdict from repetition samples, and change-point detection on per-run medians."""
 
+import math
+
 import numpy as np
 import pytest
 
 from trainbench.tracking.changepoint import detect_change_points, segments
-from trainbench.tracking.stats import FASTER, INCONCLUSIVE, SAME, SLOWER, compare_samples
+from trainbench.tracking.stats import FASTER, INCONCLUSIVE, SAME, SLOWER, compare_samples, round_residual_spread
 
 
 def samples(seed, n=10, level=1e6, sigma=0.01):
@@ -92,3 +94,29 @@ def test_a_regression_and_its_fix_are_two_change_points():
 def test_a_shift_below_the_threshold_is_no_change_point():
     assert detect_change_points(stepped(6, 30, 15, 0.03), 0.05) == []
     assert [c.index for c in detect_change_points(stepped(6, 30, 15, 0.03), 0.02)] == [15]
+
+
+def test_round_residual_spread_takes_out_each_finalists_speed_and_each_rounds_level():
+    speed, level = [1000.0, 1500.0, 2200.0], [1.0, 0.9, 1.1, 0.95]
+    exact = [[s * l for l in level] for s in speed]
+    spread, dof = round_residual_spread(exact)
+    assert spread == pytest.approx(0.0, abs=1e-9) and dof == (3 - 1) * (4 - 1)
+    # a finalist dropped after two rounds leaves fewer cells, and still no spread
+    spread, dof = round_residual_spread(exact[:2] + [exact[2][:2]])
+    assert spread == pytest.approx(0.0, abs=1e-9) and dof == 10 - 3 - 4 + 1
+
+
+def test_round_residual_spread_recovers_the_noise_that_is_not_shared():
+    rng = np.random.default_rng(7)
+    finalists, rounds, sigma = 8, 200, 0.02
+    level = np.exp(rng.normal(0, 0.10, rounds))  # the machine's drift: shared, taken out
+    rates = [[1e4 * (1 + i / 10) * level[r] * math.exp(rng.normal(0, sigma)) for r in range(rounds)]
+             for i in range(finalists)]
+    spread, dof = round_residual_spread(rates)
+    assert dof == (finalists - 1) * (rounds - 1)
+    assert spread == pytest.approx(sigma, rel=0.05)
+
+
+def test_round_residual_spread_needs_a_degree_of_freedom():
+    assert round_residual_spread([[1.0, 2.0]])[1] == 0
+    assert math.isnan(round_residual_spread([])[0])

@@ -250,3 +250,34 @@ def paired_rounds_test(old_rounds: Sequence[Sequence[float]], new_rounds: Sequen
         else:
             reason = "too noisy to tell"
     return SampleTest(verdict, ratio, p, ci, old_med, new_med, n_old, n_new, None, reason)
+
+
+def round_residual_spread(rates: Sequence[Sequence[float]]) -> Tuple[float, int]:
+    """The spread that interleaved rounds leave to a comparison: rates[i][r] is finalist i's rate in round r (a
+    finalist dropped early has fewer rounds). The log rates are fitted as finalist level + round level (least
+    squares over the cells present), and the residuals' standard deviation is returned with its degrees of freedom,
+    cells - finalists - rounds + 1: what is left once each finalist's own speed and each round's shared level (the
+    machine that round) are taken out. A range over a few rounds grows with their number and with the machine's
+    drift between rounds; this does neither. (nan, 0) where no degree of freedom is left."""
+    rows = [[math.log(x) for x in row] for row in rates if len(row) >= 2]
+    rounds = max((len(row) for row in rows), default=0)
+    cells = sum(len(row) for row in rows)
+    dof = cells - len(rows) - rounds + 1
+    if not rows or dof <= 0:
+        return float("nan"), 0
+    level = [0.0] * rounds
+    for _ in range(200):  # alternating means converge to the least-squares fit of the additive model
+        own = [sum(y - level[r] for r, y in enumerate(row)) / len(row) for row in rows]
+        new = []
+        for r in range(rounds):
+            present = [row[r] - own[i] for i, row in enumerate(rows) if r < len(row)]
+            new.append(sum(present) / len(present))
+        shift = new[0]  # level[0] = 0: the model's one free constant
+        new = [x - shift for x in new]
+        done = max(abs(a - b) for a, b in zip(new, level)) < 1e-12
+        level = new
+        if done:
+            break
+    own = [sum(y - level[r] for r, y in enumerate(row)) / len(row) for row in rows]
+    squares = sum((y - own[i] - level[r]) ** 2 for i, row in enumerate(rows) for r, y in enumerate(row))
+    return math.sqrt(squares / dof), dof
