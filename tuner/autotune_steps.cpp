@@ -229,8 +229,8 @@ std::vector<RaceEntrant> finalists(const SearchReport& rep, const Ranked& own, d
 // As many finalists as kMinRoundsToDrop rounds of them fit in `seconds` (each slice as the race expects it: the
 // candidate's set-up and its slice at --trial-seconds `trial_seconds`, at least `floor`): the last ones in
 // finalists()' order (neighbouring micro-batches, then the best of each switch value, then the next fastest) left
-// out first, never the choice nor the workload's own configuration. A race of ten finalists that affords two rounds gives no verdict; one of five
-// that affords three does. Said on stderr; the entrants left out.
+// out first, never the choice nor the workload's own configuration. A race of ten finalists that affords two
+// rounds gives no verdict; one of five that affords three does. Said on stderr; the entrants left out.
 std::size_t fit_finalists_to_time(std::vector<RaceEntrant>& entrants, const Candidate& own, double seconds,
                                   double trial_seconds, double floor) {
   auto expected = [&](const RaceEntrant& e) {

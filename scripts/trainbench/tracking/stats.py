@@ -261,23 +261,18 @@ def round_residual_spread(rates: Sequence[Sequence[float]]) -> Tuple[float, int]
     drift between rounds; this does neither. (nan, 0) where no degree of freedom is left."""
     rows = [[math.log(x) for x in row] for row in rates if len(row) >= 2]
     rounds = max((len(row) for row in rows), default=0)
-    cells = sum(len(row) for row in rows)
-    dof = cells - len(rows) - rounds + 1
+    cells = [(i, r, y) for i, row in enumerate(rows) for r, y in enumerate(row)]
+    dof = len(cells) - len(rows) - rounds + 1
     if not rows or dof <= 0:
         return float("nan"), 0
-    level = [0.0] * rounds
-    for _ in range(200):  # alternating means converge to the least-squares fit of the additive model
-        own = [sum(y - level[r] for r, y in enumerate(row)) / len(row) for row in rows]
-        new = []
-        for r in range(rounds):
-            present = [row[r] - own[i] for i, row in enumerate(rows) if r < len(row)]
-            new.append(sum(present) / len(present))
-        shift = new[0]  # level[0] = 0: the model's one free constant
-        new = [x - shift for x in new]
-        done = max(abs(a - b) for a, b in zip(new, level)) < 1e-12
-        level = new
-        if done:
-            break
-    own = [sum(y - level[r] for r, y in enumerate(row)) / len(row) for row in rows]
-    squares = sum((y - own[i] - level[r]) ** 2 for i, row in enumerate(rows) for r, y in enumerate(row))
-    return math.sqrt(squares / dof), dof
+    # One column per finalist, one per round after the first (the first's level is the finalists' own: the model's
+    # one free constant), fitted by least squares over the cells present.
+    design = np.zeros((len(cells), len(rows) + rounds - 1))
+    for k, (i, r, _) in enumerate(cells):
+        design[k, i] = 1.0
+        if r > 0:
+            design[k, len(rows) + r - 1] = 1.0
+    logs = np.array([y for _, _, y in cells])
+    fit, *_ = np.linalg.lstsq(design, logs, rcond=None)
+    residuals = logs - design @ fit
+    return math.sqrt(float(residuals @ residuals) / dof), dof
